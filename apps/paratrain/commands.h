@@ -1,0 +1,23 @@
+// Sub-commands of the `paratrain` CLI. Each adds itself to the CLI11 app;
+// main.cpp runs the one the user chose and turns exceptions into a message
+// and an exit code.
+#pragma once
+
+#include <functional>
+
+namespace CLI {
+class App;
+}
+
+namespace paratrain::cli {
+
+struct Command {
+  CLI::App* app = nullptr;     // the CLI11 sub-command
+  std::function<int()> run;    // returns the process exit code
+};
+
+Command add_launch_command(CLI::App& app);  // launch_command.cpp
+Command add_train_command(CLI::App& app);   // train_command.cpp
+Command add_bench_command(CLI::App& app);   // bench_command.cpp
+
+}  // namespace paratrain::cli

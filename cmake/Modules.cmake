@@ -1,0 +1,57 @@
+# paratrain_module(NAME DIR <folder> [NO_TORCH] DEPS ...): a static library
+# from every .cpp in <folder> (recursively), named paratrain_NAME.
+# paratrain_test(NAME DIR <folder> DEPS ...): one GoogleTest executable per
+# tests/ folder, each test registered with CTest.
+
+set(PARATRAIN_PCH_HEADER ${CMAKE_SOURCE_DIR}/paratrain/core/pch.h)
+
+# One precompiled header, built once and reused by every torch target
+# (REUSE_FROM needs identical flags, which all our targets share).
+add_library(paratrain_pch STATIC ${CMAKE_SOURCE_DIR}/paratrain/core/pch.cpp)
+target_link_libraries(paratrain_pch PUBLIC torch)
+target_include_directories(paratrain_pch PUBLIC ${CMAKE_SOURCE_DIR})
+if(PARATRAIN_USE_PCH)
+  target_precompile_headers(paratrain_pch PRIVATE ${PARATRAIN_PCH_HEADER})
+endif()
+
+function(paratrain_use_pch target)
+  if(PARATRAIN_USE_PCH)
+    target_precompile_headers(${target} REUSE_FROM paratrain_pch)
+  endif()
+endfunction()
+
+function(paratrain_module name)
+  cmake_parse_arguments(M "NO_TORCH" "DIR" "DEPS" ${ARGN})
+  file(GLOB_RECURSE srcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/${M_DIR}/*.cpp)
+  list(FILTER srcs EXCLUDE REGEX "/pch\\.cpp$")
+  if(NOT srcs)
+    # A folder with headers only (or not written yet): still a target.
+    add_library(paratrain_${name} INTERFACE)
+    target_include_directories(paratrain_${name} INTERFACE ${CMAKE_SOURCE_DIR})
+    target_link_libraries(paratrain_${name} INTERFACE ${M_DEPS} Threads::Threads)
+    return()
+  endif()
+  add_library(paratrain_${name} STATIC ${srcs})
+  target_include_directories(paratrain_${name} PUBLIC ${CMAKE_SOURCE_DIR})
+  target_link_libraries(paratrain_${name} PUBLIC ${M_DEPS} Threads::Threads)
+  set_target_properties(paratrain_${name} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  if(NOT M_NO_TORCH)
+    target_link_libraries(paratrain_${name} PUBLIC torch)
+    paratrain_use_pch(paratrain_${name})
+  endif()
+endfunction()
+
+function(paratrain_test name)
+  cmake_parse_arguments(T "" "DIR" "DEPS" ${ARGN})
+  file(GLOB srcs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/${T_DIR}/*.cpp)
+  if(NOT srcs)
+    return()
+  endif()
+  add_executable(test_${name} ${srcs})
+  target_link_libraries(test_${name} PRIVATE ${T_DEPS} paratrain_test_support GTest::gtest GTest::gtest_main)
+  paratrain_use_pch(test_${name})
+  # Each test gets its own process: multi-rank tests spawn threads/processes
+  # and must not share global state with the next test.
+  gtest_discover_tests(test_${name} DISCOVERY_TIMEOUT 60
+    PROPERTIES TIMEOUT 300 ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+endfunction()

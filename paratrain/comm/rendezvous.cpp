@@ -1,0 +1,134 @@
+// Rendezvous from the environment: torchrun / paratrain launch, OpenMPI, Slurm.
+#include "paratrain/comm/rendezvous.h"
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "paratrain/comm/gloo/gloo_group.h"
+#include "paratrain/comm/store_checkin.h"
+#include "paratrain/core/env.h"
+#include "paratrain/core/error.h"
+
+namespace paratrain::comm {
+namespace {
+
+// The first host of a Slurm node list: "node[01-04],gpu7" -> "node01".
+std::string first_slurm_host(const std::string& list) {
+  auto bracket = list.find('[');
+  auto comma = list.find(',');
+  if (bracket == std::string::npos || (comma != std::string::npos && comma < bracket)) {
+    return list.substr(0, comma);
+  }
+  std::string prefix = list.substr(0, bracket);
+  std::string rest = list.substr(bracket + 1);
+  auto end = rest.find_first_of("-,]");
+  return prefix + rest.substr(0, end);
+}
+
+bool is_local_address(const std::string& addr) {
+  if (addr == "127.0.0.1" || addr == "localhost" || addr == "::1") return true;
+  char host[256] = {0};
+  return gethostname(host, sizeof host - 1) == 0 && addr == host;
+}
+
+void validate(const WorldInfo& w) {
+  auto bad = [&](const std::string& what) {
+    throw ConfigError(fmt::format(
+        "inconsistent distributed environment (from {}): {} [rank={} world_size={} local_rank={} "
+        "local_world_size={} master={}:{}]",
+        w.source, what, w.rank, w.world_size, w.local_rank, w.local_world_size, w.master_addr, w.master_port));
+  };
+  if (w.world_size < 1) bad("world_size must be >= 1");
+  if (w.rank < 0 || w.rank >= w.world_size) bad("rank must be in [0, world_size)");
+  if (w.local_world_size < 1 || w.local_world_size > w.world_size) bad("local_world_size must be in [1, world_size]");
+  if (w.local_rank < 0 || w.local_rank >= w.local_world_size) bad("local_rank must be in [0, local_world_size)");
+  if (w.master_port < 1 || w.master_port > 65535) bad("master port must be in [1, 65535]");
+}
+
+}  // namespace
+
+WorldInfo world_from_env() {
+  WorldInfo w;
+  const auto port = static_cast<int>(env::get_int_or("MASTER_PORT", 29500));
+  w.master_port = port;
+  w.master_addr = env::get_or("MASTER_ADDR", "127.0.0.1");
+  if (env::get("RANK") || env::get("WORLD_SIZE")) {
+    w.source = "torchrun";
+    w.rank = static_cast<int>(env::get_int_or("RANK", 0));
+    w.world_size = static_cast<int>(env::get_int_or("WORLD_SIZE", 1));
+    w.local_rank = static_cast<int>(env::get_int_or("LOCAL_RANK", w.rank));
+    w.local_world_size = static_cast<int>(env::get_int_or("LOCAL_WORLD_SIZE", w.world_size));
+  } else if (env::get("OMPI_COMM_WORLD_RANK")) {
+    w.source = "openmpi";
+    w.rank = static_cast<int>(*env::get_int("OMPI_COMM_WORLD_RANK"));
+    w.world_size = static_cast<int>(env::get_int_or("OMPI_COMM_WORLD_SIZE", 1));
+    w.local_rank = static_cast<int>(env::get_int_or("OMPI_COMM_WORLD_LOCAL_RANK", 0));
+    w.local_world_size = static_cast<int>(env::get_int_or("OMPI_COMM_WORLD_LOCAL_SIZE", 1));
+  } else if (env::get("SLURM_PROCID")) {
+    w.source = "slurm";
+    w.rank = static_cast<int>(*env::get_int("SLURM_PROCID"));
+    w.world_size = static_cast<int>(env::get_int_or("SLURM_NTASKS", 1));
+    w.local_rank = static_cast<int>(env::get_int_or("SLURM_LOCALID", 0));
+    // SLURM_NTASKS_PER_NODE may read "4(x2)"; strtol stops at '(' so parse by hand.
+    auto per_node = env::get_or("SLURM_NTASKS_PER_NODE", "");
+    w.local_world_size = per_node.empty() ? w.world_size : std::stoi(per_node);
+    if (!env::get("MASTER_ADDR")) {
+      if (auto nodes = env::get("SLURM_JOB_NODELIST")) w.master_addr = first_slurm_host(*nodes);
+    }
+  }
+  validate(w);
+  return w;
+}
+
+std::shared_ptr<ProcessGroup> init_process_group(const WorldInfo& world, const InitOptions& options) {
+  validate(world);
+  if (options.backend != "gloo") {
+    throw ConfigError(fmt::format("world.backend '{}' is not available in this build; use \"gloo\"",
+                                  options.backend));
+  }
+  const std::string where = fmt::format("TCPStore at {}:{}", world.master_addr, world.master_port);
+  c10d::TCPStoreOptions store_opts;
+  store_opts.port = static_cast<std::uint16_t>(world.master_port);
+  store_opts.isServer = world.rank == 0;
+  store_opts.numWorkers = world.world_size;
+  // We check arrival ourselves (check_in) so the error can name the missing
+  // ranks; the store's own wait would only say "timed out".
+  store_opts.waitWorkers = false;
+  store_opts.timeout = options.timeout;
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_opts);
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+    if (world.rank == 0) {
+      throw CommError(fmt::format("rank 0: could not serve the {}: {}. Is the port already in use? "
+                                  "Pick another MASTER_PORT", where, msg));
+    }
+    throw TimeoutError(fmt::format("rank {}: could not reach the {} within {} s: {}. Rank 0 (which "
+                                   "serves the store) never arrived or the address is wrong",
+                                   world.rank, where,
+                                   std::chrono::duration<double>(options.timeout).count(), msg));
+  }
+  check_in(*store, world.rank, world.world_size, options.timeout, where);
+
+  GlooOptions gloo;
+  gloo.timeout = options.timeout;
+  gloo.bind_address = options.bind_address;
+  if (gloo.bind_address.empty()) {
+    if (is_local_address(world.master_addr)) {
+      gloo.bind_address = "127.0.0.1";
+    } else {
+      char host[256] = {0};
+      gethostname(host, sizeof host - 1);
+      gloo.bind_address = host;
+    }
+  }
+  auto world_store = c10::make_intrusive<c10d::PrefixStore>("world", store);
+  return make_gloo_group(world_store, world.rank, world.world_size, gloo);
+}
+
+}  // namespace paratrain::comm

@@ -1,0 +1,47 @@
+// Rendezvous: who am I, how many are we, where is the store. Reads the
+// environment of torchrun / `paratrain launch`, OpenMPI (mpirun) or Slurm
+// (srun), then meets every rank through a c10d TCPStore and builds the world
+// process group. A rank that never arrives is a TimeoutError naming it.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "paratrain/comm/process_group.h"
+
+namespace paratrain::comm {
+
+struct WorldInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  // Where the values came from: "torchrun", "openmpi", "slurm" or "default".
+  std::string source = "default";
+};
+
+// torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT) win; then OMPI_COMM_WORLD_*; then SLURM_*; else a
+// single process. Throws ConfigError on inconsistent values (rank >= size...).
+WorldInfo world_from_env();
+
+struct InitOptions {
+  // How long to wait for every rank to arrive, and the default for every
+  // collective afterwards. Short values make failures surface sooner.
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  // "gloo" is the only backend today; "mpi" and "nccl" plug in here later.
+  std::string backend = "gloo";
+  // Address this rank's Gloo device binds to. Empty: loopback when the
+  // master is local, else this host's name.
+  std::string bind_address;
+};
+
+// Connects to (rank 0: serves) the TCPStore at master_addr:master_port, waits
+// until all ranks checked in, then builds the world group.
+std::shared_ptr<ProcessGroup> init_process_group(const WorldInfo& world,
+                                                 const InitOptions& options = {});
+
+}  // namespace paratrain::comm

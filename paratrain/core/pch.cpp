@@ -1,0 +1,2 @@
+// Compiles the precompiled header once; other targets reuse it.
+#include "paratrain/core/pch.h"

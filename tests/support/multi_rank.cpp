@@ -1,0 +1,129 @@
+// Multi-rank harness: ranks as threads (shared HashStore) or as processes
+// through the real CLI. See multi_rank.h.
+#include "tests/support/multi_rank.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include "paratrain/comm/gloo/gloo_group.h"
+
+extern char** environ;
+
+namespace paratrain::testing {
+
+void run_ranks(int world_size, const std::function<void(comm::ProcessGroup&)>& fn,
+               std::chrono::milliseconds timeout) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::mutex mu;
+  std::exception_ptr first_error;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world_size; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        comm::GlooOptions options;
+        options.timeout = timeout;
+        auto group = comm::make_gloo_group(store, rank, world_size, options);
+        fn(*group);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first_error) first_error = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+ProcessResult run_cli(const std::vector<std::string>& args, std::chrono::milliseconds timeout) {
+  std::vector<std::string> argv_storage{PARATRAIN_CLI};
+  argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_storage) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  int fds[2];
+  if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
+  posix_spawn_file_actions_addclose(&actions, fds[0]);
+  pid_t pid = 0;
+  const auto start = std::chrono::steady_clock::now();
+  int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    throw std::runtime_error(std::string("could not start ") + PARATRAIN_CLI);
+  }
+
+  ProcessResult result;
+  const auto deadline = start + timeout;
+  bool timed_out = false;
+  char buf[4096];
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    int n = poll(&p, 1, static_cast<int>(std::min<long>(left.count(), 200)));
+    if (n > 0) {
+      ssize_t got = read(fds[0], buf, sizeof buf);
+      if (got <= 0) break;  // EOF: the launcher and everything it started closed the pipe
+      result.output.append(buf, static_cast<size_t>(got));
+    }
+  }
+  close(fds[0]);
+  if (timed_out) kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (timed_out) {
+    result.exit_code = -1;
+  } else if (WIFEXITED(status)) {
+    result.exit_code = WEXITSTATUS(status);
+  } else {
+    result.exit_code = 128 + WTERMSIG(status);
+  }
+  return result;
+}
+
+namespace {
+// Removes the temp dirs handed out by temp_dir() when the test binary exits.
+struct TempDirs {
+  std::mutex mu;
+  std::vector<std::string> dirs;
+  ~TempDirs() {
+    std::error_code ec;
+    for (auto& d : dirs) std::filesystem::remove_all(d, ec);
+  }
+};
+TempDirs& temp_dirs() {
+  static TempDirs t;
+  return t;
+}
+}  // namespace
+
+std::string temp_dir(const std::string& prefix) {
+  std::string pattern = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
+  if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  std::lock_guard<std::mutex> lock(temp_dirs().mu);
+  temp_dirs().dirs.push_back(pattern);
+  return pattern;
+}
+
+}  // namespace paratrain::testing
