@@ -8,7 +8,9 @@ set(PARATRAIN_PCH_HEADER ${CMAKE_SOURCE_DIR}/paratrain/core/pch.h)
 # One precompiled header, built once and reused by every torch target
 # (REUSE_FROM needs identical flags, which all our targets share).
 add_library(paratrain_pch STATIC ${CMAKE_SOURCE_DIR}/paratrain/core/pch.cpp)
-target_link_libraries(paratrain_pch PUBLIC torch)
+# fmt/spdlog add -D flags (FMT_SHARED, ...) to every target that links core;
+# GCC ignores a PCH built under different macros, so build it under the same.
+target_link_libraries(paratrain_pch PUBLIC torch fmt::fmt spdlog::spdlog)
 target_include_directories(paratrain_pch PUBLIC ${CMAKE_SOURCE_DIR})
 if(PARATRAIN_USE_PCH)
   target_precompile_headers(paratrain_pch PRIVATE ${PARATRAIN_PCH_HEADER})
@@ -34,7 +36,8 @@ function(paratrain_module name)
   add_library(paratrain_${name} STATIC ${srcs})
   target_include_directories(paratrain_${name} PUBLIC ${CMAKE_SOURCE_DIR})
   target_link_libraries(paratrain_${name} PUBLIC ${M_DEPS} Threads::Threads)
-  set_target_properties(paratrain_${name} PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  # No POSITION_INDEPENDENT_CODE: -fPIC differs from the executables' default
+  # (PIE), and GCC refuses a PCH built with other -fpic/-fpie settings.
   if(NOT M_NO_TORCH)
     target_link_libraries(paratrain_${name} PUBLIC torch)
     paratrain_use_pch(paratrain_${name})

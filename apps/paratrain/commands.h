@@ -18,6 +18,5 @@ struct Command {
 
 Command add_launch_command(CLI::App& app);  // launch_command.cpp
 Command add_train_command(CLI::App& app);   // train_command.cpp
-Command add_bench_command(CLI::App& app);   // bench_command.cpp
 
 }  // namespace paratrain::cli

@@ -1,4 +1,4 @@
-// `paratrain` CLI entry: dispatches to sub-commands (launch, train, bench).
+// `paratrain` CLI entry: dispatches to sub-commands (launch, train).
 // The only place that turns an exception into an exit code.
 #include <cstdio>
 #include <exception>
@@ -14,7 +14,6 @@ int main(int argc, char** argv) {
   const paratrain::cli::Command commands[] = {
       paratrain::cli::add_launch_command(app),
       paratrain::cli::add_train_command(app),
-      paratrain::cli::add_bench_command(app),
   };
   try {
     app.parse(argc, argv);

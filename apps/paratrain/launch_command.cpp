@@ -1,0 +1,65 @@
+// `paratrain launch`: maps the CLI flags onto paratrain::launch::LaunchOptions
+// and runs launch(). Validation and every behaviour live in the library
+// (paratrain/launch/launcher.h); this file only parses. Flags follow torchrun,
+// whose underscore spellings (--nproc_per_node, ...) are accepted too.
+#include <chrono>
+#include <cmath>
+#include <memory>
+
+#include <CLI/CLI.hpp>
+
+#include "apps/paratrain/commands.h"
+#include "paratrain/launch/launcher.h"
+
+namespace paratrain::cli {
+
+Command add_launch_command(CLI::App& app) {
+  struct Flags {
+    launch::LaunchOptions options;
+    double kill_grace_s = 5.0;
+    bool no_prefix = false;
+  };
+  auto flags = std::make_shared<Flags>();
+  auto& o = flags->options;
+
+  CLI::App* sub = app.add_subcommand(
+      "launch",
+      "Start worker processes with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, ...), "
+      "prefix their output with the rank, and stop them all when one fails.\n"
+      "  paratrain launch --nproc-per-node N [--nnodes M --node-rank R --master-addr A "
+      "--master-port P] -- PROGRAM ARGS...");
+  sub->add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node,
+                  "worker processes (ranks) on this node")
+      ->capture_default_str();
+  sub->add_option("--nnodes", o.nnodes, "nodes in the job (each runs its own launcher)")
+      ->capture_default_str();
+  sub->add_option("--node-rank,--node_rank", o.node_rank, "this node's index in [0, nnodes)")
+      ->capture_default_str();
+  sub->add_option("--master-addr,--master_addr", o.master_addr,
+                  "host of rank 0's store; default 127.0.0.1, required with --nnodes > 1");
+  sub->add_option("--master-port,--master_port", o.master_port,
+                  "port of rank 0's store; default: a free port (single node only)");
+  sub->add_option("--kill-grace", flags->kill_grace_s,
+                  "seconds stopped workers get between SIGTERM and SIGKILL")
+      ->capture_default_str();
+  sub->add_flag("--no-prefix", flags->no_prefix,
+                "let workers write to the terminal directly instead of prefixing lines with [rank]");
+  sub->add_option("command", o.command, "the program to run on every rank and its arguments (after --)");
+  sub->footer(
+      "Put `--` before PROGRAM so that its own flags are not read as the launcher's. Each worker "
+      "leads its own process group; the first worker that fails (or a SIGINT/SIGTERM/SIGHUP to the "
+      "launcher) stops all of them: SIGTERM, then SIGKILL after --kill-grace seconds. The exit "
+      "code is the first failing worker's (128 + signal when killed by one).");
+
+  auto run = [flags]() {
+    launch::LaunchOptions options = flags->options;
+    options.prefix_output = !flags->no_prefix;
+    // Negative or NaN stays visible to validate(), which names the value.
+    const double ms = std::isfinite(flags->kill_grace_s) ? flags->kill_grace_s * 1000.0 : -1.0;
+    options.kill_grace = std::chrono::milliseconds(static_cast<long long>(std::llround(ms)));
+    return launch::launch(options);
+  };
+  return Command{sub, run};
+}
+
+}  // namespace paratrain::cli
