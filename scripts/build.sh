@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
 export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
+# Hash paths relative to the checkout, so a fresh clone elsewhere (CI) hits
+# the cache that an earlier build filled.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 # Two cores, ~1.3 GB per torch translation unit: two jobs is the sweet spot.
 jobs="${PARATRAIN_BUILD_JOBS:-$(nproc)}"
 if [ ! -f build/build.ninja ]; then

@@ -1,0 +1,98 @@
+// `paratrain launch`, like torchrun: starts nproc_per_node worker processes on
+// this node with torchrun's environment, prefixes their output with the rank,
+// and supervises them: the first failure, or a SIGINT/SIGTERM/SIGHUP to the
+// launcher, stops every worker (SIGTERM, then SIGKILL) and the launch fails.
+// Not a rendezvous: workers meet on their own at MASTER_ADDR:MASTER_PORT
+// (paratrain/comm/rendezvous.h). Not elastic: no restarts. std + POSIX only.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace paratrain::launch {
+
+// Fields map one to one onto the CLI flags, and error messages name the flags.
+struct LaunchOptions {
+  // Worker processes started on this node, one rank each. More ranks than
+  // cores is allowed (tests do it) but the ranks then share the cores.
+  int nproc_per_node = 1;
+  // Nodes in the job, and this node's index in [0, nnodes). Every node runs
+  // its own launcher with the same nnodes, master_addr and master_port; the
+  // global rank is node_rank * nproc_per_node + local_rank.
+  int nnodes = 1;
+  int node_rank = 0;
+  // Host where rank 0 serves the store. Empty means 127.0.0.1, which only a
+  // single node can use: with nnodes > 1 it must be given (an address that
+  // every node reaches), because the other nodes cannot guess it.
+  std::string master_addr;
+  // Port of that store. 0 picks a free port on this machine, single node only
+  // (other nodes could not learn it). Picking races a little: the port is free
+  // when checked and rank 0 binds it a moment later, as with torchrun; pass a
+  // port explicitly on a busy machine.
+  int master_port = 0;
+  // The program and its arguments; a name without '/' is looked up on PATH.
+  // Must exist and be executable, checked before any worker starts.
+  std::vector<std::string> command;
+  // How long stopped workers get between SIGTERM and SIGKILL. Longer lets them
+  // flush logs or save a checkpoint; shorter surfaces failures sooner (a
+  // failed launch ends at most this long plus ~1 s after the first failure).
+  std::chrono::milliseconds kill_grace{5000};
+  // Prefix every line of every worker's stdout and stderr with "[rank]: ".
+  // Costs a pipe per stream and a copy through the launcher, and splits lines
+  // longer than 64 KiB; false lets workers write to out_fd/err_fd directly,
+  // where lines of different ranks may interleave mid-line.
+  bool prefix_output = true;
+  // Where worker output and the launcher's own messages go (stdout/stderr by
+  // default). Embedders and tests redirect them; the launcher never closes them.
+  int out_fd = 1;
+  int err_fd = 2;
+};
+
+// How one worker ended.
+struct WorkerOutcome {
+  int rank = -1;        // global rank
+  int local_rank = -1;
+  pid_t pid = -1;       // also the id of its process group
+  bool exited = false;  // true: exit_code is valid; false: killed by `signal`
+  int exit_code = 0;
+  int signal = 0;
+  // The launcher signalled it before it ended (another rank failed first, or
+  // the launcher itself was interrupted): a consequence, not a cause.
+  bool stopped_by_launcher = false;
+
+  bool ok() const { return exited && exit_code == 0; }
+  // The shell's convention: the exit code, or 128 + signal.
+  int shell_code() const { return exited ? exit_code : 128 + signal; }
+};
+
+struct LaunchReport {
+  // 0 when every worker exited 0; else the first failing worker's
+  // shell_code(), or 128 + the signal the launcher received. Never 0 on failure.
+  int exit_code = 0;
+  std::vector<WorkerOutcome> workers;  // indexed by local rank
+  int first_failed = -1;               // local rank of the first failure, -1 if none
+  int received_signal = 0;             // signal forwarded to the workers, 0 if none
+  std::string master_addr;             // what the workers were given
+  int master_port = 0;                 // ... including a port picked because 0 was passed
+  std::string summary;                 // the one-line summary printed last
+};
+
+// Runs the workers to completion and returns the launcher's exit code. Throws
+// ConfigError (before starting anything) on invalid options or a program that
+// cannot be run, and Error if a worker could not be started (the ones already
+// started are killed first). Installs handlers for SIGINT, SIGTERM and SIGHUP
+// (unless they were ignored) and ignores SIGPIPE while it runs, restoring the
+// previous dispositions afterwards; one launch at a time per process.
+int launch(const LaunchOptions& options);
+
+// The same, with every worker's outcome (for tests and embedders).
+LaunchReport launch_with_report(const LaunchOptions& options);
+
+// Throws ConfigError naming the flags and printing every value involved,
+// e.g. "--node-rank 2 must be < --nnodes 2". Called by launch().
+void validate(const LaunchOptions& options);
+
+}  // namespace paratrain::launch

@@ -1,0 +1,292 @@
+// The launcher's supervision loop (see supervisor.h).
+#include "paratrain/launch/supervisor.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "paratrain/core/error.h"
+#include "paratrain/launch/report.h"
+#include "paratrain/launch/spawn.h"
+#include "paratrain/launch/worker_env.h"
+
+extern char** environ;
+
+namespace paratrain::launch {
+namespace {
+
+// Note [Stopping workers]
+// The loop wakes at least every kTick to reap workers (waitpid WNOHANG) and
+// to escalate; pipes and the signal pipe wake it sooner. The first worker
+// that ends badly, or the first SIGINT/SIGTERM/SIGHUP to the launcher, stops
+// every process group that still has a live process: that signal now (SIGTERM
+// for a failure, the received one when forwarding), SIGKILL kill_grace later.
+// A second signal to the launcher sends SIGKILL at once. When every worker is
+// reaped, a group that still has processes (a grandchild) gets the same
+// treatment, so nothing started by the launch outlives it. The loop ends when
+// no group has a live process and every pipe reached EOF, or kSettle after
+// the last possible SIGKILL: a pipe held open by a process that left its
+// group (setsid) cannot make the launcher hang.
+constexpr auto kTick = std::chrono::milliseconds(50);
+constexpr auto kSettle = std::chrono::seconds(1);
+constexpr std::size_t kReadChunk = 64 * 1024;
+// Output still buffered in a pipe when the loop ends is copied up to here.
+constexpr std::size_t kFinalDrain = 1 << 20;
+
+std::string seconds(std::chrono::milliseconds ms) {
+  return fmt::format("{:g} s", static_cast<double>(ms.count()) / 1000.0);
+}
+
+}  // namespace
+
+Supervisor::Supervisor(const LaunchOptions& options, std::string program, SignalCapture& signals)
+    : options_(options), program_(std::move(program)), signals_(signals) {}
+
+Supervisor::~Supervisor() {
+  for (auto& w : workers_) {
+    if (w.outcome.pid > 0 && !w.reaped) {
+      signal_group(w.outcome.pid, SIGKILL);
+      while (waitpid(w.outcome.pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+      w.reaped = true;
+    }
+  }
+  close_streams();
+}
+
+void Supervisor::start() {
+  std::vector<int> ignored;
+  for (int sig : SignalCapture::kForwarded) {
+    if (signals_.was_ignored(sig)) ignored.push_back(sig);
+  }
+  if (signals_.was_ignored(SIGPIPE)) ignored.push_back(SIGPIPE);
+  workers_.reserve(static_cast<std::size_t>(options_.nproc_per_node));
+  for (int local = 0; local < options_.nproc_per_node; ++local) {
+    Worker& w = workers_.emplace_back();
+    w.outcome.local_rank = local;
+    w.outcome.rank = options_.node_rank * options_.nproc_per_node + local;
+
+    SpawnSpec spec;
+    spec.path = program_;
+    spec.argv = options_.command;
+    spec.env = worker_environment(options_, local, environ);
+    spec.ignored_signals = ignored;
+    spec.stdout_fd = options_.out_fd;
+    spec.stderr_fd = options_.err_fd;
+    int child_ends[2] = {-1, -1};
+    if (options_.prefix_output) {
+      const int sinks[2] = {options_.out_fd, options_.err_fd};
+      for (int i = 0; i < 2; ++i) {
+        int fds[2];
+        if (pipe2(fds, O_CLOEXEC) != 0) {
+          if (child_ends[0] >= 0) close(child_ends[0]);
+          throw Error(fmt::format("launcher: pipe for rank {} failed: {}", w.outcome.rank, std::strerror(errno)));
+        }
+        fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+        w.streams.push_back(Stream{fds[0], LinePrefixer(fmt::format("[{}]: ", w.outcome.rank), sinks[i])});
+        child_ends[i] = fds[1];
+      }
+      spec.stdout_fd = child_ends[0];
+      spec.stderr_fd = child_ends[1];
+    }
+    try {
+      w.outcome.pid = spawn_in_new_group(spec);
+    } catch (const Error& e) {
+      for (int fd : child_ends) {
+        if (fd >= 0) close(fd);
+      }
+      throw Error(fmt::format("rank {}: {}", w.outcome.rank, e.what()));
+    }
+    // Only the child may hold the write ends, so EOF means it (and its group) is done.
+    for (int fd : child_ends) {
+      if (fd >= 0) close(fd);
+    }
+  }
+}
+
+LaunchReport Supervisor::run() {
+  std::vector<int> ranks;
+  for (const auto& w : workers_) ranks.push_back(w.outcome.rank);
+  say(fmt::format("paratrain launch: started {} of {} (node {} of {}), MASTER_ADDR={} MASTER_PORT={}",
+                  rank_list(ranks), options_.nproc_per_node * options_.nnodes, options_.node_rank,
+                  options_.nnodes, options_.master_addr, options_.master_port));
+  while (true) {
+    const auto now = Clock::now();
+    reap(now);
+    if (all_reaped()) {
+      if (!all_reaped_at_) {
+        all_reaped_at_ = now;
+        for (auto& w : workers_) {
+          if (!w.term_sent && group_has_live_members(w.outcome.pid)) stop(w, SIGTERM, now);
+        }
+      }
+      if (!anything_left()) break;
+      if (now >= *all_reaped_at_ + options_.kill_grace + kSettle) {
+        say("paratrain launch: worker output is still held open by a process outside the workers' "
+            "process groups; not waiting for it");
+        break;
+      }
+    }
+    escalate(now);
+    pump(kTick);
+  }
+  close_streams();
+
+  LaunchReport report;
+  for (const auto& w : workers_) report.workers.push_back(w.outcome);
+  report.first_failed = first_failed_;
+  report.received_signal = received_signal_;
+  report.master_addr = options_.master_addr;
+  report.master_port = options_.master_port;
+  report.summary = summarize(report);
+  say(report.summary);
+  return report;
+}
+
+void Supervisor::reap(Clock::time_point now) {
+  for (auto& w : workers_) {
+    if (w.reaped) continue;
+    int status = 0;
+    const pid_t r = waitpid(w.outcome.pid, &status, WNOHANG);
+    if (r == 0 || (r < 0 && errno == EINTR)) continue;
+    w.reaped = true;
+    if (r < 0) {
+      // ECHILD: someone else in this process reaped it; the status is lost.
+      w.outcome.exited = true;
+      w.outcome.exit_code = 255;
+      say(fmt::format("paratrain launch: rank {} (pid {}) was reaped by someone else; counting it as "
+                      "failed with code 255", w.outcome.rank, w.outcome.pid));
+    } else if (WIFEXITED(status)) {
+      w.outcome.exited = true;
+      w.outcome.exit_code = WEXITSTATUS(status);
+    } else {
+      w.outcome.exited = false;
+      w.outcome.signal = WTERMSIG(status);
+    }
+    if (!w.outcome.ok() && !stopping_) {
+      first_failed_ = w.outcome.local_rank;
+      say(fmt::format("paratrain launch: {}; stopping the other ranks (SIGTERM, SIGKILL after {})",
+                      describe(w.outcome), seconds(options_.kill_grace)));
+      stop_all(SIGTERM, now);
+    }
+  }
+}
+
+void Supervisor::on_signal(int sig, Clock::time_point now) {
+  if (!stopping_) {
+    received_signal_ = sig;
+    say(fmt::format("paratrain launch: got {}; forwarding it to the workers (SIGKILL after {})",
+                    signal_name(sig), seconds(options_.kill_grace)));
+    stop_all(sig, now);
+    return;
+  }
+  // Already stopping: the user wants it over now.
+  say(fmt::format("paratrain launch: got {} while stopping; killing the workers now", signal_name(sig)));
+  for (auto& w : workers_) {
+    if (!w.reaped || group_has_live_members(w.outcome.pid)) {
+      stop(w, SIGKILL, now);
+      w.kill_sent = true;
+    }
+  }
+}
+
+void Supervisor::stop_all(int sig, Clock::time_point now) {
+  stopping_ = true;
+  for (auto& w : workers_) {
+    if (!w.reaped || group_has_live_members(w.outcome.pid)) stop(w, sig, now);
+  }
+}
+
+void Supervisor::stop(Worker& w, int sig, Clock::time_point now) {
+  signal_group(w.outcome.pid, sig);
+  if (!w.term_sent) w.term_sent = now;
+  if (!w.reaped) w.outcome.stopped_by_launcher = true;
+}
+
+void Supervisor::escalate(Clock::time_point now) {
+  for (auto& w : workers_) {
+    if (!w.term_sent || w.kill_sent || now < *w.term_sent + options_.kill_grace) continue;
+    if (!w.reaped || group_has_live_members(w.outcome.pid)) signal_group(w.outcome.pid, SIGKILL);
+    w.kill_sent = true;
+  }
+}
+
+bool Supervisor::all_reaped() const {
+  for (const auto& w : workers_) {
+    if (!w.reaped) return false;
+  }
+  return true;
+}
+
+bool Supervisor::anything_left() const {
+  for (const auto& w : workers_) {
+    for (const auto& s : w.streams) {
+      if (s.fd >= 0) return true;
+    }
+  }
+  for (const auto& w : workers_) {
+    if (group_has_live_members(w.outcome.pid)) return true;
+  }
+  return false;
+}
+
+void Supervisor::pump(std::chrono::milliseconds timeout) {
+  std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
+  std::vector<Stream*> owners{nullptr};
+  for (auto& w : workers_) {
+    for (auto& s : w.streams) {
+      if (s.fd < 0) continue;
+      fds.push_back({s.fd, POLLIN, 0});
+      owners.push_back(&s);
+    }
+  }
+  if (poll(fds.data(), fds.size(), static_cast<int>(timeout.count())) <= 0) return;
+  if (fds[0].revents != 0) {
+    while (const int sig = signals_.take()) on_signal(sig, Clock::now());
+  }
+  char buf[kReadChunk];
+  for (std::size_t i = 1; i < fds.size(); ++i) {
+    if (fds[i].revents == 0) continue;
+    Stream& s = *owners[i];
+    const ssize_t n = read(s.fd, buf, sizeof buf);
+    if (n > 0) {
+      s.prefixer.feed(std::string_view(buf, static_cast<std::size_t>(n)));
+    } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+      s.prefixer.finish();
+      close(s.fd);
+      s.fd = -1;
+    }
+  }
+}
+
+void Supervisor::close_streams() {
+  char buf[kReadChunk];
+  for (auto& w : workers_) {
+    for (auto& s : w.streams) {
+      if (s.fd < 0) continue;
+      for (std::size_t copied = 0; copied < kFinalDrain;) {
+        const ssize_t n = read(s.fd, buf, sizeof buf);
+        if (n <= 0) break;
+        s.prefixer.feed(std::string_view(buf, static_cast<std::size_t>(n)));
+        copied += static_cast<std::size_t>(n);
+      }
+      s.prefixer.finish();
+      close(s.fd);
+      s.fd = -1;
+    }
+  }
+}
+
+void Supervisor::say(const std::string& line) const {
+  write_all(options_.err_fd, line + "\n");
+}
+
+}  // namespace paratrain::launch

@@ -1,0 +1,66 @@
+// The launcher's event loop: starts the workers, copies their output, reaps
+// them, and stops them all on the first failure or a forwarded signal. Not
+// public API: launch() in launcher.h drives it.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "paratrain/launch/launcher.h"
+#include "paratrain/launch/line_prefixer.h"
+#include "paratrain/launch/signal_capture.h"
+
+namespace paratrain::launch {
+
+class Supervisor {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // `options` resolved (address and port filled in), `program` resolved.
+  Supervisor(const LaunchOptions& options, std::string program, SignalCapture& signals);
+  ~Supervisor();  // kills and reaps whatever is still running (exceptions)
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  // Starts every local rank. Throws Error after killing the ones started.
+  void start();
+  // Runs until every worker and its process group are gone; returns the report.
+  LaunchReport run();
+
+ private:
+  struct Stream {
+    int fd = -1;  // read end of the worker's pipe; -1 once closed
+    LinePrefixer prefixer;
+  };
+  struct Worker {
+    WorkerOutcome outcome;
+    bool reaped = false;
+    std::optional<Clock::time_point> term_sent;  // first signal to its group
+    bool kill_sent = false;
+    std::vector<Stream> streams;  // stdout, stderr (empty without prefixing)
+  };
+
+  void reap(Clock::time_point now);
+  void on_signal(int sig, Clock::time_point now);
+  void stop_all(int sig, Clock::time_point now);
+  void stop(Worker& w, int sig, Clock::time_point now);
+  void escalate(Clock::time_point now);
+  bool all_reaped() const;
+  bool anything_left() const;
+  void pump(std::chrono::milliseconds timeout);
+  void close_streams();
+  void say(const std::string& line) const;
+
+  LaunchOptions options_;
+  std::string program_;
+  SignalCapture& signals_;
+  std::vector<Worker> workers_;
+  bool stopping_ = false;
+  int first_failed_ = -1;
+  int received_signal_ = 0;
+  std::optional<Clock::time_point> all_reaped_at_;
+};
+
+}  // namespace paratrain::launch

@@ -1,0 +1,266 @@
+// Launcher pieces that need no worker processes: option validation, the
+// worker environment, program lookup, free-port selection, line prefixing
+// and the summary wording.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <functional>
+#include <thread>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "paratrain/core/error.h"
+#include "paratrain/launch/free_port.h"
+#include "paratrain/launch/launcher.h"
+#include "paratrain/launch/line_prefixer.h"
+#include "paratrain/launch/report.h"
+#include "paratrain/launch/worker_env.h"
+#include "launch_test_util.h"
+#include "tests/support/multi_rank.h"
+
+namespace paratrain::launch {
+namespace {
+
+LaunchOptions valid() {
+  LaunchOptions o;
+  o.nproc_per_node = 2;
+  o.command = {"/bin/true"};
+  return o;
+}
+
+// The ConfigError message validate() throws, or "" when it accepts.
+std::string rejection(const LaunchOptions& o) {
+  try {
+    validate(o);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(LaunchValidate, AcceptsSingleAndMultiNodeSetups) {
+  EXPECT_EQ(rejection(valid()), "");
+  LaunchOptions multi = valid();
+  multi.nnodes = 3;
+  multi.node_rank = 2;
+  multi.master_addr = "10.0.0.1";
+  multi.master_port = 29500;
+  EXPECT_EQ(rejection(multi), "");
+}
+
+TEST(LaunchValidate, MessagesNameTheFlagsAndEveryValue) {
+  struct Case {
+    std::function<void(LaunchOptions&)> edit;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {[](auto& o) { o.nproc_per_node = 0; }, "--nproc-per-node 0 must be >= 1"},
+      {[](auto& o) { o.nnodes = -1; }, "--nnodes -1 must be >= 1"},
+      {[](auto& o) { o.nnodes = 2, o.node_rank = 2, o.master_addr = "h", o.master_port = 1; },
+       "--node-rank 2 must be >= 0 and < --nnodes 2"},
+      {[](auto& o) { o.node_rank = -1; }, "--node-rank -1 must be >= 0 and < --nnodes 1"},
+      {[](auto& o) { o.master_port = 70000; }, "--master-port 70000 must be in 1..65535"},
+      {[](auto& o) { o.nnodes = 2, o.master_addr = "h"; }, "--nnodes 2 needs --master-port"},
+      {[](auto& o) { o.nnodes = 2, o.master_port = 29500; }, "--nnodes 2 needs --master-addr"},
+      {[](auto& o) { o.kill_grace = std::chrono::milliseconds(-1500); }, "--kill-grace -1.5 s must be >= 0"},
+      {[](auto& o) { o.command.clear(); }, "no program to launch: put it after `--`"},
+      {[](auto& o) { o.nproc_per_node = 1 << 20, o.nnodes = 1 << 12, o.master_addr = "h", o.master_port = 1; },
+       "--nproc-per-node 1048576 * --nnodes 4096 ranks is too many"},
+  };
+  for (const auto& c : cases) {
+    LaunchOptions o = valid();
+    c.edit(o);
+    EXPECT_NE(rejection(o).find(c.expected), std::string::npos)
+        << "expected '" << c.expected << "' in '" << rejection(o) << "'";
+  }
+}
+
+TEST(WorkerEnvironment, SetsTorchrunVariablesAndKeepsTheRest) {
+  LaunchOptions o = valid();
+  o.nproc_per_node = 4;
+  o.nnodes = 3;
+  o.node_rank = 2;
+  o.master_addr = "node0.cluster";
+  o.master_port = 29511;
+  const char* base[] = {"PATH=/bin", "RANK=99", "FOO=a=b", "OMP_NUM_THREADS=8", nullptr};
+  const auto env = worker_environment(o, 1, base);
+  auto count = [&](const std::string& entry) { return std::count(env.begin(), env.end(), entry); };
+  for (const char* expected :
+       {"PATH=/bin", "FOO=a=b", "RANK=9", "WORLD_SIZE=12", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=4",
+        "GROUP_RANK=2", "GROUP_WORLD_SIZE=3", "NODE_RANK=2", "MASTER_ADDR=node0.cluster",
+        "MASTER_PORT=29511", "OMP_NUM_THREADS=8", "OPENBLAS_NUM_THREADS=1"}) {
+    EXPECT_EQ(count(expected), 1) << expected;
+  }
+  EXPECT_EQ(count("RANK=99"), 0);
+  EXPECT_EQ(env.size(), 13u);
+}
+
+TEST(WorkerEnvironment, LeavesThreadCountsAloneForOneProcessPerNode) {
+  LaunchOptions o = valid();
+  o.nproc_per_node = 1;
+  o.master_addr = "127.0.0.1";
+  o.master_port = 1234;
+  const char* base[] = {nullptr};
+  for (const auto& entry : worker_environment(o, 0, base)) {
+    EXPECT_EQ(entry.rfind("OMP_NUM_THREADS", 0), std::string::npos) << entry;
+    EXPECT_EQ(entry.rfind("OPENBLAS_NUM_THREADS", 0), std::string::npos) << entry;
+  }
+}
+
+TEST(ResolveProgram, SearchesPathAndExplainsFailures) {
+  EXPECT_EQ(resolve_program("sh", "/nonexistent:/bin:/usr/bin"), "/bin/sh");
+  EXPECT_EQ(resolve_program("/bin/sh", nullptr), "/bin/sh");
+
+  const std::string dir = testing::temp_dir("launch-resolve");
+  const std::string plain = dir + "/plain";
+  std::ofstream(plain) << "#!/bin/sh\n";
+  chmod(plain.c_str(), 0644);
+  auto message = [](const std::string& name, const char* path) {
+    try {
+      resolve_program(name, path);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message("no-such-program-xyz", "/bin").find("no executable of that name on PATH"),
+            std::string::npos);
+  EXPECT_NE(message("no-such-program-xyz", "/bin").find("[PATH=/bin]"), std::string::npos);
+  EXPECT_NE(message(plain, nullptr).find("is not executable"), std::string::npos);
+  EXPECT_NE(message("plain", dir.c_str()).find("'" + plain + "' is not executable"), std::string::npos);
+  EXPECT_NE(message(dir, nullptr).find("is a directory"), std::string::npos);
+  EXPECT_NE(message(dir + "/missing", nullptr).find("No such file or directory"), std::string::npos);
+  EXPECT_NE(message("", nullptr).find("empty"), std::string::npos);
+
+  chmod(plain.c_str(), 0755);
+  EXPECT_EQ(resolve_program("plain", (std::string("/nonexistent:") + dir).c_str()), dir + "/plain");
+}
+
+TEST(FreePort, ReturnsAPortThatCanBeBoundAndListenedOn) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const int port = find_free_port();
+    ASSERT_GT(port, 0);
+    ASSERT_LE(port, 65535);
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << "port " << port;
+    EXPECT_EQ(listen(fd, 1), 0);
+    close(fd);
+  }
+}
+
+// Feeds chunks through a LinePrefixer writing into a pipe; returns what came out.
+std::string prefixed(const std::vector<std::string>& chunks, bool finish) {
+  int fds[2];
+  EXPECT_EQ(pipe(fds), 0);
+  {
+    LinePrefixer p("[3]: ", fds[1]);
+    for (const auto& c : chunks) p.feed(c);
+    if (finish) p.finish();
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
+  close(fds[0]);
+  return out;
+}
+
+TEST(LinePrefixer, JoinsChunksIntoWholePrefixedLines) {
+  EXPECT_EQ(prefixed({"ab", "c\nde\n", "\n", "f"}, false), "[3]: abc\n[3]: de\n[3]: \n");
+  EXPECT_EQ(prefixed({"ab", "c\nde\n", "\n", "f"}, true), "[3]: abc\n[3]: de\n[3]: \n[3]: f\n");
+  EXPECT_EQ(prefixed({""}, true), "");
+}
+
+TEST(LinePrefixer, SplitsARunawayLineIntoBoundedPieces) {
+  const std::size_t n = 2 * LinePrefixer::kMaxLine + 100;
+  // Written from a thread-free loop: the pipe must hold it all, so read concurrently.
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  std::string out;
+  std::thread reader([&] {
+    char buf[65536];
+    for (ssize_t r; (r = read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(r));
+  });
+  {
+    LinePrefixer p("[0]: ", fds[1]);
+    p.feed(std::string(n, 'x'));
+    p.finish();
+  }
+  close(fds[1]);
+  reader.join();
+  close(fds[0]);
+  const auto lines = test::lines_of(out);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0], "[0]: " + std::string(LinePrefixer::kMaxLine, 'x'));
+  EXPECT_EQ(lines[1], "[0]: " + std::string(LinePrefixer::kMaxLine, 'x'));
+  EXPECT_EQ(lines[2], "[0]: " + std::string(100, 'x'));
+}
+
+TEST(LinePrefixer, SurvivesAReaderThatWentAway) {
+  struct sigaction ign {}, old {};
+  ign.sa_handler = SIG_IGN;
+  sigaction(SIGPIPE, &ign, &old);  // as the launcher does while it runs
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  close(fds[0]);
+  LinePrefixer p("[0]: ", fds[1]);
+  p.feed("one\ntwo\n");
+  p.feed("three\n");
+  p.finish();
+  close(fds[1]);
+  sigaction(SIGPIPE, &old, nullptr);
+  EXPECT_FALSE(write_all(-1, "x"));
+}
+
+TEST(LaunchReportWords, RankListsAreCompact) {
+  EXPECT_EQ(rank_list({}), "none");
+  EXPECT_EQ(rank_list({3}), "rank 3");
+  EXPECT_EQ(rank_list({0, 1, 2, 5, 7, 8}), "ranks 0-2, 5, 7-8");
+}
+
+TEST(LaunchReportWords, SummaryNamesTheCauseAndNeverReportsZeroOnFailure) {
+  LaunchReport r;
+  r.workers.resize(3);
+  for (int i = 0; i < 3; ++i) {
+    r.workers[i].rank = 4 + i;
+    r.workers[i].local_rank = i;
+    r.workers[i].pid = 100 + i;
+    r.workers[i].exited = true;
+  }
+  EXPECT_EQ(summarize(r), "paratrain launch: all 3 ranks succeeded (ranks 4-6)");
+  EXPECT_EQ(r.exit_code, 0);
+
+  r.workers[1].exit_code = 3;
+  r.first_failed = 1;
+  r.workers[2].exited = false;
+  r.workers[2].signal = SIGTERM;
+  r.workers[2].stopped_by_launcher = true;
+  EXPECT_EQ(summarize(r),
+            "paratrain launch: FAILED with exit code 3: rank 5 (pid 101) exited with code 3 first; "
+            "stopped by the launcher: rank 6 (pid 102) was killed by SIGTERM; succeeded: rank 4");
+  EXPECT_EQ(r.exit_code, 3);
+
+  r.workers[1].exited = false;
+  r.workers[1].signal = SIGSEGV;
+  summarize(r);
+  EXPECT_EQ(r.exit_code, 128 + SIGSEGV);
+
+  r.received_signal = SIGINT;
+  r.first_failed = -1;
+  EXPECT_NE(summarize(r).find("interrupted by SIGINT"), std::string::npos);
+  EXPECT_EQ(r.exit_code, 130);
+}
+
+}  // namespace
+}  // namespace paratrain::launch
