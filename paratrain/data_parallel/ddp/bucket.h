@@ -1,0 +1,87 @@
+// One gradient bucket at run time: a flat buffer, a view of it per parameter,
+// the collective in flight on it, and the state machine that keeps a step
+// honest (a bucket cannot be waited on before it was launched).
+// Not here: which parameters go in which bucket (bucket_plan.h) and when a
+// bucket is launched (reducer.h).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstddef>
+#include <string_view>
+#include <vector>
+
+#include "paratrain/comm/process_group.h"
+#include "paratrain/data_parallel/ddp/bucket_plan.h"
+
+namespace paratrain::ddp {
+
+// kFilling -> kReady -> kLaunched -> kReduced -> kFilling (next step).
+// Aborting a step (reset()) is legal from any state but kLaunched: a buffer
+// the process group is still writing into must be waited on first.
+enum class BucketState {
+  kFilling,   // waiting for some of its gradients
+  kReady,     // all gradients copied in; waits for earlier buckets to launch
+  kLaunched,  // collective in flight; the buffer belongs to the process group
+  kReduced,   // collective finished; the buffer holds the reduced gradients
+};
+std::string_view to_string(BucketState state);
+
+class Bucket {
+ public:
+  // `params` is the full parameter list the plan indexes into (for shapes).
+  Bucket(std::size_t index, BucketPlan plan, const std::vector<at::Tensor>& params);
+
+  std::size_t index() const { return index_; }
+  const BucketPlan& plan() const { return plan_; }
+  BucketState state() const { return state_; }
+  std::size_t size() const { return slots_.size(); }  // parameters in the bucket
+  int64_t bytes() const;
+
+  // The flat buffer (plan().padded_numel elements; padding stays zero).
+  at::Tensor& buffer() { return buffer_; }
+  // Slot i (the i-th parameter of plan().params), shaped like the parameter.
+  // It aliases the buffer's storage without being an autograd view, so it can
+  // serve as a parameter's .grad: see Note [Gradients as bucket views].
+  const at::Tensor& slot(std::size_t i) const { return slots_.at(i); }
+
+  // Records that slot i holds its gradient. Returns true when that was the
+  // last one, after which the caller calls mark_ready(). kFilling only; a
+  // slot filled twice in one step is an error.
+  bool fill(std::size_t i);
+  bool filled(std::size_t i) const { return filled_.at(i); }
+  // kFilling -> kReady; every slot must be filled.
+  void mark_ready();
+  // kReady -> kLaunched; `work` is the collective now writing the buffer.
+  void launch(comm::WorkHandle work);
+  bool work_completed() const;  // kLaunched: has the collective finished?
+  // kLaunched -> kReduced; blocks. Rethrows the collective's failure.
+  void wait(std::chrono::milliseconds timeout);
+  // Back to kFilling for the next step; slots become unfilled. Not from
+  // kLaunched (wait or abandon first).
+  void reset();
+  // For a failed step: forgets the collective in flight without waiting,
+  // keeping its old buffer alive (the backend may still write it), and gives
+  // the bucket a fresh zeroed buffer. Parameters whose .grad aliased the old
+  // buffer keep it; the reducer re-points them on their next gradient.
+  void abandon();
+
+ private:
+  void expect(BucketState expected, std::string_view action) const;
+  void make_buffer();
+
+  std::size_t index_;
+  BucketPlan plan_;
+  std::vector<std::vector<int64_t>> shapes_;
+  at::Tensor buffer_;
+  std::vector<at::Tensor> slots_;
+  std::vector<bool> filled_;
+  std::size_t pending_ = 0;
+  BucketState state_ = BucketState::kFilling;
+  comm::WorkHandle work_;
+  // Buffers of abandoned collectives: never freed while a backend may use them.
+  std::vector<std::pair<at::Tensor, comm::WorkHandle>> abandoned_;
+};
+
+}  // namespace paratrain::ddp

@@ -1,0 +1,82 @@
+// DistributedDataParallel: see ddp.h.
+#include "paratrain/data_parallel/ddp/ddp.h"
+
+#include <torch/torch.h>
+
+#include <unordered_set>
+
+namespace paratrain::ddp {
+namespace {
+
+constexpr int kSourceRank = 0;
+
+std::vector<at::Tensor> tensors_of(const std::vector<NamedTensor>& named) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : named) out.push_back(t.tensor);
+  return out;
+}
+
+}  // namespace
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
+                                                 comm::ProcessGroup& group, DdpOptions options)
+    : module_(std::move(module)), group_(group), options_(std::move(options)) {
+  TORCH_CHECK(module_ != nullptr, "DistributedDataParallel: module is null");
+  std::vector<NamedParameter> params = trainable_parameters(*module_);
+  buffers_ = module_buffers(*module_);
+
+  // Every parameter, frozen ones included (replicas must be identical, not
+  // just their trainable part); the frozen flag is part of the checked name.
+  std::vector<NamedTensor> all_params;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    all_params.push_back({item.key() + (item.value().requires_grad() ? "" : " (frozen)"), item.value()});
+  }
+  const auto timeout = options_.reducer.timeout;
+  verify_same_tensors(group_, all_params, "parameters", timeout);
+  verify_same_tensors(group_, buffers_, "buffers", timeout);
+  broadcast_coalesced(group_, tensors_of(all_params), kSourceRank, timeout);
+  broadcast_coalesced(group_, tensors_of(buffers_), kSourceRank, timeout);
+
+  reducer_ = std::make_unique<Reducer>(std::move(params), group_, options_.reducer);
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+void DistributedDataParallel::prepare_forward() {
+  reducer_->reset_step();
+  if (options_.broadcast_buffers && !buffers_.empty()) {
+    broadcast_coalesced(group_, tensors_of(buffers_), kSourceRank, options_.reducer.timeout);
+  }
+}
+
+DistributedDataParallel::NoSyncGuard::NoSyncGuard(Reducer& reducer)
+    : reducer_(reducer), previous_(reducer.sync_enabled()) {
+  reducer_.set_sync_enabled(false);
+}
+
+DistributedDataParallel::NoSyncGuard::~NoSyncGuard() { reducer_.set_sync_enabled(previous_); }
+
+std::vector<NamedParameter> trainable_parameters(torch::nn::Module& module) {
+  std::vector<NamedParameter> out;
+  std::unordered_set<const void*> seen;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& t = item.value();
+    if (!t.requires_grad()) continue;
+    if (!seen.insert(t.unsafeGetTensorImpl()).second) continue;  // shared parameter
+    out.push_back({item.key(), t});
+  }
+  return out;
+}
+
+std::vector<NamedTensor> module_buffers(torch::nn::Module& module) {
+  std::vector<NamedTensor> out;
+  std::unordered_set<const void*> seen;
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    const at::Tensor& t = item.value();
+    if (!t.defined() || !seen.insert(t.unsafeGetTensorImpl()).second) continue;
+    out.push_back({item.key(), t});
+  }
+  return out;
+}
+
+}  // namespace paratrain::ddp

@@ -1,0 +1,96 @@
+// DistributedDataParallel: data parallelism for a LibTorch module. Replicas
+// start identical (parameters and buffers broadcast from rank 0), and every
+// loss.backward() returns with gradients averaged over the group, reduced in
+// buckets that overlap with backward (reducer.h). The user keeps calling their
+// model and their optimizer; DDP only needs prepare_forward() before each
+// forward. Not here: the reduction itself (reducer.h), the naive twin (naive.h).
+//
+//   DistributedDataParallel ddp(model, group);
+//   for (...) {
+//     ddp.prepare_forward();
+//     auto loss = loss_fn(model->forward(shard_of_batch), target);
+//     optimizer.zero_grad();
+//     loss.backward();          // returns with averaged gradients
+//     optimizer.step();
+//   }
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "paratrain/comm/process_group.h"
+#include "paratrain/data_parallel/ddp/module_sync.h"
+#include "paratrain/data_parallel/ddp/reducer.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace paratrain::ddp {
+
+struct DdpOptions {
+  ReducerOptions reducer;  // buckets, unused parameters, gradient views, comm hook, timeout
+  // Broadcast buffers (BatchNorm running statistics) from rank 0 in every
+  // prepare_forward(). Costs one small collective per step; without it each
+  // replica's running statistics drift apart, seeing only its own shard.
+  bool broadcast_buffers = true;
+};
+
+class DistributedDataParallel {
+ public:
+  // Collective: every rank of `group` constructs it with the same model
+  // architecture. Checks that (ConfigError naming the ranks otherwise) and
+  // overwrites every rank's parameters and buffers with rank 0's. `group`
+  // must outlive this object; `module` is shared with the caller.
+  DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, comm::ProcessGroup& group,
+                          DdpOptions options = {});
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  torch::nn::Module& module() { return *module_; }
+  const std::shared_ptr<torch::nn::Module>& module_ptr() const { return module_; }
+  comm::ProcessGroup& group() { return group_; }
+
+  // Call before each forward (also inside no_sync()). Collective when
+  // broadcast_buffers and the module has buffers. Also abandons a step whose
+  // backward threw, so training can go on after a caught error.
+  void prepare_forward();
+
+  // While alive, backward does not communicate: gradients accumulate in .grad
+  // and the first backward after the guard is gone reduces the sum of all of
+  // them. For gradient accumulation over micro-batches:
+  //   { auto guard = ddp.no_sync(); for (k-1 micro-batches) { fwd; bwd; } }
+  //   fwd; bwd;  // synchronizes the accumulated gradients
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(Reducer& reducer);
+    ~NoSyncGuard();
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    Reducer& reducer_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*reducer_); }
+
+  Reducer& reducer() { return *reducer_; }
+  // Timings of the latest synchronized backward (see step_stats.h).
+  StepStats last_step_stats() const { return reducer_->last_step(); }
+
+ private:
+  std::shared_ptr<torch::nn::Module> module_;
+  comm::ProcessGroup& group_;
+  DdpOptions options_;
+  std::vector<NamedTensor> buffers_;
+  std::unique_ptr<Reducer> reducer_;
+};
+
+// The module's trainable parameters (requires_grad), each tensor once, in
+// registration order, named as in named_parameters().
+std::vector<NamedParameter> trainable_parameters(torch::nn::Module& module);
+// The module's buffers, each tensor once, in registration order.
+std::vector<NamedTensor> module_buffers(torch::nn::Module& module);
+
+}  // namespace paratrain::ddp

@@ -1,0 +1,140 @@
+// The reducer: averages gradients over a process group *during* backward.
+// Gradients are packed into buckets (bucket_plan.h); a hook on each
+// parameter's gradient accumulator copies its gradient in, and a bucket's
+// collective starts as soon as its last gradient is there, overlapping with
+// the rest of backward. When backward ends, autograd runs our callback, which
+// waits for every bucket and writes the averaged gradients back, so after
+// loss.backward() returns the gradients are synchronized (as in PyTorch DDP).
+// Not here: broadcasting parameters, buffers, no_sync's guard (ddp.h).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "paratrain/comm/process_group.h"
+#include "paratrain/data_parallel/ddp/bucket.h"
+#include "paratrain/data_parallel/ddp/bucket_plan.h"
+#include "paratrain/data_parallel/ddp/step_stats.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace paratrain::ddp {
+
+struct NamedParameter {
+  std::string name;  // used in error messages ("fc2.weight")
+  at::Tensor tensor;
+};
+
+// Starts the collective of bucket `index` on its flat buffer and returns it in
+// flight. When the returned work completes, `buffer` must hold the reduced
+// (already pre-divided, see Note [Averaging]) gradients. The default is an
+// all-reduce sum; compression hooks (and ZeRO's reduce-scatter) plug in here.
+using BucketCommHook =
+    std::function<comm::WorkHandle(comm::ProcessGroup& group, std::size_t index, at::Tensor& buffer)>;
+
+struct ReducerOptions {
+  BucketPlanOptions buckets;
+  // Off: a parameter that gets no gradient in a synchronized backward is an
+  // error naming it (all ranks must reduce the same buckets). On: such a
+  // parameter contributes its current .grad (zero if none) and an extra small
+  // all-reduce per step finds parameters no rank used, whose .grad is left
+  // untouched. Costs that collective and the overlap of every bucket holding
+  // an unused parameter (it can only launch when backward ends). See Note
+  // [Unused parameters].
+  bool find_unused_parameters = false;
+  // On: each .grad is re-pointed at its slot of the bucket buffer, so
+  // backward accumulates straight into the buffer and the averaged result
+  // needs no copy back: saves one gradient-sized buffer and two copies per
+  // step. Off: gradients are copied into the buffer and back, and .grad
+  // tensors stay the user's own. See Note [Gradients as bucket views].
+  bool gradient_as_bucket_view = false;
+  // The collective per bucket; empty = all_reduce(kSum).
+  BucketCommHook comm_hook;
+  // How long the end of backward waits for one bucket before TimeoutError.
+  std::chrono::milliseconds timeout = comm::kDefaultTimeout;
+};
+
+class Reducer {
+ public:
+  // `params`: the parameters to synchronize, in registration order, each
+  // requiring grad, dense, and distinct. Every rank of `group` must pass the
+  // same shapes and dtypes in the same order. `group` must outlive the reducer.
+  Reducer(std::vector<NamedParameter> params, comm::ProcessGroup& group, ReducerOptions options = {});
+  // Removes the hooks and waits for collectives still in flight.
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // While off, hooks only record which parameters were used: gradients
+  // accumulate in .grad locally and the next synchronized backward reduces
+  // the accumulated sum (DistributedDataParallel::no_sync()).
+  void set_sync_enabled(bool enabled);
+  bool sync_enabled() const;
+
+  // Abandons a step whose backward failed before its end-of-backward callback
+  // ran (e.g. an exception in the loss's backward): waits for launched
+  // collectives, clears the step. A no-op between steps. Called by
+  // DistributedDataParallel::prepare_forward().
+  void reset_step();
+
+  const std::vector<BucketPlan>& plans() const { return plans_; }
+  const std::vector<NamedParameter>& params() const { return params_; }
+  // Timings of the latest synchronized backward.
+  StepStats last_step() const;
+  // Synchronized backwards completed so far.
+  int64_t synced_steps() const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Location {
+    std::size_t bucket;
+    std::size_t slot;
+  };
+
+  void on_gradient(std::size_t param);
+  void begin_step_locked();
+  void mark_ready_locked(std::size_t param, bool repoint);
+  void launch_ready_locked();
+  void poll_completions_locked();
+  void finish_step();
+  void finish_step_locked();
+  void write_back_locked(const at::Tensor& globally_used);
+  void drain_locked() noexcept;
+  double ms_since_start() const;
+
+  comm::ProcessGroup& group_;
+  ReducerOptions options_;
+  std::vector<NamedParameter> params_;
+  std::vector<BucketPlan> plans_;
+  std::vector<Bucket> buckets_;
+  std::vector<Location> where_;  // per parameter
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<std::uintptr_t> hook_keys_;
+
+  // Autograd may call hooks from its device threads (CUDA); one lock keeps
+  // the step state consistent. Uncontended on CPU, where hooks run on the
+  // thread that called backward.
+  mutable std::mutex mu_;
+  bool sync_enabled_ = true;
+  bool in_step_ = false;           // first hook seen, end-of-backward callback not yet run
+  std::size_t next_launch_ = 0;    // buckets [0, next_launch_) are launched
+  std::size_t next_complete_ = 0;  // buckets [0, next_complete_) were seen complete
+  std::vector<bool> ready_;        // per parameter, this step
+  std::vector<bool> used_since_sync_;  // per parameter, across no_sync backwards
+  Clock::time_point step_start_;
+  StepStats current_;
+  StepStats last_;
+  int64_t synced_steps_ = 0;
+};
+
+}  // namespace paratrain::ddp
