@@ -1,0 +1,61 @@
+// Reading and writing the safetensors format: an 8-byte little-endian header
+// length N, N bytes of JSON (space-padded to 8-byte alignment) describing each
+// tensor's dtype, shape and byte range, then the raw little-endian data.
+// Files are written atomically; reads validate every field. No training
+// semantics here: checkpoint.h maps models and optimizers onto this.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <ATen/core/Tensor.h>
+
+namespace paratrain::train {
+
+// Tensors by name plus free-form string metadata ("__metadata__").
+// std::map: names are written in sorted order, so equal contents give
+// byte-identical files.
+struct SafetensorsContents {
+  std::map<std::string, at::Tensor> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+struct SafetensorsWriteOptions {
+  // fsync the file before the rename and the folder after it. Off only for
+  // scratch files: without it a power loss can leave an empty file behind the
+  // new name even though rename() itself is atomic.
+  bool sync = true;
+  // Test hook: called after the header and after each tensor's bytes reach the
+  // temporary file; a throw here behaves like a crash mid-write (the target
+  // is untouched, the temporary file is removed).
+  std::function<void(std::string_view written_so_far)> after_write;
+};
+
+// Writes `contents` to `path` atomically: into `<path>.tmp.<pid>`, fsync,
+// rename over `path`, fsync the folder. Tensors may be on any device and of
+// any layout (they are copied to contiguous CPU memory); supported dtypes:
+// BOOL, U8, I8, I16, I32, I64, F16, BF16, F32, F64. Throws CheckpointError
+// naming the path and the failed system call.
+void write_safetensors(const std::filesystem::path& path, const SafetensorsContents& contents,
+                       const SafetensorsWriteOptions& options = {});
+
+// Reads and validates a whole file: header length vs file size, JSON,
+// dtypes, shapes vs byte lengths, offsets inside the data and covering it
+// without holes or overlaps. Throws CheckpointError naming the file and the
+// problem ("truncated: header says 1234 bytes of data, file has 1000").
+SafetensorsContents read_safetensors(const std::filesystem::path& path);
+
+// The same on bytes in memory; `name` stands for the file in errors. For
+// fuzzers and tests; tensors are copies, not views of `bytes`.
+SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes, std::string_view name);
+
+// Only the metadata, after checking the header and the file size: cheap, for
+// picking a checkpoint without reading its tensors.
+std::map<std::string, std::string> read_safetensors_metadata(const std::filesystem::path& path);
+
+}  // namespace paratrain::train

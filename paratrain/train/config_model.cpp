@@ -1,0 +1,36 @@
+// make_model: turns the [model] section (plus the dataset's image shape and
+// class count) into models::MlpOptions / CnnOptions. Lives with the config
+// because only the config knows which dataset feeds the model.
+#include <fmt/format.h>
+
+#include "paratrain/core/error.h"
+#include "paratrain/models/cnn.h"
+#include "paratrain/models/mlp.h"
+#include "paratrain/train/config.h"
+
+namespace paratrain::train {
+
+std::shared_ptr<models::Model> make_model(const TrainConfig& config) {
+  validate_config(config);
+  // Fashion-MNIST is fixed: 1 x 28 x 28 grey images, 10 classes.
+  const bool synthetic = config.data.dataset == "synthetic";
+  const int64_t channels = synthetic ? config.data.synthetic_channels : 1;
+  const int64_t side = synthetic ? config.data.synthetic_image_size : 28;
+  const int64_t classes = synthetic ? config.data.synthetic_classes : 10;
+  if (config.model.kind == "mlp") {
+    return models::make_mlp({.in_features = channels * side * side,
+                             .hidden = config.model.hidden,
+                             .out_features = classes});
+  }
+  if (config.model.kind == "cnn") {
+    return models::make_cnn({.in_channels = channels,
+                             .image_size = side,
+                             .num_classes = classes,
+                             .channels = config.model.channels,
+                             .hidden = config.model.cnn_hidden});
+  }
+  throw ConfigError(fmt::format("model.kind = \"{}\": allowed values are \"mlp\", \"cnn\"",
+                                config.model.kind));
+}
+
+}  // namespace paratrain::train
