@@ -10,7 +10,6 @@ packages=(
   libgtest-dev librapidcheck-dev zlib1g-dev
   dataset-fashion-mnist
   python3-torch   # only for the PyTorch-DDP side of the benchmark
-  gnuplot-nox     # plots of metrics
 )
 
 missing=()

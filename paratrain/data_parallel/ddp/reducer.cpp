@@ -207,11 +207,14 @@ void Reducer::launch_ready_locked() {
       torch::NoGradGuard no_grad;
       bucket.buffer().div_(world);  // See Note [Averaging].
     }
+    // Stamp before issuing: on oversubscribed cores the backend's thread may
+    // finish the collective before this thread runs again, and a stamp taken
+    // after the call would then hide the whole transfer.
+    current_.buckets[next_launch_].launched_ms = ms_since_start();
     comm::WorkHandle work = options_.comm_hook
                                 ? options_.comm_hook(group_, next_launch_, bucket.buffer())
                                 : group_.all_reduce(bucket.buffer(), comm::ReduceOp::kSum);
     bucket.launch(std::move(work));
-    current_.buckets[next_launch_].launched_ms = ms_since_start();
     ++next_launch_;
   }
 }

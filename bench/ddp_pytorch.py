@@ -1,0 +1,203 @@
+#!/usr/bin/python3
+# The PyTorch side of the DDP throughput benchmark: one rank of the same work
+# as bench/ddp_throughput.cpp (same models, batch, SGD, synthetic in-memory
+# batches, one thread per rank), under torch.nn.parallel.DistributedDataParallel
+# with Gloo, printing the same JSON line on rank 0. Not a driver: bench/run_ddp.sh
+# launches it with `paratrain launch` next to the C++ program and compares.
+# --mode nocomm (both sides) skips the all-reduce: analysis only.
+# Run with Debian's /usr/bin/python3 (python3-torch 1.13.1, the same LibTorch).
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Mlp(nn.Module):
+    """paratrain::models::make_mlp({784, {1024, 1024}, 10}): fc0..fc2, ReLU between."""
+
+    def __init__(self, in_features=784, hidden=(1024, 1024), out_features=10):
+        super().__init__()
+        widths = [in_features, *hidden, out_features]
+        self.in_features = in_features
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
+
+    def forward(self, x):
+        h = x.reshape(x.size(0), self.in_features)
+        for i, layer in enumerate(self.layers):
+            h = layer(h)
+            if i + 1 < len(self.layers):
+                h = torch.relu(h)
+        return h
+
+
+class Cnn(nn.Module):
+    """paratrain::models::make_cnn({}): conv3x3(32)-relu-pool2, conv3x3(64)-relu-pool2, fc(128)-relu, fc(10)."""
+
+    def __init__(self, in_channels=1, image_size=28, channels=(32, 64), hidden=128, num_classes=10):
+        super().__init__()
+        self.shape = (in_channels, image_size, image_size)
+        convs, c, side = [], in_channels, image_size
+        for out in channels:
+            convs.append(nn.Conv2d(c, out, 3, padding=1))
+            c, side = out, side // 2
+        self.convs = nn.ModuleList(convs)
+        self.flat = c * side * side
+        self.fc0 = nn.Linear(self.flat, hidden)
+        self.fc1 = nn.Linear(hidden, num_classes)
+
+    def forward(self, x):
+        h = x.reshape(x.size(0), *self.shape)
+        for conv in self.convs:
+            h = F.max_pool2d(torch.relu(conv(h)), 2)
+        h = torch.relu(self.fc0(h.reshape(h.size(0), self.flat)))
+        return self.fc1(h)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--mode", choices=["bucketed", "local", "nocomm"], default="bucketed",
+                   help="bucketed: torch DDP; local: no DDP, one rank; nocomm: DDP with a comm "
+                        "hook that skips the all-reduce (analysis only: the ceiling)")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--first-bucket-cap-mb", type=float, default=1.0,
+                   help="must be 1: torch 1.13 fixes its first bucket at 1 MiB")
+    p.add_argument("--gradient-as-bucket-view", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="")
+    o = p.parse_args()
+    if o.steps < 1 or o.warmup < 0 or o.batch < 1:
+        p.error(f"need --steps >= 1, --warmup >= 0, --batch >= 1; got {o.steps}, {o.warmup}, {o.batch}")
+    if o.first_bucket_cap_mb != 1.0:
+        p.error("--first-bucket-cap-mb: torch 1.13's DDP has a fixed 1 MiB first bucket; pass 1")
+
+    torch.set_num_threads(1)
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if o.mode == "local" and world != 1:
+        p.error(f"--mode local needs one rank, got WORLD_SIZE={world}")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    # Loopback, as paratrain's Gloo device: one machine, same transport.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+    torch.manual_seed(o.seed)
+    model = Mlp() if o.model == "mlp" else Cnn()
+    pool = 8  # ready-made batches per rank, cycled through (as the C++ side)
+    g = torch.Generator().manual_seed(o.seed + 1000 + rank)
+    shape = (784,) if o.model == "mlp" else (1, 28, 28)
+    inputs = [torch.randn((o.batch, *shape), generator=g) for _ in range(pool)]
+    targets = [torch.randint(0, 10, (o.batch,), generator=g) for _ in range(pool)]
+
+    net = model
+    if o.mode in ("bucketed", "nocomm"):
+        net = nn.parallel.DistributedDataParallel(
+            model, bucket_cap_mb=o.bucket_cap_mb,
+            gradient_as_bucket_view=o.gradient_as_bucket_view)
+        if o.mode == "nocomm":
+            net.register_comm_hook(None, skip_allreduce_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=o.lr)
+
+    def run_steps(steps):
+        t = dict(forward=0.0, backward=0.0, sync=0.0, optimizer=0.0)
+        loss = None
+        for i in range(steps):
+            b = i % pool
+            t0 = time.perf_counter()
+            loss = F.cross_entropy(net(inputs[b]), targets[b])
+            t1 = time.perf_counter()
+            opt.zero_grad()
+            loss.backward()
+            t2 = time.perf_counter()
+            opt.step()
+            t3 = time.perf_counter()
+            t["forward"] += t1 - t0
+            t["backward"] += t2 - t1
+            t["optimizer"] += t3 - t2
+        return t, loss
+
+    run_steps(o.warmup)
+    dist.barrier()
+    start = time.perf_counter()
+    t, loss = run_steps(o.steps)
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank's time
+    elapsed_s = elapsed.item()
+
+    if rank == 0:
+        params = sum(x.numel() for x in model.parameters())
+        j = {
+            "impl": "pytorch", "model": o.model, "mode": o.mode, "world": world,
+            "batch": o.batch, "steps": o.steps, "warmup": o.warmup,
+            "bucket_cap_mb": o.bucket_cap_mb, "first_bucket_cap_mb": 1.0,
+            "gradient_as_bucket_view": o.gradient_as_bucket_view,
+            "threads": torch.get_num_threads(), "params": params, "grad_bytes": params * 4,
+            "elapsed_s": elapsed_s,
+            "samples_per_s": world * o.batch * o.steps / elapsed_s,
+            "step_ms": elapsed_s * 1000.0 / o.steps,
+            "final_loss": loss.item(),
+            "phase_ms": {k: v * 1000.0 / o.steps for k, v in t.items()},
+            "torch_version": torch.__version__,
+        }
+        if o.mode in ("bucketed", "nocomm"):
+            j["comm"] = ddp_logging(net)
+        line = json.dumps(j, sort_keys=True)
+        print(line, flush=True)
+        if o.out:
+            with open(o.out, "a") as f:
+                f.write(line + "\n")
+    # Leave together and skip teardown: torch 1.13 can deadlock at interpreter
+    # exit (DDP's Reducer destructor joins a Gloo thread that waits for the
+    # GIL the destructor holds), and a rank left behind spins on the store.
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def skip_allreduce_hook(state, bucket):
+    """--mode nocomm: hands the bucket back unreduced (divided by the world
+    size, as the default hook does before its all-reduce)."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer().div_(dist.get_world_size()))
+    return fut
+
+
+def ddp_logging(net):
+    """PyTorch DDP's own overlap timers (ns, averaged over its sampled
+    iterations: the first 10, then every 100th; warm-up ones included)."""
+    try:
+        d = net._get_ddp_logging_data()
+    except Exception as e:  # private API: report, do not fail the run
+        return {"source": f"unavailable: {e}"}
+    ms = lambda k: d.get(k, 0) / 1e6
+    comm, overlap = ms("avg_backward_comm_time"), ms("avg_backward_compute_comm_overlap_time")
+    return {
+        "source": "torch DDP logging data (sampled iterations)",
+        # Not paratrain's definitions: torch times comm from the first bucket's
+        # launch to the last one's completion (compute in between included) and
+        # counts as hidden everything from that launch to the end of backward.
+        "definitions": "comm_ms: first launch -> last completion; hidden_ms: first launch -> "
+                       "end of backward compute",
+        # Buckets are rebuilt after the first iteration in gradient-ready order.
+        "buckets": len(str(d.get("rebuilt_bucket_sizes") or d.get("bucket_sizes", "")).split(",")),
+        "backward_ms": ms("avg_backward_compute_time"),
+        "comm_ms": comm,
+        "hidden_ms": overlap,
+        "hidden_share": overlap / comm if comm > 0 else 0.0,
+        "forward_ms": ms("avg_forward_compute_time"),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

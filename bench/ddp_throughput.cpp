@@ -1,0 +1,333 @@
+// One rank of the DDP throughput benchmark: trains the MLP or the CNN on
+// synthetic in-memory batches with SGD under paratrain's bucketed DDP, its
+// naive twin, or no data parallelism at all, and rank 0 prints one JSON line.
+// --mode nocomm is for analysis only: DDP whose buckets skip the all-reduce
+// (gradients are not averaged), i.e. the ceiling if communication were free.
+// --comm shm swaps Gloo for a prototype shared-memory all-reduce through DDP's
+// comm hook (bench/shm_allreduce.h): what the proposed backend would buy.
+// Not a driver: bench/run_ddp.sh launches it (and bench/ddp_pytorch.py, the
+// same work under PyTorch's DDP) at 1 and 2 ranks, repeats and compares.
+//
+//   paratrain launch --nproc-per-node 2 -- ddp_throughput --model mlp --steps 200
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "paratrain/comm/rendezvous.h"
+#include "paratrain/core/error.h"
+#include "paratrain/data/synthetic.h"
+#include "paratrain/data_parallel/ddp/ddp.h"
+#include "paratrain/data_parallel/ddp/naive.h"
+#include "paratrain/models/cnn.h"
+#include "paratrain/models/mlp.h"
+#include "bench/shm_allreduce.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using paratrain::ConfigError;
+namespace comm = paratrain::comm;
+namespace ddp = paratrain::ddp;
+
+struct BenchOptions {
+  std::string model = "mlp";     // mlp: 784-1024-1024-10; cnn: models::CnnOptions{} (28x28x1)
+  // bucketed (DDP), naive (NaiveDataParallel), local (no DDP, 1 rank), nocomm
+  // (DDP skipping the all-reduce: analysis only, trains replicas apart).
+  std::string mode = "bucketed";
+  int steps = 200;               // timed steps
+  int warmup = 20;               // untimed steps first (allocator, BLAS buffers, sockets)
+  int batch = 64;                // per rank
+  double lr = 0.01;              // plain SGD, no momentum
+  double bucket_cap_mb = 25;     // MiB, as PyTorch's bucket_cap_mb
+  double first_bucket_cap_mb = 1;  // MiB, PyTorch's fixed first bucket
+  bool gradient_as_bucket_view = false;
+  uint64_t seed = 0;
+  // gloo: the process group's all-reduce (what users get). shm: the bench's
+  // prototype shared-memory all-reduce as DDP comm hook (one machine only).
+  std::string comm = "gloo";
+  std::string out;  // also append the JSON line to this file (rank 0)
+};
+
+struct Workload {
+  std::shared_ptr<paratrain::models::Model> model;
+  std::vector<at::Tensor> inputs, targets;  // ready-made batches, cycled through
+};
+
+// --mode nocomm's "collective": finished before it starts.
+class DoneWork final : public comm::Work {
+ public:
+  void wait(std::chrono::milliseconds) override {}
+  bool is_completed() override { return true; }
+};
+
+// Accumulated over the timed steps of this rank.
+struct Totals {
+  double forward_ms = 0, backward_ms = 0, sync_ms = 0, optimizer_ms = 0;
+  // From DDP's StepStats (bucketed mode only).
+  double hook_backward_ms = 0, wait_ms = 0, finalize_ms = 0, comm_ms = 0, hidden_ms = 0;
+  size_t buckets = 0;
+};
+
+void validate(const BenchOptions& o);
+ddp::DdpOptions ddp_options(const BenchOptions& o, comm::ProcessGroup& group, const Workload& w,
+                            std::shared_ptr<paratrain_bench::ShmAllReduce>& shm);
+nlohmann::json result_json(const BenchOptions& o, const comm::WorldInfo& world, const Workload& w,
+                           const Totals& t, double elapsed_s, float loss);
+Workload make_workload(const BenchOptions& o, int rank);
+Totals run_steps(Workload& w, torch::optim::SGD& opt,
+                 ddp::DistributedDataParallel* bucketed, ddp::NaiveDataParallel* naive, int steps,
+                 float* last_loss);
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+int run(const BenchOptions& o) {
+  validate(o);
+  // One compute thread per rank, as torchrun / `paratrain launch` do for
+  // several ranks; set here too so a 1-rank run does the same work per core.
+  at::set_num_threads(1);
+
+  const comm::WorldInfo world = comm::world_from_env();
+  if (o.mode == "local" && world.world_size != 1) {
+    throw ConfigError(fmt::format("--mode local trains without data parallelism and needs one "
+                                  "rank, got WORLD_SIZE={}; use --mode bucketed or naive",
+                                  world.world_size));
+  }
+  std::shared_ptr<comm::ProcessGroup> group = comm::init_process_group(world);
+
+  Workload w = make_workload(o, world.rank);
+  std::unique_ptr<ddp::DistributedDataParallel> bucketed;
+  std::unique_ptr<ddp::NaiveDataParallel> naive;
+  std::shared_ptr<paratrain_bench::ShmAllReduce> shm;
+  if (o.mode == "bucketed" || o.mode == "nocomm") {
+    bucketed = std::make_unique<ddp::DistributedDataParallel>(w.model, *group,
+                                                              ddp_options(o, *group, w, shm));
+  } else if (o.mode == "naive") {
+    naive = std::make_unique<ddp::NaiveDataParallel>(w.model, *group);
+  }
+  torch::optim::SGD opt(w.model->parameters(), torch::optim::SGDOptions(o.lr));
+
+  float loss = 0;
+  run_steps(w, opt, bucketed.get(), naive.get(), o.warmup, &loss);
+  group->barrier()->wait();
+  const auto start = Clock::now();
+  const Totals t = run_steps(w, opt, bucketed.get(), naive.get(), o.steps, &loss);
+  // The slowest rank's time is the job's time.
+  at::Tensor elapsed = torch::tensor({ms_between(start, Clock::now())}, torch::kDouble);
+  group->all_reduce(elapsed, comm::ReduceOp::kMax)->wait();
+  const double elapsed_s = elapsed.item<double>() / 1000.0;
+
+  if (world.rank != 0) return 0;
+  const std::string line = result_json(o, world, w, t, elapsed_s, loss).dump();
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+  if (!o.out.empty()) {
+    std::ofstream f(o.out, std::ios::app);
+    if (!f) throw paratrain::Error(fmt::format("cannot open --out file '{}' for appending", o.out));
+    f << line << '\n';
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  BenchOptions o;
+  CLI::App app{"One rank of the DDP throughput benchmark; rank 0 prints one JSON line. "
+               "Run under `paratrain launch --nproc-per-node N --`."};
+  app.add_option("--model", o.model, "mlp (784-1024-1024-10) or cnn")->capture_default_str();
+  app.add_option("--mode", o.mode,
+                 "bucketed (DDP), naive (NaiveDataParallel), local (no DDP) or nocomm (DDP "
+                 "without all-reduce: analysis only)")
+      ->capture_default_str();
+  app.add_option("--steps", o.steps, "timed steps")->capture_default_str();
+  app.add_option("--warmup", o.warmup, "untimed steps before")->capture_default_str();
+  app.add_option("--batch", o.batch, "examples per rank and step")->capture_default_str();
+  app.add_option("--lr", o.lr, "SGD learning rate")->capture_default_str();
+  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "bucket cap, MiB")->capture_default_str();
+  app.add_option("--first-bucket-cap-mb", o.first_bucket_cap_mb, "first bucket's cap, MiB")
+      ->capture_default_str();
+  app.add_flag("--gradient-as-bucket-view", o.gradient_as_bucket_view,
+               "let .grad alias the bucket buffers");
+  app.add_option("--seed", o.seed, "seeds the model and this rank's data (+rank)")->capture_default_str();
+  app.add_option("--comm", o.comm, "gloo, or shm (prototype shared-memory all-reduce hook)")
+      ->capture_default_str();
+  app.add_option("--out", o.out, "also append the JSON line to this file");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddp_throughput: error: %s\n", e.what());
+    return 1;
+  }
+}
+
+namespace {
+
+void validate(const BenchOptions& o) {
+  if (o.model != "mlp" && o.model != "cnn") {
+    throw ConfigError(fmt::format("--model must be mlp or cnn, got '{}'", o.model));
+  }
+  if (o.mode != "bucketed" && o.mode != "naive" && o.mode != "local" && o.mode != "nocomm") {
+    throw ConfigError(
+        fmt::format("--mode must be bucketed, naive, local or nocomm, got '{}'", o.mode));
+  }
+  if (o.comm != "gloo" && o.comm != "shm") {
+    throw ConfigError(fmt::format("--comm must be gloo or shm, got '{}'", o.comm));
+  }
+  if (o.comm == "shm" && o.mode != "bucketed") {
+    throw ConfigError(fmt::format("--comm shm is DDP's comm hook and needs --mode bucketed, got "
+                                  "--mode {}", o.mode));
+  }
+  if (o.steps < 1 || o.warmup < 0 || o.batch < 1) {
+    throw ConfigError(fmt::format("need --steps >= 1, --warmup >= 0, --batch >= 1; got {}, {}, {}",
+                                  o.steps, o.warmup, o.batch));
+  }
+}
+
+// The bench's flags as DdpOptions; --comm shm and --mode nocomm replace the
+// all-reduce through the comm hook (the reducer still buckets, copies and
+// pre-divides as usual). `shm` keeps the shared-memory segment alive.
+ddp::DdpOptions ddp_options(const BenchOptions& o, comm::ProcessGroup& group, const Workload& w,
+                            std::shared_ptr<paratrain_bench::ShmAllReduce>& shm) {
+  ddp::DdpOptions d;
+  d.reducer.buckets.bucket_cap_bytes = static_cast<int64_t>(o.bucket_cap_mb * 1024 * 1024);
+  d.reducer.buckets.first_bucket_cap_bytes = static_cast<int64_t>(o.first_bucket_cap_mb * 1024 * 1024);
+  d.reducer.gradient_as_bucket_view = o.gradient_as_bucket_view;
+  if (o.comm == "shm") {
+    int64_t numel = 0;
+    for (const auto& p : w.model->parameters()) numel += p.numel();
+    shm = std::make_shared<paratrain_bench::ShmAllReduce>(group, paratrain_bench::ShmAllReduceOptions{numel});
+    d.reducer.comm_hook = [shm](comm::ProcessGroup&, std::size_t, at::Tensor& buffer) {
+      return shm->all_reduce_sum(buffer);
+    };
+  }
+  if (o.mode == "nocomm") {
+    d.reducer.comm_hook = [](comm::ProcessGroup&, std::size_t, at::Tensor&) -> comm::WorkHandle {
+      return std::make_shared<DoneWork>();
+    };
+  }
+  return d;
+}
+
+nlohmann::json result_json(const BenchOptions& o, const comm::WorldInfo& world, const Workload& w,
+                           const Totals& t, double elapsed_s, float loss) {
+  int64_t params = 0;
+  for (const auto& p : w.model->parameters()) params += p.numel();
+  const double n = o.steps;
+  nlohmann::json j = {
+      {"impl", "paratrain"},
+      {"model", o.model},
+      {"mode", o.mode},
+      {"comm_backend", o.mode == "bucketed" ? o.comm : o.mode == "naive" ? "gloo" : "none"},
+      {"world", world.world_size},
+      {"batch", o.batch},
+      {"steps", o.steps},
+      {"warmup", o.warmup},
+      {"bucket_cap_mb", o.bucket_cap_mb},
+      {"first_bucket_cap_mb", o.first_bucket_cap_mb},
+      {"gradient_as_bucket_view", o.gradient_as_bucket_view},
+      {"threads", at::get_num_threads()},
+      {"params", params},
+      {"grad_bytes", params * 4},
+      {"elapsed_s", elapsed_s},
+      {"samples_per_s", world.world_size * o.batch * n / elapsed_s},
+      {"step_ms", elapsed_s * 1000.0 / n},
+      {"final_loss", loss},
+      // Rank 0's mean per step; "backward" is the whole loss.backward() call,
+      // which for DDP includes waiting for the last buckets.
+      {"phase_ms",
+       {{"forward", t.forward_ms / n},
+        {"backward", t.backward_ms / n},
+        {"sync", t.sync_ms / n},
+        {"optimizer", t.optimizer_ms / n}}},
+  };
+  if (o.mode == "bucketed" || o.mode == "nocomm") {
+    j["comm"] = {
+        {"source", "paratrain StepStats (rank 0, mean per timed step)"},
+        {"buckets", t.buckets},
+        {"backward_ms", t.hook_backward_ms / n},  // first gradient hook -> end of backward
+        {"comm_ms", t.comm_ms / n},               // some bucket in flight
+        {"hidden_ms", t.hidden_ms / n},           // ... before backward ended
+        {"exposed_wait_ms", t.wait_ms / n},       // blocked on buckets after backward
+        {"finalize_ms", t.finalize_ms / n},       // wait + write-back + bookkeeping
+        {"hidden_share", t.comm_ms > 0 ? t.hidden_ms / t.comm_ms : 0.0},
+    };
+  }
+  return j;
+}
+
+// The model (same initial weights on every rank; DDP broadcasts rank 0's
+// anyway) and a pool of 8 batches per rank, sliced once so a step pays for
+// no data handling: the benchmark measures training, not loading.
+Workload make_workload(const BenchOptions& o, int rank) {
+  constexpr int64_t kPoolBatches = 8;
+  torch::manual_seed(o.seed);
+  Workload w;
+  paratrain::data::SyntheticOptions s;
+  s.num_samples = kPoolBatches * o.batch;
+  s.num_classes = 10;
+  s.seed = o.seed + 1000 + static_cast<uint64_t>(rank);
+  if (o.model == "mlp") {
+    w.model = paratrain::models::make_mlp({784, {1024, 1024}, 10});
+    s.input_shape = {784};
+  } else {
+    w.model = paratrain::models::make_cnn({});
+    s.input_shape = {1, 28, 28};
+  }
+  const paratrain::data::TensorDataset data = paratrain::data::make_synthetic(s);
+  for (int64_t b = 0; b < kPoolBatches; ++b) {
+    w.inputs.push_back(data.inputs.narrow(0, b * o.batch, o.batch).contiguous());
+    w.targets.push_back(data.targets.narrow(0, b * o.batch, o.batch).contiguous());
+  }
+  return w;
+}
+
+// The training loop both sides run: forward, cross-entropy, zero_grad,
+// backward (DDP reduces inside it), [naive: sync], SGD step.
+Totals run_steps(Workload& w, torch::optim::SGD& opt,
+                 ddp::DistributedDataParallel* bucketed, ddp::NaiveDataParallel* naive, int steps,
+                 float* last_loss) {
+  Totals t;
+  at::Tensor loss;
+  for (int i = 0; i < steps; ++i) {
+    const size_t b = static_cast<size_t>(i) % w.inputs.size();
+    const auto t0 = Clock::now();
+    if (bucketed) bucketed->prepare_forward();
+    if (naive) naive->prepare_forward();
+    loss = torch::nn::functional::cross_entropy(w.model->forward(w.inputs[b]), w.targets[b]);
+    const auto t1 = Clock::now();
+    opt.zero_grad();
+    loss.backward();
+    const auto t2 = Clock::now();
+    if (naive) naive->sync_gradients();
+    const auto t3 = Clock::now();
+    opt.step();
+    const auto t4 = Clock::now();
+    t.forward_ms += ms_between(t0, t1);
+    t.backward_ms += ms_between(t1, t2);
+    t.sync_ms += ms_between(t2, t3);
+    t.optimizer_ms += ms_between(t3, t4);
+    if (bucketed) {
+      const ddp::StepStats s = bucketed->last_step_stats();
+      t.hook_backward_ms += s.backward_ms;
+      t.wait_ms += s.wait_ms;
+      t.finalize_ms += s.finalize_ms;
+      t.comm_ms += s.comm_ms();
+      t.hidden_ms += s.hidden_ms();
+      t.buckets = s.buckets.size();
+    }
+  }
+  if (loss.defined()) *last_loss = loss.item<float>();
+  return t;
+}
+
+}  // namespace
