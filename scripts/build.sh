@@ -10,7 +10,7 @@ export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}"
 # Two cores, ~1.3 GB per torch translation unit: two jobs is the sweet spot.
 jobs="${PARATRAIN_BUILD_JOBS:-$(nproc)}"
-if [ ! -f build/build.ninja ]; then
+if [ ! -f build/build.ninja ] || [ -n "${PARATRAIN_CMAKE_ARGS:-}" ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${PARATRAIN_CMAKE_ARGS:-}
 fi
 cmake --build build -j "$jobs" "$@"

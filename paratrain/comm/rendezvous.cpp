@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -48,6 +49,44 @@ void validate(const WorldInfo& w) {
   if (w.master_port < 1 || w.master_port > 65535) bad("master port must be in [1, 65535]");
 }
 
+c10::intrusive_ptr<c10d::Store> connect_store(const WorldInfo& world, const InitOptions& options,
+                                              const std::string& where) {
+  c10d::TCPStoreOptions store_opts;
+  store_opts.port = static_cast<std::uint16_t>(world.master_port);
+  store_opts.isServer = world.rank == 0;
+  store_opts.numWorkers = world.world_size;
+  // We check arrival ourselves (check_in) so the error can name the missing
+  // ranks; the store's own wait would only say "timed out".
+  store_opts.waitWorkers = false;
+  store_opts.timeout = options.timeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_opts);
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+    if (world.rank == 0) {
+      throw CommError(fmt::format("rank 0: could not serve the {}: {}. Is the port already in use? "
+                                  "Pick another MASTER_PORT", where, msg));
+    }
+    throw TimeoutError(fmt::format("rank {}: could not reach the {} within {} s: {}. Rank 0 (which "
+                                   "serves the store) never arrived or the address is wrong",
+                                   world.rank, where,
+                                   std::chrono::duration<double>(options.timeout).count(), msg));
+  }
+}
+
+// The address this rank's Gloo device binds to and advertises. Loopback only
+// when the whole job runs on this machine: on a multi-node job even the
+// master's node must advertise an address the other nodes can reach.
+std::string bind_address_for(const WorldInfo& world, const InitOptions& options) {
+  if (!options.bind_address.empty()) return options.bind_address;
+  if (auto addr = env::get("PARATRAIN_BIND_ADDR")) return *addr;
+  if (world.local_world_size == world.world_size && is_local_address(world.master_addr)) return "127.0.0.1";
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
 }  // namespace
 
 WorldInfo world_from_env() {
@@ -90,43 +129,19 @@ std::shared_ptr<ProcessGroup> init_process_group(const WorldInfo& world, const I
                                   options.backend));
   }
   const std::string where = fmt::format("TCPStore at {}:{}", world.master_addr, world.master_port);
-  c10d::TCPStoreOptions store_opts;
-  store_opts.port = static_cast<std::uint16_t>(world.master_port);
-  store_opts.isServer = world.rank == 0;
-  store_opts.numWorkers = world.world_size;
-  // We check arrival ourselves (check_in) so the error can name the missing
-  // ranks; the store's own wait would only say "timed out".
-  store_opts.waitWorkers = false;
-  store_opts.timeout = options.timeout;
   c10::intrusive_ptr<c10d::Store> store;
-  try {
-    store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_opts);
-  } catch (const std::exception& e) {
-    std::string msg = e.what();
-    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
-    if (world.rank == 0) {
-      throw CommError(fmt::format("rank 0: could not serve the {}: {}. Is the port already in use? "
-                                  "Pick another MASTER_PORT", where, msg));
-    }
-    throw TimeoutError(fmt::format("rank {}: could not reach the {} within {} s: {}. Rank 0 (which "
-                                   "serves the store) never arrived or the address is wrong",
-                                   world.rank, where,
-                                   std::chrono::duration<double>(options.timeout).count(), msg));
+  if (world.world_size == 1) {
+    // Nobody to meet: an in-process store, so single-process runs never
+    // compete for MASTER_PORT with each other or with other jobs.
+    store = c10::make_intrusive<c10d::HashStore>();
+  } else {
+    store = connect_store(world, options, where);
   }
   check_in(*store, world.rank, world.world_size, options.timeout, where);
 
   GlooOptions gloo;
   gloo.timeout = options.timeout;
-  gloo.bind_address = options.bind_address;
-  if (gloo.bind_address.empty()) {
-    if (is_local_address(world.master_addr)) {
-      gloo.bind_address = "127.0.0.1";
-    } else {
-      char host[256] = {0};
-      gethostname(host, sizeof host - 1);
-      gloo.bind_address = host;
-    }
-  }
+  gloo.bind_address = bind_address_for(world, options);
   auto world_store = c10::make_intrusive<c10d::PrefixStore>("world", store);
   return make_gloo_group(world_store, world.rank, world.world_size, gloo);
 }

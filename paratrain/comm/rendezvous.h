@@ -34,8 +34,9 @@ struct InitOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   // "gloo" is the only backend today; "mpi" and "nccl" plug in here later.
   std::string backend = "gloo";
-  // Address this rank's Gloo device binds to. Empty: loopback when the
-  // master is local, else this host's name.
+  // Address this rank's Gloo device binds to. Empty: $PARATRAIN_BIND_ADDR,
+  // else loopback when every rank runs on this machine, else this host's
+  // name (which must resolve to an address the other nodes can reach).
   std::string bind_address;
 };
 

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <mutex>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -14,6 +15,7 @@
 #include "paratrain/data/loader.h"
 #include "paratrain/models/model.h"
 #include "paratrain/train/builders.h"
+#include "paratrain/train/checkpoint/checkpoint.h"
 #include "paratrain/train/checkpointing.h"
 #include "paratrain/train/metrics.h"
 #include "paratrain/train/strategy.h"
@@ -33,11 +35,13 @@ struct Trainer::State {
   std::unique_ptr<data::Loader> loader;
   MetricsLog metrics;
   int64_t step = 0;
+  int64_t start_step = 0;  // where this process started (after a resume)
 
   State(TrainConfig c, comm::ProcessGroup& w, std::filesystem::path dir)
       : config(std::move(c)), world(w), run_dir(std::move(dir)),
         metrics(w.rank() == 0 ? run_dir / "metrics.jsonl" : std::filesystem::path()) {}
   bool is_main() const { return world.rank() == 0; }
+  std::chrono::milliseconds timeout() const { return std::chrono::seconds(config.world.timeout_s); }
 };
 
 namespace {
@@ -56,9 +60,30 @@ std::filesystem::path prepare_run_dir(const TrainConfig& config, int rank) {
 }
 
 // Mean over ranks of `values` (a small float64 tensor): one all-reduce.
-at::Tensor mean_over_ranks(comm::ProcessGroup& world, at::Tensor values) {
-  world.all_reduce(values, comm::ReduceOp::kAvg)->wait();
+at::Tensor mean_over_ranks(comm::ProcessGroup& world, at::Tensor values, std::chrono::milliseconds timeout) {
+  world.all_reduce(values, comm::ReduceOp::kAvg)->wait(timeout);
   return values;
+}
+
+// Every rank must start from the same position, or they would issue
+// different numbers of collectives and hang: catches ranks that resumed from
+// different checkpoints (no shared filesystem) or none. Collective.
+void check_ranks_agree_on_position(comm::ProcessGroup& world, int64_t step, const data::LoaderState& loader,
+                                   std::chrono::milliseconds timeout) {
+  if (world.size() == 1) return;
+  auto mine = torch::tensor({static_cast<double>(step), static_cast<double>(loader.epoch),
+                             static_cast<double>(loader.next_batch)}, torch::kDouble);
+  auto lo = mine.clone();
+  auto hi = mine.clone();
+  world.all_reduce(lo, comm::ReduceOp::kMin)->wait(timeout);
+  world.all_reduce(hi, comm::ReduceOp::kMax)->wait(timeout);
+  if (!torch::equal(lo, hi)) {
+    throw CheckpointError(fmt::format(
+        "rank {}: ranks start from different positions (step {} to {}); every rank must resume from the "
+        "same checkpoint: put the run directory on a shared filesystem or pass train.resume=<path> "
+        "readable by all ranks",
+        world.rank(), lo[0].item<int64_t>(), hi[0].item<int64_t>()));
+  }
 }
 
 }  // namespace
@@ -72,8 +97,14 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
 
   // Same seed on every rank; DDP broadcasts rank 0's weights anyway, so the
   // seed also makes one run equal the single-process run with that seed.
-  torch::manual_seed(static_cast<uint64_t>(c.run.seed));
-  s.model = make_model(c);
+  {
+    // The generator is process-global; ranks that are threads of one process
+    // (tests) must not reseed it in the middle of each other's init.
+    static std::mutex init_mutex;
+    std::lock_guard<std::mutex> lock(init_mutex);
+    torch::manual_seed(static_cast<uint64_t>(c.run.seed));
+    s.model = make_model(c);
+  }
   s.sync = make_gradient_sync(c, s.model, world);
   s.optimizer = make_optimizer(c.optimizer, s.model->parameters());
   s.datasets = load_datasets(c);
@@ -93,7 +124,8 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
 
   // Resume before writing anything: a bad checkpoint must fail the run
   // without touching the run directory.
-  if (auto from = resolve_resume(c, s.run_dir); !from.empty()) {
+  const auto from = resolve_resume(c, s.run_dir);
+  if (!from.empty()) {
     auto position = load_training_checkpoint(from, *s.model, *s.optimizer);
     s.step = position.step;
     s.loader->load_state({position.epoch, position.next_batch});
@@ -101,7 +133,13 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
       spdlog::info("resumed from {} at epoch {}, batch {}, step {}", from.string(), position.epoch + 1,
                    position.next_batch, position.step);
     }
+  } else if (c.train.resume.empty() && find_latest_checkpoint(s.run_dir)) {
+    throw ConfigError(fmt::format("the run directory {} already holds checkpoints of an earlier run; set "
+                                  "train.resume=auto to continue it, or pick another run.name",
+                                  s.run_dir.string()));
   }
+  s.start_step = s.step;
+  check_ranks_agree_on_position(world, s.step, s.loader->state(), s.timeout());
 
   if (s.is_main()) {
     write_text_atomically(s.run_dir / "config.toml", to_toml(c));
@@ -135,7 +173,7 @@ EvalResult Trainer::evaluate() {
     correct += logits.argmax(1).eq(batch.targets).sum().item<double>();
   }
   auto totals = torch::tensor({loss_sum, correct, static_cast<double>(rows.numel())}, torch::kDouble);
-  s.world.all_reduce(totals, comm::ReduceOp::kSum)->wait();
+  s.world.all_reduce(totals, comm::ReduceOp::kSum)->wait(s.timeout());
   s.model->train();
   EvalResult r;
   r.count = static_cast<int64_t>(totals[2].item<double>());
@@ -186,7 +224,7 @@ TrainResult Trainer::fit() {
       const bool last = s.step >= planned_steps;
       if ((c.run.log_every > 0 && s.step % c.run.log_every == 0) || last) {
         // A collective on every rank: all ranks log at the same steps.
-        auto mean = mean_over_ranks(s.world, torch::tensor({window_loss / window_steps}, torch::kDouble));
+        auto mean = mean_over_ranks(s.world, torch::tensor({window_loss / window_steps}, torch::kDouble), s.timeout());
         result.last_train_loss = mean[0].item<double>();
         const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
         const double rate = (s.step - first_step) * global_batch / std::max(elapsed, 1e-9);
@@ -225,6 +263,7 @@ TrainResult Trainer::fit() {
   }
   const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
   result.steps = s.step;
+  result.start_step = s.start_step;
   result.samples_per_second = (s.step - first_step) * global_batch / std::max(elapsed, 1e-9);
   return result;
 }

@@ -24,6 +24,7 @@ struct EvalResult {
 
 struct TrainResult {
   int64_t steps = 0;             // optimizer steps taken in total (incl. before a resume)
+  int64_t start_step = 0;        // > 0 when this run resumed from a checkpoint
   int64_t epochs_completed = 0;
   double last_train_loss = 0;    // mean over ranks of the last logged window
   EvalResult test;               // last evaluation (count 0 when none ran)

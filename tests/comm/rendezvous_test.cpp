@@ -106,7 +106,11 @@ TEST(CheckIn, NamesTheRanksThatNeverArrived) {
       if (rank == 0) message = e.what();
     }
   };
-  std::thread r0(arrive, 0), r2(arrive, 2);
+  // Rank 2 checks in first, so rank 0's short window cannot miss it even on
+  // a loaded machine.
+  std::thread r2(arrive, 2);
+  while (!store->check({"paratrain/checkin/2"})) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::thread r0(arrive, 0);
   r0.join();
   r2.join();
   EXPECT_NE(message.find("rank(s) 1,3 "), std::string::npos) << message;

@@ -1,6 +1,11 @@
 // `paratrain train` as a user runs it: real processes under `paratrain
 // launch`, talking over Gloo/TCP. Success, resume, and each kind of bad input
 // ending in a clear error without hanging or overwriting anything.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -82,13 +87,37 @@ TEST(TrainCli, ResumeFromATruncatedCheckpointFailsAndLeavesItAlone) {
   EXPECT_FALSE(fs::exists(dir + "/runs/job/checkpoints/step_00000016.safetensors"));
 }
 
+TEST(TrainCli, TwoRanksResumeFromTheLatestCheckpoint) {
+  auto dir = paratrain::testing::temp_dir("cli-resume");
+  auto config = write_config(dir);
+  ASSERT_EQ(run_cli(launch2(config, {"--set", "train.max_steps=8"})).exit_code, 0);
+  auto r = run_cli(launch2(config, {"--set", "train.resume=auto"}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step_00000008.safetensors at epoch 1, batch 8, step 8"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("done: 16 steps"), std::string::npos) << r.output;
+}
+
+// A port nobody listens on right now (the kernel's pick for port 0).
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
 TEST(TrainCli, ARankThatNeverJoinsIsATimeoutNamingIt) {
   auto dir = paratrain::testing::temp_dir("cli-nojoin");
   // Rank 0 of a 2-rank world, started alone: rank 1 never arrives.
   setenv("RANK", "0", 1);
   setenv("WORLD_SIZE", "2", 1);
   setenv("MASTER_ADDR", "127.0.0.1", 1);
-  setenv("MASTER_PORT", "29731", 1);
+  setenv("MASTER_PORT", std::to_string(free_port()).c_str(), 1);
   auto r = run_cli({"train", "--config", write_config(dir), "--set", "world.timeout_s=3"}, std::chrono::seconds(60));
   for (const char* k : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) unsetenv(k);
   EXPECT_NE(r.exit_code, 0);

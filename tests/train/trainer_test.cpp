@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "paratrain/core/error.h"
 #include "paratrain/train/config.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"
@@ -65,6 +66,7 @@ TEST(Trainer, TwoRankDdpEqualsOneProcessOnTheGlobalBatch) {
     auto r = t.fit();
     single = params_of(t);
     single_acc = r.test.accuracy;
+    EXPECT_EQ(r.test.count, 128);
     EXPECT_EQ(r.steps, 2 * 512 / 32);
   });
   for (std::string mode : {"bucketed", "naive"}) {
@@ -76,6 +78,7 @@ TEST(Trainer, TwoRankDdpEqualsOneProcessOnTheGlobalBatch) {
       auto r = t.fit();
       per_rank[g.rank()] = params_of(t);
       EXPECT_EQ(r.steps, 2 * 512 / 32);
+      EXPECT_EQ(r.test.count, 128);
       EXPECT_NEAR(r.test.accuracy, single_acc, 1e-3);
     });
     SCOPED_TRACE(mode);
@@ -96,6 +99,16 @@ TEST(Trainer, TwoRankDdpEqualsOneProcessOnTheGlobalBatch) {
     double max_diff = 0;
     for (size_t i = 0; i < alone.size(); ++i) max_diff = std::max(max_diff, (alone[i] - single[i]).abs().max().item<double>());
     EXPECT_GT(max_diff, 1e-3);
+  });
+}
+
+TEST(Trainer, AFreshRunRefusesARunDirectoryWithCheckpoints) {
+  auto dir = paratrain::testing::temp_dir("fresh");
+  auto cfg = small_config(dir);
+  cfg.train.max_steps = 4;
+  paratrain::testing::run_ranks(1, [&](paratrain::comm::ProcessGroup& g) { Trainer(cfg, g).fit(); });
+  paratrain::testing::run_ranks(1, [&](paratrain::comm::ProcessGroup& g) {
+    EXPECT_THROW(Trainer(cfg, g), paratrain::ConfigError);
   });
 }
 
@@ -121,7 +134,9 @@ TEST(Trainer, ResumedRunEqualsUninterruptedRun) {
   std::vector<std::vector<at::Tensor>> resumed(2);
   paratrain::testing::run_ranks(2, [&](paratrain::comm::ProcessGroup& g) {
     Trainer t(cfg, g);
-    EXPECT_EQ(t.fit().steps, 24);
+    auto r = t.fit();
+    EXPECT_EQ(r.start_step, 10);  // it really resumed, rather than retraining from step 0
+    EXPECT_EQ(r.steps, 24);
     resumed[g.rank()] = params_of(t);
   });
   // Same batches, same optimizer state, same arithmetic: bit-identical.

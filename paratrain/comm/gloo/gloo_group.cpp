@@ -60,6 +60,7 @@ class GlooProcessGroup final : public ProcessGroup {
 
   WorkHandle all_reduce(at::Tensor& tensor, ReduceOp op) override {
     check_contiguous(tensor, "all_reduce");
+    check_avg_dtype(op, tensor, "all_reduce");
     std::vector<at::Tensor> tensors{tensor};
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
@@ -88,6 +89,7 @@ class GlooProcessGroup final : public ProcessGroup {
   WorkHandle reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
     check_contiguous(output, "reduce_scatter output");
     check_contiguous(input, "reduce_scatter input");
+    check_avg_dtype(op, input, "reduce_scatter");
     TORCH_CHECK(input.numel() == output.numel() * size_,
                 "reduce_scatter: input has ", input.numel(), " elements, expected size(", size_,
                 ") * output(", output.numel(), ")");
@@ -171,6 +173,12 @@ class GlooProcessGroup final : public ProcessGroup {
  private:
   static void check_contiguous(const at::Tensor& t, const char* what) {
     TORCH_CHECK(t.defined() && t.is_contiguous(), what, ": tensor must be defined and contiguous");
+  }
+  // AVG divides in place once the sum arrived; integers cannot hold the mean.
+  static void check_avg_dtype(ReduceOp op, const at::Tensor& t, const char* what) {
+    TORCH_CHECK(op != ReduceOp::kAvg || at::isFloatingType(t.scalar_type()), what,
+                ": ReduceOp::kAvg needs a floating-point tensor, got ", t.scalar_type(),
+                "; reduce with kSum and divide yourself");
   }
   void check_rank(int r, const char* what) const {
     TORCH_CHECK(r >= 0 && r < size_, what, " ", r, " is outside the group of ", size_, " ranks");

@@ -19,8 +19,9 @@ struct GlooOptions {
   // Address the Gloo device binds to and advertises to peers. Loopback is
   // right for one machine; multi-node runs need an address peers can reach.
   std::string bind_address = "127.0.0.1";
-  // Gloo worker threads per group: operations on one group run in issue
-  // order, more threads let independent groups progress concurrently.
+  // Gloo worker threads per group: with more than one, operations issued
+  // back to back may progress concurrently (each is matched across ranks by
+  // its sequence number, so results stay right); one thread serialises them.
   int threads = 2;
 };
 
