@@ -14,6 +14,7 @@
 #include "paratrain/models/mlp.h"
 #include "paratrain/train/checkpoint/checkpoint.h"
 #include "paratrain/train/checkpoint/safetensors.h"
+#include "tests/support/multi_rank.h"
 
 namespace pt = paratrain::train;
 namespace pm = paratrain::models;
@@ -22,13 +23,9 @@ using paratrain::CheckpointError;
 
 namespace {
 
+// A fresh folder per test, removed when the test binary exits.
 struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "paratrain_ckpt_XXXXXX").string();
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path); }
+  fs::path path = paratrain::testing::temp_dir("paratrain_ckpt");
 };
 
 // A model with buffers (BatchNorm running stats and a step counter).

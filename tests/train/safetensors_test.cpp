@@ -14,6 +14,7 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/train/checkpoint/safetensors.h"
+#include "tests/support/multi_rank.h"
 
 namespace pt = paratrain::train;
 namespace fs = std::filesystem;
@@ -21,13 +22,9 @@ using paratrain::CheckpointError;
 
 namespace {
 
+// A fresh folder per test, removed when the test binary exits.
 struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "paratrain_st_XXXXXX").string();
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path); }
+  fs::path path = paratrain::testing::temp_dir("paratrain_st");
 };
 
 std::vector<uint8_t> read_bytes(const fs::path& p) {
