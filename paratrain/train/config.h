@@ -49,6 +49,9 @@ struct OptimizerConfig {
   bool nesterov = false;     // SGD only; needs momentum > 0
   std::vector<double> betas{0.9, 0.999};  // Adam/AdamW only
   double eps = 1e-8;                      // Adam/AdamW only
+  // 0 = off. Else gradients are scaled so their global L2 norm (over every
+  // parameter, across shards) is at most this, before each step.
+  double clip_grad_norm = 0.0;
 
   bool operator==(const OptimizerConfig&) const = default;
 };
@@ -56,7 +59,11 @@ struct OptimizerConfig {
 struct DataConfig {
   std::string dataset = "fashion_mnist";  // "fashion_mnist" | "synthetic"
   std::string dir = "/usr/share/datasets/fashion-mnist";
-  int64_t batch_size = 64;  // per rank: the global batch is batch_size * world_size
+  int64_t batch_size = 64;  // per data-parallel rank: the global batch is batch_size * dp
+  // 0 = unset. Else the global batch per optimizer step; the per-rank batch is
+  // derived from it (global / (dp * train.accumulate)) and must divide evenly.
+  // Overrides batch_size.
+  int64_t global_batch_size = 0;
   bool shuffle = true;
   bool drop_last = true;    // equal batch counts on every rank (no uneven last step)
   int64_t prefetch = 2;     // batches prepared ahead by the loader thread (0 = none)
@@ -77,6 +84,7 @@ struct TrainLoopConfig {
   int64_t eval_every_epochs = 1;       // 0 = never evaluate
   int64_t checkpoint_every_steps = 0;  // 0 = only at the end of each epoch
   std::string resume;                  // "" = fresh start, "auto" = latest in the run dir, or a path
+  int64_t keep_checkpoints = 0;        // 0 = keep all; else only the newest N
 
   bool operator==(const TrainLoopConfig&) const = default;
 };
@@ -98,6 +106,35 @@ struct DdpConfig {
   bool operator==(const DdpConfig&) const = default;
 };
 
+// How the world is cut into parallel axes; dp * tp * pp * cp == world size.
+struct ParallelConfig {
+  int64_t dp = 0;  // data-parallel replicas; 0 = world / (tp * pp * cp)
+  int64_t tp = 1;  // tensor parallel
+  int64_t pp = 1;  // pipeline stages
+  int64_t cp = 1;  // context (sequence) parallel
+
+  bool operator==(const ParallelConfig&) const = default;
+};
+
+// ZeRO (arXiv 1910.02054) over the dp group: 0 = DDP (full replicas),
+// 1 = optimizer state sharded, 2 = + gradients, 3 = + parameters (FSDP).
+struct ZeroConfig {
+  int64_t stage = 0;
+  // Stage 3: a wrapping unit closes once it holds at least this many
+  // parameter elements (walking the model's children in order).
+  int64_t unit_min_params = 50000;
+  // Stage 3: comma-separated names of child modules ("fc0,fc1"), each its own
+  // unit, the rest in a root unit. Overrides unit_min_params when not empty.
+  std::string unit_modules;
+  // Stage 3: free a unit's gathered parameters after its forward and gather
+  // them again for backward (less memory), or keep them until backward.
+  bool reshard_after_forward = true;
+  // Stage 3: start the next unit's all-gather while this one computes.
+  bool prefetch = true;
+
+  bool operator==(const ZeroConfig&) const = default;
+};
+
 struct TrainConfig {
   RunConfig run;
   ModelConfig model;
@@ -106,6 +143,8 @@ struct TrainConfig {
   TrainLoopConfig train;
   WorldConfig world;
   DdpConfig ddp;
+  ParallelConfig parallel;
+  ZeroConfig zero;
 
   bool operator==(const TrainConfig&) const = default;
 };

@@ -48,6 +48,10 @@ template <class T>
 Check<T> at_least(T lo) {
   return [lo](const T& v) { return v >= lo ? "" : fmt::format("must be >= {}", lo); };
 }
+template <class T>
+Check<T> in_range(T lo, T hi) {
+  return [lo, hi](const T& v) { return v >= lo && v <= hi ? "" : fmt::format("must be in [{}, {}]", lo, hi); };
+}
 Check<double> positive() {
   return [](const double& v) { return v > 0 && std::isfinite(v) ? "" : "must be a finite number > 0"; };
 }
@@ -115,9 +119,12 @@ const std::vector<FieldSpec>& schema() {
       field("optimizer.betas", &TC::optimizer, &OptimizerConfig::betas, "Adam [beta1, beta2]", adam_betas()),
       field("optimizer.eps", &TC::optimizer, &OptimizerConfig::eps, "Adam denominator epsilon", positive()),
 
+      field("optimizer.clip_grad_norm", &TC::optimizer, &OptimizerConfig::clip_grad_norm, "max global gradient L2 norm (0 = no clipping)", non_negative()),
+
       field("data.dataset", &TC::data, &DataConfig::dataset, "\"fashion_mnist\" or \"synthetic\"", one_of({"fashion_mnist", "synthetic"})),
       field("data.dir", &TC::data, &DataConfig::dir, "folder of the *-ubyte.gz files"),
       field("data.batch_size", &TC::data, &DataConfig::batch_size, "examples per rank per step (global = x world size)", at_least<int64_t>(1)),
+      field("data.global_batch_size", &TC::data, &DataConfig::global_batch_size, "examples per optimizer step over all ranks (0 = batch_size * dp); overrides batch_size", at_least<int64_t>(0)),
       field("data.shuffle", &TC::data, &DataConfig::shuffle, "reshuffle the training set every epoch"),
       field("data.drop_last", &TC::data, &DataConfig::drop_last, "drop the last incomplete batch"),
       field("data.prefetch", &TC::data, &DataConfig::prefetch, "batches prepared ahead (0 = none)", at_least<int64_t>(0)),
@@ -132,6 +139,7 @@ const std::vector<FieldSpec>& schema() {
       field("train.eval_every_epochs", &TC::train, &TrainLoopConfig::eval_every_epochs, "test-set evaluation period (0 = never)", at_least<int64_t>(0)),
       field("train.checkpoint_every_steps", &TC::train, &TrainLoopConfig::checkpoint_every_steps, "0 = checkpoint at epoch ends only", at_least<int64_t>(0)),
       field("train.resume", &TC::train, &TrainLoopConfig::resume, "\"\" = fresh, \"auto\" = latest in the run dir, or a checkpoint path"),
+      field("train.keep_checkpoints", &TC::train, &TrainLoopConfig::keep_checkpoints, "keep only the newest N checkpoints (0 = all)", at_least<int64_t>(0)),
 
       field("world.backend", &TC::world, &WorldConfig::backend, "collective backend", one_of({"gloo"})),
       field("world.timeout_s", &TC::world, &WorldConfig::timeout_s, "seconds before a stalled collective fails", at_least<int64_t>(1)),
@@ -141,6 +149,17 @@ const std::vector<FieldSpec>& schema() {
       field("ddp.first_bucket_cap_mb", &TC::ddp, &DdpConfig::first_bucket_cap_mb, "first bucket size (MiB): small so its all-reduce starts early", positive()),
       field("ddp.find_unused_parameters", &TC::ddp, &DdpConfig::find_unused_parameters, "tolerate parameters without gradients"),
       field("ddp.broadcast_buffers", &TC::ddp, &DdpConfig::broadcast_buffers, "copy rank 0's buffers before each forward"),
+
+      field("parallel.dp", &TC::parallel, &ParallelConfig::dp, "data-parallel size (0 = world / (tp * pp * cp))", at_least<int64_t>(0)),
+      field("parallel.tp", &TC::parallel, &ParallelConfig::tp, "tensor-parallel size", at_least<int64_t>(1)),
+      field("parallel.pp", &TC::parallel, &ParallelConfig::pp, "pipeline-parallel stages", at_least<int64_t>(1)),
+      field("parallel.cp", &TC::parallel, &ParallelConfig::cp, "context (sequence) parallel size", at_least<int64_t>(1)),
+
+      field("zero.stage", &TC::zero, &ZeroConfig::stage, "0 = DDP, 1 = shard optimizer state, 2 = + gradients, 3 = + parameters (FSDP)", in_range<int64_t>(0, 3)),
+      field("zero.unit_min_params", &TC::zero, &ZeroConfig::unit_min_params, "stage 3: parameter elements per wrapping unit", at_least<int64_t>(1)),
+      field("zero.unit_modules", &TC::zero, &ZeroConfig::unit_modules, "stage 3: comma-separated child modules, one unit each (overrides unit_min_params)"),
+      field("zero.reshard_after_forward", &TC::zero, &ZeroConfig::reshard_after_forward, "stage 3: free gathered parameters between forward and backward"),
+      field("zero.prefetch", &TC::zero, &ZeroConfig::prefetch, "stage 3: gather the next unit while this one computes"),
   };
   return fields;
 }
