@@ -83,7 +83,9 @@ TEST(Safetensors, RoundTripsManyDtypesShapesAndMetadata) {
   EXPECT_EQ((8 + header_len) % 8, 0u) << "the data section must start 8-byte aligned";
 
   const auto out = pt::read_safetensors(file);
-  EXPECT_EQ(out.metadata, in.metadata);
+  auto metadata = out.metadata;
+  EXPECT_EQ(metadata.erase(pt::kDataChecksumKey), 1u) << "written by default";
+  EXPECT_EQ(metadata, in.metadata);
   ASSERT_EQ(out.tensors.size(), in.tensors.size());
   for (const auto& [name, t] : in.tensors) {
     const auto& u = out.tensors.at(name);
@@ -91,7 +93,7 @@ TEST(Safetensors, RoundTripsManyDtypesShapesAndMetadata) {
     EXPECT_EQ(u.sizes(), t.sizes()) << name;
     EXPECT_TRUE(torch::equal(u, t)) << name;
   }
-  EXPECT_EQ(pt::read_safetensors_metadata(file), in.metadata);
+  EXPECT_EQ(pt::read_safetensors_metadata(file), out.metadata);
   // Equal contents give identical bytes (sorted names, no timestamps).
   pt::write_safetensors(dir.path / "y.safetensors", in);
   EXPECT_EQ(read_bytes(file), read_bytes(dir.path / "y.safetensors"));
@@ -104,7 +106,9 @@ TEST(Safetensors, WritesTheDocumentedByteLayout) {
   in.tensors["a"] = torch::tensor({1.0f, 2.0f});
   in.metadata["k"] = "v";
   const fs::path file = dir.path / "layout.safetensors";
-  pt::write_safetensors(file, in);
+  pt::SafetensorsWriteOptions plain;
+  plain.data_checksum = false;  // the format alone, without our metadata key
+  pt::write_safetensors(file, in, plain);
   const auto bytes = read_bytes(file);
   ASSERT_GE(bytes.size(), 8u);
   uint64_t n = 0;
@@ -286,4 +290,30 @@ TEST(Safetensors, EveryTruncationAndRandomHeaderDamageIsACleanError) {
     }
   }
   EXPECT_GT(rejected, 1500);  // most damage is caught; the rest is harmless (e.g. a changed metadata value)
+}
+
+TEST(Safetensors, DataChecksumCatchesABitFlipInTensorData) {
+  TempDir dir;
+  pt::SafetensorsContents in;
+  in.tensors["w"] = torch::arange(64, torch::kFloat);
+  for (bool checksum : {true, false}) {
+    pt::SafetensorsWriteOptions options;
+    options.data_checksum = checksum;
+    const fs::path file = dir.path / (checksum ? "sum.safetensors" : "plain.safetensors");
+    pt::write_safetensors(file, in, options);
+    auto bytes = read_bytes(file);
+    bytes[bytes.size() - 7] ^= 0x04;  // one bit of one float
+    if (checksum) {
+      try {
+        pt::parse_safetensors(bytes, "flipped");
+        ADD_FAILURE() << "a flipped data bit must be an error";
+      } catch (const CheckpointError& e) {
+        EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("flipped"), std::string::npos) << e.what();
+      }
+    } else {
+      // Control: without the checksum the same damage loads silently.
+      EXPECT_FALSE(torch::equal(pt::parse_safetensors(bytes, "flipped").tensors.at("w"), in.tensors.at("w")));
+    }
+  }
 }

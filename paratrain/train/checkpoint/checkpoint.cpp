@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/train/checkpoint/checkpoint_metadata.h"
 #include "paratrain/train/checkpoint/optimizer_state.h"
 #include "paratrain/train/checkpoint/safetensors.h"
 
@@ -20,11 +21,6 @@ namespace paratrain::train {
 namespace {
 
 std::string shape_str(at::IntArrayRef sizes) { return fmt::format("[{}]", fmt::join(sizes, ", ")); }
-
-constexpr std::string_view kFormat = "paratrain-checkpoint/1";
-constexpr std::string_view kModelPrefix = "model/";
-constexpr std::string_view kOptimizerPrefix = "optimizer/";
-constexpr std::string_view kRngKey = "rng/cpu";
 
 // Parameters then buffers, by their dotted module path ("fc0.weight").
 std::vector<std::pair<std::string, at::Tensor>> module_tensors(torch::nn::Module& model) {
@@ -34,9 +30,10 @@ std::vector<std::pair<std::string, at::Tensor>> module_tensors(torch::nn::Module
   return out;
 }
 
-int64_t metadata_int(const SafetensorsContents& c, const std::string& key, const std::string& file) {
-  auto it = c.metadata.find(key);
-  if (it == c.metadata.end())
+int64_t metadata_int(const std::map<std::string, std::string>& metadata, const std::string& key,
+                     const std::string& file) {
+  auto it = metadata.find(key);
+  if (it == metadata.end())
     throw CheckpointError(fmt::format("checkpoint '{}' lacks metadata '{}'", file, key));
   try {
     size_t used = 0;
@@ -81,29 +78,60 @@ void copy_module(const SafetensorsContents& contents, torch::nn::Module& model) 
   for (auto& [name, target] : module_tensors(model)) target.copy_(contents.tensors.at(std::string(kModelPrefix) + name));
 }
 
-TrainingState state_from_metadata(const SafetensorsContents& c, const std::string& file) {
-  auto format = c.metadata.find("format");
-  if (format == c.metadata.end() || format->second != kFormat)
+}  // namespace
+
+std::map<std::string, std::string> training_metadata(const TrainingState& state, const OptimizerStateIo* io,
+                                                     const torch::optim::Optimizer* optimizer) {
+  std::map<std::string, std::string> m = {{"format", std::string(kCheckpointFormat)},
+                                          {"step", std::to_string(state.step)},
+                                          {"epoch", std::to_string(state.epoch)},
+                                          {"batch_in_epoch", std::to_string(state.batch_in_epoch)},
+                                          {"sampler_seed", std::to_string(static_cast<int64_t>(state.sampler_seed))},
+                                          {"config", state.config.is_null() ? "{}" : state.config.dump()},
+                                          {"torch_version", TORCH_VERSION}};
+  if (io != nullptr && optimizer != nullptr) {
+    m.emplace("optimizer", io->kind);
+    m.emplace("optimizer_options", io->options_json(*optimizer).dump());
+  }
+  for (const auto& [k, v] : state.extra) m.emplace("extra." + k, v);
+  return m;
+}
+
+TrainingState training_state_from_metadata(const std::map<std::string, std::string>& metadata,
+                                           const std::string& file) {
+  auto format = metadata.find("format");
+  if (format == metadata.end() || format->second != kCheckpointFormat)
     throw CheckpointError(fmt::format("'{}' is not a paratrain checkpoint (metadata format = '{}', expected '{}')",
-                                      file, format == c.metadata.end() ? "" : format->second, kFormat));
+                                      file, format == metadata.end() ? "" : format->second, kCheckpointFormat));
   TrainingState s;
-  s.step = metadata_int(c, "step", file);
-  s.epoch = metadata_int(c, "epoch", file);
-  s.batch_in_epoch = metadata_int(c, "batch_in_epoch", file);
-  s.sampler_seed = static_cast<uint64_t>(metadata_int(c, "sampler_seed", file));
-  if (auto it = c.metadata.find("config"); it != c.metadata.end()) {
+  s.step = metadata_int(metadata, "step", file);
+  s.epoch = metadata_int(metadata, "epoch", file);
+  s.batch_in_epoch = metadata_int(metadata, "batch_in_epoch", file);
+  s.sampler_seed = static_cast<uint64_t>(metadata_int(metadata, "sampler_seed", file));
+  if (s.step < 0 || s.epoch < 0 || s.batch_in_epoch < 0)
+    throw CheckpointError(fmt::format("checkpoint '{}': negative step/epoch/batch_in_epoch in its metadata", file));
+  if (auto it = metadata.find("config"); it != metadata.end()) {
     try {
       s.config = nlohmann::json::parse(it->second);
     } catch (const nlohmann::json::exception& e) {
       throw CheckpointError(fmt::format("checkpoint '{}': metadata 'config' is not JSON: {}", file, e.what()));
     }
   }
-  for (const auto& [k, v] : c.metadata)
+  for (const auto& [k, v] : metadata)
     if (k.starts_with("extra.")) s.extra.emplace(k.substr(6), v);
   return s;
 }
 
-}  // namespace
+void check_optimizer_kind(const std::map<std::string, std::string>& metadata, const OptimizerStateIo& io,
+                          const std::string& file) {
+  const auto saved_kind = metadata.find("optimizer");
+  if (saved_kind == metadata.end())
+    throw CheckpointError(fmt::format("checkpoint '{}' lacks metadata 'optimizer'", file));
+  if (saved_kind->second != io.kind)
+    throw CheckpointError(fmt::format(
+        "checkpoint '{}' holds {} optimizer state but the optimizer is {}: set optimizer.kind = \"{}\" to resume it",
+        file, saved_kind->second, io.kind, saved_kind->second));
+}
 
 void save_checkpoint(const std::filesystem::path& path, torch::nn::Module& model,
                      torch::optim::Optimizer& optimizer, const TrainingState& state,
@@ -134,16 +162,7 @@ void save_checkpoint(const std::filesystem::path& path, torch::nn::Module& model
     std::lock_guard<std::mutex> lock(gen.mutex());
     c.tensors.emplace(std::string(kRngKey), gen.get_state());
   }
-  c.metadata = {{"format", std::string(kFormat)},
-                {"step", std::to_string(state.step)},
-                {"epoch", std::to_string(state.epoch)},
-                {"batch_in_epoch", std::to_string(state.batch_in_epoch)},
-                {"sampler_seed", std::to_string(static_cast<int64_t>(state.sampler_seed))},
-                {"config", state.config.is_null() ? "{}" : state.config.dump()},
-                {"optimizer", io.kind},
-                {"optimizer_options", io.options_json(optimizer).dump()},
-                {"torch_version", TORCH_VERSION}};
-  for (const auto& [k, v] : state.extra) c.metadata.emplace("extra." + k, v);
+  c.metadata = training_metadata(state, &io, &optimizer);
   SafetensorsWriteOptions write_options;
   write_options.sync = options.sync;
   write_safetensors(path, c, write_options);
@@ -153,16 +172,10 @@ TrainingState load_checkpoint(const std::filesystem::path& path, torch::nn::Modu
                               torch::optim::Optimizer& optimizer, const LoadCheckpointOptions& options) {
   const std::string file = path.string();
   const SafetensorsContents c = read_safetensors(path);
-  TrainingState state = state_from_metadata(c, file);
+  TrainingState state = training_state_from_metadata(c.metadata, file);
   check_module(c, model, file);
   const OptimizerStateIo& io = optimizer_state_io(optimizer, file);
-  const auto saved_kind = c.metadata.find("optimizer");
-  if (saved_kind == c.metadata.end())
-    throw CheckpointError(fmt::format("checkpoint '{}' lacks metadata 'optimizer'", file));
-  if (saved_kind->second != io.kind)
-    throw CheckpointError(fmt::format(
-        "checkpoint '{}' holds {} optimizer state but the optimizer is {}: set optimizer.kind = \"{}\" to resume it",
-        file, saved_kind->second, io.kind, saved_kind->second));
+  check_optimizer_kind(c.metadata, io, file);
 
   // Build all new optimizer states (validating them) before changing anything.
   std::map<std::string, at::Tensor> param_by_name;
@@ -212,7 +225,7 @@ TrainingState load_checkpoint(const std::filesystem::path& path, torch::nn::Modu
 
 TrainingState load_model_weights(const std::filesystem::path& path, torch::nn::Module& model) {
   const SafetensorsContents c = read_safetensors(path);
-  TrainingState state = state_from_metadata(c, path.string());
+  TrainingState state = training_state_from_metadata(c.metadata, path.string());
   check_module(c, model, path.string());
   copy_module(c, model);
   return state;

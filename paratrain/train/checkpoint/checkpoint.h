@@ -2,7 +2,9 @@
 // parameter name, loop position, RNG state and the config, in one safetensors
 // file. Saving is atomic (see safetensors.h); loading restores in place and
 // refuses a checkpoint whose tensor names or shapes do not match the model.
-// Not sharded (yet): every rank holds full tensors; rank 0 saves.
+// One file written by one process: the sharded format (each rank its
+// pieces, any layout back) is sharded.h; consolidate_checkpoint turns it into
+// this one.
 #pragma once
 
 #include <cstdint>
@@ -59,16 +61,8 @@ TrainingState load_checkpoint(const std::filesystem::path& path, torch::nn::Modu
 // Only the model's parameters and buffers (evaluation, fine-tuning).
 TrainingState load_model_weights(const std::filesystem::path& path, torch::nn::Module& model);
 
-// ---- run folders: <run_dir>/checkpoints/step_<8 digits>.safetensors
-
-std::filesystem::path checkpoint_path(const std::filesystem::path& run_dir, int64_t step);
-
-// The highest-step checkpoint in `run_dir` whose header and size check out
-// (an unreadable newer one is skipped with a warning); nullopt when none.
-// This is what `train.resume = "auto"` resumes from.
-std::optional<std::filesystem::path> find_latest_checkpoint(const std::filesystem::path& run_dir);
-
-// Deletes all but the `keep` highest-step checkpoints; returns how many went.
-int prune_checkpoints(const std::filesystem::path& run_dir, int keep);
-
 }  // namespace paratrain::train
+
+// Run-folder helpers (checkpoint_path, find_latest_checkpoint, ...) used to be
+// declared here; kept reachable for existing includes.
+#include "paratrain/train/checkpoint/checkpoint_files.h"

@@ -1,6 +1,8 @@
 // Where checkpoints live in a run folder and which one to resume from:
-// <run_dir>/checkpoints/step_<8 digits>.safetensors, newest = highest step.
-// Leftover `*.tmp.<pid>` files from a crashed write never match the pattern.
+// <run_dir>/checkpoints/step_<8 digits>/ (sharded, committed by index.json)
+// or step_<8 digits>.safetensors (single file); newest = highest step.
+#include "paratrain/train/checkpoint/checkpoint_files.h"
+
 #include <algorithm>
 #include <regex>
 
@@ -8,59 +10,146 @@
 #include <spdlog/spdlog.h>
 
 #include "paratrain/core/error.h"
-#include "paratrain/train/checkpoint/checkpoint.h"
+#include "paratrain/train/checkpoint/checkpoint_index.h"
+#include "paratrain/train/checkpoint/checkpoint_metadata.h"
 #include "paratrain/train/checkpoint/safetensors.h"
 
 namespace paratrain::train {
 namespace {
 
-// (step, path) of every checkpoint file, highest step first.
-std::vector<std::pair<int64_t, std::filesystem::path>> list_checkpoints(const std::filesystem::path& run_dir) {
-  std::vector<std::pair<int64_t, std::filesystem::path>> out;
-  const auto folder = run_dir / "checkpoints";
+const std::regex& dir_pattern() {
+  static const std::regex p(R"(step_(\d+))");
+  return p;
+}
+const std::regex& file_pattern() {
+  static const std::regex p(R"(step_(\d+)\.safetensors)");
+  return p;
+}
+
+bool is_temporary(const std::string& name) { return name.find(".tmp.") != std::string::npos; }
+
+void remove_entry(const std::filesystem::path& path, const char* why, int& removed) {
   std::error_code ec;
-  if (!std::filesystem::is_directory(folder, ec)) return out;
-  static const std::regex pattern(R"(step_(\d+)\.safetensors)");
-  for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
-    std::smatch m;
-    const std::string name = entry.path().filename().string();
-    if (entry.is_regular_file(ec) && std::regex_match(name, m, pattern))
-      out.emplace_back(std::stoll(m[1].str()), entry.path());
+  std::filesystem::remove_all(path, ec);
+  if (ec) {
+    spdlog::warn("could not delete {} '{}': {}", why, path.string(), ec.message());
+  } else {
+    spdlog::info("deleted {} '{}'", why, path.string());
+    ++removed;
   }
-  if (ec)
-    throw CheckpointError(fmt::format("cannot list checkpoints in '{}': {}", folder.string(), ec.message()));
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  return out;
 }
 
 }  // namespace
+
+std::filesystem::path checkpoint_dir(const std::filesystem::path& run_dir, int64_t step) {
+  return run_dir / "checkpoints" / fmt::format("step_{:08d}", step);
+}
 
 std::filesystem::path checkpoint_path(const std::filesystem::path& run_dir, int64_t step) {
   return run_dir / "checkpoints" / fmt::format("step_{:08d}.safetensors", step);
 }
 
-std::optional<std::filesystem::path> find_latest_checkpoint(const std::filesystem::path& run_dir) {
-  for (const auto& [step, path] : list_checkpoints(run_dir)) {
+std::vector<CheckpointEntry> list_checkpoints(const std::filesystem::path& run_dir) {
+  std::vector<CheckpointEntry> out;
+  const auto folder = run_dir / "checkpoints";
+  std::error_code ec;
+  if (!std::filesystem::is_directory(folder, ec)) return out;
+  for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    std::error_code ignored;
+    if (entry.is_directory(ignored) && std::regex_match(name, m, dir_pattern())) {
+      if (std::filesystem::exists(entry.path() / kIndexFileName, ignored))
+        out.push_back({std::stoll(m[1].str()), entry.path(), true});
+    } else if (entry.is_regular_file(ignored) && std::regex_match(name, m, file_pattern())) {
+      out.push_back({std::stoll(m[1].str()), entry.path(), false});
+    }
+  }
+  if (ec)
+    throw CheckpointError(fmt::format("cannot list checkpoints in '{}': {}", folder.string(), ec.message()));
+  std::sort(out.begin(), out.end(), [](const CheckpointEntry& a, const CheckpointEntry& b) {
+    return std::tie(a.step, a.sharded) > std::tie(b.step, b.sharded);
+  });
+  return out;
+}
+
+void check_checkpoint(const std::filesystem::path& checkpoint) {
+  if (!std::filesystem::is_directory(checkpoint)) {
+    training_state_from_metadata(read_safetensors_metadata(checkpoint), checkpoint.string());
+    return;
+  }
+  const CheckpointIndex index = read_index(checkpoint);
+  training_state_from_metadata(index.metadata, (checkpoint / kIndexFileName).string());
+  for (const IndexFile& f : index.files) {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(checkpoint / f.name, ec);
+    if (ec)
+      throw CheckpointError(fmt::format("checkpoint '{}': shard '{}' is missing or unreadable: {}",
+                                        checkpoint.string(), (checkpoint / f.name).string(), ec.message()));
+    if (size != f.bytes)
+      throw CheckpointError(fmt::format("checkpoint '{}': shard '{}' has {} bytes, the index records {}",
+                                        checkpoint.string(), (checkpoint / f.name).string(), size, f.bytes));
+  }
+}
+
+std::vector<std::filesystem::path> find_loadable_checkpoints(const std::filesystem::path& run_dir) {
+  std::vector<std::filesystem::path> out;
+  for (const CheckpointEntry& e : list_checkpoints(run_dir)) {
     try {
-      read_safetensors_metadata(path);  // header and size only: cheap
-      return path;
-    } catch (const CheckpointError& e) {
-      // Atomic writes make this rare (a disk error, a copy cut short); an
-      // older checkpoint is still a valid place to resume from.
-      spdlog::warn("skipping unreadable checkpoint: {}", e.what());
+      check_checkpoint(e.path);
+      out.push_back(e.path);
+    } catch (const CheckpointError& err) {
+      // A disk error or a copy cut short: an older checkpoint is still a
+      // valid place to resume from.
+      spdlog::warn("skipping damaged checkpoint of step {}: {}", e.step, err.what());
+    }
+  }
+  return out;
+}
+
+std::optional<std::filesystem::path> find_latest_checkpoint(const std::filesystem::path& run_dir) {
+  for (const CheckpointEntry& e : list_checkpoints(run_dir)) {
+    try {
+      check_checkpoint(e.path);
+      return e.path;
+    } catch (const CheckpointError& err) {
+      spdlog::warn("skipping damaged checkpoint of step {}: {}", e.step, err.what());
     }
   }
   return std::nullopt;
 }
 
-int prune_checkpoints(const std::filesystem::path& run_dir, int keep) {
+int clean_interrupted_checkpoints(const std::filesystem::path& run_dir) {
+  const auto folder = run_dir / "checkpoints";
+  std::error_code ec;
+  if (!std::filesystem::is_directory(folder, ec)) return 0;
+  std::vector<std::pair<std::filesystem::path, const char*>> doomed;
+  for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
+    const std::string name = entry.path().filename().string();
+    std::error_code ignored;
+    if (is_temporary(name)) {
+      doomed.emplace_back(entry.path(), "temporary file of an interrupted checkpoint write");
+    } else if (entry.is_directory(ignored) && std::regex_match(name, dir_pattern())) {
+      if (!std::filesystem::exists(entry.path() / kIndexFileName, ignored)) {
+        doomed.emplace_back(entry.path(), "uncommitted checkpoint directory (no index.json: an interrupted save)");
+        continue;
+      }
+      for (const auto& inner : std::filesystem::directory_iterator(entry.path(), ignored))
+        if (is_temporary(inner.path().filename().string()))
+          doomed.emplace_back(inner.path(), "temporary file of an interrupted checkpoint write");
+    }
+  }
+  if (ec) throw CheckpointError(fmt::format("cannot list checkpoints in '{}': {}", folder.string(), ec.message()));
+  int removed = 0;
+  for (const auto& [path, why] : doomed) remove_entry(path, why, removed);
+  return removed;
+}
+
+int prune_checkpoints(const std::filesystem::path& run_dir, int64_t keep) {
+  if (keep <= 0) return 0;
   const auto all = list_checkpoints(run_dir);
   int removed = 0;
-  for (size_t i = static_cast<size_t>(std::max(keep, 0)); i < all.size(); ++i) {
-    std::error_code ec;
-    if (std::filesystem::remove(all[i].second, ec)) ++removed;
-    else if (ec) spdlog::warn("could not delete old checkpoint '{}': {}", all[i].second.string(), ec.message());
-  }
+  for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) remove_entry(all[i].path, "old checkpoint", removed);
   return removed;
 }
 

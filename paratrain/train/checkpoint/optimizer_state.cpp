@@ -108,7 +108,8 @@ OptimizerStateIo adam_like(std::string kind) {
                             {"amsgrad", x.amsgrad()}});
         }
         return groups;
-      }};
+      },
+      {"step"}};
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // Adding an optimizer = one OptimizerStateIo in optimizer_state.cpp.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -27,6 +28,14 @@ struct OptimizerStateIo {
       load;
   // Hyper-parameters of every param group, for the record.
   std::function<nlohmann::json(const torch::optim::Optimizer&)> options_json;
+  // Fields that are one value per parameter (Adam's "step"), not one per
+  // element: sharded checkpoints store them once, whole, instead of cutting
+  // them like the parameter.
+  std::vector<std::string> scalar_fields = {};
+
+  bool is_scalar_field(const std::string& field) const {
+    return std::find(scalar_fields.begin(), scalar_fields.end(), field) != scalar_fields.end();
+  }
 };
 
 // The adapter for `optimizer`'s concrete type; CheckpointError if unsupported.

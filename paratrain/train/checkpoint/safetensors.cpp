@@ -18,6 +18,7 @@
 #include <torch/torch.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/train/checkpoint/checksum.h"
 
 namespace paratrain::train {
 namespace {
@@ -98,7 +99,14 @@ void write_safetensors(const std::filesystem::path& path, const SafetensorsConte
     offset += bytes;
     cpu.push_back(std::move(t));
   }
-  if (!contents.metadata.empty()) header["__metadata__"] = contents.metadata;
+  std::map<std::string, std::string> metadata = contents.metadata;
+  if (options.data_checksum) {
+    uint32_t crc = 0;
+    for (const at::Tensor& t : cpu)
+      crc = crc32_update(crc, {static_cast<const uint8_t*>(t.data_ptr()), size_t(t.numel() * t.element_size())});
+    metadata[kDataChecksumKey] = crc32_hex(crc);
+  }
+  if (!metadata.empty()) header["__metadata__"] = metadata;
   std::string text;
   try {
     text = header.dump();
@@ -134,6 +142,38 @@ void write_safetensors(const std::filesystem::path& path, const SafetensorsConte
   if (options.sync) sync_folder(path);
 }
 
+void write_file_atomically(const std::filesystem::path& path, std::string_view bytes, bool sync) {
+  auto error = [&](const std::string& what) {
+    return CheckpointError(fmt::format("cannot write '{}': {}", path.string(), what));
+  };
+  TempFile tmp{fmt::format("{}.tmp.{}", path.string(), ::getpid())};
+  tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (tmp.fd < 0)
+    throw error(fmt::format("open('{}') failed: {}; check that the folder exists and is writable", tmp.path,
+                            std::strerror(errno)));
+  write_all(tmp.fd, bytes.data(), bytes.size(), tmp.path, path);
+  if (sync && ::fsync(tmp.fd) != 0) throw error(fmt::format("fsync('{}') failed: {}", tmp.path, std::strerror(errno)));
+  const int fd = tmp.fd;
+  tmp.fd = -1;
+  if (::close(fd) != 0) throw error(fmt::format("close('{}') failed: {}", tmp.path, std::strerror(errno)));
+  if (::rename(tmp.path.c_str(), path.c_str()) != 0)
+    throw error(fmt::format("rename('{}' -> '{}') failed: {}", tmp.path, path.string(), std::strerror(errno)));
+  tmp.renamed = true;
+  if (sync) sync_folder(path);
+}
+
+std::optional<std::string> safetensors_dtype_name(at::ScalarType type) {
+  for (const DtypeInfo& d : kDtypes)
+    if (d.type == type) return std::string(d.name);
+  return std::nullopt;
+}
+
+std::optional<at::ScalarType> safetensors_dtype(std::string_view name) {
+  for (const DtypeInfo& d : kDtypes)
+    if (d.name == name) return d.type;
+  return std::nullopt;
+}
+
 SafetensorsContents read_safetensors(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
@@ -157,6 +197,16 @@ SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes, std::strin
   SafetensorsContents out;
   out.metadata = header.metadata;
   const uint8_t* data = bytes.data() + 8 + n;
+  if (auto it = out.metadata.find(kDataChecksumKey); it != out.metadata.end()) {
+    uint32_t expected = 0;
+    if (!parse_crc32_hex(it->second, expected))
+      fail(name, fmt::format("metadata '{}' = '{}' is not 8 hex digits", kDataChecksumKey, it->second));
+    const uint32_t actual = crc32_update(0, {data, static_cast<size_t>(bytes.size() - 8 - n)});
+    if (actual != expected)
+      fail(name, fmt::format("tensor data checksum mismatch ({} {} recorded, {} computed): the file is corrupt "
+                             "(a bit flip on disk or in transfer); use another checkpoint",
+                             kChecksumAlgorithm, it->second, crc32_hex(actual)));
+  }
   for (const Entry& e : header.entries) {
     at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.type));
     if (e.end > e.begin) std::memcpy(t.data_ptr(), data + e.begin, e.end - e.begin);

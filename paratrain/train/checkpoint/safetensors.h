@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -34,7 +35,15 @@ struct SafetensorsWriteOptions {
   // temporary file; a throw here behaves like a crash mid-write (the target
   // is untouched, the temporary file is removed).
   std::function<void(std::string_view written_so_far)> after_write;
+  // Store the CRC-32 of the data section as metadata "data_crc32" (8 hex
+  // digits), which the readers here verify, so a bit flip in tensor data is an
+  // error instead of silently wrong weights. Costs one pass over the data;
+  // other safetensors readers (Python's) ignore the key.
+  bool data_checksum = true;
 };
+
+// Metadata key of the data-section checksum (see data_checksum).
+inline constexpr const char* kDataChecksumKey = "data_crc32";
 
 // Writes `contents` to `path` atomically: into `<path>.tmp.<pid>`, fsync,
 // rename over `path`, fsync the folder. Tensors may be on any device and of
@@ -46,7 +55,7 @@ void write_safetensors(const std::filesystem::path& path, const SafetensorsConte
 
 // Reads and validates a whole file: header length vs file size, JSON,
 // dtypes, shapes vs byte lengths, offsets inside the data and covering it
-// without holes or overlaps. Throws CheckpointError naming the file and the
+// without holes or overlaps, and the data checksum when the file has one. Throws CheckpointError naming the file and the
 // problem ("truncated: header says 1234 bytes of data, file has 1000").
 SafetensorsContents read_safetensors(const std::filesystem::path& path);
 
@@ -57,5 +66,13 @@ SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes, std::strin
 // Only the metadata, after checking the header and the file size: cheap, for
 // picking a checkpoint without reading its tensors.
 std::map<std::string, std::string> read_safetensors_metadata(const std::filesystem::path& path);
+
+// Writes `bytes` to `path` with the same atomic protocol as
+// write_safetensors (temporary file, fsync when `sync`, rename, fsync folder).
+void write_file_atomically(const std::filesystem::path& path, std::string_view bytes, bool sync = true);
+
+// safetensors dtype names ("F32") for the dtypes above; nullopt otherwise.
+std::optional<std::string> safetensors_dtype_name(at::ScalarType type);
+std::optional<at::ScalarType> safetensors_dtype(std::string_view name);
 
 }  // namespace paratrain::train

@@ -1,0 +1,154 @@
+// Reading sharded checkpoints: load_sharded_checkpoint (any layout into the
+// caller's slots), consolidate_checkpoint and describe_checkpoint. The chunk
+// bookkeeping and file verification are ShardedReader's (checkpoint_index.*).
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "paratrain/core/error.h"
+#include "paratrain/train/checkpoint/checkpoint_index.h"
+#include "paratrain/train/checkpoint/checkpoint_metadata.h"
+#include "paratrain/train/checkpoint/checksum.h"
+#include "paratrain/train/checkpoint/optimizer_state.h"
+#include "paratrain/train/checkpoint/safetensors.h"
+#include "paratrain/train/checkpoint/sharded.h"
+
+namespace paratrain::train {
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+// The slot's elements of global tensor `name`, shaped like `like`, after
+// checking that the checkpoint's tensor is the one the slot expects.
+at::Tensor read_slot(ShardedReader& reader, const std::string& name, const std::vector<int64_t>& global_shape,
+                     int64_t flat_offset, const at::Tensor& like) {
+  if (!reader.index().tensors.count(name))
+    throw CheckpointError(fmt::format("checkpoint '{}' has no tensor '{}' that the model needs: was it saved from a "
+                                      "different model? (check the [model] section of the config)",
+                                      reader.where(), name));
+  const IndexTensor& t = reader.tensor(name);
+  if (t.shape != global_shape || t.dtype != like.scalar_type())
+    throw CheckpointError(fmt::format("checkpoint '{}': tensor '{}' is {} {} in the checkpoint but {} {} here",
+                                      reader.where(), name, c10::toString(t.dtype), shape_str(t.shape),
+                                      c10::toString(like.scalar_type()), shape_str(global_shape)));
+  TORCH_CHECK(flat_offset >= 0 && flat_offset + like.numel() <= numel_of(global_shape), "load_sharded_checkpoint: slot of '",
+              name, "' holds elements [", flat_offset, ", ", flat_offset + like.numel(), ") of ",
+              numel_of(global_shape));
+  return reader.read_range(name, flat_offset, like.numel()).reshape(like.sizes());
+}
+
+const torch::optim::OptimizerOptions& group_options_of(const torch::optim::Optimizer& optimizer,
+                                                       const at::Tensor& param, const std::string& name) {
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params())
+      if (p.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return group.options();
+  throw std::invalid_argument(
+      fmt::format("load_sharded_checkpoint: the param of optimizer slot '{}' is not in the optimizer", name));
+}
+
+}  // namespace
+
+TrainingState load_sharded_checkpoint(const std::filesystem::path& checkpoint, const CheckpointContents& contents,
+                                      const LoadCheckpointOptions& options) {
+  ShardedReader reader(checkpoint);
+  const std::string& where = reader.where();
+  TrainingState state = training_state_from_metadata(reader.index().metadata, where);
+
+  // Read and check everything before touching the caller's tensors.
+  std::vector<at::Tensor> model_values;
+  for (const TensorSlot& s : contents.model)
+    model_values.push_back(read_slot(reader, std::string(kModelPrefix) + s.name, s.global_shape, s.flat_offset, s.local));
+
+  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> new_states;
+  if (contents.optimizer != nullptr && !contents.optimizer_slots.empty()) {
+    const OptimizerStateIo& io = optimizer_state_io(*contents.optimizer, where);
+    check_optimizer_kind(reader.index().metadata, io, where);
+    for (const OptimizerSlot& os : contents.optimizer_slots) {
+      TORCH_CHECK(os.param.numel() == os.slot.local.numel(), "load_sharded_checkpoint: optimizer slot '",
+                  os.slot.name, "' has a param of ", os.param.numel(), " elements but a slot of ",
+                  os.slot.local.numel());
+      const std::string prefix = fmt::format("{}{}/", kOptimizerPrefix, os.slot.name);
+      std::map<std::string, at::Tensor> fields;
+      const auto& tensors = reader.index().tensors;
+      for (auto it = tensors.lower_bound(prefix); it != tensors.end() && it->first.starts_with(prefix); ++it) {
+        const std::string field = it->first.substr(prefix.size());
+        fields.emplace(field, io.is_scalar_field(field)
+                                  ? reader.read_whole(it->first)
+                                  : read_slot(reader, it->first, os.slot.global_shape, os.slot.flat_offset,
+                                              os.param));
+      }
+      if (fields.empty()) continue;  // saved before this parameter's first step
+      new_states.emplace_back(optimizer_state_key(os.param),
+                              io.load(fields, os.param, group_options_of(*contents.optimizer, os.param, os.slot.name),
+                                      prefix, where));
+    }
+  }
+  at::Tensor rng;
+  if (options.restore_rng && reader.index().tensors.count(std::string(kRngKey)))
+    rng = reader.read_whole(std::string(kRngKey));
+
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < contents.model.size(); ++i) contents.model[i].local.copy_(model_values[i]);
+  }
+  if (contents.optimizer != nullptr && !contents.optimizer_slots.empty()) {
+    contents.optimizer->state().clear();
+    for (auto& [key, s] : new_states) contents.optimizer->state()[key] = std::move(s);
+  }
+  if (rng.defined()) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    try {
+      gen.set_state(rng);
+    } catch (const c10::Error& e) {
+      throw CheckpointError(fmt::format("checkpoint '{}': '{}' is not a CPU generator state of this LibTorch: {}",
+                                        where, kRngKey, e.what_without_backtrace()));
+    }
+  }
+  return state;
+}
+
+void consolidate_checkpoint(const std::filesystem::path& dir, const std::filesystem::path& out_file) {
+  ShardedReader reader(dir);
+  training_state_from_metadata(reader.index().metadata, reader.where());  // refuse what load_checkpoint would
+  SafetensorsContents out;
+  for (const auto& [name, t] : reader.index().tensors) out.tensors.emplace(name, reader.read_whole(name));
+  out.metadata = reader.index().metadata;
+  write_safetensors(out_file, out);
+}
+
+std::string describe_checkpoint(const std::filesystem::path& checkpoint) {
+  ShardedReader reader(checkpoint);
+  const CheckpointIndex& index = reader.index();
+  const auto& m = index.metadata;
+  auto meta = [&](const std::string& key) {
+    auto it = m.find(key);
+    return it == m.end() ? std::string("?") : it->second;
+  };
+  std::ostringstream out;
+  out << fmt::format("checkpoint {}\n", reader.where());
+  if (std::filesystem::is_directory(checkpoint)) out << fmt::format("  layout: sharded ({})\n", kIndexFormat);
+  else out << "  layout: single file\n";
+  out << fmt::format("  format: {}  step: {}  epoch: {}  batch_in_epoch: {}  optimizer: {}\n", meta("format"),
+                     meta("step"), meta("epoch"), meta("batch_in_epoch"), meta("optimizer"));
+  for (const auto& [k, v] : m)
+    if (k.starts_with("extra.")) out << fmt::format("  {}: {}\n", k, v);
+  out << fmt::format("  world size: {}\n", index.world_size);
+  out << "  files:\n";
+  for (const IndexFile& f : index.files)
+    out << fmt::format("    rank {:>3}  {}  {} bytes  {} {}\n", f.rank, f.name, f.bytes, kChecksumAlgorithm,
+                       f.crc32 ? crc32_hex(*f.crc32) : std::string("(in the file's data_crc32)"));
+  out << fmt::format("  tensors ({}):\n", index.tensors.size());
+  for (const auto& [name, t] : index.tensors) {
+    out << fmt::format("    {}  {} {}  {} chunk(s)\n", name, safetensors_dtype_name(t.dtype).value_or("?"),
+                       shape_str(t.shape), t.chunks.size());
+    for (const ChunkRef& c : t.chunks)
+      out << fmt::format("      [{}, {})  {}  {}\n", c.offset, c.offset + c.numel, c.file, c.key);
+  }
+  return out.str();
+}
+
+}  // namespace paratrain::train
