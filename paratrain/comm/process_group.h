@@ -7,7 +7,9 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,12 +25,26 @@ inline constexpr std::chrono::milliseconds kDefaultTimeout{std::chrono::minutes(
 // untouched until wait() returns.
 class Work {
  public:
+  using Clock = std::chrono::steady_clock;
   virtual ~Work() = default;
   // Blocks until done and applies any finishing step (AVG's division).
-  // Throws TimeoutError after `timeout`, CommError if the operation failed.
-  // Calling wait() twice is allowed; the second call returns at once.
-  virtual void wait(std::chrono::milliseconds timeout = kDefaultTimeout) = 0;
+  // Throws TimeoutError after `timeout`, CommError if the operation failed or
+  // the group was aborted. Calling wait() again after it returned is allowed
+  // and returns at once (or rethrows the same error). Two threads may wait on
+  // the same Work: the finishing step runs once and both return after it.
+  virtual void wait(std::chrono::milliseconds timeout) = 0;
+  // Same, with the deadline the group was configured with.
+  void wait() { wait(default_timeout()); }
+  // True once wait() would not block on the backend.
   virtual bool is_completed() = 0;
+  // When the backend finished the operation (the data arrived), stamped by the
+  // backend itself, not by whoever polled. nullopt while in flight, after a
+  // failure, or when the backend cannot tell (see its header).
+  virtual std::optional<Clock::time_point> completed_at() { return std::nullopt; }
+
+ protected:
+  // What wait() without an argument waits for; backends return their group's.
+  virtual std::chrono::milliseconds default_timeout() const { return kDefaultTimeout; }
 };
 using WorkHandle = std::shared_ptr<Work>;
 
@@ -56,6 +72,44 @@ class ProcessGroup {
   virtual WorkHandle send(const at::Tensor& tensor, int dst, int tag = 0) = 0;
   virtual WorkHandle recv(at::Tensor& tensor, int src, int tag = 0) = 0;
   virtual WorkHandle barrier() = 0;
+
+  // Rank r sends rows [in_off_j, in_off_j + input_split_sizes[j]) of `input`
+  // (dim 0) to rank j and receives output_split_sizes[r'] rows from each rank
+  // r' into `output`, in rank order. Empty split lists mean equal splits
+  // (dim 0 divisible by size()). Other dims of input and output must match.
+  // Split sizes must agree across ranks: what r sends to j is what j expects
+  // from r.
+  virtual WorkHandle all_to_all(at::Tensor& output, const at::Tensor& input,
+                                std::vector<int64_t> output_split_sizes = {},
+                                std::vector<int64_t> input_split_sizes = {}) = 0;
+  // The reduction over ranks lands in `tensor` on `root`; on other ranks
+  // `tensor` is used as scratch and its contents afterwards are unspecified.
+  virtual WorkHandle reduce(at::Tensor& tensor, int root, ReduceOp op = ReduceOp::kSum) = 0;
+  // On root, output.numel() == size() * input.numel() and rank r's input lands
+  // in slice r of the flattened output. Elsewhere `output` is ignored (may be
+  // undefined).
+  virtual WorkHandle gather(at::Tensor& output, const at::Tensor& input, int root) = 0;
+  // The mirror of gather: on root, input.numel() == size() * output.numel()
+  // and slice r of the flattened input lands in rank r's output. Elsewhere
+  // `input` is ignored (may be undefined).
+  virtual WorkHandle scatter(at::Tensor& output, const at::Tensor& input, int root) = 0;
+  // all_gather with per-rank sizes: rank r contributes counts[r] elements
+  // (input.numel() == counts[rank()]), output is their concatenation in rank
+  // order (output.numel() == sum(counts)). All ranks pass the same counts.
+  // For shards of a tensor whose numel is not divisible by size().
+  virtual WorkHandle all_gather_uneven(at::Tensor& output, const at::Tensor& input,
+                                       const std::vector<int64_t>& counts) = 0;
+
+  // Aborts the group on this rank; safe from any thread, idempotent. After it:
+  // waiters blocked in Work::wait on this group's operations return at once
+  // with CommError ("... group aborted ..."), as does every later wait() of an
+  // unfinished operation, and every new operation throws CommError when
+  // issued. Tensors of aborted operations hold unspecified contents. Peers are
+  // not told explicitly: the backend closes its connections, so their pending
+  // and later operations with this rank fail with CommError (or at worst time
+  // out). Sub-groups created from this group are aborted too. A group cannot
+  // be revived; build a new one.
+  virtual void abort() = 0;
 
   // Collective over this group: every member calls it with the same list of
   // ranks (ranks of this group, strictly increasing). Members get the new

@@ -107,6 +107,24 @@ class CountingGroup final : public comm::ProcessGroup {
   comm::WorkHandle send(const at::Tensor& t, int dst, int tag) override { return inner_.send(t, dst, tag); }
   comm::WorkHandle recv(at::Tensor& t, int src, int tag) override { return inner_.recv(t, src, tag); }
   comm::WorkHandle barrier() override { return inner_.barrier(); }
+  comm::WorkHandle all_to_all(at::Tensor& out, const at::Tensor& in, std::vector<int64_t> out_splits,
+                              std::vector<int64_t> in_splits) override {
+    return inner_.all_to_all(out, in, std::move(out_splits), std::move(in_splits));
+  }
+  comm::WorkHandle reduce(at::Tensor& t, int root, comm::ReduceOp op) override {
+    return inner_.reduce(t, root, op);
+  }
+  comm::WorkHandle gather(at::Tensor& out, const at::Tensor& in, int root) override {
+    return inner_.gather(out, in, root);
+  }
+  comm::WorkHandle scatter(at::Tensor& out, const at::Tensor& in, int root) override {
+    return inner_.scatter(out, in, root);
+  }
+  comm::WorkHandle all_gather_uneven(at::Tensor& out, const at::Tensor& in,
+                                     const std::vector<int64_t>& counts) override {
+    return inner_.all_gather_uneven(out, in, counts);
+  }
+  void abort() override { inner_.abort(); }
   std::shared_ptr<comm::ProcessGroup> new_subgroup(const std::vector<int>& ranks) override {
     return inner_.new_subgroup(ranks);
   }

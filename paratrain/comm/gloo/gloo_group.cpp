@@ -4,26 +4,41 @@
 //   reduce_scatter = all-to-all of the slices, then a local reduction (the
 //                    same (n-1)/n traffic per rank as a ring reduce-scatter);
 //   all_gather     = c10d allgather into views of the flat output;
-//   sub-groups     = a fresh ProcessGroupGloo over a PrefixStore.
+//   all_gather_uneven = allgather of inputs zero-padded to the largest count,
+//                    then the padding is dropped while copying out (traffic is
+//                    size * max instead of the sum: fine for near-equal shards);
+//   reduce AVG     = SUM reduce, then the root divides;
+//   sub-groups     = a fresh ProcessGroupGloo over a PrefixStore;
+//   abort          = c10d has none: we mark the group aborted (waiters wake,
+//                    new operations are refused) and put every Gloo pair into
+//                    its error state (see AbortableGloo), which fails this
+//                    rank's in-flight ops and closes the sockets, so peers'
+//                    ops with us fail too.
+// Not here: the Work wrapper (gloo_work.h).
 #include "paratrain/comm/gloo/gloo_group.h"
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
+#include <numeric>
 #include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <gloo/context.h>
+#include <gloo/transport/pair.h>
+#include <gloo/transport/unbound_buffer.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "paratrain/comm/gloo/gloo_work.h"
-#include "paratrain/core/compat.h"
 #include "paratrain/core/error.h"
 
 namespace paratrain::comm {
 namespace {
 
 using gloo_detail::GlooWork;
+using gloo_detail::GroupSignal;
 using gloo_detail::rethrow_as_comm_error;
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
@@ -36,6 +51,53 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   throw Error("unknown ReduceOp");
 }
 
+// The transport context behind a gloo::Context (a protected member). Only
+// virtual calls are made on it: torch links libgloo, we do not.
+struct GlooContextAccess : ::gloo::Context {
+  static ::gloo::transport::Context& transport(::gloo::Context& context) {
+    return *(context.*(&GlooContextAccess::transportContext_));
+  }
+};
+
+// c10d's ProcessGroupGloo with access to its Gloo contexts, which abort()
+// needs and c10d 1.13 keeps protected.
+class AbortableGloo final : public c10d::ProcessGroupGloo {
+ public:
+  using c10d::ProcessGroupGloo::ProcessGroupGloo;
+
+  // Puts every connection of this group into Gloo's error state: pending
+  // sends/receives fail at once (waking the Gloo worker threads), later ones
+  // fail when posted, and the sockets close, so peers' device threads see EOF.
+  // Gloo has a public way to do exactly that, but only as the reaction to an
+  // application-side timeout (the tcp transport's Context::signalException,
+  // whose header the Debian package cannot compile): so we post a receive on
+  // a slot nobody sends to and wait for it 1 ms. Best effort: if that fails,
+  // the pairs are closed plainly and this rank's in-flight operations end at
+  // the group timeout instead.
+  void fail_connections() noexcept {
+    // Far above the slots c10d derives from its collective counter.
+    constexpr uint64_t kAbortSlot = uint64_t{0x7AB0} << 48;
+    for (auto& context : contexts_) {
+      if (!context || context->size < 2) continue;
+      auto& transport = GlooContextAccess::transport(*context);
+      try {
+        char byte = 0;
+        auto buffer = transport.createUnboundBuffer(&byte, 1);
+        buffer->recv((context->rank + 1) % context->size, kAbortSlot, 0, 1);
+        buffer->waitRecv(nullptr, std::chrono::milliseconds(1));
+      } catch (...) {
+        // Expected: the timeout's IoException.
+      }
+      for (int peer = 0; peer < context->size; ++peer) {
+        try {
+          if (auto& pair = transport.getPair(peer)) pair->close();
+        } catch (...) {
+        }
+      }
+    }
+  }
+};
+
 class GlooProcessGroup final : public ProcessGroup {
  public:
   GlooProcessGroup(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
@@ -46,8 +108,9 @@ class GlooProcessGroup final : public ProcessGroup {
     auto opts = c10d::ProcessGroupGloo::Options::create(options_.timeout);
     opts->devices.push_back(device_);
     opts->threads = options_.threads;
+    signal_->rank = rank_;
     try {
-      pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank_, size_, opts);
+      pg_ = c10::make_intrusive<AbortableGloo>(store_, rank_, size_, opts);
     } catch (...) {
       rethrow_as_comm_error(fmt::format("rank {}: connecting the Gloo group of {} ranks", rank_, size_));
     }
@@ -149,6 +212,133 @@ class GlooProcessGroup final : public ProcessGroup {
     return issue(fmt::format("rank {}: barrier", rank_), {}, [&] { return pg_->barrier(opts); });
   }
 
+  WorkHandle all_to_all(at::Tensor& output, const at::Tensor& input,
+                        std::vector<int64_t> output_split_sizes,
+                        std::vector<int64_t> input_split_sizes) override {
+    check_contiguous(output, "all_to_all output");
+    check_contiguous(input, "all_to_all input");
+    TORCH_CHECK(output.dim() >= 1 && input.dim() >= 1 && output.sizes().slice(1) == input.sizes().slice(1),
+                "all_to_all: input ", input.sizes(), " and output ", output.sizes(),
+                " must be split along dim 0 and agree in the other dims");
+    TORCH_CHECK(output.scalar_type() == input.scalar_type(), "all_to_all: input is ", input.scalar_type(),
+                ", output is ", output.scalar_type());
+    check_splits(output_split_sizes, output.size(0), "all_to_all output");
+    check_splits(input_split_sizes, input.size(0), "all_to_all input");
+    c10d::AllToAllOptions opts;
+    opts.timeout = options_.timeout;
+    at::Tensor in = input;  // c10d takes it by non-const reference
+    return issue(describe("all_to_all", std::nullopt, input), {}, [&] {
+      return pg_->alltoall_base(output, in, output_split_sizes, input_split_sizes, opts);
+    });
+  }
+
+  WorkHandle reduce(at::Tensor& tensor, int root, ReduceOp op) override {
+    check_contiguous(tensor, "reduce");
+    check_rank(root, "reduce root");
+    check_avg_dtype(op, tensor, "reduce");
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::ReduceOptions opts;
+    opts.reduceOp = to_c10d(op);
+    opts.rootRank = root;
+    opts.timeout = options_.timeout;
+    std::function<void()> finish;
+    if (op == ReduceOp::kAvg && rank_ == root) finish = [tensor, n = size_]() mutable { tensor.div_(n); };
+    return issue(fmt::format("{} to root {}", describe("reduce", op, tensor), root), std::move(finish),
+                 [&] { return pg_->reduce(tensors, opts); });
+  }
+
+  WorkHandle gather(at::Tensor& output, const at::Tensor& input, int root) override {
+    check_contiguous(input, "gather input");
+    check_rank(root, "gather root");
+    std::vector<at::Tensor> inputs{input};
+    std::vector<std::vector<at::Tensor>> outputs;
+    if (rank_ == root) {
+      check_contiguous(output, "gather output (root)");
+      check_numel(output, input, "gather: root's output", "input");
+      outputs.resize(1);
+      for (auto& slice : output.view({-1}).chunk(size_)) outputs[0].push_back(slice.view(input.sizes()));
+    }
+    c10d::GatherOptions opts;
+    opts.rootRank = root;
+    opts.timeout = options_.timeout;
+    return issue(fmt::format("{} to root {}", describe("gather", std::nullopt, input), root), {},
+                 [&] { return pg_->gather(outputs, inputs, opts); });
+  }
+
+  WorkHandle scatter(at::Tensor& output, const at::Tensor& input, int root) override {
+    check_contiguous(output, "scatter output");
+    check_rank(root, "scatter root");
+    std::vector<at::Tensor> outputs{output};
+    std::vector<std::vector<at::Tensor>> inputs;
+    if (rank_ == root) {
+      check_contiguous(input, "scatter input (root)");
+      check_numel(input, output, "scatter: root's input", "output");
+      inputs.resize(1);
+      for (auto& slice : input.view({-1}).chunk(size_)) inputs[0].push_back(slice.view(output.sizes()));
+    }
+    c10d::ScatterOptions opts;
+    opts.rootRank = root;
+    opts.timeout = options_.timeout;
+    return issue(fmt::format("{} from root {}", describe("scatter", std::nullopt, output), root), {},
+                 [&] { return pg_->scatter(outputs, inputs, opts); });
+  }
+
+  WorkHandle all_gather_uneven(at::Tensor& output, const at::Tensor& input,
+                               const std::vector<int64_t>& counts) override {
+    check_contiguous(output, "all_gather_uneven output");
+    check_contiguous(input, "all_gather_uneven input");
+    TORCH_CHECK(static_cast<int>(counts.size()) == size_, "all_gather_uneven: ", counts.size(),
+                " counts for a group of ", size_, " ranks");
+    TORCH_CHECK(std::all_of(counts.begin(), counts.end(), [](int64_t c) { return c >= 0; }),
+                "all_gather_uneven: negative count");
+    TORCH_CHECK(input.numel() == counts[rank_], "all_gather_uneven: rank ", rank_, "'s input has ",
+                input.numel(), " elements, counts say ", counts[rank_]);
+    const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+    TORCH_CHECK(output.numel() == total, "all_gather_uneven: output has ", output.numel(),
+                " elements, counts sum to ", total);
+    TORCH_CHECK(output.scalar_type() == input.scalar_type(), "all_gather_uneven: input is ",
+                input.scalar_type(), ", output is ", output.scalar_type());
+    const int64_t widest = *std::max_element(counts.begin(), counts.end());
+    auto what = describe("all_gather_uneven", std::nullopt, input);
+    // Same counts everywhere, so every rank takes the same branch.
+    if (widest == 0) return issue(std::move(what), {}, [] { return c10::intrusive_ptr<c10d::Work>(); });
+    auto padded = at::zeros({widest}, input.options());
+    padded.slice(0, 0, counts[rank_]).copy_(input.view({-1}));
+    auto rows = at::empty({size_, widest}, input.options());
+    std::vector<at::Tensor> inputs{padded};
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < size_; ++r) outputs[0].push_back(rows[r]);
+    auto finish = [output, rows, counts]() mutable {
+      auto flat = output.view({-1});
+      int64_t offset = 0;
+      for (std::size_t r = 0; r < counts.size(); ++r) {
+        flat.slice(0, offset, offset + counts[r]).copy_(rows[static_cast<int64_t>(r)].slice(0, 0, counts[r]));
+        offset += counts[r];
+      }
+    };
+    c10d::AllgatherOptions opts;
+    opts.timeout = options_.timeout;
+    return issue(std::move(what), std::move(finish), [&] { return pg_->allgather(outputs, inputs, opts); });
+  }
+
+  void abort() override {
+    {
+      std::lock_guard<std::mutex> lock(signal_->mu);
+      if (signal_->aborted) return;
+      signal_->aborted = true;
+    }
+    signal_->cv.notify_all();
+    pg_->fail_connections();
+    std::vector<std::shared_ptr<GlooProcessGroup>> subgroups;
+    {
+      std::lock_guard<std::mutex> lock(subgroups_mu_);
+      for (auto& weak : subgroups_) {
+        if (auto sub = weak.lock()) subgroups.push_back(std::move(sub));
+      }
+    }
+    for (auto& sub : subgroups) sub->abort();
+  }
+
   std::shared_ptr<ProcessGroup> new_subgroup(const std::vector<int>& ranks) override {
     TORCH_CHECK(!ranks.empty(), "new_subgroup: empty rank list");
     for (std::size_t i = 0; i < ranks.size(); ++i) {
@@ -156,6 +346,7 @@ class GlooProcessGroup final : public ProcessGroup {
       TORCH_CHECK(i == 0 || ranks[i] > ranks[i - 1],
                   "new_subgroup: ranks must be strictly increasing, got [", fmt::format("{}", fmt::join(ranks, ",")), "]");
     }
+    throw_if_aborted(fmt::format("rank {}: new_subgroup", rank_));
     // Every member calls new_subgroup in the same order, so the counter names
     // the same sub-store on all of them (torch names its groups the same way).
     const int id = next_subgroup_id_++;
@@ -165,9 +356,17 @@ class GlooProcessGroup final : public ProcessGroup {
     for (int r : ranks) globals.push_back(global_ranks_[r]);
     auto prefix = fmt::format("sub{}[{}]", id, fmt::join(globals, ","));
     auto sub_store = c10::make_intrusive<c10d::PrefixStore>(prefix, store_);
-    return std::make_shared<GlooProcessGroup>(sub_store, static_cast<int>(it - ranks.begin()),
-                                              static_cast<int>(ranks.size()), std::move(globals),
-                                              options_, device_);
+    auto sub = std::make_shared<GlooProcessGroup>(sub_store, static_cast<int>(it - ranks.begin()),
+                                                  static_cast<int>(ranks.size()), std::move(globals),
+                                                  options_, device_);
+    {
+      std::lock_guard<std::mutex> lock(subgroups_mu_);
+      std::erase_if(subgroups_, [](const auto& weak) { return weak.expired(); });
+      subgroups_.push_back(sub);
+    }
+    // An abort() that ran while we were connecting did not see `sub`.
+    if (is_aborted()) sub->abort();
+    return sub;
   }
 
  private:
@@ -183,20 +382,56 @@ class GlooProcessGroup final : public ProcessGroup {
   void check_rank(int r, const char* what) const {
     TORCH_CHECK(r >= 0 && r < size_, what, " ", r, " is outside the group of ", size_, " ranks");
   }
+  // `whole` must hold size() pieces the size of `piece`.
+  void check_numel(const at::Tensor& whole, const at::Tensor& piece, const char* what,
+                   const char* piece_name) const {
+    TORCH_CHECK(whole.numel() == piece.numel() * size_, what, " has ", whole.numel(),
+                " elements, expected size(", size_, ") * ", piece_name, "(", piece.numel(), ")");
+    TORCH_CHECK(whole.scalar_type() == piece.scalar_type(), what, " is ", whole.scalar_type(), ", ",
+                piece_name, " is ", piece.scalar_type());
+  }
+  // Empty = equal split; otherwise one non-negative size per rank summing to dim 0.
+  void check_splits(const std::vector<int64_t>& splits, int64_t rows, const char* what) const {
+    if (splits.empty()) {
+      TORCH_CHECK(rows % size_ == 0, what, ": dim 0 (", rows, ") does not split equally over ", size_,
+                  " ranks; pass split sizes");
+      return;
+    }
+    TORCH_CHECK(static_cast<int>(splits.size()) == size_, what, ": ", splits.size(),
+                " split sizes for a group of ", size_, " ranks");
+    TORCH_CHECK(std::all_of(splits.begin(), splits.end(), [](int64_t s) { return s >= 0; }), what,
+                ": negative split size");
+    TORCH_CHECK(std::accumulate(splits.begin(), splits.end(), int64_t{0}) == rows, what,
+                ": split sizes sum to ", std::accumulate(splits.begin(), splits.end(), int64_t{0}),
+                ", dim 0 is ", rows);
+  }
   std::string describe(const char* op, std::optional<ReduceOp> rop, const at::Tensor& t) const {
     return fmt::format("rank {}: {}({}{} elements of {})", rank_, op,
                        rop ? fmt::format("{}, ", to_string(*rop)) : std::string(), t.numel(),
                        std::string(c10::toString(t.scalar_type())));
   }
+  bool is_aborted() const {
+    std::lock_guard<std::mutex> lock(signal_->mu);
+    return signal_->aborted;
+  }
+  void throw_if_aborted(const std::string& what) const {
+    if (is_aborted()) {
+      throw CommError(fmt::format("{} refused: group aborted on rank {} (ProcessGroup::abort was "
+                                  "called); build a new group to continue",
+                                  what, rank_));
+    }
+  }
   template <class Issue>
   WorkHandle issue(std::string what, std::function<void()> finish, Issue&& call) {
+    throw_if_aborted(what);
     c10::intrusive_ptr<c10d::Work> work;
     try {
       work = call();
     } catch (...) {
       rethrow_as_comm_error(what);
     }
-    return std::make_shared<GlooWork>(std::move(work), std::move(what), std::move(finish));
+    return std::make_shared<GlooWork>(std::move(work), std::move(what), std::move(finish), signal_,
+                                      options_.timeout);
   }
 
   c10::intrusive_ptr<c10d::Store> store_;
@@ -205,8 +440,11 @@ class GlooProcessGroup final : public ProcessGroup {
   std::vector<int> global_ranks_;
   GlooOptions options_;
   std::shared_ptr<::gloo::transport::Device> device_;
-  c10::intrusive_ptr<compat::C10dBackend> pg_;
+  c10::intrusive_ptr<AbortableGloo> pg_;
+  std::shared_ptr<GroupSignal> signal_ = std::make_shared<GroupSignal>();
   std::atomic<int> next_subgroup_id_{0};
+  std::mutex subgroups_mu_;
+  std::vector<std::weak_ptr<GlooProcessGroup>> subgroups_;  // for abort()
 };
 
 }  // namespace

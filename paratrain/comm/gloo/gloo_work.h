@@ -1,8 +1,15 @@
 // A c10d Work wrapped as our Work: converts c10d/gloo exceptions into
-// CommError/TimeoutError and runs a finishing step once the data arrived.
+// CommError/TimeoutError, runs a finishing step exactly once after the data
+// arrived, stamps the completion time, and fails promptly when the group is
+// aborted. Not here: issuing operations (gloo_group.cpp).
 #pragma once
 
+#include <condition_variable>
+#include <exception>
 #include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -11,20 +18,61 @@
 
 namespace paratrain::comm::gloo_detail {
 
+// Shared by a group and all its Works: one mutex guards every Work's state
+// (a handful of operations are in flight at a time, so contention is nil),
+// and one condition variable wakes waiters on completion and on abort.
+struct GroupSignal {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool aborted = false;  // guarded by mu
+  int rank = 0;
+};
+
 class GlooWork final : public Work {
  public:
-  // `finish` runs once, after the c10d work completed (e.g. AVG's division
-  // or copying the local shard out of a scratch buffer).
-  GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string what, std::function<void()> finish = {});
+  // `work` may be null for an operation with nothing to exchange (done at
+  // once). `finish` runs once, after the c10d work completed (e.g. AVG's
+  // division or copying the local shard out of a scratch buffer).
+  GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string what, std::function<void()> finish,
+           std::shared_ptr<GroupSignal> signal, std::chrono::milliseconds default_timeout);
 
+  using Work::wait;
   void wait(std::chrono::milliseconds timeout) override;
   bool is_completed() override;
+  // Exact (stamped by a callback on the c10d future) for every collective;
+  // send/recv have no future in c10d 1.13, so theirs is when a wait() saw
+  // the operation finish.
+  std::optional<Clock::time_point> completed_at() override;
+
+ protected:
+  std::chrono::milliseconds default_timeout() const override { return default_timeout_; }
 
  private:
+  // Waits in c10d itself (send/recv); called with the lock released.
+  void wait_in_backend(std::unique_lock<std::mutex>& lock, Clock::time_point deadline);
+  void settle_backend_error(std::exception_ptr error);  // lock held
+  [[noreturn]] void throw_aborted() const;
+  [[noreturn]] void throw_timeout(std::chrono::milliseconds timeout) const;
+
   c10::intrusive_ptr<c10d::Work> work_;
   std::string what_;  // "rank 1: all_reduce(sum, 4096 floats)" for messages
   std::function<void()> finish_;
-  bool done_ = false;
+  std::shared_ptr<GroupSignal> signal_;
+  std::chrono::milliseconds default_timeout_;
+  bool has_future_ = false;
+
+  // Guarded by signal_->mu. The state shared with the future's callback lives
+  // in `backend_`, which the callback holds on its own (it may outlive us).
+  struct Backend {
+    bool done = false;
+    std::exception_ptr error;  // as c10d reported it
+    std::optional<Clock::time_point> at;
+  };
+  std::shared_ptr<Backend> backend_ = std::make_shared<Backend>();
+  bool backend_waiter_ = false;  // a thread is inside c10d's wait (send/recv)
+  bool finishing_ = false;       // a thread is running finish_
+  bool finished_ = false;        // wait() has its final outcome
+  std::exception_ptr outcome_;   // the error every wait() rethrows, if any
 };
 
 // Rethrows the current exception as CommError/TimeoutError prefixed by `what`.
