@@ -1,0 +1,301 @@
+// FSDP's per-step engine: gather on touch, free, reduce-scatter at the end of
+// each unit's backward. See engine.h; the public API is fsdp.h.
+#include "paratrain/data_parallel/fsdp/engine.h"
+
+#include <ATen/record_function.h>
+#include <torch/torch.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "paratrain/core/error.h"
+
+namespace paratrain::fsdp {
+
+// Note [Gather on touch]
+// LibTorch's C++ modules have no forward pre-hooks, and our models call their
+// layers directly (Mlp holds its Linear layers in a vector), so wrapping a
+// child module in a gathering module would never be called. Instead the
+// engine watches operations: RecordFunction reports every dispatcher
+// operation with its inputs just before it runs (touch_observer.h). When an
+// input shares the StorageImpl of a unit's full buffer (a parameter, or a
+// view of one saved for backward), the unit is gathered before the operation
+// reads it. This is exact at operation granularity in forward and backward,
+// needs no change to the model, and sees saved tensors too. Costs: every
+// operation on the driving thread boxes its inputs for the callback (a few
+// hundred ns each), and gathers happen on the thread that runs the model.
+// Operations that read memory without going through the dispatcher (none in
+// LibTorch's layers) would not be seen.
+//
+// Autograd nodes are reported too (scope BACKWARD_FUNCTION): the first one
+// marks the start of backward, where the engine queues its end-of-backward
+// callback. In forward, reshard_after_forward frees the previous unit when an
+// operation touches the next; the last unit stays gathered because backward
+// starts with it. In backward a unit is freed once all its parameters have
+// their gradient (AccumulateGrad runs after every use of the parameter), and
+// anything still gathered is freed at the end of backward.
+//
+// Note [Prefetch order]
+// Registration order is not execution order (the root unit comes first but
+// may run last), so the first step records the order in which forward
+// touches units and prefetches nothing; later steps prefetch the next unit of
+// that order in forward and the previous one in backward. A wrong guess only
+// costs an early gather: correctness comes from gathering on touch.
+
+FullyShardedDataParallel::Impl::Impl(std::shared_ptr<torch::nn::Module> model_in, comm::ProcessGroup& group_in,
+                                     FsdpOptions options_in, std::vector<FlatUnit> units_in)
+    : model(std::move(model_in)), group(group_in), options(std::move(options_in)), units(std::move(units_in)) {
+  const std::size_t n = units.size();
+  position_.assign(n, -1);
+  trainable_.assign(n, 0);
+  ready_.assign(n, 0);
+  launched_.assign(n, false);
+  pieces.resize(n);
+  for (std::size_t u = 0; u < n; ++u) {
+    for (const ShardPiece& piece : units[u].pieces()) {
+      pieces[u].push_back(units[u].shard().narrow(0, piece.shard_begin, piece.numel).detach().requires_grad_(true));
+    }
+  }
+  sink_ = std::make_unique<UnitGradSink>(units, pieces);
+  // A post-hook on each parameter's gradient accumulator runs after
+  // AccumulateGrad wrote .grad: the last one of a unit ends that unit's
+  // backward. We hold the accumulators so the hooks survive between graphs.
+  for (std::size_t u = 0; u < n; ++u) {
+    for (const UnitParam& p : units[u].params()) {
+      auto acc = torch::autograd::impl::grad_accumulator(p.tensor);
+      if (!acc) {
+        throw Error(fmt::format("rank {}: FSDP: parameter '{}' has no gradient accumulator", group.rank(), p.name));
+      }
+      hook_keys_.push_back(acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, u](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+            on_gradient(u);
+            return outputs;
+          })));
+      accumulators_.push_back(std::move(acc));
+      ++trainable_[u];
+    }
+  }
+}
+
+FullyShardedDataParallel::Impl::~Impl() {
+  for (std::size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+  abandon_step();
+}
+
+void FullyShardedDataParallel::Impl::observe_this_thread() { fsdp::observe_this_thread(shared_from_this()); }
+
+void FullyShardedDataParallel::Impl::prepare_forward() {
+  observe_this_thread();
+  if (phase_ == Phase::kBackward) abandon_step();  // a backward threw before its end
+  rethrow_kept_error();
+  if (!order_.empty()) order_final_ = true;
+  phase_ = Phase::kForward;
+  current_ = -1;
+}
+
+void FullyShardedDataParallel::Impl::rethrow_kept_error() {
+  if (kept_error_) std::rethrow_exception(std::exchange(kept_error_, nullptr));
+}
+
+void FullyShardedDataParallel::Impl::reshard_all() {
+  for (std::size_t u = 0; u < units.size(); ++u) free_unit(u);
+  current_ = -1;
+}
+
+// ---- seeing operations ------------------------------------------------------
+
+void FullyShardedDataParallel::Impl::on_operation(const at::RecordFunction& fn) noexcept {
+  try {
+    if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+      if (phase_ != Phase::kBackward) begin_backward();
+      return;
+    }
+    auto visit = [&](const at::Tensor& t) {
+      const int u = unit_of(t);
+      if (u < 0) return;
+      try {
+        touch(static_cast<std::size_t>(u));
+      } catch (...) {
+        // The operation runs anyway (RecordFunction swallows exceptions):
+        // give it zeros rather than freed memory, and report the error at the
+        // next engine call (end of backward, prepare_forward, step).
+        units[u].fill_zeros_if_freed();
+        throw;
+      }
+    };
+    for (const c10::IValue& v : fn.inputs()) {
+      if (v.isTensor()) {
+        visit(v.toTensor());
+      } else if (v.isTensorList()) {
+        for (const at::Tensor& t : v.toTensorVector()) visit(t);
+      } else if (v.isList()) {
+        for (const c10::IValue& e : v.toListRef()) {
+          if (e.isTensor()) visit(e.toTensor());
+        }
+      }
+    }
+  } catch (...) {
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      spdlog::error("rank {}: FSDP: gather before '{}' failed: {}", group.rank(), fn.name(), e.what());
+    } catch (...) {
+    }
+    if (!kept_error_) kept_error_ = std::current_exception();
+  }
+}
+
+int FullyShardedDataParallel::Impl::unit_of(const at::Tensor& t) const {
+  if (!t.defined() || !t.has_storage()) return -1;
+  const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    if (units[u].storage() == s) return static_cast<int>(u);
+  }
+  return -1;
+}
+
+void FullyShardedDataParallel::Impl::touch(std::size_t u) {
+  if (phase_ == Phase::kIdle) phase_ = Phase::kForward;  // forward without prepare_forward()
+  if (phase_ == Phase::kForward) {
+    if (current_ != static_cast<int>(u)) {
+      if (!order_final_ && position_[u] < 0) {
+        position_[u] = static_cast<int>(order_.size());
+        order_.push_back(u);
+      }
+      if (options.reshard_after_forward && current_ >= 0) free_unit(static_cast<std::size_t>(current_));
+      current_ = static_cast<int>(u);
+    }
+    gather_now(u);
+    if (options.prefetch) {
+      const int next = neighbour(u, +1);
+      if (next >= 0) prefetch(static_cast<std::size_t>(next));
+    }
+    return;
+  }
+  gather_now(u);
+  if (options.prefetch) {
+    const int prev = neighbour(u, -1);
+    if (prev >= 0 && ready_[prev] < trainable_[prev]) prefetch(static_cast<std::size_t>(prev));
+  }
+}
+
+int FullyShardedDataParallel::Impl::neighbour(std::size_t u, int direction) const {
+  if (!order_final_ || position_[u] < 0) return -1;
+  const int p = position_[u] + direction;
+  return p >= 0 && p < static_cast<int>(order_.size()) ? static_cast<int>(order_[p]) : -1;
+}
+
+void FullyShardedDataParallel::Impl::gather_now(std::size_t u) {
+  if (units[u].state() == UnitState::kFreed) ++stats.all_gathers;
+  units[u].wait_gathered(group, options.timeout);
+}
+
+void FullyShardedDataParallel::Impl::prefetch(std::size_t u) {
+  if (units[u].state() != UnitState::kFreed) return;
+  units[u].start_gather(group);
+  ++stats.all_gathers;
+  ++stats.prefetches;
+}
+
+void FullyShardedDataParallel::Impl::free_unit(std::size_t u) {
+  if (units[u].state() == UnitState::kFreed) return;
+  units[u].free(options.timeout);
+  ++stats.frees;
+}
+
+// ---- backward ---------------------------------------------------------------
+
+// Called from the first autograd node of a backward: asks autograd to call
+// end_of_backward() once the whole graph ran (as the DDP reducer does).
+void FullyShardedDataParallel::Impl::begin_backward() {
+  phase_ = Phase::kBackward;
+  if (!order_.empty()) order_final_ = true;
+  std::fill(ready_.begin(), ready_.end(), 0);
+  std::fill(launched_.begin(), launched_.end(), false);
+  any_gradient_ = false;
+  pending_.clear();
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { end_of_backward(); });
+}
+
+void FullyShardedDataParallel::Impl::on_gradient(std::size_t u) {
+  try {
+    if (phase_ != Phase::kBackward) begin_backward();
+    any_gradient_ = true;
+    if (++ready_[u] < trainable_[u]) return;
+    // Every parameter of the unit has its gradient: its backward is over.
+    if (sync_enabled) launch_unit(u);
+    free_unit(u);
+  } catch (...) {
+    abandon_step();
+    throw;
+  }
+}
+
+// Packs the unit's gradients into one padded flat buffer (pre-divided by the
+// group size), frees the full gradients and starts the reduce-scatter.
+void FullyShardedDataParallel::Impl::launch_unit(std::size_t u) {
+  FlatUnit& unit = units[u];
+  at::Tensor buffer = at::zeros({unit.padded_numel()}, unit.shard().options());
+  {
+    at::NoGradGuard no_grad;
+    for (const UnitParam& p : unit.params()) {
+      at::Tensor param = p.tensor;
+      if (!param.grad().defined()) continue;  // unused this step: contributes zero
+      buffer.narrow(0, p.offset, p.numel).copy_(param.grad().reshape({-1}));
+      param.mutable_grad().reset();
+    }
+    buffer.div_(group.size());
+  }
+  comm::WorkHandle work = sink_->launch(group, u, buffer);
+  pending_.push_back({u, buffer, std::move(work)});
+  launched_[u] = true;
+  ++stats.reduce_scatters;
+}
+
+void FullyShardedDataParallel::Impl::end_of_backward() {
+  try {
+    rethrow_kept_error();
+    if (any_gradient_ && sync_enabled) {
+      // Units whose parameters got no gradient this step still take part in
+      // the collective, in index order on every rank.
+      for (std::size_t u = 0; u < units.size(); ++u) {
+        if (!launched_[u]) launch_unit(u);
+      }
+    }
+    for (Pending& p : pending_) {
+      p.work->wait(options.timeout);
+      sink_->reduced(p.unit, p.buffer);
+    }
+    pending_.clear();
+    reshard_all();
+    phase_ = Phase::kIdle;
+  } catch (...) {
+    abandon_step();
+    throw;
+  }
+}
+
+// Waits for collectives still writing into our buffers, then forgets the step.
+void FullyShardedDataParallel::Impl::abandon_step() noexcept {
+  for (Pending& p : pending_) {
+    try {
+      p.work->wait(options.timeout);
+    } catch (...) {
+    }
+  }
+  pending_.clear();
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    try {
+      free_unit(u);
+    } catch (...) {
+    }
+  }
+  phase_ = Phase::kIdle;
+  current_ = -1;
+}
+
+}  // namespace paratrain::fsdp

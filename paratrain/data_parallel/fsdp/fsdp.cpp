@@ -1,0 +1,191 @@
+// FullyShardedDataParallel: construction (same model on every rank, rank 0's
+// values, units built and freed), and the collectives and views around the
+// step: clipping, full parameters, checkpoint slots, memory accounting. The
+// per-step state machine is engine.cpp.
+#include "paratrain/data_parallel/fsdp/fsdp.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "paratrain/core/error.h"
+#include "paratrain/data_parallel/ddp/ddp.h"
+#include "paratrain/data_parallel/ddp/module_sync.h"
+#include "paratrain/data_parallel/fsdp/engine.h"
+#include "paratrain/data_parallel/fsdp/unit_plan.h"
+
+namespace paratrain::fsdp {
+namespace {
+
+std::vector<FlatUnit> build_units(torch::nn::Module& model, comm::ProcessGroup& group, const FsdpOptions& options) {
+  std::vector<FlatUnit> units;
+  for (PlannedUnit& planned : plan_units(model, {options.unit_min_params, options.unit_modules})) {
+    std::vector<UnitParam> params;
+    for (auto& [name, tensor] : planned.params) params.push_back({name, tensor});
+    units.emplace_back(std::move(planned.name), std::move(params), group.rank(), group.size());
+  }
+  return units;
+}
+
+int64_t bytes_of(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
+
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
+  int64_t total = 0;
+  for (const auto& [key, state] : optimizer.state()) {
+    if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state.get())) {
+      total += bytes_of(sgd->momentum_buffer());
+    } else if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state.get())) {
+      total += bytes_of(adam->exp_avg()) + bytes_of(adam->exp_avg_sq()) + bytes_of(adam->max_exp_avg_sq());
+    } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state.get())) {
+      total += bytes_of(adamw->exp_avg()) + bytes_of(adamw->exp_avg_sq()) + bytes_of(adamw->max_exp_avg_sq());
+    }
+  }
+  return total;
+}
+
+}  // namespace
+
+FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<torch::nn::Module> model,
+                                                   comm::ProcessGroup& dp, FsdpOptions options) {
+  TORCH_CHECK(model, "FullyShardedDataParallel: model is null");
+  std::vector<ddp::NamedTensor> params;
+  for (const auto& item : model->named_parameters(/*recurse=*/true)) {
+    TORCH_CHECK(item.value().requires_grad(), "FSDP shards trainable parameters only: '", item.key(),
+                "' does not require grad (leave it out of the optimizer instead of freezing it)");
+    params.push_back({item.key(), item.value()});
+  }
+  TORCH_CHECK(!params.empty(), "FullyShardedDataParallel: the model has no parameters");
+  ddp::verify_same_tensors(dp, params, "parameters", options.timeout);
+  std::vector<at::Tensor> values;
+  for (const auto& p : params) values.push_back(p.tensor);
+  for (const auto& b : ddp::module_buffers(*model)) values.push_back(b.tensor);
+  // Buffers (BatchNorm statistics) stay replicated: taken from rank 0 here,
+  // then each rank keeps its own (not sharded, not re-broadcast).
+  ddp::broadcast_coalesced(dp, values, /*root=*/0, options.timeout);
+
+  std::vector<FlatUnit> units = build_units(*model, dp, options);
+  impl_ = std::make_shared<Impl>(std::move(model), dp, std::move(options), std::move(units));
+  impl_->reshard_all();
+  impl_->observe_this_thread();
+}
+
+FullyShardedDataParallel::~FullyShardedDataParallel() = default;
+
+const std::shared_ptr<torch::nn::Module>& FullyShardedDataParallel::module() const { return impl_->model; }
+comm::ProcessGroup& FullyShardedDataParallel::group() { return impl_->group; }
+
+std::vector<at::Tensor> FullyShardedDataParallel::optimizer_params() const {
+  std::vector<at::Tensor> out;
+  for (const auto& unit_pieces : impl_->pieces) out.insert(out.end(), unit_pieces.begin(), unit_pieces.end());
+  return out;
+}
+
+std::vector<TensorSlot> FullyShardedDataParallel::parameter_slots() const {
+  std::vector<TensorSlot> out;
+  for (std::size_t u = 0; u < impl_->units.size(); ++u) {
+    const FlatUnit& unit = impl_->units[u];
+    for (std::size_t k = 0; k < unit.pieces().size(); ++k) {
+      const ShardPiece& piece = unit.pieces()[k];
+      const UnitParam& param = unit.params()[piece.param];
+      out.push_back({param.name, param.tensor.sizes().vec(), piece.param_begin, impl_->pieces[u][k], true});
+    }
+  }
+  return out;
+}
+
+void FullyShardedDataParallel::prepare_forward() { impl_->prepare_forward(); }
+
+at::Tensor FullyShardedDataParallel::forward(const std::function<at::Tensor()>& forward) {
+  prepare_forward();
+  at::Tensor out = forward();
+  if (!at::GradMode::is_enabled()) reshard();
+  impl_->rethrow_kept_error();
+  return out;
+}
+
+void FullyShardedDataParallel::finish_backward() { impl_->rethrow_kept_error(); }
+
+double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
+  impl_->rethrow_kept_error();
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& piece : optimizer_params()) {
+    if (piece.grad().defined()) grads.push_back(piece.grad());
+  }
+  at::NoGradGuard no_grad;
+  const auto options = impl_->units.front().shard().options();
+  // Sum of squares over this rank's pieces, then over ranks: the square of
+  // the norm over the whole (unsharded) gradient.
+  at::Tensor sum_sq = at::zeros({1}, options);
+  for (const at::Tensor& g : grads) sum_sq.add_(g.pow(2).sum());
+  impl_->group.all_reduce(sum_sq, comm::ReduceOp::kSum)->wait(impl_->options.timeout);
+  const double total = std::sqrt(sum_sq.item<double>());
+  const double coef = max_norm / (total + 1e-6);
+  if (coef < 1.0) {
+    for (at::Tensor& g : grads) g.mul_(coef);
+  }
+  return total;
+}
+
+void FullyShardedDataParallel::step(torch::optim::Optimizer& optimizer) {
+  impl_->rethrow_kept_error();
+  optimizer.step();
+  reshard();
+}
+
+void FullyShardedDataParallel::reshard() { impl_->reshard_all(); }
+
+FullyShardedDataParallel::NoSyncGuard::NoSyncGuard(FullyShardedDataParallel& fsdp)
+    : fsdp_(fsdp), previous_(fsdp.impl_->sync_enabled) {
+  fsdp_.impl_->sync_enabled = false;
+}
+
+FullyShardedDataParallel::NoSyncGuard::~NoSyncGuard() { fsdp_.impl_->sync_enabled = previous_; }
+
+std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_parameters() {
+  impl_->rethrow_kept_error();
+  at::NoGradGuard no_grad;
+  std::unordered_map<std::string, at::Tensor> by_name;
+  for (FlatUnit& unit : impl_->units) {
+    // A separate buffer: the unit's own state (freed or gathered) is untouched.
+    at::Tensor full = at::empty({unit.padded_numel()}, unit.shard().options());
+    impl_->group.all_gather(full, unit.shard())->wait(impl_->options.timeout);
+    for (const UnitParam& p : unit.params()) {
+      by_name[p.name] = full.narrow(0, p.offset, p.numel).view(p.tensor.sizes()).clone();
+    }
+  }
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : impl_->model->named_parameters(/*recurse=*/true)) {
+    out.emplace_back(item.key(), by_name.at(item.key()));
+  }
+  return out;
+}
+
+ModelStateBytes FullyShardedDataParallel::model_state_bytes(const torch::optim::Optimizer* optimizer) const {
+  ModelStateBytes bytes;
+  for (std::size_t u = 0; u < impl_->units.size(); ++u) {
+    FlatUnit& unit = impl_->units[u];
+    bytes.params += bytes_of(unit.shard()) + static_cast<int64_t>(unit.gathered_bytes());
+    for (const UnitParam& p : unit.params()) bytes.grads += bytes_of(p.tensor.grad());
+    for (const at::Tensor& piece : impl_->pieces[u]) bytes.grads += bytes_of(piece.grad());
+  }
+  if (optimizer) bytes.optimizer_state = optimizer_state_bytes(*optimizer);
+  return bytes;
+}
+
+std::vector<UnitInfo> FullyShardedDataParallel::units() const {
+  std::vector<UnitInfo> out;
+  for (const FlatUnit& unit : impl_->units) {
+    UnitInfo info{unit.name(), {}, unit.numel(), unit.padded_numel(), unit.shard_numel(),
+                  static_cast<int64_t>(unit.gathered_bytes())};
+    for (const UnitParam& p : unit.params()) info.params.push_back(p.name);
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+FsdpStats FullyShardedDataParallel::stats() const { return impl_->stats; }
+
+}  // namespace paratrain::fsdp

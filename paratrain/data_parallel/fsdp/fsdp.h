@@ -1,0 +1,173 @@
+// FullyShardedDataParallel (ZeRO stage 3): parameters, gradients and
+// optimizer state are all sharded over the data-parallel group. The model is
+// cut into units (unit_plan.h); between uses each unit keeps only this
+// rank's 1/world slice (flat_unit.h). A unit is all-gathered just before an
+// operation first reads its parameters in forward, and again before its
+// backward; it is freed after (forward: when the next unit starts, with
+// reshard_after_forward; backward: once its gradients are reduce-scattered
+// into the shards). Works on CPU with Gloo; the user's model object is not
+// wrapped or changed (same parameters, same forward). Not here: the unit
+// layout (flat_unit.h), gradient reduction (grad_sink.h), the mechanism that
+// sees operations (touch_observer.h).
+//
+//   FullyShardedDataParallel fsdp(model, group, options);
+//   torch::optim::Adam opt(fsdp.optimizer_params(), ...);   // shard pieces only
+//   for (...) {
+//     fsdp.prepare_forward();
+//     auto loss = loss_fn(model->forward(shard_of_batch), target);
+//     opt.zero_grad();
+//     loss.backward();        // returns with averaged gradient slices in the pieces' .grad
+//     fsdp.clip_grad_norm(1.0);  // optional, collective
+//     fsdp.step(opt);
+//   }
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "paratrain/comm/process_group.h"
+#include "paratrain/core/tensor_slot.h"
+
+namespace torch::nn {
+class Module;
+}
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace paratrain::fsdp {
+
+struct FsdpOptions {
+  // Units by size (zero.unit_min_params): consecutive children of the root
+  // module grouped until a unit holds at least this many elements. Smaller
+  // units: lower peak memory (one or two units gathered at a time), more and
+  // smaller collectives. <= 0: every child with parameters is a unit.
+  int64_t unit_min_params = 50000;
+  // Units by name (zero.unit_modules, split on commas): each named child of
+  // the root is its own unit, all other parameters form one root unit.
+  // Overrides unit_min_params when not empty.
+  std::vector<std::string> unit_modules;
+  // True: a unit's parameters are freed once the next unit starts its
+  // forward and gathered again for backward (memory ~ one or two units; one
+  // more all-gather per unit per step). False: kept from forward until the
+  // unit's backward (memory ~ the whole model during forward/backward).
+  bool reshard_after_forward = true;
+  // True: when a unit starts, the all-gather of the unit expected next
+  // (forward order learned in the first step; reverse in backward) starts
+  // too, overlapping communication with compute at the cost of one more
+  // unit gathered at a time. False: each gather starts when needed.
+  bool prefetch = true;
+  // How long a gather or reduce-scatter may take before TimeoutError.
+  std::chrono::milliseconds timeout = comm::kDefaultTimeout;
+};
+
+// Bytes of model state alive on this rank, counted from the tensors that
+// hold memory right now.
+struct ModelStateBytes {
+  int64_t params = 0;           // shards + units currently gathered
+  int64_t grads = 0;            // shard-piece .grad + full .grad still alive (no_sync)
+  int64_t optimizer_state = 0;  // SGD momentum, Adam/AdamW moments (other optimizers: 0)
+};
+
+struct UnitInfo {
+  std::string name;
+  std::vector<std::string> params;
+  int64_t numel = 0;
+  int64_t padded_numel = 0;    // multiple of the group size
+  int64_t shard_numel = 0;     // padded_numel / world
+  int64_t gathered_bytes = 0;  // 0 while freed
+};
+
+// Counters since construction, to see what the engine did.
+struct FsdpStats {
+  int64_t all_gathers = 0;      // unit gathers started (prefetched or on demand)
+  int64_t prefetches = 0;       // of those, started ahead of the unit's first use
+  int64_t frees = 0;            // unit buffers released
+  int64_t reduce_scatters = 0;  // unit gradients reduced
+};
+
+class FullyShardedDataParallel {
+ public:
+  // Collective: every rank of `dp` constructs it with the same architecture
+  // (checked: ConfigError otherwise). Parameters and buffers are taken from
+  // rank 0; each parameter's data becomes a view of its unit's flat buffer,
+  // which is freed before this returns. Every parameter must require grad.
+  // `dp` must outlive this object; `model` is shared with the caller, who
+  // keeps calling model->forward on the thread that built this engine or
+  // called prepare_forward().
+  FullyShardedDataParallel(std::shared_ptr<torch::nn::Module> model, comm::ProcessGroup& dp,
+                           FsdpOptions options = {});
+  ~FullyShardedDataParallel();
+  FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
+  FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
+
+  // The caller's model, unchanged in type: forward works as before.
+  const std::shared_ptr<torch::nn::Module>& module() const;
+  comm::ProcessGroup& group();
+
+  // Leaf tensors for the optimizer: this rank's piece of each parameter
+  // (1-D, a view of its unit's shard), in unit order. Parameters entirely
+  // owned by other ranks have no piece here. parameter_slots()[i] describes
+  // optimizer_params()[i] (name, global shape, offset): the mapping from
+  // optimizer state to parameter names for checkpoints.
+  std::vector<at::Tensor> optimizer_params() const;
+  std::vector<TensorSlot> parameter_slots() const;
+
+  // Call before each forward (also under no_sync and for evaluation), on the
+  // thread that runs forward and backward. Rethrows an error kept from a
+  // gather that failed inside an operation, and abandons a step whose
+  // backward threw.
+  void prepare_forward();
+  // prepare_forward(), then `forward()` (e.g. [&] { return model->forward(x); });
+  // when grad mode is off (evaluation), frees every unit afterwards.
+  at::Tensor forward(const std::function<at::Tensor()>& forward);
+  // After loss.backward(): rethrows a kept error; otherwise a no-op, since
+  // backward's end already reduced and freed everything.
+  void finish_backward();
+  // Global L2 norm of the gradient (all shards, one all-reduce), and scales
+  // the shard gradients as torch::nn::utils::clip_grad_norm_ does on the
+  // whole model. Collective. Returns the norm before clipping.
+  double clip_grad_norm(double max_norm);
+  // optimizer.step() over the shard pieces. Units gathered for evaluation
+  // are freed (stale now); the next forward gathers the new values.
+  void step(torch::optim::Optimizer& optimizer);
+  // Frees every gathered unit (local, no communication).
+  void reshard();
+
+  // While alive, backward does not communicate: full gradients accumulate
+  // in the parameters' .grad (memory: one full gradient) and the first
+  // backward after the guard is gone reduce-scatters their sum.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(FullyShardedDataParallel& fsdp);
+    ~NoSyncGuard();
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    FullyShardedDataParallel& fsdp_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+
+  // Collective: every parameter in full, named as in named_parameters() and
+  // in that order (detached copies; the units stay as they are).
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters();
+  ModelStateBytes model_state_bytes(const torch::optim::Optimizer* optimizer = nullptr) const;
+  std::vector<UnitInfo> units() const;
+  FsdpStats stats() const;
+
+  class Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace paratrain::fsdp

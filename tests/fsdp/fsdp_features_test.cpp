@@ -1,0 +1,205 @@
+// FSDP features beyond the oracle run: unit planning, memory (only shards
+// alive between steps; what reshard_after_forward keeps during a step),
+// evaluation under NoGradGuard, no_sync accumulation, clipping, checkpoint
+// slots. Each compares with single-process training or the unsharded model.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "paratrain/data_parallel/fsdp/unit_plan.h"
+#include "tests/fsdp/fsdp_training.h"
+#include "tests/support/multi_rank.h"
+
+namespace paratrain::fsdp::testing {
+namespace {
+
+constexpr double kTolerance = 1e-5;
+constexpr uint64_t kSeed = 1234;
+
+std::vector<std::string> unit_names(torch::nn::Module& model, const UnitPlanOptions& options) {
+  std::vector<std::string> names;
+  for (const auto& unit : plan_units(model, options)) names.push_back(unit.name);
+  return names;
+}
+
+TEST(FsdpUnits, ByThresholdAndByName) {
+  auto mlp = ddp::testing::make_model(ModelKind::kMlp, kSeed);
+  EXPECT_EQ(unit_names(*mlp, {.min_params = 1500}), (std::vector<std::string>{"fc0", "fc1+fc2"}));
+  EXPECT_EQ(unit_names(*mlp, {.min_params = 0}), (std::vector<std::string>{"fc0", "fc1", "fc2"}));
+  EXPECT_EQ(unit_names(*mlp, {.min_params = 1 << 30}), (std::vector<std::string>{"fc0+fc1+fc2"}));
+  const auto named = plan_units(*mlp, {.modules = split_module_list(" fc0, fc2,")});
+  ASSERT_EQ(named.size(), 3u);
+  EXPECT_EQ(named[0].name, "(root)");
+  ASSERT_EQ(named[0].params.size(), 2u);
+  EXPECT_EQ(named[0].params[0].first, "fc1.weight");
+  EXPECT_EQ(named[1].name, "fc0");
+  EXPECT_EQ(named[2].name, "fc2");
+  EXPECT_THROW(plan_units(*mlp, {.modules = {"fc9"}}), c10::Error);
+}
+
+// Between steps only the shards are alive: every unit's gathered storage is
+// freed (0 bytes), parameters count 1/world of the padded model, gradients
+// and Adam's two moments one shard each.
+TEST(FsdpMemory, OnlyShardsAliveBetweenSteps) {
+  const Problem problem = ddp::testing::make_problem(3, 12, /*seed=*/7);
+  FsdpRun run;
+  run.world = 3;
+  run.opt = Opt::kAdam;
+  run.fsdp.unit_min_params = 0;
+  run.inspect = [](FullyShardedDataParallel& fsdp, torch::optim::Optimizer& opt, int rank) {
+    int64_t shard_elements = 0, padded = 0, full = 0;
+    for (const UnitInfo& u : fsdp.units()) {
+      EXPECT_EQ(u.gathered_bytes, 0) << "unit " << u.name << " rank " << rank;
+      shard_elements += u.shard_numel;
+      padded += u.padded_numel;
+      full += u.numel;
+    }
+    EXPECT_EQ(padded, 3 * shard_elements);
+    for (const auto& p : fsdp.module()->parameters()) {
+      EXPECT_EQ(p.storage().nbytes(), 0u);
+      EXPECT_FALSE(p.grad().defined());
+    }
+    int64_t piece_elements = 0;
+    for (const auto& p : fsdp.optimizer_params()) piece_elements += p.numel();
+    EXPECT_LE(piece_elements, shard_elements);
+    const ModelStateBytes bytes = fsdp.model_state_bytes(&opt);
+    EXPECT_EQ(bytes.params, shard_elements * 4);
+    EXPECT_EQ(bytes.grads, piece_elements * 4);
+    EXPECT_EQ(bytes.optimizer_state, 2 * piece_elements * 4);
+    EXPECT_LT(bytes.params, full * 4 / 2);
+  };
+  train_fsdp(run, problem);
+}
+
+// After forward and before backward: with reshard_after_forward only the
+// last unit is still gathered; without it every unit is.
+TEST(FsdpMemory, ReshardAfterForwardKeepsOnlyTheLastUnit) {
+  for (bool reshard : {true, false}) {
+    paratrain::testing::run_ranks(2, [&](comm::ProcessGroup& group) {
+      auto model = ddp::testing::make_model(ModelKind::kMlp, kSeed);
+      FullyShardedDataParallel fsdp(model, group, {.unit_min_params = 0, .reshard_after_forward = reshard});
+      fsdp.prepare_forward();
+      auto out = model->forward(torch::ones({2, 64}));
+      int gathered = 0;
+      for (const UnitInfo& u : fsdp.units()) gathered += u.gathered_bytes > 0;
+      EXPECT_EQ(gathered, reshard ? 1 : 3) << "reshard " << reshard;
+      out.sum().backward();
+      for (const UnitInfo& u : fsdp.units()) EXPECT_EQ(u.gathered_bytes, 0) << u.name;
+    });
+  }
+}
+
+// Evaluation under NoGradGuard after a few steps gives the single-process
+// model's output, and frees every unit afterwards.
+TEST(FsdpEval, NoGradForwardEqualsSingleProcessModel) {
+  const Problem problem = ddp::testing::make_problem(5, 12, /*seed=*/7);
+  const Snapshot oracle = ddp::testing::train_single_process(ModelKind::kCnn, problem, kSeed);
+  auto reference = ddp::testing::make_model(ModelKind::kCnn, kSeed);
+  {
+    torch::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < oracle.size(); ++i) reference->parameters()[i].copy_(oracle[i].second);
+  }
+  const at::Tensor x = problem.batch_inputs(0);
+  at::Tensor expected;
+  {
+    torch::NoGradGuard no_grad;
+    expected = reference->forward(x);
+  }
+  FsdpRun run;
+  run.model = ModelKind::kCnn;
+  run.world = 2;
+  run.fsdp.unit_min_params = 300;
+  run.inspect = [&](FullyShardedDataParallel& fsdp, torch::optim::Optimizer&, int rank) {
+    auto& model = dynamic_cast<models::Model&>(*fsdp.module());
+    torch::NoGradGuard no_grad;
+    const at::Tensor out = fsdp.forward([&] { return model.forward(x); });
+    const double diff = (out - expected).abs().max().item<double>() / expected.abs().max().item<double>();
+    EXPECT_LE(diff, kTolerance) << "rank " << rank;
+    for (const UnitInfo& u : fsdp.units()) EXPECT_EQ(u.gathered_bytes, 0) << u.name;
+  };
+  train_fsdp(run, problem);
+}
+
+// no_sync: two micro-batches per step (the first without communication)
+// equal one step on the whole batch, with one reduce-scatter per unit per step.
+TEST(FsdpNoSync, AccumulationEqualsOneBiggerBatch) {
+  const int steps = 8;
+  const Problem problem = ddp::testing::make_problem(steps, 24, /*seed=*/7);
+  const Snapshot oracle = train_oracle(ModelKind::kMlp, problem, kSeed, {.opt = Opt::kAdam});
+  FsdpRun run;
+  run.world = 2;
+  run.opt = Opt::kAdam;
+  run.accumulate = 2;
+  run.fsdp.unit_min_params = 0;
+  const auto ranks = train_fsdp(run, problem);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_LE(ddp::testing::max_relative_diff(ranks[r].params, oracle), kTolerance) << "rank " << r;
+    EXPECT_EQ(ranks[r].stats.reduce_scatters, steps * 3) << "rank " << r;
+  }
+  // Negative control: the same rows in half-size batches, each synchronized
+  // and stepped on alone, are far from the big-batch oracle. (Same generator
+  // and element count: make_problem gives the same rows in the same order.)
+  const Problem halves = ddp::testing::make_problem(steps * 2, 12, /*seed=*/7);
+  FsdpRun separate = run;
+  separate.accumulate = 1;
+  EXPECT_GT(ddp::testing::max_relative_diff(train_fsdp(separate, halves)[0].params, oracle), 1e-3);
+}
+
+// Clipping the sharded gradient equals clipping the whole model's gradient:
+// the same norm every step and the same parameters after training.
+TEST(FsdpClip, EqualsUnshardedClipping) {
+  const int steps = 10;
+  const double max_norm = 0.3;
+  const Problem problem = ddp::testing::make_problem(steps, 12, /*seed=*/7);
+  std::vector<double> norms;
+  const Snapshot oracle = train_oracle(ModelKind::kMlp, problem, kSeed, {.clip = max_norm, .norms = &norms});
+  const Snapshot unclipped = ddp::testing::train_single_process(ModelKind::kMlp, problem, kSeed);
+  FsdpRun run;
+  run.world = 3;
+  run.clip = max_norm;
+  run.fsdp.unit_min_params = 1500;
+  const auto ranks = train_fsdp(run, problem);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_LE(ddp::testing::max_relative_diff(ranks[r].params, oracle), kTolerance) << "rank " << r;
+    ASSERT_EQ(ranks[r].norms.size(), norms.size());
+    for (std::size_t s = 0; s < norms.size(); ++s) EXPECT_NEAR(ranks[r].norms[s], norms[s], 1e-5 * norms[s]);
+  }
+  // Clipping was active: the clipped oracle differs from the unclipped one.
+  EXPECT_GT(norms.front(), max_norm);
+  EXPECT_GT(ddp::testing::max_relative_diff(oracle, unclipped), 1e-3);
+}
+
+// Checkpoint slots: every rank's slots tile each parameter exactly once, and
+// the slot's local tensor is the optimizer's parameter.
+TEST(FsdpSlots, TileEveryParameterOnce) {
+  const int world = 3;
+  std::vector<std::vector<TensorSlot>> slots(world);
+  std::vector<Snapshot> full(world);
+  paratrain::testing::run_ranks(world, [&](comm::ProcessGroup& group) {
+    auto model = ddp::testing::make_model(ModelKind::kCnn, kSeed + group.rank());
+    FullyShardedDataParallel fsdp(model, group, {.unit_min_params = 300});
+    slots[group.rank()] = fsdp.parameter_slots();
+    const auto params = fsdp.optimizer_params();
+    ASSERT_EQ(params.size(), slots[group.rank()].size());
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      EXPECT_TRUE(params[i].is_same(slots[group.rank()][i].local));
+    }
+    full[group.rank()] = fsdp.full_parameters();
+  });
+  for (const auto& [name, value] : full[0]) {
+    at::Tensor rebuilt = torch::full({value.numel()}, std::nan(""));
+    for (int r = 0; r < world; ++r) {
+      for (const TensorSlot& s : slots[r]) {
+        if (s.name != name) continue;
+        EXPECT_EQ(s.global_shape, value.sizes().vec());
+        rebuilt.narrow(0, s.flat_offset, s.local.numel()).copy_(s.local.detach());
+      }
+    }
+    EXPECT_TRUE(torch::equal(rebuilt, value.reshape({-1}))) << name;
+  }
+  // Construction took rank 0's values: all ranks agree.
+  EXPECT_LE(ddp::testing::max_relative_diff(full[1], full[0]), 0.0);
+}
+
+}  // namespace
+}  // namespace paratrain::fsdp::testing
