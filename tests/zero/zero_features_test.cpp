@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include <limits>
 #include <map>
 #include <mutex>
 
@@ -60,6 +61,27 @@ TEST_P(ZeroStageTest, GlobalNormClippingMatchesSingleProcessClipping) {
 
   training.clip = 0;
   const ZeroResult unclipped = train_zero(training, zero_run(stage, 3), p);
+  EXPECT_GT(ddp::testing::max_relative_diff(unclipped.params[0], oracle), 1e-3);
+}
+
+// The infinity norm (max |g|) is reduced with MAX instead of SUM.
+TEST_P(ZeroStageTest, InfinityNormClippingMatchesSingleProcessClipping) {
+  const int stage = GetParam();
+  const Problem p = problem();
+  Training training{.model = ModelKind::kCnn,
+                    .optim = Optim::kSgd,
+                    .clip = 0.05,
+                    .norm_type = std::numeric_limits<double>::infinity()};
+  std::vector<double> oracle_norms;
+  const Snapshot oracle = train_oracle(training, p, &oracle_norms);
+  ASSERT_GT(oracle_norms.front(), training.clip) << "clipping must be active";
+  const ZeroResult clipped = train_zero(training, zero_run(stage, 2), p);
+  EXPECT_LE(ddp::testing::max_relative_diff(clipped.params[0], oracle), kTolerance);
+  for (std::size_t s = 0; s < oracle_norms.size(); ++s) {
+    EXPECT_NEAR(clipped.norms.at(s), oracle_norms[s], kTolerance * oracle_norms[s]) << "step " << s;
+  }
+  training.clip = 0;
+  const ZeroResult unclipped = train_zero(training, zero_run(stage, 2), p);
   EXPECT_GT(ddp::testing::max_relative_diff(unclipped.params[0], oracle), 1e-3);
 }
 
@@ -119,6 +141,7 @@ TEST_P(ZeroStageTest, OptimizerStateAndGradientsAreSharded) {
     // Full parameters plus this rank's padded shard.
     EXPECT_GE(s.params, full_bytes);
     EXPECT_LT(s.params, full_bytes + full_bytes / world + 4 * 64);
+    EXPECT_GE(s.comm_buffers, full_bytes) << "the reducer's buckets hold every gradient";
     if (stage == 1) {
       EXPECT_GE(s.grads, full_bytes) << "stage 1 keeps the full gradients";
     } else {
@@ -177,6 +200,20 @@ TEST_P(ZeroStageTest, ParameterSlotsRoundTripThroughGather) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, ZeroStageTest, ::testing::Values(1, 2),
                          [](const auto& info) { return "Stage" + std::to_string(info.param); });
+
+// A step needs a synchronized backward: stepping inside no_sync() would apply
+// stale shard gradients.
+TEST(ZeroStep, RefusesToStepWithoutASynchronizedBackward) {
+  paratrain::testing::run_ranks(2, [&](comm::ProcessGroup& group) {
+    auto model = ddp::testing::make_model(ModelKind::kMlp, 1);
+    ZeroDataParallel zero(model, group, {.stage = 2});
+    auto opt = make_optimizer(Optim::kSgd, zero.optimizer_params());
+    auto guard = zero.no_sync();
+    zero.prepare_forward();
+    model->forward(torch::randn({2, 1, 8, 8})).sum().backward();
+    EXPECT_THROW(zero.step(*opt), Error);
+  });
+}
 
 TEST(ZeroOptions, RejectsStagesThisEngineDoesNotRun) {
   paratrain::testing::run_ranks(1, [&](comm::ProcessGroup& group) {

@@ -50,7 +50,7 @@ Snapshot train_oracle(const Training& t, const Problem& problem, std::vector<dou
     opt->zero_grad();
     loss.backward();
     if (t.clip > 0) {
-      const double norm = torch::nn::utils::clip_grad_norm_(model->parameters(), t.clip);
+      const double norm = torch::nn::utils::clip_grad_norm_(model->parameters(), t.clip, t.norm_type);
       if (norms) norms->push_back(norm);
     }
     opt->step();
@@ -86,7 +86,7 @@ ZeroResult train_zero(const Training& t, const ZeroRun& run, const Problem& prob
       zero.prepare_forward();
       (loss_of(*model, x.narrow(0, last, micro), y.narrow(0, last, micro)) / run.accumulate).backward();
       if (t.clip > 0) {
-        const double norm = zero.clip_grad_norm(t.clip);
+        const double norm = zero.clip_grad_norm(t.clip, t.norm_type);
         if (rank == 0) result.norms.push_back(norm);
       }
       if (run.skip_gather) {

@@ -36,6 +36,7 @@ struct Training {
   uint64_t seed = 1234;
   // > 0: clip the global gradient norm to this before every step.
   double clip = 0;
+  double norm_type = 2.0;  // of the clipping norm: 2 or infinity
 };
 
 // The oracle: one process, the full global batch per step, mean cross-entropy.

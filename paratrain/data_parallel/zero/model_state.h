@@ -1,7 +1,7 @@
 // Bytes of model state a rank holds (ZeRO's Psi accounting: parameters,
 // gradients, optimizer state), counted from tensors actually alive, for
-// benchmarks and memory tests. Not a memory profiler: activations, bucket
-// buffers of the reducer and allocator slack are not counted.
+// benchmarks and memory tests. Not a memory profiler: activations and
+// allocator slack are not counted.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,7 +19,12 @@ struct ModelStateBytes {
   int64_t params = 0;
   int64_t grads = 0;
   int64_t optimizer_state = 0;
+  // The paper's model states: what sharding divides.
   int64_t total() const { return params + grads + optimizer_state; }
+  // Communication buffers held between steps (the reducer's gradient
+  // buckets), reported apart from total(): ZeRO-2 saves gradient memory only
+  // as far as these are transient.
+  int64_t comm_buffers = 0;
 };
 
 // Bytes of the defined tensors in `tensors`, each storage counted once (views

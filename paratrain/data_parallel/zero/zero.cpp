@@ -206,6 +206,13 @@ double ZeroDataParallel::clip_grad_norm(double max_norm, double norm_type) {
 
 void ZeroDataParallel::step(torch::optim::Optimizer& optimizer) {
   finish_backward();
+  if (finished_steps_ == stepped_steps_) {
+    throw Error(fmt::format("rank {}: ZeroDataParallel::step() without a synchronized backward since the "
+                            "last step: the shard gradients are stale. Run a backward outside no_sync() "
+                            "before stepping",
+                            group_.rank()));
+  }
+  stepped_steps_ = finished_steps_;
   optimizer.step();
   gather_parameters();
 }
@@ -264,6 +271,9 @@ ModelStateBytes ZeroDataParallel::model_state_bytes(const torch::optim::Optimize
   out.params = tensor_bytes(params);
   out.grads = tensor_bytes(grads);
   if (optimizer != nullptr) out.optimizer_state = tensor_bytes(optimizer_state_tensors(*optimizer));
+  for (const ddp::BucketPlan& plan : reducer_->plans()) {
+    out.comm_buffers += plan.padded_numel * static_cast<int64_t>(c10::elementSize(plan.dtype));
+  }
   return out;
 }
 

@@ -108,7 +108,8 @@ class ZeroDataParallel {
   double clip_grad_norm(double max_norm, double norm_type = 2.0);
 
   // Collective. optimizer.step() on the shard, then gather_parameters().
-  // `optimizer` must be built over optimizer_params().
+  // `optimizer` must be built over optimizer_params(). Throws Error when no
+  // synchronized backward ran since the last step (e.g. still in no_sync()).
   void step(torch::optim::Optimizer& optimizer);
 
   // Collective. All-gathers every rank's parameter shard into the full
@@ -130,8 +131,8 @@ class ZeroDataParallel {
   std::vector<std::pair<at::Tensor, TensorSlot>> optimizer_param_slots() const;
 
   // Model-state bytes this rank holds now: full parameters plus the shard,
-  // gradients (full .grad where defined plus the shard gradients), and the
-  // state of `optimizer` (nullptr: not counted).
+  // gradients (full .grad where defined plus the shard gradients), the
+  // state of `optimizer` (nullptr: not counted), and the reducer's buckets.
   ModelStateBytes model_state_bytes(const torch::optim::Optimizer* optimizer = nullptr) const;
 
   ddp::Reducer& reducer() { return *reducer_; }
@@ -151,6 +152,7 @@ class ZeroDataParallel {
   std::vector<at::Tensor> piece_params_;  // per piece: aliases into param_shards_
   std::vector<at::Tensor> piece_grads_;   // per piece: aliases into grad_shards_
   int64_t finished_steps_ = 0;            // reducer steps consumed by finish_backward()
+  int64_t stepped_steps_ = 0;             // finished_steps_ at the last step()
 };
 
 }  // namespace paratrain::zero
