@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
@@ -103,6 +104,40 @@ std::vector<BucketPlan> plan_buckets(const std::vector<ParamSpec>& params,
   out.reserve(closed.size());
   for (ClosedBucket& c : closed) out.push_back(std::move(c.plan));
   return out;
+}
+
+// Packed back to back (no gaps) because the sinks derive shard layouts from
+// (offset, numel) alone: ZeRO-2's rank r owns elements [r, r+1) * padded/W of
+// the buffer, whatever parameters fall there.
+void validate_plans(const std::vector<BucketPlan>& plans, const std::vector<ParamSpec>& params) {
+  std::vector<int> seen_in(params.size(), -1);
+  for (std::size_t b = 0; b < plans.size(); ++b) {
+    const BucketPlan& plan = plans[b];
+    TORCH_CHECK(!plan.params.empty(), "bucket plan ", b, " is empty; drop it");
+    TORCH_CHECK(plan.params.size() == plan.offsets.size(), "bucket plan ", b, " has ", plan.params.size(),
+                " parameters but ", plan.offsets.size(), " offsets");
+    int64_t end = 0;
+    for (std::size_t k = 0; k < plan.params.size(); ++k) {
+      const std::size_t p = plan.params[k];
+      TORCH_CHECK(p < params.size(), "bucket plan ", b, " names parameter ", p, " of only ", params.size());
+      TORCH_CHECK(seen_in[p] < 0, "parameter ", p, " is in bucket plans ", seen_in[p], " and ", b,
+                  "; each parameter belongs to exactly one bucket");
+      seen_in[p] = static_cast<int>(b);
+      TORCH_CHECK(params[p].dtype == plan.dtype && params[p].device == plan.device, "bucket plan ", b,
+                  " holds ", plan.dtype, " on ", plan.device, " but its parameter ", p, " is ", params[p].dtype,
+                  " on ", params[p].device, "; a bucket holds one dtype on one device");
+      TORCH_CHECK(plan.offsets[k] == end, "bucket plan ", b, ": parameter ", p, " (slot ", k, ") is at offset ",
+                  plan.offsets[k], ", expected ", end, " (parameters are packed back to back in slot order)");
+      end += params[p].numel;
+    }
+    TORCH_CHECK(plan.numel == end, "bucket plan ", b, " says numel ", plan.numel, " but its parameters hold ",
+                end, " elements");
+    TORCH_CHECK(plan.padded_numel >= plan.numel, "bucket plan ", b, " has padded_numel ", plan.padded_numel,
+                " < numel ", plan.numel);
+  }
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    TORCH_CHECK(seen_in[p] >= 0, "parameter ", p, " is in no bucket plan; every parameter must be in one");
+  }
 }
 
 }  // namespace paratrain::ddp

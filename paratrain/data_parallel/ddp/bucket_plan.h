@@ -56,4 +56,13 @@ struct BucketPlan {
 std::vector<BucketPlan> plan_buckets(const std::vector<ParamSpec>& params,
                                      const BucketPlanOptions& options = {});
 
+// Checks plans built by hand (ReducerOptions::plans: FSDP's bucket per
+// wrapping unit) against the parameters they index: every parameter in
+// exactly one bucket; no empty bucket; each bucket's parameters packed back to
+// back from offset 0 in the listed order (offsets[k+1] = offsets[k] +
+// numel of params[k], numel = the total); padded_numel >= numel; every
+// parameter of a bucket has the bucket's dtype and device. Throws c10::Error
+// (TORCH_CHECK: a caller's mistake) naming the bucket and the parameter.
+void validate_plans(const std::vector<BucketPlan>& plans, const std::vector<ParamSpec>& params);
+
 }  // namespace paratrain::ddp

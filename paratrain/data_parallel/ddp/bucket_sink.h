@@ -19,8 +19,10 @@ class BucketSink {
   virtual ~BucketSink() = default;
 
   // Starts bucket `index`'s collective and returns it in flight. Called on
-  // the backward thread, once per synchronized step per bucket, in index
-  // order. `buffer` holds this rank's gradients already divided by the group
+  // the backward thread (or, for buckets completed at the end of backward,
+  // in autograd's end-of-backward callback), once per synchronized step per
+  // bucket, in index order. Every rank calls it for the same buckets in the
+  // same order, so a collective issued here pairs up across ranks. `buffer` holds this rank's gradients already divided by the group
   // size (Note [Averaging]), padding zero; it must stay untouched until the
   // returned work completes.
   virtual comm::WorkHandle launch(comm::ProcessGroup& group, std::size_t index, at::Tensor& buffer) = 0;

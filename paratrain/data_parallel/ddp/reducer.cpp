@@ -57,16 +57,38 @@ std::string list_names(const std::vector<NamedParameter>& params, const std::vec
   return out;
 }
 
+// DDP's sink: all-reduce sum of the pre-divided buffer (or the user's comm
+// hook); the buffer then holds the average and the reducer writes it back.
+class AllReduceSink final : public BucketSink {
+ public:
+  explicit AllReduceSink(BucketCommHook hook) : hook_(std::move(hook)) {}
+  comm::WorkHandle launch(comm::ProcessGroup& group, std::size_t index, at::Tensor& buffer) override {
+    return hook_ ? hook_(group, index, buffer) : group.all_reduce(buffer, comm::ReduceOp::kSum);
+  }
+
+ private:
+  BucketCommHook hook_;
+};
+
 }  // namespace
 
 Reducer::Reducer(std::vector<NamedParameter> params, comm::ProcessGroup& group, ReducerOptions options)
     : group_(group), options_(std::move(options)), params_(std::move(params)) {
   validate(params_, group_.rank());
+  TORCH_CHECK(!(options_.sink && options_.comm_hook),
+              "ReducerOptions: set either `sink` or `comm_hook`, not both (a comm hook only replaces the "
+              "default sink's all-reduce; put the collective in your sink instead)");
+  sink_ = options_.sink ? options_.sink : std::make_shared<AllReduceSink>(options_.comm_hook);
   std::vector<ParamSpec> specs;
   for (const auto& p : params_) {
     specs.push_back({p.tensor.numel(), p.tensor.scalar_type(), p.tensor.device()});
   }
-  plans_ = plan_buckets(specs, options_.buckets);
+  if (options_.plans.empty()) {
+    plans_ = plan_buckets(specs, options_.buckets);
+  } else {
+    validate_plans(options_.plans, specs);
+    plans_ = options_.plans;
+  }
   const std::vector<at::Tensor> tensors = tensors_of(params_);
   where_.resize(params_.size());
   buckets_.reserve(plans_.size());
@@ -211,10 +233,7 @@ void Reducer::launch_ready_locked() {
     // finish the collective before this thread runs again, and a stamp taken
     // after the call would then hide the whole transfer.
     current_.buckets[next_launch_].launched_ms = ms_since_start();
-    comm::WorkHandle work = options_.comm_hook
-                                ? options_.comm_hook(group_, next_launch_, bucket.buffer())
-                                : group_.all_reduce(bucket.buffer(), comm::ReduceOp::kSum);
-    bucket.launch(std::move(work));
+    bucket.launch(sink_->launch(group_, next_launch_, bucket.buffer()));
     ++next_launch_;
   }
 }
@@ -279,6 +298,7 @@ void Reducer::finish_step_locked() {
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     buckets_[b].wait(options_.timeout);
     if (b >= next_complete_) current_.buckets[b].completed_ms = ms_since_start();
+    sink_->reduced(b, buckets_[b].buffer());
   }
   next_complete_ = buckets_.size();
   if (used_work) used_work->wait(options_.timeout);
@@ -298,11 +318,19 @@ void Reducer::finish_step_locked() {
 // After the wait every slot holds the average over ranks. .grad tensors that
 // are the slot already hold it; the rest get it copied (or are re-pointed,
 // with gradient_as_bucket_view). Parameters no rank used keep their .grad.
+// A sink that consumed the result (writes_back() false) gets .grad reset
+// instead: the full-size local gradient must not outlive the step, and a
+// stale one would be mistaken for the average.
 void Reducer::write_back_locked(const at::Tensor& globally_used) {
   torch::NoGradGuard no_grad;
   const int32_t* used = globally_used.defined() ? globally_used.data_ptr<int32_t>() : nullptr;
+  const bool writes_back = sink_->writes_back();
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (used != nullptr && used[i] == 0) continue;
+    if (!writes_back) {
+      params_[i].tensor.mutable_grad().reset();
+      continue;
+    }
     const at::Tensor& slot = buckets_[where_[i].bucket].slot(where_[i].slot);
     at::Tensor& grad = params_[i].tensor.mutable_grad();
     if (grad.defined() && grad.is_same(slot)) continue;

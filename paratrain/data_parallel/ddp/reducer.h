@@ -1,11 +1,13 @@
-// The reducer: averages gradients over a process group *during* backward.
-// Gradients are packed into buckets (bucket_plan.h); a hook on each
-// parameter's gradient accumulator copies its gradient in, and a bucket's
-// collective starts as soon as its last gradient is there, overlapping with
-// the rest of backward. When backward ends, autograd runs our callback, which
-// waits for every bucket and writes the averaged gradients back, so after
+// The reducer: bucketing of gradients during backward. Gradients are packed
+// into buckets (bucket_plan.h); a hook on each parameter's gradient
+// accumulator copies its gradient in, and a bucket's collective starts (via
+// the bucket sink, bucket_sink.h) as soon as its last gradient is there,
+// overlapping with the rest of backward. When backward ends, autograd runs our
+// callback, which waits for every bucket, hands each result to the sink and
+// (DDP's default sink) writes the averaged gradients back, so after
 // loss.backward() returns the gradients are synchronized (as in PyTorch DDP).
-// Not here: broadcasting parameters, buffers, no_sync's guard (ddp.h).
+// Not here: what the collective is (the sink), broadcasting parameters,
+// buffers, no_sync's guard (ddp.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,6 +24,7 @@
 #include "paratrain/comm/process_group.h"
 #include "paratrain/data_parallel/ddp/bucket.h"
 #include "paratrain/data_parallel/ddp/bucket_plan.h"
+#include "paratrain/data_parallel/ddp/bucket_sink.h"
 #include "paratrain/data_parallel/ddp/step_stats.h"
 
 namespace torch::autograd {
@@ -38,12 +41,19 @@ struct NamedParameter {
 // Starts the collective of bucket `index` on its flat buffer and returns it in
 // flight. When the returned work completes, `buffer` must hold the reduced
 // (already pre-divided, see Note [Averaging]) gradients. The default is an
-// all-reduce sum; compression hooks (and ZeRO's reduce-scatter) plug in here.
+// all-reduce sum; compression hooks plug in here. A hook keeps DDP's
+// write-back; to consume the result yourself (reduce-scatter), use a sink.
 using BucketCommHook =
     std::function<comm::WorkHandle(comm::ProcessGroup& group, std::size_t index, at::Tensor& buffer)>;
 
 struct ReducerOptions {
+  // How plan_buckets() groups parameters; ignored when `plans` is given.
   BucketPlanOptions buckets;
+  // Explicit buckets instead of plan_buckets(): indices into the reducer's
+  // parameter list, launched in this order (FSDP: one bucket per wrapping
+  // unit). Checked by validate_plans() (bucket_plan.h). Every rank must pass
+  // the same plans. Empty: plan_buckets(params, buckets).
+  std::vector<BucketPlan> plans;
   // Off: a parameter that gets no gradient in a synchronized backward is an
   // error naming it (all ranks must reduce the same buckets). On: such a
   // parameter contributes its current .grad (zero if none) and an extra small
@@ -58,8 +68,14 @@ struct ReducerOptions {
   // step. Off: gradients are copied into the buffer and back, and .grad
   // tensors stay the user's own. See Note [Gradients as bucket views].
   bool gradient_as_bucket_view = false;
-  // The collective per bucket; empty = all_reduce(kSum).
+  // The collective per bucket, with DDP's write-back; empty = all_reduce(kSum).
+  // Only with the default sink (setting both is an error).
   BucketCommHook comm_hook;
+  // What happens to a filled bucket (bucket_sink.h). Empty: DDP's default,
+  // all-reduce (or `comm_hook`) and write the average back into .grad. A sink
+  // whose writes_back() is false leaves the .grad of every synchronized
+  // parameter undefined after backward (ZeRO-2, FSDP keep only a shard).
+  std::shared_ptr<BucketSink> sink;
   // How long the end of backward waits for one bucket before TimeoutError.
   std::chrono::milliseconds timeout = comm::kDefaultTimeout;
 };
@@ -87,6 +103,9 @@ class Reducer {
   // DistributedDataParallel::prepare_forward().
   void reset_step();
 
+  // The buckets in launch order (explicit plans or plan_buckets()'s). ZeRO-2
+  // derives its shard layout from them: rank r owns slice r of each bucket's
+  // padded buffer.
   const std::vector<BucketPlan>& plans() const { return plans_; }
   const std::vector<NamedParameter>& params() const { return params_; }
   // Timings of the latest synchronized backward.
@@ -114,6 +133,7 @@ class Reducer {
 
   comm::ProcessGroup& group_;
   ReducerOptions options_;
+  std::shared_ptr<BucketSink> sink_;  // options_.sink or the default
   std::vector<NamedParameter> params_;
   std::vector<BucketPlan> plans_;
   std::vector<Bucket> buckets_;

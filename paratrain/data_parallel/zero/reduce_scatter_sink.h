@@ -1,0 +1,33 @@
+// ReduceScatterSink: the ZeRO-2 end of a gradient bucket. The reducer fills a
+// bucket (padded to a multiple of the group size) during backward; this sink
+// reduce-scatters it so each rank receives only the average of its own slice,
+// straight into that rank's gradient shard. Not here: the bucketing and the
+// overlap with backward (ddp/reducer.h), which slice is whose (shard_layout.h).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "paratrain/data_parallel/ddp/bucket_sink.h"
+
+namespace paratrain::zero {
+
+class ReduceScatterSink final : public ddp::BucketSink {
+ public:
+  // shards[b]: where bucket b's reduced slice lands, contiguous, with
+  // padded_numel(b) / group size elements. The tensors are written in place
+  // (views of a caller's flat buffer work), when the returned work completes.
+  explicit ReduceScatterSink(std::vector<at::Tensor> shards);
+
+  // Reduce-scatter (sum) of `buffer`, already divided by the group size, so
+  // shard `index` receives the average over ranks of this rank's slice.
+  comm::WorkHandle launch(comm::ProcessGroup& group, std::size_t index, at::Tensor& buffer) override;
+  // The result lives in the shard; full-size gradients are not kept.
+  bool writes_back() const override { return false; }
+
+ private:
+  std::vector<at::Tensor> shards_;
+};
+
+}  // namespace paratrain::zero

@@ -1,0 +1,270 @@
+// ZeroDataParallel: see zero.h. The engine keeps, per gradient bucket, this
+// rank's slice of the parameters and of the averaged gradients in two flat
+// shard buffers; optimizer params and their .grad are aliases into them.
+#include "paratrain/data_parallel/zero/zero.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "paratrain/core/error.h"
+#include "paratrain/data_parallel/ddp/module_sync.h"
+#include "paratrain/data_parallel/zero/reduce_scatter_sink.h"
+
+namespace paratrain::zero {
+namespace {
+
+constexpr int kSourceRank = 0;
+
+std::vector<at::Tensor> tensors_of(const std::vector<ddp::NamedTensor>& named) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : named) out.push_back(t.tensor);
+  return out;
+}
+
+// A 1-D tensor over elements [offset, offset + numel) of the contiguous 1-D
+// `flat`. Made with set_(), not narrow(): autograd treats narrow() results as
+// views, and views can neither be leaves the optimizer owns nor serve as a
+// .grad that Optimizer::zero_grad() detach_()es. See Note [Gradients as
+// bucket views] in docs/notes/ddp.md.
+at::Tensor flat_alias(const at::Tensor& flat, int64_t offset, int64_t numel) {
+  torch::NoGradGuard no_grad;
+  at::Tensor t = at::empty({0}, flat.options());
+  t.set_(flat.storage(), flat.storage_offset() + offset, {numel}, {1});
+  return t;
+}
+
+// The layout's groups are the reducer's buckets: the same parameters at the
+// same offsets, so a bucket's buffer is exactly what reduce_scatter splits.
+std::vector<LayoutGroup> groups_of(const std::vector<ddp::BucketPlan>& plans,
+                                   const std::vector<ddp::NamedParameter>& params) {
+  std::vector<LayoutGroup> groups;
+  for (const ddp::BucketPlan& plan : plans) {
+    LayoutGroup g;
+    g.numel = plan.padded_numel;
+    for (std::size_t i = 0; i < plan.params.size(); ++i) {
+      g.params.push_back({plan.params[i], params[plan.params[i]].tensor.numel(), plan.offsets[i]});
+    }
+    groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
+void validate(const std::vector<ddp::NamedParameter>& params, const ZeroOptions& options, int rank) {
+  if (options.stage != 1 && options.stage != 2) {
+    throw ConfigError(fmt::format("rank {}: ZeroDataParallel: stage = {}; this engine runs stages 1 and 2 "
+                                  "(stage 0 is DistributedDataParallel, stage 3 is FSDP)",
+                                  rank, options.stage));
+  }
+  for (const auto& p : params) {
+    TORCH_CHECK(p.tensor.is_contiguous(), "ZeroDataParallel: parameter '", p.name,
+                "' is not contiguous; shards are slices of the flattened parameter");
+  }
+}
+
+}  // namespace
+
+ZeroDataParallel::ZeroDataParallel(std::shared_ptr<torch::nn::Module> module, comm::ProcessGroup& group,
+                                   ZeroOptions options)
+    : module_(std::move(module)), group_(group), options_(std::move(options)) {
+  TORCH_CHECK(module_ != nullptr, "ZeroDataParallel: module is null");
+  const int rank = group_.rank();
+  const int world = group_.size();
+  params_ = ddp::trainable_parameters(*module_);
+  validate(params_, options_, rank);
+  buffers_ = ddp::module_buffers(*module_);
+
+  // Replicas start identical, exactly as DistributedDataParallel does it.
+  std::vector<ddp::NamedTensor> all_params;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    all_params.push_back({item.key() + (item.value().requires_grad() ? "" : " (frozen)"), item.value()});
+  }
+  ddp::verify_same_tensors(group_, all_params, "parameters", options_.timeout);
+  ddp::verify_same_tensors(group_, buffers_, "buffers", options_.timeout);
+  ddp::broadcast_coalesced(group_, tensors_of(all_params), kSourceRank, options_.timeout);
+  ddp::broadcast_coalesced(group_, tensors_of(buffers_), kSourceRank, options_.timeout);
+
+  // Plan the buckets here (the reducer plans the same way from the same
+  // inputs) so the shards exist before the reducer's sink needs them.
+  ddp::ReducerOptions reducer_options;
+  reducer_options.buckets = options_.buckets;
+  reducer_options.buckets.pad_to_multiple = world;
+  reducer_options.find_unused_parameters = options_.find_unused_parameters;
+  reducer_options.timeout = options_.timeout;
+  std::vector<ddp::ParamSpec> specs;
+  for (const auto& p : params_) specs.push_back({p.tensor.numel(), p.tensor.scalar_type(), p.tensor.device()});
+  const std::vector<ddp::BucketPlan> plans = ddp::plan_buckets(specs, reducer_options.buckets);
+
+  layout_ = ShardLayout(groups_of(plans, params_), world);
+  pieces_ = layout_.pieces(rank);
+  for (std::size_t g = 0; g < plans.size(); ++g) {
+    const auto opts = at::TensorOptions().dtype(plans[g].dtype).device(plans[g].device);
+    param_shards_.push_back(at::zeros({layout_.shard_numel(g)}, opts));
+    grad_shards_.push_back(at::zeros({layout_.shard_numel(g)}, opts));
+  }
+  {
+    torch::NoGradGuard no_grad;
+    for (const ShardPiece& piece : pieces_) {
+      at::Tensor param = flat_alias(param_shards_[piece.group], piece.shard_offset, piece.numel);
+      param.copy_(params_[piece.param].tensor.detach().reshape({-1}).narrow(0, piece.param_offset, piece.numel));
+      param.set_requires_grad(true);
+      piece_params_.push_back(param);
+      piece_grads_.push_back(flat_alias(grad_shards_[piece.group], piece.shard_offset, piece.numel));
+    }
+  }
+
+  if (options_.stage == 2) {
+    std::vector<at::Tensor> outputs(grad_shards_.begin(), grad_shards_.end());
+    sink_ = std::make_shared<ReduceScatterSink>(std::move(outputs));
+    reducer_options.comm_hook = [sink = sink_](comm::ProcessGroup& g, std::size_t index, at::Tensor& buffer) {
+      return sink->launch(g, index, buffer);
+    };
+  }
+  reducer_ = std::make_unique<ddp::Reducer>(params_, group_, reducer_options);
+  const auto& used = reducer_->plans();
+  for (std::size_t g = 0; g < plans.size() || g < used.size(); ++g) {
+    if (g >= plans.size() || g >= used.size() || used[g].params != plans[g].params ||
+        used[g].offsets != plans[g].offsets || used[g].padded_numel != plans[g].padded_numel) {
+      throw Error(fmt::format("rank {}: ZeroDataParallel: the reducer planned bucket {} differently from "
+                              "the shard layout; this is a bug in paratrain",
+                              rank, g));
+    }
+  }
+}
+
+ZeroDataParallel::~ZeroDataParallel() = default;
+
+void ZeroDataParallel::prepare_forward() {
+  reducer_->reset_step();
+  if (options_.broadcast_buffers && !buffers_.empty()) {
+    ddp::broadcast_coalesced(group_, tensors_of(buffers_), kSourceRank, options_.timeout);
+  }
+}
+
+bool ZeroDataParallel::finish_backward() {
+  const int64_t synced = reducer_->synced_steps();
+  if (synced == finished_steps_) return false;
+  finished_steps_ = synced;
+  torch::NoGradGuard no_grad;
+  if (options_.stage == 1) {
+    // The reducer left the average over ranks in every .grad; keep our slice.
+    for (std::size_t k = 0; k < pieces_.size(); ++k) {
+      const ShardPiece& piece = pieces_[k];
+      const at::Tensor& grad = params_[piece.param].tensor.grad();
+      if (grad.defined()) {
+        piece_grads_[k].copy_(grad.reshape({-1}).narrow(0, piece.param_offset, piece.numel));
+      } else {
+        piece_grads_[k].zero_();  // no rank used it (find_unused_parameters)
+      }
+    }
+    for (auto& p : params_) {
+      if (p.tensor.grad().defined()) p.tensor.mutable_grad().zero_();
+    }
+  } else {
+    // The sink reduce-scattered every bucket into grad_shards_; the full
+    // gradients were only the reducer's input.
+    for (auto& p : params_) p.tensor.mutable_grad().reset();
+  }
+  // Re-point in case the optimizer replaced .grad (zero_grad(set_to_none)).
+  for (std::size_t k = 0; k < pieces_.size(); ++k) {
+    at::Tensor& grad = piece_params_[k].mutable_grad();
+    if (!grad.defined() || !grad.is_same(piece_grads_[k])) grad = piece_grads_[k];
+  }
+  return true;
+}
+
+// Padding and elements other ranks own contribute nothing locally, so summing
+// squares (or taking the max) per rank and reducing over the group gives the
+// norm of the full gradient, in a different summation order than the
+// unsharded torch::nn::utils::clip_grad_norm_.
+double ZeroDataParallel::clip_grad_norm(double max_norm, double norm_type) {
+  TORCH_CHECK(max_norm > 0, "clip_grad_norm: max_norm = ", max_norm, " must be > 0");
+  const bool inf = std::isinf(norm_type) && norm_type > 0;
+  TORCH_CHECK(inf || norm_type == 2.0, "clip_grad_norm: norm_type = ", norm_type, "; only 2 and infinity are supported");
+  finish_backward();
+  torch::NoGradGuard no_grad;
+  double local = 0;
+  for (const at::Tensor& g : grad_shards_) {
+    if (g.numel() == 0) continue;
+    const at::Tensor g64 = g.to(at::kDouble);
+    local = inf ? std::max(local, g64.abs().max().item<double>()) : local + g64.square().sum().item<double>();
+  }
+  at::Tensor total = at::full({1}, local, at::TensorOptions().dtype(at::kDouble));
+  if (!grad_shards_.empty()) total = total.to(grad_shards_.front().device());
+  group_.all_reduce(total, inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum)->wait(options_.timeout);
+  const double sum = total.cpu().item<double>();
+  const double norm = inf ? sum : std::sqrt(sum);
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    for (at::Tensor& g : grad_shards_) g.mul_(coef);
+  }
+  return norm;
+}
+
+void ZeroDataParallel::step(torch::optim::Optimizer& optimizer) {
+  finish_backward();
+  optimizer.step();
+  gather_parameters();
+}
+
+// All gathers are issued first and consumed in order, so bucket b's copy into
+// the parameters overlaps with later buckets' transfers. Costs one
+// full-size gather buffer per bucket until it is consumed.
+void ZeroDataParallel::gather_parameters() {
+  torch::NoGradGuard no_grad;
+  const int world = group_.size();
+  std::vector<at::Tensor> gathered(param_shards_.size());
+  std::vector<comm::WorkHandle> works(param_shards_.size());
+  for (std::size_t g = 0; g < param_shards_.size(); ++g) {
+    gathered[g] = at::empty({param_shards_[g].numel() * world}, param_shards_[g].options());
+    works[g] = group_.all_gather(gathered[g], param_shards_[g]);
+  }
+  for (std::size_t g = 0; g < param_shards_.size(); ++g) {
+    works[g]->wait(options_.timeout);
+    for (const LayoutParam& p : layout_.group(g).params) {
+      params_[p.param].tensor.detach().view({-1}).copy_(gathered[g].narrow(0, p.offset, p.numel));
+    }
+    gathered[g] = at::Tensor();
+  }
+}
+
+std::vector<TensorSlot> ZeroDataParallel::parameter_slots() const {
+  std::vector<TensorSlot> out;
+  for (const auto& [param, slot] : optimizer_param_slots()) out.push_back(slot);
+  return out;
+}
+
+std::vector<std::pair<at::Tensor, TensorSlot>> ZeroDataParallel::optimizer_param_slots() const {
+  std::vector<std::pair<at::Tensor, TensorSlot>> out;
+  for (std::size_t k = 0; k < pieces_.size(); ++k) {
+    const ShardPiece& piece = pieces_[k];
+    const at::Tensor& full = params_[piece.param].tensor;
+    TensorSlot slot;
+    slot.name = params_[piece.param].name;
+    slot.global_shape.assign(full.sizes().begin(), full.sizes().end());
+    slot.flat_offset = piece.param_offset;
+    slot.local = flat_alias(param_shards_[piece.group], piece.shard_offset, piece.numel);
+    slot.write = true;
+    out.emplace_back(piece_params_[k], std::move(slot));
+  }
+  return out;
+}
+
+ModelStateBytes ZeroDataParallel::model_state_bytes(const torch::optim::Optimizer* optimizer) const {
+  std::vector<at::Tensor> params = param_shards_;
+  std::vector<at::Tensor> grads = grad_shards_;
+  for (const auto& p : params_) {
+    params.push_back(p.tensor);
+    grads.push_back(p.tensor.grad());
+  }
+  ModelStateBytes out;
+  out.params = tensor_bytes(params);
+  out.grads = tensor_bytes(grads);
+  if (optimizer != nullptr) out.optimizer_state = tensor_bytes(optimizer_state_tensors(*optimizer));
+  return out;
+}
+
+}  // namespace paratrain::zero

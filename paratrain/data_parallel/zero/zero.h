@@ -1,0 +1,156 @@
+// ZeroDataParallel: ZeRO stages 1 and 2 (Rajbhandari et al., arXiv 1910.02054)
+// for a LibTorch module. Every rank keeps the full parameters (forward and
+// backward are plain data parallelism) but owns only one shard of each
+// gradient bucket: the optimizer sees only that shard, so optimizer state is
+// divided by the group size (stage 1), and with stage 2 the gradients too.
+// Not here: the bucketing and overlap (ddp/reducer.h), which slice is whose
+// (shard_layout.h), stage 3 / FSDP (data_parallel/fsdp/).
+//
+//   ZeroDataParallel zero(model, dp, {.stage = 2});
+//   torch::optim::Adam opt(zero.optimizer_params(), torch::optim::AdamOptions(1e-3));
+//   for (...) {
+//     zero.prepare_forward();
+//     auto loss = loss_fn(model->forward(shard_of_batch), target);
+//     loss.backward();            // stage 2: gradients reduce-scattered during backward
+//     zero.clip_grad_norm(1.0);   // optional: global norm over all shards
+//     zero.step(opt);             // opt.step() on the shard, then all-gather parameters
+//   }
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "paratrain/comm/process_group.h"
+#include "paratrain/core/tensor_slot.h"
+#include "paratrain/data_parallel/ddp/ddp.h"
+#include "paratrain/data_parallel/zero/model_state.h"
+#include "paratrain/data_parallel/zero/shard_layout.h"
+
+namespace torch::nn {
+class Module;
+}
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace paratrain::zero {
+
+class ReduceScatterSink;
+
+struct ZeroOptions {
+  // 1: optimizer state sharded; gradients all-reduced in full (same traffic
+  //    as DDP), then each rank keeps its slice. Full-size .grad stays
+  //    allocated (zeroed after each step).
+  // 2: gradients sharded too: each bucket is reduce-scattered during
+  //    backward (half the all-reduce's traffic) and full-size .grad is freed
+  //    after the step's reduction. Needs more care with code that reads .grad.
+  int stage = 1;
+  // Bucket sizes as for DDP. pad_to_multiple is set to the group size (each
+  // bucket must split into equal shards); a value given here is ignored.
+  ddp::BucketPlanOptions buckets;
+  // As ReducerOptions::find_unused_parameters.
+  bool find_unused_parameters = false;
+  // As DdpOptions::broadcast_buffers.
+  bool broadcast_buffers = true;
+  // Longest wait for one collective before TimeoutError.
+  std::chrono::milliseconds timeout = comm::kDefaultTimeout;
+};
+
+class ZeroDataParallel {
+ public:
+  using NoSyncGuard = ddp::DistributedDataParallel::NoSyncGuard;
+
+  // Collective: every rank of `group` constructs it with the same model
+  // architecture (ConfigError otherwise); rank 0's parameters and buffers are
+  // broadcast. Trainable parameters must be dense and contiguous. `group` must
+  // outlive this object; `module` is shared with the caller.
+  ZeroDataParallel(std::shared_ptr<torch::nn::Module> module, comm::ProcessGroup& group, ZeroOptions options = {});
+  ~ZeroDataParallel();
+  ZeroDataParallel(const ZeroDataParallel&) = delete;
+  ZeroDataParallel& operator=(const ZeroDataParallel&) = delete;
+
+  torch::nn::Module& module() { return *module_; }
+  comm::ProcessGroup& group() { return group_; }
+  int stage() const { return options_.stage; }
+  // Buckets as layout groups, indices into trainable_parameters() order.
+  const ShardLayout& layout() const { return layout_; }
+  // This rank's pieces, parallel to optimizer_params().
+  const std::vector<ShardPiece>& pieces() const { return pieces_; }
+
+  // This rank's shard: one flat leaf tensor requiring grad per piece of a
+  // parameter it owns (so per-parameter optimizer semantics stay per piece).
+  // Build any LibTorch optimizer over them. They alias the shard buffers:
+  // stepping them and then step()/gather_parameters() updates the model.
+  const std::vector<at::Tensor>& optimizer_params() const { return piece_params_; }
+
+  // Call before each forward (also inside no_sync()): abandons a failed step
+  // and broadcasts buffers (when enabled; collective then).
+  void prepare_forward();
+
+  // After a synchronized backward: stage 1 copies this rank's slice of the
+  // averaged gradients into the shard gradients (and zeroes the full .grad),
+  // stage 2 only frees the full .grad (the sink already filled the shard).
+  // Points each optimizer param's .grad at its shard gradient. Returns false
+  // (and does nothing) when no synchronized backward ran since the last call.
+  // clip_grad_norm() and step() call it, so calling it yourself is optional.
+  bool finish_backward();
+
+  // Collective. Global gradient-norm clipping over the shards of all ranks:
+  // the norm of the full averaged gradient (padding is zero), then every shard
+  // scaled by min(1, max_norm / (norm + 1e-6)) as torch::nn::utils::
+  // clip_grad_norm_ does on unsharded gradients. norm_type: 2 or infinity.
+  // Returns the total norm before clipping.
+  double clip_grad_norm(double max_norm, double norm_type = 2.0);
+
+  // Collective. optimizer.step() on the shard, then gather_parameters().
+  // `optimizer` must be built over optimizer_params().
+  void step(torch::optim::Optimizer& optimizer);
+
+  // Collective. All-gathers every rank's parameter shard into the full
+  // parameters of the module, bucket by bucket (after step() or after
+  // loading a checkpoint into the pieces).
+  void gather_parameters();
+
+  // While alive, backward accumulates into .grad without communicating; the
+  // first backward after it reduces the sum (gradient accumulation):
+  //   { auto guard = zero.no_sync(); for (k-1 micro-batches) { fwd; bwd; } }
+  //   fwd; bwd; zero.step(opt);
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*reducer_); }
+
+  // Checkpoint view: one slot per piece (parameter name, global shape, flat
+  // offset, local = an alias of the piece; write = true: pieces are disjoint).
+  std::vector<TensorSlot> parameter_slots() const;
+  // Each optimizer param with its slot, so optimizer state tensors (shaped
+  // like their param) can be saved under the same coordinates.
+  std::vector<std::pair<at::Tensor, TensorSlot>> optimizer_param_slots() const;
+
+  // Model-state bytes this rank holds now: full parameters plus the shard,
+  // gradients (full .grad where defined plus the shard gradients), and the
+  // state of `optimizer` (nullptr: not counted).
+  ModelStateBytes model_state_bytes(const torch::optim::Optimizer* optimizer = nullptr) const;
+
+  ddp::Reducer& reducer() { return *reducer_; }
+
+ private:
+  std::shared_ptr<torch::nn::Module> module_;
+  comm::ProcessGroup& group_;
+  ZeroOptions options_;
+  std::vector<ddp::NamedParameter> params_;
+  std::vector<ddp::NamedTensor> buffers_;
+  std::shared_ptr<ReduceScatterSink> sink_;  // stage 2
+  std::unique_ptr<ddp::Reducer> reducer_;
+  ShardLayout layout_;
+  std::vector<ShardPiece> pieces_;
+  std::vector<at::Tensor> param_shards_;  // per bucket: this rank's slice of the parameters
+  std::vector<at::Tensor> grad_shards_;   // per bucket: this rank's slice of the averaged gradients
+  std::vector<at::Tensor> piece_params_;  // per piece: aliases into param_shards_
+  std::vector<at::Tensor> piece_grads_;   // per piece: aliases into grad_shards_
+  int64_t finished_steps_ = 0;            // reducer steps consumed by finish_backward()
+};
+
+}  // namespace paratrain::zero

@@ -1,0 +1,193 @@
+// ZeRO features beyond the plain oracle run: global gradient-norm clipping,
+// gradient accumulation with no_sync(), equality with DDP, the memory the
+// stages save, and the checkpoint view of the shards. Each compares against
+// single-process training (or DDP) at the oracle tests' 1e-5 relative
+// tolerance (see zero_oracle_test.cpp for why), with a control showing the
+// feature changes the result.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <map>
+#include <mutex>
+
+#include "paratrain/core/error.h"
+#include "tests/support/multi_rank.h"
+#include "tests/zero/zero_training.h"
+
+namespace paratrain::zero::testing {
+namespace {
+
+constexpr double kTolerance = 1e-5;
+constexpr int kSteps = 20;
+constexpr int64_t kGlobalBatch = 12;
+// Gradient norms of these models start around 1-3 and shrink to ~0.3-1:
+// 0.2 keeps clipping active in every step (checked below).
+constexpr double kMaxNorm = 0.2;
+
+Problem problem() { return ddp::testing::make_problem(kSteps, kGlobalBatch, /*seed=*/7); }
+
+ZeroRun zero_run(int stage, int world) {
+  ZeroRun run;
+  run.world = world;
+  run.zero.stage = stage;
+  run.zero.buckets.first_bucket_cap_bytes = 256;
+  run.zero.buckets.bucket_cap_bytes = 2048;
+  return run;
+}
+
+class ZeroStageTest : public ::testing::TestWithParam<int> {};
+
+// Clipping by the norm reduced over the dp group equals unsharded clipping
+// with torch::nn::utils::clip_grad_norm_ in one process, and returns the same
+// norm. Control: the same run without clipping is far from the clipped oracle.
+TEST_P(ZeroStageTest, GlobalNormClippingMatchesSingleProcessClipping) {
+  const int stage = GetParam();
+  const Problem p = problem();
+  Training training{.model = ModelKind::kMlp, .optim = Optim::kSgd, .clip = kMaxNorm};
+  std::vector<double> oracle_norms;
+  const Snapshot oracle = train_oracle(training, p, &oracle_norms);
+  for (double norm : oracle_norms) ASSERT_GT(norm, kMaxNorm) << "clipping must be active in every step";
+
+  const ZeroResult clipped = train_zero(training, zero_run(stage, 3), p);
+  for (std::size_t r = 0; r < clipped.params.size(); ++r) {
+    EXPECT_LE(ddp::testing::max_relative_diff(clipped.params[r], oracle), kTolerance) << "rank " << r;
+  }
+  ASSERT_EQ(clipped.norms.size(), oracle_norms.size());
+  for (std::size_t s = 0; s < oracle_norms.size(); ++s) {
+    EXPECT_NEAR(clipped.norms[s], oracle_norms[s], kTolerance * oracle_norms[s]) << "step " << s;
+  }
+
+  training.clip = 0;
+  const ZeroResult unclipped = train_zero(training, zero_run(stage, 3), p);
+  EXPECT_GT(ddp::testing::max_relative_diff(unclipped.params[0], oracle), 1e-3);
+}
+
+// k micro-batches under no_sync() (the last one synchronizes) equal one batch
+// k times larger: the oracle's full global batch.
+TEST_P(ZeroStageTest, NoSyncAccumulationMatchesOneLargerBatch) {
+  const int stage = GetParam();
+  const Problem p = problem();
+  const Training training{.model = ModelKind::kCnn, .optim = Optim::kAdam};
+  const Snapshot oracle = train_oracle(training, p);
+  for (auto [world, k] : {std::pair{2, 3}, std::pair{3, 2}}) {
+    ZeroRun run = zero_run(stage, world);
+    run.accumulate = k;
+    const ZeroResult result = train_zero(training, run, p);
+    EXPECT_LE(ddp::testing::max_relative_diff(result.params[0], oracle), kTolerance)
+        << world << " ranks, " << k << " micro-batches";
+  }
+}
+
+// ZeRO changes where the optimizer runs, not the training: equal to DDP.
+TEST_P(ZeroStageTest, MatchesDistributedDataParallel) {
+  const int stage = GetParam();
+  const Problem p = problem();
+  for (ModelKind model : {ModelKind::kMlp, ModelKind::kCnn}) {
+    ddp::testing::RankRun ddp_run;
+    ddp_run.model = model;
+    ddp_run.world = 4;
+    ddp_run.sgd = sgd_config();
+    const std::vector<Snapshot> ddp = ddp::testing::train_ranks(ddp_run, p);
+    const ZeroResult zero = train_zero({.model = model, .optim = Optim::kSgd}, zero_run(stage, 4), p);
+    EXPECT_LE(ddp::testing::max_relative_diff(zero.params[0], ddp[0]), kTolerance)
+        << ddp::testing::to_string(model);
+  }
+}
+
+// Memory: optimizer state exists only for this rank's shard, and the shards
+// of all ranks add up to the model exactly once (up to padding). Stage 2
+// additionally holds no full-size gradient after the step.
+TEST_P(ZeroStageTest, OptimizerStateAndGradientsAreSharded) {
+  const int stage = GetParam();
+  const int world = 4;
+  const Problem p = ddp::testing::make_problem(/*steps=*/2, kGlobalBatch, 7);
+  const ZeroResult result = train_zero({.model = ModelKind::kMlp, .optim = Optim::kAdam}, zero_run(stage, world), p);
+
+  auto model = ddp::testing::make_model(ModelKind::kMlp, 1);
+  int64_t numel = 0;
+  for (const auto& t : model->parameters()) numel += t.numel();
+  const int64_t full_bytes = numel * 4;
+
+  int64_t shard_total = 0;
+  for (int r = 0; r < world; ++r) {
+    shard_total += result.shard_numel[r];
+    const ModelStateBytes& s = result.state[r];
+    // Adam: exp_avg and exp_avg_sq per element of the pieces (float32).
+    EXPECT_EQ(s.optimizer_state, 2 * 4 * result.shard_numel[r]) << "rank " << r;
+    EXPECT_LT(s.optimizer_state, 2 * full_bytes / world + 2 * 4 * 64) << "rank " << r;
+    // Full parameters plus this rank's padded shard.
+    EXPECT_GE(s.params, full_bytes);
+    EXPECT_LT(s.params, full_bytes + full_bytes / world + 4 * 64);
+    if (stage == 1) {
+      EXPECT_GE(s.grads, full_bytes) << "stage 1 keeps the full gradients";
+    } else {
+      EXPECT_LT(s.grads, full_bytes / world + 4 * 64) << "stage 2 keeps only its gradient shard";
+    }
+  }
+  EXPECT_EQ(shard_total, numel) << "the pieces of all ranks tile every parameter exactly once";
+}
+
+// Checkpoint view: the slots of all ranks tile every parameter, and
+// gather_parameters() after writing values into the pieces (as a loader does)
+// rebuilds the full parameters on every rank.
+TEST_P(ZeroStageTest, ParameterSlotsRoundTripThroughGather) {
+  const int stage = GetParam();
+  const int world = 3;
+  std::mutex mu;
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> ranges;  // name -> (offset, numel)
+  paratrain::testing::run_ranks(world, [&](comm::ProcessGroup& group) {
+    auto model = ddp::testing::make_model(ModelKind::kCnn, 5);
+    ZeroDataParallel zero(model, group, zero_run(stage, world).zero);
+    const auto slots = zero.optimizer_param_slots();
+    ASSERT_EQ(slots.size(), zero.optimizer_params().size());
+    std::map<std::string, at::Tensor> params;
+    for (const auto& item : model->named_parameters()) params[item.key()] = item.value().detach().clone();
+    for (const auto& [piece, slot] : slots) {
+      const at::Tensor& full = params.at(slot.name);
+      EXPECT_EQ(slot.global_shape, full.sizes().vec());
+      EXPECT_TRUE(torch::equal(slot.local, full.reshape({-1}).narrow(0, slot.flat_offset, slot.local.numel())));
+      EXPECT_TRUE(piece.is_alias_of(slot.local)) << "the slot must alias the optimizer param";
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        ranges[slot.name].emplace_back(slot.flat_offset, slot.local.numel());
+      }
+      // A loader writes global values: element i of a tensor gets i.
+      torch::NoGradGuard no_grad;
+      slot.local.copy_(torch::arange(slot.flat_offset, slot.flat_offset + slot.local.numel(), torch::kFloat));
+    }
+    zero.gather_parameters();
+    for (const auto& item : model->named_parameters()) {
+      const at::Tensor expected = torch::arange(item.value().numel(), torch::kFloat).view(item.value().sizes());
+      EXPECT_TRUE(torch::equal(item.value(), expected)) << item.key() << " on rank " << group.rank();
+    }
+  });
+  auto model = ddp::testing::make_model(ModelKind::kCnn, 5);
+  for (const auto& item : model->named_parameters()) {
+    auto r = ranges[item.key()];
+    std::sort(r.begin(), r.end());
+    int64_t next = 0;
+    for (auto [offset, n] : r) {
+      EXPECT_EQ(offset, next) << item.key();
+      next = offset + n;
+    }
+    EXPECT_EQ(next, item.value().numel()) << item.key();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroStageTest, ::testing::Values(1, 2),
+                         [](const auto& info) { return "Stage" + std::to_string(info.param); });
+
+TEST(ZeroOptions, RejectsStagesThisEngineDoesNotRun) {
+  paratrain::testing::run_ranks(1, [&](comm::ProcessGroup& group) {
+    auto model = ddp::testing::make_model(ModelKind::kMlp, 1);
+    for (int stage : {0, 3}) {
+      ZeroOptions options;
+      options.stage = stage;
+      EXPECT_THROW({ ZeroDataParallel zero(model, group, options); }, ConfigError) << "stage " << stage;
+    }
+  });
+}
+
+}  // namespace
+}  // namespace paratrain::zero::testing
