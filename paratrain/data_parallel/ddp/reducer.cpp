@@ -139,6 +139,59 @@ void Reducer::reset_step() {
   if (in_step_) drain_locked();
 }
 
+void Reducer::prepare_forward() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (in_step_) drain_locked();
+  check_parameters_locked();
+  steps_at_forward_ = synced_steps_;
+}
+
+void Reducer::finish_backward() {
+  std::lock_guard<std::mutex> lock(mu_);
+  TORCH_CHECK(steps_at_forward_ >= 0,
+              "Reducer::finish_backward() without prepare_forward(): call prepare_forward() before each "
+              "forward (DistributedDataParallel::prepare_forward()) and finish_backward() after each backward");
+  if (!sync_enabled_ || synced_steps_ > steps_at_forward_) return;
+  // No hook fired. Either this rank's loss reached no parameter (join the
+  // peers), or the hooks are on tensors the model no longer uses (fail).
+  check_parameters_locked();
+  try {
+    begin_step_locked(/*from_hook=*/false);
+    finish_step_locked(/*joining=*/true);
+  } catch (...) {
+    drain_locked();
+    throw;
+  }
+}
+
+// See Note [Re-materialized parameters]. set_data() with another dtype or
+// device (what Module::to() does) drops the parameter's AccumulateGrad node;
+// the next backward makes a new one, without our hook.
+void Reducer::check_parameters_locked() const {
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& t = params_[i].tensor;
+    const BucketPlan& plan = plans_[where_[i].bucket];
+    std::string what;
+    if (t.scalar_type() != plan.dtype) {
+      what = fmt::format("its dtype changed from {} to {}", c10::toString(plan.dtype), c10::toString(t.scalar_type()));
+    } else if (t.device() != plan.device) {
+      what = fmt::format("its device changed from {} to {}", plan.device.str(), t.device().str());
+    } else if (t.numel() != buckets_[where_[i].bucket].slot(where_[i].slot).numel()) {
+      what = "its size changed";
+    } else if (torch::autograd::impl::grad_accumulator(t) != accumulators_[i]) {
+      what = "its gradient accumulator changed";
+    } else {
+      continue;
+    }
+    throw Error(fmt::format(
+        "rank {}: DDP: parameter '{}' was re-materialized after DistributedDataParallel was constructed "
+        "({}; e.g. model->to(dtype or device) or set_data() after wrapping). The gradient hooks stay on "
+        "the old tensor, so its gradients would silently remain local to each rank. Move or convert the "
+        "model first, then construct DistributedDataParallel (or construct a new one after the move)",
+        group_.rank(), params_[i].name, what));
+  }
+}
+
 StepStats Reducer::last_step() const {
   std::lock_guard<std::mutex> lock(mu_);
   return last_;
@@ -158,7 +211,7 @@ void Reducer::on_gradient(std::size_t param) {
     return;
   }
   try {
-    if (!in_step_) begin_step_locked();
+    if (!in_step_) begin_step_locked(/*from_hook=*/true);
     if (ready_[param]) {
       throw Error(fmt::format(
           "rank {}: gradient of '{}' arrived twice in one backward. DDP reduces each parameter "
@@ -178,7 +231,8 @@ void Reducer::on_gradient(std::size_t param) {
 
 // The first hook of a synchronized backward opens the step and asks autograd
 // to call finish_step() once the whole graph ran. See Note [End of backward].
-void Reducer::begin_step_locked() {
+// A join (finish_backward()) opens it outside backward and finishes it itself.
+void Reducer::begin_step_locked(bool from_hook) {
   in_step_ = true;
   step_start_ = Clock::now();
   next_launch_ = 0;
@@ -186,7 +240,7 @@ void Reducer::begin_step_locked() {
   current_ = StepStats{};
   current_.buckets.resize(buckets_.size());
   for (std::size_t b = 0; b < buckets_.size(); ++b) current_.buckets[b].bytes = buckets_[b].bytes();
-  torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_step(); });
+  if (from_hook) torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_step(); });
 }
 
 // Copies the parameter's gradient into its slot (nothing to copy when .grad
@@ -251,14 +305,15 @@ void Reducer::finish_step() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!in_step_) return;  // the step was abandoned (reset_step) before autograd got here
   try {
-    finish_step_locked();
+    finish_step_locked(/*joining=*/false);
   } catch (...) {
     drain_locked();
     throw;
   }
 }
 
-void Reducer::finish_step_locked() {
+// `joining`: no gradient arrived on this rank at all (finish_backward()).
+void Reducer::finish_step_locked(bool joining) {
   const double backward_end = ms_since_start();
   current_.backward_ms = backward_end;
   poll_completions_locked();
@@ -267,7 +322,7 @@ void Reducer::finish_step_locked() {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (!ready_[i]) missing.push_back(i);
   }
-  if (!missing.empty() && !options_.find_unused_parameters) {
+  if (!missing.empty() && !options_.find_unused_parameters && !joining) {
     throw Error(fmt::format(
         "rank {}: {} parameter(s) received no gradient in this backward: {}. Every rank must "
         "reduce every bucket in every synchronized backward. If the forward does not use every "
