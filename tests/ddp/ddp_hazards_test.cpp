@@ -188,6 +188,34 @@ TEST(DdpHazards, FinishBackwardIsQuietUnderNoSyncAndNeedsPrepareForward) {
   });
 }
 
+// World size 1 with the default sink: no hooks, no steps, .grad untouched
+// (the local gradient is the average). A sink still sees every bucket (ZeRO-2
+// on one rank keeps the whole buffer as its shard).
+TEST(DdpHazards, OneRankSkipsTheReducerUnlessASinkIsSet) {
+  const Problem problem = make_problem(1, 8, /*seed=*/44);
+  paratrain::testing::run_ranks(1, [&](comm::ProcessGroup& group) {
+    auto model = make_model(ModelKind::kMlp, kSeed);
+    auto reference = make_model(ModelKind::kMlp, kSeed);
+    DistributedDataParallel ddp(model, group);
+    ddp.prepare_forward();
+    torch::nn::functional::cross_entropy(model->forward(problem.batch_inputs(0)), problem.batch_targets(0)).backward();
+    ddp.finish_backward();
+    torch::nn::functional::cross_entropy(reference->forward(problem.batch_inputs(0)), problem.batch_targets(0))
+        .backward();
+    EXPECT_EQ(ddp.reducer().synced_steps(), 0);
+    for (std::size_t i = 0; i < model->parameters().size(); ++i) {
+      EXPECT_TRUE(torch::equal(model->parameters()[i].grad(), reference->parameters()[i].grad())) << i;
+    }
+    DdpOptions o;
+    o.reducer.comm_hook = [](comm::ProcessGroup& g, std::size_t, at::Tensor& t) { return g.all_reduce(t); };
+    auto hooked_model = make_model(ModelKind::kMlp, kSeed);
+    DistributedDataParallel hooked(hooked_model, group, o);
+    hooked.prepare_forward();
+    hooked_model->forward(problem.batch_inputs(0)).sum().backward();
+    EXPECT_EQ(hooked.reducer().synced_steps(), 1);
+  });
+}
+
 // sync_buffers() makes buffers equal on demand, for evaluation with
 // broadcast_buffers off or outside the training loop.
 TEST(DdpHazards, SyncBuffersBroadcastsRankZerosBuffersOnDemand) {

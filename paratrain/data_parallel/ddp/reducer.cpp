@@ -79,6 +79,7 @@ Reducer::Reducer(std::vector<NamedParameter> params, comm::ProcessGroup& group, 
               "ReducerOptions: set either `sink` or `comm_hook`, not both (a comm hook only replaces the "
               "default sink's all-reduce; put the collective in your sink instead)");
   sink_ = options_.sink ? options_.sink : std::make_shared<AllReduceSink>(options_.comm_hook);
+  passthrough_ = group_.size() == 1 && !options_.sink && !options_.comm_hook;
   std::vector<ParamSpec> specs;
   for (const auto& p : params_) {
     specs.push_back({p.tensor.numel(), p.tensor.scalar_type(), p.tensor.device()});
@@ -109,18 +110,19 @@ Reducer::Reducer(std::vector<NamedParameter> params, comm::ProcessGroup& group, 
       throw Error(fmt::format("rank {}: reducer: parameter '{}' has no gradient accumulator",
                               group_.rank(), params_[i].name));
     }
+    accumulators_.push_back(acc);
+    if (passthrough_) continue;  // see reducer.h: nothing to synchronize
     hook_keys_.push_back(acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
         [this, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
           on_gradient(i);
           return outputs;
         })));
-    accumulators_.push_back(std::move(acc));
   }
 }
 
 Reducer::~Reducer() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (std::size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+  for (std::size_t i = 0; i < hook_keys_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
   if (in_step_) drain_locked();
 }
 
@@ -151,7 +153,7 @@ void Reducer::finish_backward() {
   TORCH_CHECK(steps_at_forward_ >= 0,
               "Reducer::finish_backward() without prepare_forward(): call prepare_forward() before each "
               "forward (DistributedDataParallel::prepare_forward()) and finish_backward() after each backward");
-  if (!sync_enabled_ || synced_steps_ > steps_at_forward_) return;
+  if (passthrough_ || !sync_enabled_ || synced_steps_ > steps_at_forward_) return;
   // No hook fired. Either this rank's loss reached no parameter (join the
   // peers), or the hooks are on tensors the model no longer uses (fail).
   check_parameters_locked();
@@ -243,10 +245,12 @@ void Reducer::begin_step_locked(bool from_hook) {
   if (from_hook) torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_step(); });
 }
 
-// Copies the parameter's gradient into its slot (nothing to copy when .grad
-// already is the slot) and fills the slot. An undefined .grad contributes zero.
-// `repoint`: make .grad the slot from now on (gradient_as_bucket_view).
+// Copies the parameter's gradient, divided by the group size, into its slot
+// (divides in place when .grad already is the slot) and fills the slot. An
+// undefined .grad contributes zero. `repoint`: make .grad the slot from now
+// on (gradient_as_bucket_view).
 void Reducer::mark_ready_locked(std::size_t param, bool repoint) {
+  const int world = group_.size();
   const Location loc = where_[param];
   Bucket& bucket = buckets_[loc.bucket];
   const at::Tensor& slot = bucket.slot(loc.slot);
@@ -261,8 +265,16 @@ void Reducer::mark_ready_locked(std::size_t param, bool repoint) {
                                 "supports dense gradients only",
                                 group_.rank(), params_[param].name));
       }
-      slot.copy_(grad);
+      // Copy and pre-divide in one pass. See Note [Averaging].
+      if (world > 1) {
+        at::Tensor out = slot;  // same tensor; div_out wants a mutable handle
+        at::div_out(out, grad, c10::scalar_to_tensor(at::Scalar(static_cast<double>(world))));
+      } else {
+        slot.copy_(grad);
+      }
       if (repoint) grad = slot;
+    } else if (world > 1) {
+      slot.div_(world);  // .grad is the slot (gradient_as_bucket_view)
     }
   }
   ready_[param] = true;
@@ -276,13 +288,8 @@ void Reducer::mark_ready_locked(std::size_t param, bool repoint) {
 // earlier one, so all ranks issue the same collectives in the same order even
 // when autograd produces gradients in different orders. See Note [Bucket order].
 void Reducer::launch_ready_locked() {
-  const int world = group_.size();
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].state() == BucketState::kReady) {
-    Bucket& bucket = buckets_[next_launch_];
-    if (world > 1) {
-      torch::NoGradGuard no_grad;
-      bucket.buffer().div_(world);  // See Note [Averaging].
-    }
+    Bucket& bucket = buckets_[next_launch_];  // already pre-divided (mark_ready_locked)
     // Stamp before issuing: on oversubscribed cores the backend's thread may
     // finish the collective before this thread runs again, and a stamp taken
     // after the call would then hide the whole transfer.

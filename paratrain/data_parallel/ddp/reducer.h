@@ -85,6 +85,9 @@ class Reducer {
   // `params`: the parameters to synchronize, in registration order, each
   // requiring grad, dense, and distinct. Every rank of `group` must pass the
   // same shapes and dtypes in the same order. `group` must outlive the reducer.
+  // On a group of one with neither sink nor comm hook, no hooks are
+  // registered (the local gradient already is the average): backward costs
+  // nothing extra, synced_steps() stays 0 and last_step() empty.
   Reducer(std::vector<NamedParameter> params, comm::ProcessGroup& group, ReducerOptions options = {});
   // Removes the hooks and waits for collectives still in flight.
   ~Reducer();
@@ -165,6 +168,7 @@ class Reducer {
   // thread that called backward.
   mutable std::mutex mu_;
   bool sync_enabled_ = true;
+  bool passthrough_ = false;       // world size 1, default sink: no hooks at all
   bool in_step_ = false;           // first hook seen, end-of-backward callback not yet run
   std::size_t next_launch_ = 0;    // buckets [0, next_launch_) are launched
   std::size_t next_complete_ = 0;  // buckets [0, next_complete_) were seen complete
