@@ -39,18 +39,31 @@ TEST(Ddp, BucketedReducerEqualsNaiveTwin) {
   for (int r = 0; r < run.world; ++r) EXPECT_LE(max_relative_diff(bucketed[r], naive[r]), kTolerance) << r;
 }
 
+// Tiny and big buckets agree with each other *and* with the oracle: two runs
+// that both skipped synchronization would agree with each other too, so the
+// oracle comparison is what makes this test able to fail (the Sync::kNone
+// control shows the oracle is far from an unsynchronized run).
 TEST(Ddp, ManyTinyBucketsEqualOneBigBucket) {
   const Problem problem = make_problem(10, 16, /*seed=*/4);
   RankRun run;
   run.model = ModelKind::kCnn;
   run.world = 2;
+  const Snapshot oracle = train_single_process(run.model, problem, run.seed);
   run.ddp = with_caps(1, 1);
   ASSERT_EQ(bucket_count(run.model, run.ddp), 8u);
   const auto tiny = train_ranks(run, problem);
   run.ddp = DdpOptions{};
   ASSERT_EQ(bucket_count(run.model, run.ddp), 1u);
   const auto big = train_ranks(run, problem);
-  for (int r = 0; r < run.world; ++r) EXPECT_LE(max_relative_diff(tiny[r], big[r]), kTolerance) << r;
+  for (int r = 0; r < run.world; ++r) {
+    EXPECT_LE(max_relative_diff(tiny[r], big[r]), kTolerance) << r;
+    EXPECT_LE(max_relative_diff(tiny[r], oracle), kTolerance) << r;
+    EXPECT_LE(max_relative_diff(big[r], oracle), kTolerance) << r;
+  }
+  run.sync = Sync::kNone;
+  run.different_seeds = false;
+  const auto unsynced = train_ranks(run, problem);
+  for (int r = 0; r < run.world; ++r) EXPECT_GT(max_relative_diff(unsynced[r], oracle), 1e-2) << r;
 }
 
 TEST(Ddp, GradientsAsBucketViewsTrainLikeCopiedGradients) {
@@ -61,7 +74,13 @@ TEST(Ddp, GradientsAsBucketViewsTrainLikeCopiedGradients) {
   const auto copied = train_ranks(run, problem);
   run.ddp.reducer.gradient_as_bucket_view = true;
   const auto viewed = train_ranks(run, problem);
-  for (int r = 0; r < run.world; ++r) EXPECT_TRUE(identical(copied[r], viewed[r])) << r;
+  // Identical to each other, and synchronized: equal to the oracle, which an
+  // unsynchronized run is not (DdpOracle.WithoutGradientSyncRanksDivergeFromOracle).
+  const Snapshot oracle = train_single_process(run.model, problem, run.seed);
+  for (int r = 0; r < run.world; ++r) {
+    EXPECT_TRUE(identical(copied[r], viewed[r])) << r;
+    EXPECT_LE(max_relative_diff(viewed[r], oracle), kTolerance) << r;
+  }
 
   // And the gradients really live in the bucket buffers: with one bucket all
   // .grad tensors share one storage in view mode, none in copy mode.

@@ -136,16 +136,41 @@ TEST(Ddp, ParameterUsedOnOneRankIsAveragedWithZeroFromTheOthers) {
   EXPECT_TRUE(identical(ranks[0], ranks[1]));
 }
 
+// Frozen parameters: made equal by construction's broadcast (they started
+// different), left out of the reducer (no gradient, no error without
+// find_unused_parameters), while the trainable ones are averaged. Each check
+// has its control: the ranks' frozen weights differed before wrapping, and
+// their shards' local gradients differ.
 TEST(Ddp, FrozenParametersAreBroadcastButNotReduced) {
   const Problem problem = make_problem(1, 8, /*seed=*/12);
+  std::vector<at::Tensor> frozen_before(2), frozen_after(2), body_grad(2), local_body_grad(2);
   paratrain::testing::run_ranks(2, [&](comm::ProcessGroup& group) {
-    TwoHeadNet net = make_two_head(kSeed + group.rank());
+    const int rank = group.rank();
+    TwoHeadNet net = make_two_head(kSeed + rank);
     for (auto& p : net->extra->parameters()) p.set_requires_grad(false);
+    frozen_before[rank] = net->extra->weight.detach().clone();
     DistributedDataParallel ddp(net.ptr(), group);  // no find_unused_parameters needed
+    frozen_after[rank] = net->extra->weight.detach().clone();
     EXPECT_EQ(ddp.reducer().params().size(), 4u);
     ddp.prepare_forward();
-    EXPECT_NO_THROW(loss_of(net, problem, 0, group.rank(), 2, false).backward());
+    EXPECT_NO_THROW(loss_of(net, problem, 0, rank, 2, /*use_extra=*/true).backward());
+    EXPECT_FALSE(net->extra->weight.grad().defined());
+    body_grad[rank] = net->body->weight.grad().clone();
+    // The local gradient of the same (broadcast) model on this rank's shard.
+    net->zero_grad();
+    {
+      auto guard = ddp.no_sync();
+      ddp.prepare_forward();
+      loss_of(net, problem, 0, rank, 2, /*use_extra=*/true).backward();
+    }
+    local_body_grad[rank] = net->body->weight.grad().clone();
   });
+  EXPECT_FALSE(torch::equal(frozen_before[0], frozen_before[1]));
+  EXPECT_TRUE(torch::equal(frozen_after[0], frozen_before[0]));
+  EXPECT_TRUE(torch::equal(frozen_after[1], frozen_before[0]));
+  EXPECT_TRUE(torch::equal(body_grad[0], body_grad[1]));
+  EXPECT_FALSE(torch::equal(local_body_grad[0], local_body_grad[1]));
+  EXPECT_TRUE(torch::allclose(body_grad[0], (local_body_grad[0] + local_body_grad[1]) / 2, 1e-5, 1e-7));
 }
 
 }  // namespace

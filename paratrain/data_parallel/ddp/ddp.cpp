@@ -43,10 +43,13 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
 DistributedDataParallel::~DistributedDataParallel() = default;
 
 void DistributedDataParallel::prepare_forward() {
-  reducer_->reset_step();
-  if (options_.broadcast_buffers && !buffers_.empty()) {
-    broadcast_coalesced(group_, tensors_of(buffers_), kSourceRank, options_.reducer.timeout);
-  }
+  reducer_->prepare_forward();
+  if (options_.broadcast_buffers) sync_buffers();
+}
+
+void DistributedDataParallel::sync_buffers() {
+  if (buffers_.empty()) return;
+  broadcast_coalesced(group_, tensors_of(buffers_), kSourceRank, options_.reducer.timeout);
 }
 
 DistributedDataParallel::NoSyncGuard::NoSyncGuard(Reducer& reducer)

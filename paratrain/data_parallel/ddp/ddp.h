@@ -3,14 +3,17 @@
 // loss.backward() returns with gradients averaged over the group, reduced in
 // buckets that overlap with backward (reducer.h). The user keeps calling their
 // model and their optimizer; DDP only needs prepare_forward() before each
-// forward. Not here: the reduction itself (reducer.h), the naive twin (naive.h).
+// forward and finish_backward() after each backward. Not here: the reduction
+// itself (reducer.h), the naive twin (naive.h).
 //
+//   model->to(device_or_dtype);   // before wrapping, never after
 //   DistributedDataParallel ddp(model, group);
 //   for (...) {
 //     ddp.prepare_forward();
 //     auto loss = loss_fn(model->forward(shard_of_batch), target);
 //     optimizer.zero_grad();
 //     loss.backward();          // returns with averaged gradients
+//     ddp.finish_backward();    // joins if this rank's loss reached no parameter
 //     optimizer.step();
 //   }
 #pragma once
@@ -54,8 +57,25 @@ class DistributedDataParallel {
 
   // Call before each forward (also inside no_sync()). Collective when
   // broadcast_buffers and the module has buffers. Also abandons a step whose
-  // backward threw, so training can go on after a caught error.
+  // backward threw, so training can go on after a caught error, and throws
+  // Error if the model's parameters were moved or converted after wrapping
+  // (model->to(...)): wrap after moving the model.
   void prepare_forward();
+
+  // Call after each loss.backward() (a trainer must; also inside no_sync(),
+  // where it does nothing). A no-op when backward synchronized. When this
+  // rank's loss reached no parameter, no hook fired and no collective was
+  // issued: without this call the peers would wait until the timeout. Here
+  // the rank joins every bucket's collective with its current .grad (zero
+  // after zero_grad()) and ends with the averaged .grad like its peers. Not
+  // an error even without find_unused_parameters. Collective in that case.
+  void finish_backward() { reducer_->finish_backward(); }
+
+  // Collective: overwrites every rank's buffers (BatchNorm running
+  // statistics) with rank 0's, now. prepare_forward() does it when
+  // broadcast_buffers is set; evaluation outside the training loop (or
+  // broadcast_buffers = false) calls this before using the buffers.
+  void sync_buffers();
 
   // While alive, backward does not communicate: gradients accumulate in .grad
   // and the first backward after the guard is gone reduces the sum of all of

@@ -79,6 +79,7 @@ Reducer::Reducer(std::vector<NamedParameter> params, comm::ProcessGroup& group, 
               "ReducerOptions: set either `sink` or `comm_hook`, not both (a comm hook only replaces the "
               "default sink's all-reduce; put the collective in your sink instead)");
   sink_ = options_.sink ? options_.sink : std::make_shared<AllReduceSink>(options_.comm_hook);
+  passthrough_ = group_.size() == 1 && !options_.sink && !options_.comm_hook;
   std::vector<ParamSpec> specs;
   for (const auto& p : params_) {
     specs.push_back({p.tensor.numel(), p.tensor.scalar_type(), p.tensor.device()});
@@ -109,18 +110,19 @@ Reducer::Reducer(std::vector<NamedParameter> params, comm::ProcessGroup& group, 
       throw Error(fmt::format("rank {}: reducer: parameter '{}' has no gradient accumulator",
                               group_.rank(), params_[i].name));
     }
+    accumulators_.push_back(acc);
+    if (passthrough_) continue;  // see reducer.h: nothing to synchronize
     hook_keys_.push_back(acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
         [this, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
           on_gradient(i);
           return outputs;
         })));
-    accumulators_.push_back(std::move(acc));
   }
 }
 
 Reducer::~Reducer() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (std::size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+  for (std::size_t i = 0; i < hook_keys_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
   if (in_step_) drain_locked();
 }
 
@@ -137,6 +139,59 @@ bool Reducer::sync_enabled() const {
 void Reducer::reset_step() {
   std::lock_guard<std::mutex> lock(mu_);
   if (in_step_) drain_locked();
+}
+
+void Reducer::prepare_forward() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (in_step_) drain_locked();
+  check_parameters_locked();
+  steps_at_forward_ = synced_steps_;
+}
+
+void Reducer::finish_backward() {
+  std::lock_guard<std::mutex> lock(mu_);
+  TORCH_CHECK(steps_at_forward_ >= 0,
+              "Reducer::finish_backward() without prepare_forward(): call prepare_forward() before each "
+              "forward (DistributedDataParallel::prepare_forward()) and finish_backward() after each backward");
+  if (passthrough_ || !sync_enabled_ || synced_steps_ > steps_at_forward_) return;
+  // No hook fired. Either this rank's loss reached no parameter (join the
+  // peers), or the hooks are on tensors the model no longer uses (fail).
+  check_parameters_locked();
+  try {
+    begin_step_locked(/*from_hook=*/false);
+    finish_step_locked(/*joining=*/true);
+  } catch (...) {
+    drain_locked();
+    throw;
+  }
+}
+
+// See Note [Re-materialized parameters]. set_data() with another dtype or
+// device (what Module::to() does) drops the parameter's AccumulateGrad node;
+// the next backward makes a new one, without our hook.
+void Reducer::check_parameters_locked() const {
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& t = params_[i].tensor;
+    const BucketPlan& plan = plans_[where_[i].bucket];
+    std::string what;
+    if (t.scalar_type() != plan.dtype) {
+      what = fmt::format("its dtype changed from {} to {}", c10::toString(plan.dtype), c10::toString(t.scalar_type()));
+    } else if (t.device() != plan.device) {
+      what = fmt::format("its device changed from {} to {}", plan.device.str(), t.device().str());
+    } else if (t.numel() != buckets_[where_[i].bucket].slot(where_[i].slot).numel()) {
+      what = "its size changed";
+    } else if (torch::autograd::impl::grad_accumulator(t) != accumulators_[i]) {
+      what = "its gradient accumulator changed";
+    } else {
+      continue;
+    }
+    throw Error(fmt::format(
+        "rank {}: DDP: parameter '{}' was re-materialized after DistributedDataParallel was constructed "
+        "({}; e.g. model->to(dtype or device) or set_data() after wrapping). The gradient hooks stay on "
+        "the old tensor, so its gradients would silently remain local to each rank. Move or convert the "
+        "model first, then construct DistributedDataParallel (or construct a new one after the move)",
+        group_.rank(), params_[i].name, what));
+  }
 }
 
 StepStats Reducer::last_step() const {
@@ -158,7 +213,7 @@ void Reducer::on_gradient(std::size_t param) {
     return;
   }
   try {
-    if (!in_step_) begin_step_locked();
+    if (!in_step_) begin_step_locked(/*from_hook=*/true);
     if (ready_[param]) {
       throw Error(fmt::format(
           "rank {}: gradient of '{}' arrived twice in one backward. DDP reduces each parameter "
@@ -178,7 +233,8 @@ void Reducer::on_gradient(std::size_t param) {
 
 // The first hook of a synchronized backward opens the step and asks autograd
 // to call finish_step() once the whole graph ran. See Note [End of backward].
-void Reducer::begin_step_locked() {
+// A join (finish_backward()) opens it outside backward and finishes it itself.
+void Reducer::begin_step_locked(bool from_hook) {
   in_step_ = true;
   step_start_ = Clock::now();
   next_launch_ = 0;
@@ -186,13 +242,15 @@ void Reducer::begin_step_locked() {
   current_ = StepStats{};
   current_.buckets.resize(buckets_.size());
   for (std::size_t b = 0; b < buckets_.size(); ++b) current_.buckets[b].bytes = buckets_[b].bytes();
-  torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_step(); });
+  if (from_hook) torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_step(); });
 }
 
-// Copies the parameter's gradient into its slot (nothing to copy when .grad
-// already is the slot) and fills the slot. An undefined .grad contributes zero.
-// `repoint`: make .grad the slot from now on (gradient_as_bucket_view).
+// Copies the parameter's gradient, divided by the group size, into its slot
+// (divides in place when .grad already is the slot) and fills the slot. An
+// undefined .grad contributes zero. `repoint`: make .grad the slot from now
+// on (gradient_as_bucket_view).
 void Reducer::mark_ready_locked(std::size_t param, bool repoint) {
+  const int world = group_.size();
   const Location loc = where_[param];
   Bucket& bucket = buckets_[loc.bucket];
   const at::Tensor& slot = bucket.slot(loc.slot);
@@ -207,8 +265,16 @@ void Reducer::mark_ready_locked(std::size_t param, bool repoint) {
                                 "supports dense gradients only",
                                 group_.rank(), params_[param].name));
       }
-      slot.copy_(grad);
+      // Copy and pre-divide in one pass. See Note [Averaging].
+      if (world > 1) {
+        at::Tensor out = slot;  // same tensor; div_out wants a mutable handle
+        at::div_out(out, grad, c10::scalar_to_tensor(at::Scalar(static_cast<double>(world))));
+      } else {
+        slot.copy_(grad);
+      }
       if (repoint) grad = slot;
+    } else if (world > 1) {
+      slot.div_(world);  // .grad is the slot (gradient_as_bucket_view)
     }
   }
   ready_[param] = true;
@@ -222,13 +288,8 @@ void Reducer::mark_ready_locked(std::size_t param, bool repoint) {
 // earlier one, so all ranks issue the same collectives in the same order even
 // when autograd produces gradients in different orders. See Note [Bucket order].
 void Reducer::launch_ready_locked() {
-  const int world = group_.size();
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].state() == BucketState::kReady) {
-    Bucket& bucket = buckets_[next_launch_];
-    if (world > 1) {
-      torch::NoGradGuard no_grad;
-      bucket.buffer().div_(world);  // See Note [Averaging].
-    }
+    Bucket& bucket = buckets_[next_launch_];  // already pre-divided (mark_ready_locked)
     // Stamp before issuing: on oversubscribed cores the backend's thread may
     // finish the collective before this thread runs again, and a stamp taken
     // after the call would then hide the whole transfer.
@@ -251,14 +312,15 @@ void Reducer::finish_step() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!in_step_) return;  // the step was abandoned (reset_step) before autograd got here
   try {
-    finish_step_locked();
+    finish_step_locked(/*joining=*/false);
   } catch (...) {
     drain_locked();
     throw;
   }
 }
 
-void Reducer::finish_step_locked() {
+// `joining`: no gradient arrived on this rank at all (finish_backward()).
+void Reducer::finish_step_locked(bool joining) {
   const double backward_end = ms_since_start();
   current_.backward_ms = backward_end;
   poll_completions_locked();
@@ -267,7 +329,7 @@ void Reducer::finish_step_locked() {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (!ready_[i]) missing.push_back(i);
   }
-  if (!missing.empty() && !options_.find_unused_parameters) {
+  if (!missing.empty() && !options_.find_unused_parameters && !joining) {
     throw Error(fmt::format(
         "rank {}: {} parameter(s) received no gradient in this backward: {}. Every rank must "
         "reduce every bucket in every synchronized backward. If the forward does not use every "

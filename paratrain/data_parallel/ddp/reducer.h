@@ -85,6 +85,9 @@ class Reducer {
   // `params`: the parameters to synchronize, in registration order, each
   // requiring grad, dense, and distinct. Every rank of `group` must pass the
   // same shapes and dtypes in the same order. `group` must outlive the reducer.
+  // On a group of one with neither sink nor comm hook, no hooks are
+  // registered (the local gradient already is the average): backward costs
+  // nothing extra, synced_steps() stays 0 and last_step() empty.
   Reducer(std::vector<NamedParameter> params, comm::ProcessGroup& group, ReducerOptions options = {});
   // Removes the hooks and waits for collectives still in flight.
   ~Reducer();
@@ -100,8 +103,26 @@ class Reducer {
   // Abandons a step whose backward failed before its end-of-backward callback
   // ran (e.g. an exception in the loss's backward): waits for launched
   // collectives, clears the step. A no-op between steps. Called by
-  // DistributedDataParallel::prepare_forward().
+  // prepare_forward().
   void reset_step();
+
+  // Before each forward: reset_step(), then checks that every parameter is
+  // still the tensor the hooks were registered on (Error naming it when the
+  // model was moved or converted after wrapping: its gradients would silently
+  // stay local), and opens the iteration finish_backward() closes. Local, no
+  // communication. See Note [Re-materialized parameters].
+  void prepare_forward();
+
+  // After each loss.backward(): if no gradient hook opened a synchronized
+  // step on this rank since prepare_forward() (its loss reached no
+  // parameter), joins the peers' collectives with this rank's current .grad
+  // (zero after zero_grad()) for every bucket, so they do not hang, and
+  // leaves the average in .grad like a normal step. Never an error for
+  // missing gradients, even without find_unused_parameters: the whole rank
+  // contributes nothing, which is consistent on all ranks. Throws the
+  // prepare_forward() error if the hooks went stale in between. A no-op after
+  // a synchronized step and under no_sync(). See Note [Joining].
+  void finish_backward();
 
   // The buckets in launch order (explicit plans or plan_buckets()'s). ZeRO-2
   // derives its shard layout from them: rank r owns slice r of each bucket's
@@ -121,12 +142,13 @@ class Reducer {
   };
 
   void on_gradient(std::size_t param);
-  void begin_step_locked();
+  void check_parameters_locked() const;
+  void begin_step_locked(bool from_hook);
   void mark_ready_locked(std::size_t param, bool repoint);
   void launch_ready_locked();
   void poll_completions_locked();
   void finish_step();
-  void finish_step_locked();
+  void finish_step_locked(bool joining);
   void write_back_locked(const at::Tensor& globally_used);
   void drain_locked() noexcept;
   double ms_since_start() const;
@@ -146,6 +168,7 @@ class Reducer {
   // thread that called backward.
   mutable std::mutex mu_;
   bool sync_enabled_ = true;
+  bool passthrough_ = false;       // world size 1, default sink: no hooks at all
   bool in_step_ = false;           // first hook seen, end-of-backward callback not yet run
   std::size_t next_launch_ = 0;    // buckets [0, next_launch_) are launched
   std::size_t next_complete_ = 0;  // buckets [0, next_complete_) were seen complete
@@ -155,6 +178,7 @@ class Reducer {
   StepStats current_;
   StepStats last_;
   int64_t synced_steps_ = 0;
+  int64_t steps_at_forward_ = -1;  // synced_steps_ at prepare_forward(); -1: none yet
 };
 
 }  // namespace paratrain::ddp
