@@ -19,12 +19,6 @@ namespace {
 
 constexpr int kSourceRank = 0;
 
-std::vector<at::Tensor> tensors_of(const std::vector<ddp::NamedTensor>& named) {
-  std::vector<at::Tensor> out;
-  for (const auto& t : named) out.push_back(t.tensor);
-  return out;
-}
-
 // A 1-D tensor over elements [offset, offset + numel) of the contiguous 1-D
 // `flat`. Made with set_(), not narrow(): autograd treats narrow() results as
 // views, and views can neither be leaves the optimizer owns nor serve as a
@@ -75,17 +69,21 @@ ZeroDataParallel::ZeroDataParallel(std::shared_ptr<torch::nn::Module> module, co
   const int world = group_.size();
   params_ = ddp::trainable_parameters(*module_);
   validate(params_, options_, rank);
-  buffers_ = ddp::module_buffers(*module_);
+  const std::vector<ddp::NamedTensor> buffers = ddp::module_buffers(*module_);
+  for (const auto& b : buffers) buffers_.push_back(b.tensor);
 
-  // Replicas start identical, exactly as DistributedDataParallel does it.
+  // Replicas start identical, exactly as DistributedDataParallel does it:
+  // every parameter, frozen ones included.
   std::vector<ddp::NamedTensor> all_params;
+  std::vector<at::Tensor> all_param_tensors;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     all_params.push_back({item.key() + (item.value().requires_grad() ? "" : " (frozen)"), item.value()});
+    all_param_tensors.push_back(item.value());
   }
   ddp::verify_same_tensors(group_, all_params, "parameters", options_.timeout);
-  ddp::verify_same_tensors(group_, buffers_, "buffers", options_.timeout);
-  ddp::broadcast_coalesced(group_, tensors_of(all_params), kSourceRank, options_.timeout);
-  ddp::broadcast_coalesced(group_, tensors_of(buffers_), kSourceRank, options_.timeout);
+  ddp::verify_same_tensors(group_, buffers, "buffers", options_.timeout);
+  ddp::broadcast_coalesced(group_, all_param_tensors, kSourceRank, options_.timeout);
+  ddp::broadcast_coalesced(group_, buffers_, kSourceRank, options_.timeout);
 
   // The buckets are planned here and handed to the reducer, so the layout
   // and the shards exist before the reducer's sink needs them.
@@ -130,7 +128,7 @@ ZeroDataParallel::~ZeroDataParallel() = default;
 void ZeroDataParallel::prepare_forward() {
   reducer_->reset_step();
   if (options_.broadcast_buffers && !buffers_.empty()) {
-    ddp::broadcast_coalesced(group_, tensors_of(buffers_), kSourceRank, options_.timeout);
+    ddp::broadcast_coalesced(group_, buffers_, kSourceRank, options_.timeout);
   }
 }
 

@@ -140,7 +140,7 @@ class ZeroDataParallel {
   comm::ProcessGroup& group_;
   ZeroOptions options_;
   std::vector<ddp::NamedParameter> params_;
-  std::vector<ddp::NamedTensor> buffers_;
+  std::vector<at::Tensor> buffers_;  // broadcast from rank 0 before each forward
   std::unique_ptr<ddp::Reducer> reducer_;
   ShardLayout layout_;
   std::vector<ShardPiece> pieces_;
