@@ -201,6 +201,34 @@ TEST_P(ZeroStageTest, ParameterSlotsRoundTripThroughGather) {
 INSTANTIATE_TEST_SUITE_P(Stages, ZeroStageTest, ::testing::Values(1, 2),
                          [](const auto& info) { return "Stage" + std::to_string(info.param); });
 
+// How the gradients travel: stage 1 all-reduces every bucket (DDP's traffic),
+// stage 2 issues no all-reduce at all (its buckets are reduce-scattered), and
+// its first bucket is launched before backward ends, i.e. overlapped with it.
+TEST_P(ZeroStageTest, GradientsTravelByTheStagesCollectiveDuringBackward) {
+  const int stage = GetParam();
+  const Problem p = ddp::testing::make_problem(/*steps=*/3, kGlobalBatch, 7);
+  paratrain::testing::run_ranks(2, [&](comm::ProcessGroup& inner) {
+    ddp::testing::CountingGroup group(inner);
+    auto model = ddp::testing::make_model(ModelKind::kMlp, 1);
+    ZeroDataParallel zero(model, group, zero_run(stage, 2).zero);
+    auto opt = make_optimizer(Optim::kSgd, zero.optimizer_params());
+    const std::size_t buckets = zero.layout().num_groups();
+    ASSERT_GE(buckets, 3u) << "the test needs several buckets";
+    const int before = group.all_reduces();
+    for (int step = 0; step < p.steps; ++step) {
+      zero.prepare_forward();
+      const at::Tensor x = ddp::testing::shard(p.batch_inputs(step), group.rank(), 2);
+      const at::Tensor y = ddp::testing::shard(p.batch_targets(step), group.rank(), 2);
+      torch::nn::functional::cross_entropy(model->forward(x), y).backward();
+      const ddp::StepStats stats = zero.reducer().last_step();
+      EXPECT_LT(stats.buckets.front().launched_ms, stats.backward_ms) << "first bucket launched in backward";
+      zero.step(*opt);
+    }
+    const int per_step = stage == 1 ? static_cast<int>(buckets) : 0;
+    EXPECT_EQ(group.all_reduces() - before, p.steps * per_step);
+  });
+}
+
 // A step needs a synchronized backward: stepping inside no_sync() would apply
 // stale shard gradients.
 TEST(ZeroStep, RefusesToStepWithoutASynchronizedBackward) {

@@ -1,4 +1,4 @@
-// ZeRO stages 1 and 2 against the oracle: 20 steps on 2, 3 and 4 ranks
+// ZeRO stages 1 and 2 against the oracle: 20 steps on 2, 3 and 4 ranks (and 1)
 // (threads) must give the parameters one process gets on the full global
 // batch with the same optimizer on the full parameters.
 //
@@ -66,6 +66,7 @@ TEST_P(ZeroOracleTest, MatchesSingleProcessTraining) {
 std::vector<OracleCase> all_cases() {
   std::vector<OracleCase> out;
   for (int stage : {1, 2}) {
+    out.push_back({stage, 1, ModelKind::kMlp, Optim::kAdam});  // one rank: the layout without splits
     for (int world : {2, 3, 4}) {
       for (ModelKind model : {ModelKind::kMlp, ModelKind::kCnn}) {
         for (Optim optim : {Optim::kSgd, Optim::kAdam}) out.push_back({stage, world, model, optim});

@@ -19,12 +19,6 @@ namespace {
 
 constexpr int kSourceRank = 0;
 
-std::vector<at::Tensor> tensors_of(const std::vector<ddp::NamedTensor>& named) {
-  std::vector<at::Tensor> out;
-  for (const auto& t : named) out.push_back(t.tensor);
-  return out;
-}
-
 // A 1-D tensor over elements [offset, offset + numel) of the contiguous 1-D
 // `flat`. Made with set_(), not narrow(): autograd treats narrow() results as
 // views, and views can neither be leaves the optimizer owns nor serve as a
@@ -75,28 +69,29 @@ ZeroDataParallel::ZeroDataParallel(std::shared_ptr<torch::nn::Module> module, co
   const int world = group_.size();
   params_ = ddp::trainable_parameters(*module_);
   validate(params_, options_, rank);
-  buffers_ = ddp::module_buffers(*module_);
+  const std::vector<ddp::NamedTensor> buffers = ddp::module_buffers(*module_);
+  for (const auto& b : buffers) buffers_.push_back(b.tensor);
 
-  // Replicas start identical, exactly as DistributedDataParallel does it.
+  // Replicas start identical, exactly as DistributedDataParallel does it:
+  // every parameter, frozen ones included.
   std::vector<ddp::NamedTensor> all_params;
+  std::vector<at::Tensor> all_param_tensors;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     all_params.push_back({item.key() + (item.value().requires_grad() ? "" : " (frozen)"), item.value()});
+    all_param_tensors.push_back(item.value());
   }
   ddp::verify_same_tensors(group_, all_params, "parameters", options_.timeout);
-  ddp::verify_same_tensors(group_, buffers_, "buffers", options_.timeout);
-  ddp::broadcast_coalesced(group_, tensors_of(all_params), kSourceRank, options_.timeout);
-  ddp::broadcast_coalesced(group_, tensors_of(buffers_), kSourceRank, options_.timeout);
+  ddp::verify_same_tensors(group_, buffers, "buffers", options_.timeout);
+  ddp::broadcast_coalesced(group_, all_param_tensors, kSourceRank, options_.timeout);
+  ddp::broadcast_coalesced(group_, buffers_, kSourceRank, options_.timeout);
 
-  // Plan the buckets here (the reducer plans the same way from the same
-  // inputs) so the shards exist before the reducer's sink needs them.
-  ddp::ReducerOptions reducer_options;
-  reducer_options.buckets = options_.buckets;
-  reducer_options.buckets.pad_to_multiple = world;
-  reducer_options.find_unused_parameters = options_.find_unused_parameters;
-  reducer_options.timeout = options_.timeout;
+  // The buckets are planned here and handed to the reducer, so the layout
+  // and the shards exist before the reducer's sink needs them.
+  ddp::BucketPlanOptions bucket_options = options_.buckets;
+  bucket_options.pad_to_multiple = world;
   std::vector<ddp::ParamSpec> specs;
   for (const auto& p : params_) specs.push_back({p.tensor.numel(), p.tensor.scalar_type(), p.tensor.device()});
-  const std::vector<ddp::BucketPlan> plans = ddp::plan_buckets(specs, reducer_options.buckets);
+  std::vector<ddp::BucketPlan> plans = ddp::plan_buckets(specs, bucket_options);
 
   layout_ = ShardLayout(groups_of(plans, params_), world);
   pieces_ = layout_.pieces(rank);
@@ -116,23 +111,16 @@ ZeroDataParallel::ZeroDataParallel(std::shared_ptr<torch::nn::Module> module, co
     }
   }
 
-  if (options_.stage == 2) {
-    std::vector<at::Tensor> outputs(grad_shards_.begin(), grad_shards_.end());
-    sink_ = std::make_shared<ReduceScatterSink>(std::move(outputs));
-    reducer_options.comm_hook = [sink = sink_](comm::ProcessGroup& g, std::size_t index, at::Tensor& buffer) {
-      return sink->launch(g, index, buffer);
-    };
-  }
-  reducer_ = std::make_unique<ddp::Reducer>(params_, group_, reducer_options);
-  const auto& used = reducer_->plans();
-  for (std::size_t g = 0; g < plans.size() || g < used.size(); ++g) {
-    if (g >= plans.size() || g >= used.size() || used[g].params != plans[g].params ||
-        used[g].offsets != plans[g].offsets || used[g].padded_numel != plans[g].padded_numel) {
-      throw Error(fmt::format("rank {}: ZeroDataParallel: the reducer planned bucket {} differently from "
-                              "the shard layout; this is a bug in paratrain",
-                              rank, g));
-    }
-  }
+  // Stage 1: the reducer's default all-reduce and write-back (DDP's traffic);
+  // finish_backward() keeps our slice. Stage 2: the sink reduce-scatters each
+  // bucket into grad_shards_ as soon as backward filled it, and the reducer
+  // leaves the full .grad undefined.
+  ddp::ReducerOptions reducer_options;
+  reducer_options.plans = std::move(plans);
+  reducer_options.find_unused_parameters = options_.find_unused_parameters;
+  reducer_options.timeout = options_.timeout;
+  if (options_.stage == 2) reducer_options.sink = std::make_shared<ReduceScatterSink>(grad_shards_);
+  reducer_ = std::make_unique<ddp::Reducer>(params_, group_, std::move(reducer_options));
 }
 
 ZeroDataParallel::~ZeroDataParallel() = default;
@@ -140,7 +128,7 @@ ZeroDataParallel::~ZeroDataParallel() = default;
 void ZeroDataParallel::prepare_forward() {
   reducer_->reset_step();
   if (options_.broadcast_buffers && !buffers_.empty()) {
-    ddp::broadcast_coalesced(group_, tensors_of(buffers_), kSourceRank, options_.timeout);
+    ddp::broadcast_coalesced(group_, buffers_, kSourceRank, options_.timeout);
   }
 }
 
@@ -163,11 +151,9 @@ bool ZeroDataParallel::finish_backward() {
     for (auto& p : params_) {
       if (p.tensor.grad().defined()) p.tensor.mutable_grad().zero_();
     }
-  } else {
-    // The sink reduce-scattered every bucket into grad_shards_; the full
-    // gradients were only the reducer's input.
-    for (auto& p : params_) p.tensor.mutable_grad().reset();
   }
+  // Stage 2: the sink already reduce-scattered every bucket into
+  // grad_shards_, and the reducer left the full .grad undefined.
   // Re-point in case the optimizer replaced .grad (zero_grad(set_to_none)).
   for (std::size_t k = 0; k < pieces_.size(); ++k) {
     at::Tensor& grad = piece_params_[k].mutable_grad();

@@ -40,8 +40,6 @@ class Optimizer;
 
 namespace paratrain::zero {
 
-class ReduceScatterSink;
-
 struct ZeroOptions {
   // 1: optimizer state sharded; gradients all-reduced in full (same traffic
   //    as DDP), then each rank keeps its slice. Full-size .grad stays
@@ -94,7 +92,7 @@ class ZeroDataParallel {
 
   // After a synchronized backward: stage 1 copies this rank's slice of the
   // averaged gradients into the shard gradients (and zeroes the full .grad),
-  // stage 2 only frees the full .grad (the sink already filled the shard).
+  // stage 2 has nothing left to do (the sink filled the shard during backward).
   // Points each optimizer param's .grad at its shard gradient. Returns false
   // (and does nothing) when no synchronized backward ran since the last call.
   // clip_grad_norm() and step() call it, so calling it yourself is optional.
@@ -142,8 +140,7 @@ class ZeroDataParallel {
   comm::ProcessGroup& group_;
   ZeroOptions options_;
   std::vector<ddp::NamedParameter> params_;
-  std::vector<ddp::NamedTensor> buffers_;
-  std::shared_ptr<ReduceScatterSink> sink_;  // stage 2
+  std::vector<at::Tensor> buffers_;  // broadcast from rank 0 before each forward
   std::unique_ptr<ddp::Reducer> reducer_;
   ShardLayout layout_;
   std::vector<ShardPiece> pieces_;
