@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   const paratrain::cli::Command commands[] = {
       paratrain::cli::add_launch_command(app),
       paratrain::cli::add_train_command(app),
+      paratrain::cli::add_plan_command(app),
   };
   try {
     app.parse(argc, argv);
