@@ -74,7 +74,7 @@ Check<double> in_range_finite(double lo, double hi, std::string note = "") {
 // becomes milliseconds in 32-bit APIs (poll, Gloo; <= 7 days = 6.0e8 ms),
 // and counts multiply with each other (batch x dp, width x width). The
 // bounds are far above any run this library can do, not tuning advice.
-constexpr int64_t kMaxCount = int64_t{1} << 40;       // steps, epochs, examples, seeds
+constexpr int64_t kMaxCount = int64_t{1} << 40;       // steps, epochs, examples (a seed is never multiplied)
 constexpr int64_t kMaxWidth = int64_t{1} << 24;       // a layer width or channel count
 constexpr int64_t kMaxRanks = int64_t{1} << 20;       // one parallel axis
 constexpr int64_t kMaxTimeoutS = 7 * 24 * 3600;       // 7 days
@@ -165,7 +165,7 @@ const std::vector<FieldSpec>& schema() {
   static const std::vector<FieldSpec> fields = {
       field("run.name", &TC::run, &RunConfig::name, "outputs go to <output_dir>/<name>/", path_component()),
       field("run.output_dir", &TC::run, &RunConfig::output_dir, "parent folder of all runs", non_empty()),
-      field("run.seed", &TC::run, &RunConfig::seed, "seeds model init and data shuffling", in_range<int64_t>(0, kMaxCount)),
+      field("run.seed", &TC::run, &RunConfig::seed, "seeds model init and data shuffling", at_least<int64_t>(0)),
       field("run.log_every", &TC::run, &RunConfig::log_every, "steps between log lines (0 = per epoch only)", in_range<int64_t>(0, kMaxCount)),
 
       field("model.kind", &TC::model, &ModelConfig::kind, "\"mlp\" or \"cnn\"", one_of({"mlp", "cnn"})),
