@@ -20,7 +20,7 @@ Command add_plan_command(CLI::App& app) {
   struct Args {
     std::string config;
     std::vector<std::string> overrides;
-    int64_t world = 1;
+    int64_t world = 0;
     double memory_gb = 0;
     bool json = false;
   };
@@ -30,7 +30,9 @@ Command add_plan_command(CLI::App& app) {
               "stage that fits a memory budget");
   sub->add_option("-c,--config", args->config, "TOML config file, e.g. configs/fashion_mnist_mlp.toml")->required();
   sub->add_option("--set", args->overrides, "Override a config key: --set optimizer.kind=adam (repeatable)");
-  sub->add_option("--world", args->world, "ranks in the job (the dp group shards the state)")->capture_default_str();
+  sub->add_option("--world", args->world,
+                  "ranks in the job; the dp group (world / (tp*pp*cp)) shards the state. Default: "
+                  "parallel.dp * tp * pp * cp from the config, or 1 rank of data parallelism");
   sub->add_option("--memory-gb", args->memory_gb, "per-rank budget in GiB (2^30 bytes); 0 = none")
       ->capture_default_str();
   sub->add_flag("--json", args->json, "print JSON (exact byte counts) instead of the table");

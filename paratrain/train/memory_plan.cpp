@@ -70,15 +70,19 @@ int64_t parameter_count(const TrainConfig& c) {
 
 MemoryPlan plan_memory(const TrainConfig& config, const PlanOptions& options) {
   validate_config(config);
-  const int64_t split = config.parallel.tp * config.parallel.pp * config.parallel.cp;
-  if (options.world < 1 || options.world % split != 0)
+  const int64_t split = checked_mul(checked_mul(config.parallel.tp, config.parallel.pp), config.parallel.cp);
+  // world 0: the one the config implies (parallel.dp set), else one rank.
+  const int64_t world = options.world != 0 ? options.world
+                        : config.parallel.dp > 0 ? checked_mul(config.parallel.dp, split)
+                                                 : split;
+  if (world < 1 || world % split != 0)
     throw ConfigError(fmt::format(
-        "paratrain plan: --world {} must be a positive multiple of parallel.tp * pp * cp = {}", options.world,
-        split));
-  const int64_t dp = config.parallel.dp > 0 ? config.parallel.dp : options.world / split;
-  if (dp * split != options.world)
-    throw ConfigError(fmt::format("paratrain plan: parallel.dp {} * tp * pp * cp {} != --world {}",
-                                  config.parallel.dp, split, options.world));
+        "paratrain plan: --world {} must be a positive multiple of parallel.tp * pp * cp = {}", world, split));
+  const int64_t dp = world / split;
+  if (config.parallel.dp > 0 && config.parallel.dp != dp)
+    throw ConfigError(fmt::format("paratrain plan: parallel.dp = {} but --world {} / (tp * pp * cp = {}) = {}: "
+                                  "pass --world {} or leave parallel.dp = 0",
+                                  config.parallel.dp, world, split, dp, checked_mul(config.parallel.dp, split)));
   const auto& o = config.optimizer;
   const int64_t k = o.kind == "sgd" ? (o.momentum > 0 ? 4 : 0) : 8;
   MemoryPlan plan = plan_memory(parameter_count(config), dp, k, options.memory_gib);

@@ -16,9 +16,10 @@
 namespace paratrain::train {
 
 struct PlanOptions {
-  // Ranks the model state is sharded over (the data-parallel group). With
-  // parallel.tp/pp/cp > 1 in the config, the dp size is world / (tp*pp*cp).
-  int64_t world = 1;
+  // Ranks in the job; the data-parallel group that shards the model state
+  // is world / (parallel.tp * pp * cp). 0 = what the config implies:
+  // parallel.dp * tp * pp * cp when parallel.dp is set, else tp * pp * cp.
+  int64_t world = 0;
   // Per-rank memory budget in GiB (2^30 bytes); 0 = no budget (no fit column).
   double memory_gib = 0;
 };

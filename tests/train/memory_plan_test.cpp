@@ -102,7 +102,11 @@ TEST(MemoryPlan, TheLowestStageThatFitsIsNamedOrTheRanksThatWouldFit) {
   EXPECT_NE(pt::format_plan(p).find("at least 8 data-parallel ranks"), std::string::npos);
   EXPECT_THROW(pt::plan_memory(kPsi, 4, 8, -1), paratrain::ConfigError);
   pt::TrainConfig c;
-  EXPECT_THROW(pt::plan_memory(c, {.world = 0}), paratrain::ConfigError);
+  EXPECT_THROW(pt::plan_memory(c, {.world = -1}), paratrain::ConfigError);
+  EXPECT_EQ(pt::plan_memory(c, {}).dp, 1);  // no world given: the config's, here one rank
+  c.parallel.dp = 3;
+  EXPECT_EQ(pt::plan_memory(c, {}).dp, 3);
+  EXPECT_THROW(pt::plan_memory(c, {.world = 4}), paratrain::ConfigError);  // dp 3 != 4
 }
 
 TEST(MemoryPlan, JsonHasExactBytesPerStage) {
@@ -140,9 +144,9 @@ TEST(PlanCli, PrintsTheTableForTheShippedConfig) {
   EXPECT_EQ(j["stages"][0]["total_bytes"], 16 * kPsi);
   EXPECT_FALSE(j.contains("lowest_fitting_stage"));  // no budget given
   r = paratrain::testing::run_cli({"plan", "-c", std::string(PARATRAIN_SOURCE_DIR) + "/configs/fashion_mnist_mlp.toml",
-                                   "--world", "0"});
+                                   "--world", "-2"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("--world 0 must be a positive multiple"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--world -2 must be a positive multiple"), std::string::npos) << r.output;
 }
 
 }  // namespace
