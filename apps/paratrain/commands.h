@@ -19,5 +19,6 @@ struct Command {
 Command add_launch_command(CLI::App& app);  // launch_command.cpp
 Command add_train_command(CLI::App& app);   // train_command.cpp
 Command add_checkpoint_command(CLI::App& app);  // checkpoint_command.cpp
+Command add_plan_command(CLI::App& app);    // plan_command.cpp
 
 }  // namespace paratrain::cli

@@ -1,4 +1,4 @@
-// `paratrain` CLI entry: dispatches to sub-commands (launch, train).
+// `paratrain` CLI entry: dispatches to sub-commands (launch, train, checkpoint, plan).
 // The only place that turns an exception into an exit code.
 #include <cstdio>
 #include <exception>
@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
       paratrain::cli::add_launch_command(app),
       paratrain::cli::add_train_command(app),
       paratrain::cli::add_checkpoint_command(app),
+      paratrain::cli::add_plan_command(app),
   };
   try {
     app.parse(argc, argv);

@@ -30,11 +30,12 @@ Command add_train_command(CLI::App& app) {
   auto* sub = app.add_subcommand("train", "Train a model from a TOML config (one rank; use `launch` for many)");
   sub->add_option("-c,--config", args->config, "TOML config file, e.g. configs/fashion_mnist_mlp.toml")->required();
   sub->add_option("--set", args->overrides, "Override a config key: --set optimizer.lr=0.01 (repeatable)");
-  sub->add_option("--log-level", args->log_level, "trace, debug, info, warn, error");
+  sub->add_option("--log-level", args->log_level,
+                  "trace, debug, info, warn, error, critical or off (PARATRAIN_LOG_LEVEL wins)");
 
   auto run = [args]() -> int {
     const auto world = comm::world_from_env();
-    init_logging(world.rank, args->log_level);
+    init_logging(world.rank, args->log_level, "--log-level");  // a bad level: ConfigError, exit 2
     // Read the config before meeting the other ranks: a typo fails every
     // rank at once instead of leaving peers waiting at the rendezvous.
     auto config = train::load_config(args->config, args->overrides);

@@ -6,7 +6,16 @@
 
 namespace paratrain {
 
-// level: trace, debug, info, warn, error. Also honours PARATRAIN_LOG_LEVEL.
-void init_logging(int rank, const std::string& level = "info");
+// The level names init_logging accepts, in order of verbosity.
+inline constexpr const char* kLogLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+
+// level: one of kLogLevels. PARATRAIN_LOG_LEVEL, when set, wins over it.
+// Throws ConfigError naming the source (`source`, e.g. "--log-level", or
+// PARATRAIN_LOG_LEVEL) and the allowed levels for any other word: spdlog
+// reads an unknown name as "off", which would silently mute everything.
+void init_logging(int rank, const std::string& level = "info", const std::string& source = "log level");
+
+// Throws the same ConfigError when `level` is not a log level; else returns.
+void check_log_level(const std::string& level, const std::string& source);
 
 }  // namespace paratrain

@@ -2,6 +2,8 @@
 // Supervisor. The CLI (apps/paratrain/launch_command.cpp) only maps flags here.
 #include "paratrain/launch/launcher.h"
 
+#include <sys/resource.h>
+
 #include <climits>
 #include <cstdlib>
 
@@ -14,6 +16,51 @@
 #include "paratrain/launch/worker_env.h"
 
 namespace paratrain::launch {
+
+namespace {
+
+// Note [Local rank limits]
+// Every worker is a process, and with prefixed output the launcher holds two
+// pipe read ends per worker for the whole run (and briefly four while
+// spawning it). Asking for more workers than the machine allows used to fork
+// until pipe() or fork() failed mid-start; these checks refuse before the
+// first fork and say which limit and why. kMaxLocalRanks bounds the poll set
+// and catches a typo (an extra digit) even where the rlimits are unlimited.
+constexpr int kMaxLocalRanks = 4096;
+constexpr int kFdsPerWorker = 2;     // stdout and stderr pipes, read ends kept
+constexpr int kLauncherFds = 64;     // stdio, the signal pipe, spawn's error pipe, headroom
+
+void check_process_limits(const LaunchOptions& o) {
+  auto bad = [](const std::string& what) { throw ConfigError("paratrain launch: " + what); };
+  if (o.nproc_per_node > kMaxLocalRanks) {
+    bad(fmt::format("--nproc-per-node {} is more than the {} worker processes one launcher starts on a "
+                    "node; use more nodes (--nnodes) or fewer ranks per node",
+                    o.nproc_per_node, kMaxLocalRanks));
+  }
+  rlimit files{};
+  if (o.prefix_output && getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY) {
+    const long long need = static_cast<long long>(o.nproc_per_node) * kFdsPerWorker + kLauncherFds;
+    if (need > static_cast<long long>(files.rlim_cur)) {
+      bad(fmt::format("--nproc-per-node {} needs about {} open files ({} output pipes per worker plus {} for "
+                      "the launcher), but this process may open {} (RLIMIT_NOFILE, `ulimit -n`); raise "
+                      "`ulimit -n` (hard limit {}), start fewer ranks, or pass --no-prefix (no pipes)",
+                      o.nproc_per_node, need, kFdsPerWorker, kLauncherFds,
+                      static_cast<long long>(files.rlim_cur),
+                      files.rlim_max == RLIM_INFINITY ? std::string("unlimited")
+                                                      : std::to_string(files.rlim_max)));
+    }
+  }
+  rlimit procs{};
+  if (getrlimit(RLIMIT_NPROC, &procs) == 0 && procs.rlim_cur != RLIM_INFINITY &&
+      static_cast<unsigned long long>(o.nproc_per_node) >= procs.rlim_cur) {
+    bad(fmt::format("--nproc-per-node {} worker processes would reach this user's process limit {} "
+                    "(RLIMIT_NPROC, `ulimit -u`, which counts every process the user already runs); "
+                    "raise `ulimit -u` or start fewer ranks",
+                    o.nproc_per_node, static_cast<long long>(procs.rlim_cur)));
+  }
+}
+
+}  // namespace
 
 int launch(const LaunchOptions& options) {
   return launch_with_report(options).exit_code;
@@ -45,6 +92,7 @@ void validate(const LaunchOptions& o) {
   if (static_cast<long long>(o.nproc_per_node) * o.nnodes > INT_MAX) {
     bad(fmt::format("--nproc-per-node {} * --nnodes {} ranks is too many", o.nproc_per_node, o.nnodes));
   }
+  check_process_limits(o);
   if (o.master_port < 0 || o.master_port > 65535) {
     bad(fmt::format("--master-port {} must be in 1..65535 (leave it out on a single node to pick a free one)",
                     o.master_port));

@@ -62,6 +62,13 @@ struct WorkerOutcome {
   // The launcher signalled it before it ended (another rank failed first, or
   // the launcher itself was interrupted): a consequence, not a cause.
   bool stopped_by_launcher = false;
+  // When the launcher saw it end (reaped it); workers seen in the same sweep
+  // share the time. Orders failures: see pick_first_failure in report.h.
+  std::chrono::steady_clock::time_point ended_at{};
+  // The end of its output (prefixed output only) says a peer went away
+  // ("connection reset", "connection closed", "broken pipe", "peer"): most
+  // likely a victim of another rank's failure, not its cause.
+  bool peer_error = false;
 
   bool ok() const { return exited && exit_code == 0; }
   // The shell's convention: the exit code, or 128 + signal.
@@ -73,7 +80,9 @@ struct LaunchReport {
   // shell_code(), or 128 + the signal the launcher received. Never 0 on failure.
   int exit_code = 0;
   std::vector<WorkerOutcome> workers;  // indexed by local rank
-  int first_failed = -1;               // local rank of the first failure, -1 if none
+  // Local rank of the failure named as the cause, -1 if none: the earliest
+  // one that failed on its own, see pick_first_failure in report.h.
+  int first_failed = -1;
   int received_signal = 0;             // signal forwarded to the workers, 0 if none
   std::string master_addr;             // what the workers were given
   int master_port = 0;                 // ... including a port picked because 0 was passed

@@ -1,6 +1,9 @@
 // Outcome descriptions and the launcher's final summary (see report.h).
 #include "paratrain/launch/report.h"
 
+#include <cctype>
+#include <tuple>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -9,7 +12,10 @@
 namespace paratrain::launch {
 
 std::string describe(const WorkerOutcome& w) {
-  if (w.exited) return fmt::format("rank {} (pid {}) exited with code {}", w.rank, w.pid, w.exit_code);
+  if (w.exited) {
+    return fmt::format("rank {} (pid {}) exited with code {}{}", w.rank, w.pid, w.exit_code,
+                       w.peer_error && !w.ok() ? " (its output says a peer went away)" : "");
+  }
   return fmt::format("rank {} (pid {}) was killed by {}", w.rank, w.pid, signal_name(w.signal));
 }
 
@@ -26,6 +32,36 @@ std::string rank_list(const std::vector<int>& ranks) {
   return out;
 }
 
+int pick_first_failure(const std::vector<WorkerOutcome>& workers) {
+  auto tier = [](const WorkerOutcome& w) {
+    if (w.exited && !w.peer_error) return w.stopped_by_launcher ? 3 : 1;
+    if (!w.exited && !w.stopped_by_launcher) return 2;
+    return w.exited ? 4 : 5;
+  };
+  int best = -1;
+  for (std::size_t i = 0; i < workers.size(); ++i) {
+    const WorkerOutcome& w = workers[i];
+    if (w.ok()) continue;
+    if (best < 0) {
+      best = static_cast<int>(i);
+      continue;
+    }
+    const WorkerOutcome& b = workers[static_cast<std::size_t>(best)];
+    if (std::tuple(tier(w), w.ended_at, w.local_rank) < std::tuple(tier(b), b.ended_at, b.local_rank))
+      best = static_cast<int>(i);
+  }
+  return best < 0 ? -1 : workers[static_cast<std::size_t>(best)].local_rank;
+}
+
+bool mentions_lost_peer(std::string_view output) {
+  std::string lower(output);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* words : {"connection reset", "connection closed", "broken pipe", "peer"}) {
+    if (lower.find(words) != std::string::npos) return true;
+  }
+  return false;
+}
+
 std::string summarize(LaunchReport& r) {
   const int n = static_cast<int>(r.workers.size());
   std::vector<int> succeeded;
@@ -33,9 +69,11 @@ std::string summarize(LaunchReport& r) {
   for (const auto& w : r.workers) {
     if (w.ok() && !w.stopped_by_launcher) {
       succeeded.push_back(w.rank);
+    } else if (w.local_rank == r.first_failed) {
+      continue;
     } else if (w.stopped_by_launcher) {
       stopped.push_back(describe(w));
-    } else if (w.local_rank != r.first_failed) {
+    } else {
       other_failures.push_back(describe(w));
     }
   }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "paratrain/launch/launcher.h"
@@ -14,6 +15,21 @@ std::string describe(const WorkerOutcome& w);
 
 // Compact rank list: {0, 1, 2, 5} -> "ranks 0-2, 5"; {3} -> "rank 3".
 std::string rank_list(const std::vector<int>& ranks);
+
+// Which failed worker caused the launch to fail: returns its local rank, or
+// -1 when every worker succeeded. Failures rank by how likely they are a
+// cause rather than a consequence, then by ended_at, then by local rank:
+//   1. exited with a non-zero code on its own (before the launcher signalled it)
+//      and its output does not say a peer went away;
+//   2. killed by a signal the launcher did not send (a crash, the OOM killer);
+//   3. exited non-zero after the launcher signalled it (a slow failure, or its
+//      reaction to SIGTERM), output not about a peer;
+//   4. exited non-zero saying a peer went away ("connection reset by peer");
+//   5. killed by a signal after the launcher signalled it (our own teardown).
+int pick_first_failure(const std::vector<WorkerOutcome>& workers);
+
+// True when `output` (the end of a worker's output) says a peer went away.
+bool mentions_lost_peer(std::string_view output);
 
 // Fills report.exit_code from the outcomes and returns the summary line, e.g.
 // "paratrain launch: FAILED with exit code 3: rank 1 (pid ..) exited with code 3

@@ -40,6 +40,9 @@ constexpr auto kSettle = std::chrono::seconds(1);
 constexpr std::size_t kReadChunk = 64 * 1024;
 // Output still buffered in a pipe when the loop ends is copied up to here.
 constexpr std::size_t kFinalDrain = 1 << 20;
+// How much of each worker's latest output is kept to tell a victim ("connection
+// reset by peer") from a cause: the last error message, not the whole log.
+constexpr std::size_t kTailBytes = 4096;
 
 std::string seconds(std::chrono::milliseconds ms) {
   return fmt::format("{:g} s", static_cast<double>(ms.count()) / 1000.0);
@@ -141,8 +144,14 @@ LaunchReport Supervisor::run() {
   close_streams();
 
   LaunchReport report;
-  for (const auto& w : workers_) report.workers.push_back(w.outcome);
-  report.first_failed = first_failed_;
+  for (auto& w : workers_) {
+    w.outcome.peer_error = mentions_lost_peer(w.tail);
+    report.workers.push_back(w.outcome);
+  }
+  // The failure that triggered the stop is only the first one reaped; with
+  // every outcome and output in, name the likeliest cause instead (Note
+  // [Naming the first failure]). A launch stopped by a signal names none.
+  report.first_failed = first_failed_ >= 0 ? pick_first_failure(report.workers) : -1;
   report.received_signal = received_signal_;
   report.master_addr = options_.master_addr;
   report.master_port = options_.master_port;
@@ -151,7 +160,18 @@ LaunchReport Supervisor::run() {
   return report;
 }
 
+// Note [Naming the first failure]
+// A rank that fails takes its peers down with it: they see "connection reset
+// by peer" and exit non-zero too, sometimes before the failing rank itself is
+// reaped (its exit may be slower than their error path), and the launcher's
+// own SIGTERM kills the rest. So the rank reaped first is not always the
+// cause. Each sweep reaps every worker that ended before stopping anyone, so
+// workers ending together all count as ending on their own; each outcome keeps
+// the sweep's time (resolution: one kTick) and whether its output blamed a
+// peer; at the end pick_first_failure (report.h) prefers ranks that failed on
+// their own, then the earliest.
 void Supervisor::reap(Clock::time_point now) {
+  const Worker* trigger = nullptr;
   for (auto& w : workers_) {
     if (w.reaped) continue;
     int status = 0;
@@ -171,12 +191,14 @@ void Supervisor::reap(Clock::time_point now) {
       w.outcome.exited = false;
       w.outcome.signal = WTERMSIG(status);
     }
-    if (!w.outcome.ok() && !stopping_) {
-      first_failed_ = w.outcome.local_rank;
-      say(fmt::format("paratrain launch: {}; stopping the other ranks (SIGTERM, SIGKILL after {})",
-                      describe(w.outcome), seconds(options_.kill_grace)));
-      stop_all(SIGTERM, now);
-    }
+    w.outcome.ended_at = now;
+    if (!w.outcome.ok() && !stopping_ && trigger == nullptr) trigger = &w;
+  }
+  if (trigger != nullptr) {
+    first_failed_ = trigger->outcome.local_rank;
+    say(fmt::format("paratrain launch: {}; stopping the other ranks (SIGTERM, SIGKILL after {})",
+                    describe(trigger->outcome), seconds(options_.kill_grace)));
+    stop_all(SIGTERM, now);
   }
 }
 
@@ -241,11 +263,13 @@ bool Supervisor::anything_left() const {
 void Supervisor::pump(std::chrono::milliseconds timeout) {
   std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
   std::vector<Stream*> owners{nullptr};
+  std::vector<Worker*> owner_workers{nullptr};
   for (auto& w : workers_) {
     for (auto& s : w.streams) {
       if (s.fd < 0) continue;
       fds.push_back({s.fd, POLLIN, 0});
       owners.push_back(&s);
+      owner_workers.push_back(&w);
     }
   }
   if (poll(fds.data(), fds.size(), static_cast<int>(timeout.count())) <= 0) return;
@@ -259,6 +283,7 @@ void Supervisor::pump(std::chrono::milliseconds timeout) {
     const ssize_t n = read(s.fd, buf, sizeof buf);
     if (n > 0) {
       s.prefixer.feed(std::string_view(buf, static_cast<std::size_t>(n)));
+      keep_tail(*owner_workers[i], std::string_view(buf, static_cast<std::size_t>(n)));
     } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
       s.prefixer.finish();
       close(s.fd);
@@ -276,6 +301,7 @@ void Supervisor::close_streams() {
         const ssize_t n = read(s.fd, buf, sizeof buf);
         if (n <= 0) break;
         s.prefixer.feed(std::string_view(buf, static_cast<std::size_t>(n)));
+        keep_tail(w, std::string_view(buf, static_cast<std::size_t>(n)));
         copied += static_cast<std::size_t>(n);
       }
       s.prefixer.finish();
@@ -283,6 +309,12 @@ void Supervisor::close_streams() {
       s.fd = -1;
     }
   }
+}
+
+void Supervisor::keep_tail(Worker& w, std::string_view chunk) {
+  if (chunk.size() >= kTailBytes) chunk = chunk.substr(chunk.size() - kTailBytes);
+  w.tail.append(chunk);
+  if (w.tail.size() > kTailBytes) w.tail.erase(0, w.tail.size() - kTailBytes);
 }
 
 void Supervisor::say(const std::string& line) const {

@@ -40,6 +40,7 @@ class Supervisor {
     std::optional<Clock::time_point> term_sent;  // first signal to its group
     bool kill_sent = false;
     std::vector<Stream> streams;  // stdout, stderr (empty without prefixing)
+    std::string tail;             // the last kTailBytes of its output, both streams
   };
 
   void reap(Clock::time_point now);
@@ -51,6 +52,7 @@ class Supervisor {
   bool anything_left() const;
   void pump(std::chrono::milliseconds timeout);
   void close_streams();
+  void keep_tail(Worker& w, std::string_view chunk);
   void say(const std::string& line) const;
 
   LaunchOptions options_;

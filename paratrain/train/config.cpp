@@ -25,6 +25,7 @@ void apply_table(TrainConfig& config, const toml::table& root, const std::string
 void apply_override_from(TrainConfig& config, std::string_view assignment);
 std::string unknown_key_message(std::string_view key, bool is_section);
 Value value_from_toml(const toml::node& node, const FieldSpec& field, const std::string& where);
+ConfigError list_expected(const FieldSpec& field, const std::string& where, const std::string& got);
 void check_and_set(TrainConfig& config, const FieldSpec& field, const Value& value,
                    const std::string& where);
 
@@ -131,8 +132,10 @@ std::string trim(std::string_view s) {
 
 // `key=value`: the value is read as a TOML value and converted to the key's
 // type like a file value would be. Two conveniences: a bare word for a string
-// key needs no quotes (run.name=exp1), and a list may omit brackets
-// (model.hidden=256,128).
+// key needs no quotes (run.name=exp1), and a list of two or more entries may
+// omit brackets (model.hidden=256,128). A lone scalar for a list key is an
+// error, as in a file: "model.hidden=256" more likely means a width than a
+// one-layer list, so the user writes [256] to say the latter.
 void apply_override_from(TrainConfig& config, std::string_view assignment) {
   const std::string where = fmt::format("--set {}", assignment);
   const auto eq = assignment.find('=');
@@ -148,7 +151,10 @@ void apply_override_from(TrainConfig& config, std::string_view assignment) {
     return;
   }
   const bool is_list = field->type == ValueType::IntList || field->type == ValueType::DoubleList;
-  if (is_list && (text.empty() || text[0] != '[')) text = "[" + text + "]";
+  if (is_list && (text.empty() || text[0] != '[')) {
+    if (!text.empty() && text.find(',') == std::string::npos) throw ConfigError(list_expected(*field, where, "'" + text + "'"));
+    text = "[" + text + "]";
+  }
   toml::table parsed;
   try {
     parsed = toml::parse("v = " + text);
@@ -157,6 +163,19 @@ void apply_override_from(TrainConfig& config, std::string_view assignment) {
                                   detail::type_name(field->type), text));
   }
   check_and_set(config, *field, value_from_toml(*parsed.get("v"), *field, where), where);
+}
+
+// A scalar (or anything else) where a list belongs: show both spellings.
+ConfigError list_expected(const FieldSpec& field, const std::string& where, const std::string& got) {
+  const bool ints = field.type == ValueType::IntList;
+  const std::string syntax =
+      where.rfind("--set", 0) == 0
+          ? fmt::format("--set {}=[{}] (one entry: --set {}=[{}])", field.key, ints ? "256,128" : "0.9,0.999",
+                        field.key, ints ? "256" : "0.9")
+          : fmt::format("{} = [{}] under [{}] (one entry: [{}])", field.name(), ints ? "256, 128" : "0.9, 0.999",
+                        field.section(), ints ? "256" : "0.9");
+  return ConfigError(fmt::format("{}: {} expects {}, got {}; write the list in brackets: {}", where, field.key,
+                                 detail::type_name(field.type), got, syntax));
 }
 
 std::string describe(const toml::node& node) {
@@ -172,7 +191,9 @@ std::string describe(const toml::node& node) {
 }
 
 Value value_from_toml(const toml::node& node, const FieldSpec& field, const std::string& where) {
+  const bool is_list = field.type == ValueType::IntList || field.type == ValueType::DoubleList;
   auto wrong = [&](const toml::node& bad) {
+    if (is_list && !bad.is_array()) return list_expected(field, where, describe(bad));
     return ConfigError(fmt::format("{}: {} expects {}, got {}", where, field.key,
                                    detail::type_name(field.type), describe(bad)));
   };

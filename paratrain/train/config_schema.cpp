@@ -4,6 +4,7 @@
 #include "paratrain/train/config_schema.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <type_traits>
 
@@ -58,6 +59,66 @@ Check<double> positive() {
 Check<double> non_negative() {
   return [](const double& v) { return v >= 0 && std::isfinite(v) ? "" : "must be a finite number >= 0"; };
 }
+// `note` says what the bounds mean in the key's unit ("1 byte to 1 TiB").
+Check<double> in_range_finite(double lo, double hi, std::string note = "") {
+  return [lo, hi, note](const double& v) {
+    if (v >= lo && v <= hi) return std::string();
+    return fmt::format("must be a number in [{}, {}]{}", lo, hi, note.empty() ? "" : " (" + note + ")");
+  };
+}
+
+// Note [Numeric bounds]
+// Every numeric key has an upper bound, so no value that passes validation
+// can overflow where the code converts it: a bucket cap in MiB becomes an
+// int64 byte count (<= 1 TiB keeps it far inside), a timeout in seconds
+// becomes milliseconds in 32-bit APIs (poll, Gloo; <= 7 days = 6.0e8 ms),
+// and counts multiply with each other (batch x dp, width x width). The
+// bounds are far above any run this library can do, not tuning advice.
+constexpr int64_t kMaxCount = int64_t{1} << 40;       // steps, epochs, examples (a seed is never multiplied)
+constexpr int64_t kMaxWidth = int64_t{1} << 24;       // a layer width or channel count
+constexpr int64_t kMaxRanks = int64_t{1} << 20;       // one parallel axis
+constexpr int64_t kMaxTimeoutS = 7 * 24 * 3600;       // 7 days
+constexpr double kMaxBucketMiB = 1024.0 * 1024.0;     // 1 TiB
+constexpr double kMinBucketMiB = 1.0 / (1024 * 1024);  // 1 byte
+
+// A child-module name list for zero.unit_modules: "" or comma-separated
+// names of letters, digits and '_' (LibTorch's register_module names: "fc0",
+// or "0" inside a Sequential), spaces around commas allowed, no repeats.
+Check<std::string> module_list() {
+  return [](const std::string& v) -> std::string {
+    std::vector<std::string> seen;
+    size_t begin = 0;
+    while (begin <= v.size() && !v.empty()) {
+      const size_t end = std::min(v.find(',', begin), v.size());
+      std::string name = v.substr(begin, end - begin);
+      name.erase(0, name.find_first_not_of(' '));
+      name.erase(name.find_last_not_of(' ') + 1);
+      const auto bad = std::find_if(name.begin(), name.end(), [](char c) {
+        return !(std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+      });
+      if (name.empty() || bad != name.end())
+        return fmt::format(
+            "must be comma-separated child module names (letters, digits, '_'), e.g. \"fc0,fc1\"; "
+            "'{}' is not one", name);
+      if (std::find(seen.begin(), seen.end(), name) != seen.end())
+        return fmt::format("names '{}' twice; list each module once", name);
+      seen.push_back(name);
+      begin = end + 1;
+    }
+    return "";
+  };
+}
+
+// run.name is one folder under run.output_dir, never a path out of it.
+Check<std::string> path_component() {
+  return [](const std::string& v) -> std::string {
+    if (v.empty()) return "must not be empty";
+    if (v.find('/') != std::string::npos || v.find('\0') != std::string::npos || v.front() == '.')
+      return "must be one folder name inside run.output_dir: no '/', and not starting with '.' "
+             "(so not '..' or a hidden folder); put the parent folder in run.output_dir instead";
+    return "";
+  };
+}
 Check<std::string> one_of(std::vector<std::string> allowed) {
   return [allowed](const std::string& v) -> std::string {
     if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return "";
@@ -67,11 +128,12 @@ Check<std::string> one_of(std::vector<std::string> allowed) {
 Check<std::string> non_empty() {
   return [](const std::string& v) { return v.empty() ? "must not be empty" : ""; };
 }
-Check<std::vector<int64_t>> all_positive(size_t min_size) {
+Check<std::vector<int64_t>> widths(size_t min_size) {
   return [min_size](const std::vector<int64_t>& v) -> std::string {
     if (v.size() < min_size) return fmt::format("needs at least {} entries", min_size);
+    if (v.size() > 1024) return "needs at most 1024 entries";
     for (int64_t x : v)
-      if (x < 1) return "every entry must be >= 1";
+      if (x < 1 || x > kMaxWidth) return fmt::format("every entry must be in [1, {}]", kMaxWidth);
     return "";
   };
 }
@@ -101,19 +163,19 @@ Check<std::vector<double>> adam_betas() {
 const std::vector<FieldSpec>& schema() {
   using TC = TrainConfig;
   static const std::vector<FieldSpec> fields = {
-      field("run.name", &TC::run, &RunConfig::name, "outputs go to <output_dir>/<name>/", non_empty()),
+      field("run.name", &TC::run, &RunConfig::name, "outputs go to <output_dir>/<name>/", path_component()),
       field("run.output_dir", &TC::run, &RunConfig::output_dir, "parent folder of all runs", non_empty()),
       field("run.seed", &TC::run, &RunConfig::seed, "seeds model init and data shuffling", at_least<int64_t>(0)),
-      field("run.log_every", &TC::run, &RunConfig::log_every, "steps between log lines (0 = per epoch only)", at_least<int64_t>(0)),
+      field("run.log_every", &TC::run, &RunConfig::log_every, "steps between log lines (0 = per epoch only)", in_range<int64_t>(0, kMaxCount)),
 
       field("model.kind", &TC::model, &ModelConfig::kind, "\"mlp\" or \"cnn\"", one_of({"mlp", "cnn"})),
-      field("model.hidden", &TC::model, &ModelConfig::hidden, "MLP hidden layer widths", all_positive(0)),
-      field("model.channels", &TC::model, &ModelConfig::channels, "CNN channels per conv block", all_positive(1)),
-      field("model.cnn_hidden", &TC::model, &ModelConfig::cnn_hidden, "CNN fully connected width", at_least<int64_t>(1)),
+      field("model.hidden", &TC::model, &ModelConfig::hidden, "MLP hidden layer widths", widths(0)),
+      field("model.channels", &TC::model, &ModelConfig::channels, "CNN channels per conv block", widths(1)),
+      field("model.cnn_hidden", &TC::model, &ModelConfig::cnn_hidden, "CNN fully connected width", in_range<int64_t>(1, kMaxWidth)),
 
       field("optimizer.kind", &TC::optimizer, &OptimizerConfig::kind, "\"sgd\", \"adam\" or \"adamw\"", one_of({"sgd", "adam", "adamw"})),
       field("optimizer.lr", &TC::optimizer, &OptimizerConfig::lr, "learning rate", positive()),
-      field("optimizer.momentum", &TC::optimizer, &OptimizerConfig::momentum, "SGD momentum (0 = plain SGD)", non_negative()),
+      field("optimizer.momentum", &TC::optimizer, &OptimizerConfig::momentum, "SGD momentum (0 = plain SGD)", in_range_finite(0.0, 1.0)),
       field("optimizer.weight_decay", &TC::optimizer, &OptimizerConfig::weight_decay, "L2 penalty (decoupled for adamw)", non_negative()),
       field("optimizer.nesterov", &TC::optimizer, &OptimizerConfig::nesterov, "SGD Nesterov momentum (needs momentum > 0)"),
       field("optimizer.betas", &TC::optimizer, &OptimizerConfig::betas, "Adam [beta1, beta2]", adam_betas()),
@@ -123,41 +185,41 @@ const std::vector<FieldSpec>& schema() {
 
       field("data.dataset", &TC::data, &DataConfig::dataset, "\"fashion_mnist\" or \"synthetic\"", one_of({"fashion_mnist", "synthetic"})),
       field("data.dir", &TC::data, &DataConfig::dir, "folder of the *-ubyte.gz files"),
-      field("data.batch_size", &TC::data, &DataConfig::batch_size, "examples per rank per step (global = x world size)", at_least<int64_t>(1)),
-      field("data.global_batch_size", &TC::data, &DataConfig::global_batch_size, "examples per optimizer step over all ranks (0 = batch_size * dp); overrides batch_size", at_least<int64_t>(0)),
+      field("data.batch_size", &TC::data, &DataConfig::batch_size, "examples per rank per step (global = x world size)", in_range<int64_t>(1, kMaxCount)),
+      field("data.global_batch_size", &TC::data, &DataConfig::global_batch_size, "examples per optimizer step over all ranks (0 = batch_size * dp); overrides batch_size", in_range<int64_t>(0, kMaxCount)),
       field("data.shuffle", &TC::data, &DataConfig::shuffle, "reshuffle the training set every epoch"),
       field("data.drop_last", &TC::data, &DataConfig::drop_last, "drop the last incomplete batch"),
-      field("data.prefetch", &TC::data, &DataConfig::prefetch, "batches prepared ahead (0 = none)", at_least<int64_t>(0)),
-      field("data.synthetic_train_size", &TC::data, &DataConfig::synthetic_train_size, "synthetic training examples", at_least<int64_t>(1)),
-      field("data.synthetic_test_size", &TC::data, &DataConfig::synthetic_test_size, "synthetic test examples", at_least<int64_t>(0)),
-      field("data.synthetic_channels", &TC::data, &DataConfig::synthetic_channels, "synthetic image channels", at_least<int64_t>(1)),
-      field("data.synthetic_image_size", &TC::data, &DataConfig::synthetic_image_size, "synthetic image height = width", at_least<int64_t>(1)),
-      field("data.synthetic_classes", &TC::data, &DataConfig::synthetic_classes, "synthetic label classes", at_least<int64_t>(2)),
+      field("data.prefetch", &TC::data, &DataConfig::prefetch, "batches prepared ahead (0 = none)", in_range<int64_t>(0, 1024)),
+      field("data.synthetic_train_size", &TC::data, &DataConfig::synthetic_train_size, "synthetic training examples", in_range<int64_t>(1, kMaxCount)),
+      field("data.synthetic_test_size", &TC::data, &DataConfig::synthetic_test_size, "synthetic test examples", in_range<int64_t>(0, kMaxCount)),
+      field("data.synthetic_channels", &TC::data, &DataConfig::synthetic_channels, "synthetic image channels", in_range<int64_t>(1, kMaxWidth)),
+      field("data.synthetic_image_size", &TC::data, &DataConfig::synthetic_image_size, "synthetic image height = width", in_range<int64_t>(1, kMaxWidth)),
+      field("data.synthetic_classes", &TC::data, &DataConfig::synthetic_classes, "synthetic label classes", in_range<int64_t>(2, kMaxWidth)),
 
-      field("train.epochs", &TC::train, &TrainLoopConfig::epochs, "passes over the training set", at_least<int64_t>(1)),
-      field("train.max_steps", &TC::train, &TrainLoopConfig::max_steps, "stop after this many steps (0 = no limit)", at_least<int64_t>(0)),
-      field("train.eval_every_epochs", &TC::train, &TrainLoopConfig::eval_every_epochs, "test-set evaluation period (0 = never)", at_least<int64_t>(0)),
-      field("train.checkpoint_every_steps", &TC::train, &TrainLoopConfig::checkpoint_every_steps, "0 = checkpoint at epoch ends only", at_least<int64_t>(0)),
+      field("train.epochs", &TC::train, &TrainLoopConfig::epochs, "passes over the training set", in_range<int64_t>(1, kMaxCount)),
+      field("train.max_steps", &TC::train, &TrainLoopConfig::max_steps, "stop after this many steps (0 = no limit)", in_range<int64_t>(0, kMaxCount)),
+      field("train.eval_every_epochs", &TC::train, &TrainLoopConfig::eval_every_epochs, "test-set evaluation period (0 = never)", in_range<int64_t>(0, kMaxCount)),
+      field("train.checkpoint_every_steps", &TC::train, &TrainLoopConfig::checkpoint_every_steps, "0 = checkpoint at epoch ends only", in_range<int64_t>(0, kMaxCount)),
       field("train.resume", &TC::train, &TrainLoopConfig::resume, "\"\" = fresh, \"auto\" = latest in the run dir, or a checkpoint path"),
-      field("train.keep_checkpoints", &TC::train, &TrainLoopConfig::keep_checkpoints, "keep only the newest N checkpoints (0 = all)", at_least<int64_t>(0)),
+      field("train.keep_checkpoints", &TC::train, &TrainLoopConfig::keep_checkpoints, "keep only the newest N checkpoints (0 = all)", in_range<int64_t>(0, kMaxCount)),
 
       field("world.backend", &TC::world, &WorldConfig::backend, "collective backend", one_of({"gloo"})),
-      field("world.timeout_s", &TC::world, &WorldConfig::timeout_s, "seconds before a stalled collective fails", at_least<int64_t>(1)),
+      field("world.timeout_s", &TC::world, &WorldConfig::timeout_s, "seconds before a stalled collective fails", in_range<int64_t>(1, kMaxTimeoutS)),
 
       field("ddp.mode", &TC::ddp, &DdpConfig::mode, "\"bucketed\", \"naive\" or \"none\"", one_of({"bucketed", "naive", "none"})),
-      field("ddp.bucket_cap_mb", &TC::ddp, &DdpConfig::bucket_cap_mb, "gradient bucket size (MiB)", positive()),
-      field("ddp.first_bucket_cap_mb", &TC::ddp, &DdpConfig::first_bucket_cap_mb, "first bucket size (MiB): small so its all-reduce starts early", positive()),
+      field("ddp.bucket_cap_mb", &TC::ddp, &DdpConfig::bucket_cap_mb, "gradient bucket size (MiB)", in_range_finite(kMinBucketMiB, kMaxBucketMiB, "MiB: 1 byte to 1 TiB")),
+      field("ddp.first_bucket_cap_mb", &TC::ddp, &DdpConfig::first_bucket_cap_mb, "first bucket size (MiB): small so its all-reduce starts early", in_range_finite(kMinBucketMiB, kMaxBucketMiB, "MiB: 1 byte to 1 TiB")),
       field("ddp.find_unused_parameters", &TC::ddp, &DdpConfig::find_unused_parameters, "tolerate parameters without gradients"),
       field("ddp.broadcast_buffers", &TC::ddp, &DdpConfig::broadcast_buffers, "copy rank 0's buffers before each forward"),
 
-      field("parallel.dp", &TC::parallel, &ParallelConfig::dp, "data-parallel size (0 = world / (tp * pp * cp))", at_least<int64_t>(0)),
-      field("parallel.tp", &TC::parallel, &ParallelConfig::tp, "tensor-parallel size", at_least<int64_t>(1)),
-      field("parallel.pp", &TC::parallel, &ParallelConfig::pp, "pipeline-parallel stages", at_least<int64_t>(1)),
-      field("parallel.cp", &TC::parallel, &ParallelConfig::cp, "context (sequence) parallel size", at_least<int64_t>(1)),
+      field("parallel.dp", &TC::parallel, &ParallelConfig::dp, "data-parallel size (0 = world / (tp * pp * cp))", in_range<int64_t>(0, kMaxRanks)),
+      field("parallel.tp", &TC::parallel, &ParallelConfig::tp, "tensor-parallel size", in_range<int64_t>(1, kMaxRanks)),
+      field("parallel.pp", &TC::parallel, &ParallelConfig::pp, "pipeline-parallel stages", in_range<int64_t>(1, kMaxRanks)),
+      field("parallel.cp", &TC::parallel, &ParallelConfig::cp, "context (sequence) parallel size", in_range<int64_t>(1, kMaxRanks)),
 
       field("zero.stage", &TC::zero, &ZeroConfig::stage, "0 = DDP, 1 = shard optimizer state, 2 = + gradients, 3 = + parameters (FSDP)", in_range<int64_t>(0, 3)),
-      field("zero.unit_min_params", &TC::zero, &ZeroConfig::unit_min_params, "stage 3: parameter elements per wrapping unit", at_least<int64_t>(1)),
-      field("zero.unit_modules", &TC::zero, &ZeroConfig::unit_modules, "stage 3: comma-separated child modules, one unit each (overrides unit_min_params)"),
+      field("zero.unit_min_params", &TC::zero, &ZeroConfig::unit_min_params, "stage 3: parameter elements per wrapping unit", in_range<int64_t>(1, kMaxCount)),
+      field("zero.unit_modules", &TC::zero, &ZeroConfig::unit_modules, "stage 3: comma-separated child modules, one unit each (overrides unit_min_params)", module_list()),
       field("zero.reshard_after_forward", &TC::zero, &ZeroConfig::reshard_after_forward, "stage 3: free gathered parameters between forward and backward"),
       field("zero.prefetch", &TC::zero, &ZeroConfig::prefetch, "stage 3: gather the next unit while this one computes"),
   };
@@ -183,6 +245,11 @@ std::string cross_key_problem(const TrainConfig& c) {
         "optimizer.nesterov = true needs optimizer.kind = \"sgd\" and optimizer.momentum > 0 "
         "(got kind \"{}\", momentum {}): set nesterov = false or use SGD with momentum",
         c.optimizer.kind, c.optimizer.momentum);
+  if (c.zero.stage > 0 && c.ddp.mode != "bucketed")
+    return fmt::format(
+        "zero.stage = {} reduce-scatters gradients through the bucketed reducer, but ddp.mode = \"{}\": "
+        "set ddp.mode = \"bucketed\" (the default), or zero.stage = 0 to keep the {} mode",
+        c.zero.stage, c.ddp.mode, c.ddp.mode);
   if (c.ddp.first_bucket_cap_mb > c.ddp.bucket_cap_mb)
     return fmt::format("ddp.first_bucket_cap_mb ({}) must be <= ddp.bucket_cap_mb ({})",
                        c.ddp.first_bucket_cap_mb, c.ddp.bucket_cap_mb);

@@ -69,6 +69,7 @@ TEST(LaunchCli, BadOptionsAreConfigurationErrorsNamingEveryValue) {
       {{"launch", "--kill-grace", "-2", "--", w}, "--kill-grace -2 s must be >= 0"},
       {{"launch", "--nproc-per-node", "2"}, "no program to launch: put it after `--`"},
       {{"launch", "--", "no-such-program-xyz"}, "cannot launch 'no-such-program-xyz'"},
+      {{"launch", "--nproc-per-node", "100000000", "--", w}, "--nproc-per-node 100000000 is more than the 4096"},
   };
   for (const auto& c : cases) {
     const auto r = run_cli(c.args);

@@ -2,6 +2,7 @@
 // worker environment, program lookup, free-port selection, line prefixing
 // and the summary wording.
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -80,6 +81,30 @@ TEST(LaunchValidate, MessagesNameTheFlagsAndEveryValue) {
     EXPECT_NE(rejection(o).find(c.expected), std::string::npos)
         << "expected '" << c.expected << "' in '" << rejection(o) << "'";
   }
+}
+
+// Note [Local rank limits] in launcher.cpp: refused before any fork, naming the limit.
+TEST(LaunchValidate, RanksBeyondWhatTheMachineHoldsAreRefusedUpFront) {
+  LaunchOptions huge = valid();
+  huge.nproc_per_node = 100000000;
+  const auto msg = rejection(huge);
+  EXPECT_NE(msg.find("--nproc-per-node 100000000 is more than the 4096"), std::string::npos) << msg;
+
+  // Lower this process's open-file limit for the check, then restore it.
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit low = saved;
+  low.rlim_cur = 128;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  LaunchOptions many = valid();
+  many.nproc_per_node = 100;  // 2 pipes each + 64 > 128
+  const auto files = rejection(many);
+  many.prefix_output = false;  // no pipes: only the process limits apply
+  const auto unprefixed = rejection(many);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  EXPECT_NE(files.find("--nproc-per-node 100 needs about 264 open files"), std::string::npos) << files;
+  EXPECT_NE(files.find("may open 128 (RLIMIT_NOFILE, `ulimit -n`)"), std::string::npos) << files;
+  EXPECT_EQ(unprefixed, "");
 }
 
 TEST(WorkerEnvironment, SetsTorchrunVariablesAndKeepsTheRest) {
@@ -260,6 +285,50 @@ TEST(LaunchReportWords, SummaryNamesTheCauseAndNeverReportsZeroOnFailure) {
   r.first_failed = -1;
   EXPECT_NE(summarize(r).find("interrupted by SIGINT"), std::string::npos);
   EXPECT_EQ(r.exit_code, 130);
+}
+
+// Note [Naming the first failure] in supervisor.cpp.
+TEST(LaunchReportWords, TheNamedFailureIsTheEarliestThatFailedOnItsOwn) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::time_point{} + std::chrono::seconds(100);
+  std::vector<WorkerOutcome> w(4);
+  for (int i = 0; i < 4; ++i) {
+    w[i].rank = w[i].local_rank = i;
+    w[i].exited = true;
+    w[i].ended_at = t0;
+  }
+  EXPECT_EQ(pick_first_failure(w), -1);  // all succeeded
+
+  // Two failures on their own: the earlier one, whatever its rank.
+  w[1].exit_code = 2;
+  w[1].ended_at = t0 + std::chrono::milliseconds(50);
+  w[3].exit_code = 4;
+  EXPECT_EQ(pick_first_failure(w), 3);
+  // Seen in the same sweep: the lower local rank.
+  w[1].ended_at = t0;
+  EXPECT_EQ(pick_first_failure(w), 1);
+
+  // An earlier exit that blames a peer loses to a later one that does not.
+  w = std::vector<WorkerOutcome>(w.begin(), w.begin() + 2);
+  w[0].exit_code = 1;
+  w[0].peer_error = true;
+  w[1].exit_code = 3;
+  w[1].ended_at = t0 + std::chrono::milliseconds(50);
+  w[1].stopped_by_launcher = true;  // reaped after the stop, but it exited with its own code
+  EXPECT_EQ(pick_first_failure(w), 1);
+
+  // A crash (signal nobody sent) beats a non-zero exit after our SIGTERM, and
+  // a rank killed by our own SIGTERM is never preferred.
+  w[0] = WorkerOutcome{.rank = 0, .local_rank = 0, .exited = false, .signal = SIGSEGV, .ended_at = t0 + std::chrono::seconds(1)};
+  EXPECT_EQ(pick_first_failure(w), 0);
+  w[0].stopped_by_launcher = true;
+  w[0].signal = SIGTERM;
+  w[0].ended_at = t0;
+  EXPECT_EQ(pick_first_failure(w), 1);
+
+  EXPECT_TRUE(mentions_lost_peer("...\nRuntimeError: Connection reset by peer\n"));
+  EXPECT_TRUE(mentions_lost_peer("gloo: Connection closed by peer [127.0.0.1]:1234"));
+  EXPECT_FALSE(mentions_lost_peer("loss is nan at step 3"));
 }
 
 }  // namespace

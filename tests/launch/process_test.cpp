@@ -165,6 +165,43 @@ TEST(Launch, AFailingRankStopsTheOthersAndNamesItsExitCode) {
   for (int pid : read_pids(pids)) EXPECT_FALSE(process_alive(pid)) << pid;
 }
 
+// A victim that blames a peer and exits first is not named as the cause:
+// the rank that failed on its own is, with its exit code. Rank 1 ignores
+// SIGTERM (as a rank already on its way out would) and is ready before rank 0
+// prints the peer error and exits; rank 1 exits 3 only after that.
+TEST(Launch, TheRankThatFailedOnItsOwnIsNamedNotThePeerThatSawItGo) {
+  const auto dir = testing::temp_dir("launch-peer");
+  const std::string ready = dir + "/ready";
+  auto o = options(2, {"on-rank", "1", "ignore-term", "on-rank", "1", "pidfile", ready,
+                       "on-rank", "0", "wait-lines", ready, "1",
+                       "on-rank", "0", "partial", "RuntimeError: Connection reset by peer\n",
+                       "on-rank", "0", "pidfile", ready, "fail-rank", "0", "1",
+                       "wait-lines", ready, "2", "exit", "3"});
+  const auto c = run_captured(o, dir);
+  EXPECT_EQ(c.report.exit_code, 3) << c.err;
+  EXPECT_EQ(c.report.first_failed, 1) << c.report.summary;
+  EXPECT_TRUE(c.report.workers[0].peer_error);
+  EXPECT_EQ(c.report.workers[0].exit_code, 1);
+  EXPECT_FALSE(c.report.workers[1].peer_error);
+  const std::string named = "rank 1 (pid " + std::to_string(c.report.workers[1].pid) + ") exited with code 3 first";
+  EXPECT_NE(c.report.summary.find("FAILED with exit code 3: " + named), std::string::npos) << c.report.summary;
+  EXPECT_NE(c.report.summary.find("exited with code 1 (its output says a peer went away)"), std::string::npos)
+      << c.report.summary;
+}
+
+// Two ranks fail on their own, the higher one first: it is named.
+TEST(Launch, OfTwoRealFailuresTheEarlierIsNamed) {
+  const auto dir = testing::temp_dir("launch-order");
+  const std::string pids = dir + "/pids";
+  auto o = options(2, {"on-rank", "0", "ignore-term", "pidfile", pids, "wait-lines", pids, "2",
+                       "fail-rank", "1", "5", "sleep", "0.3", "exit", "7"});
+  const auto c = run_captured(o, dir);
+  EXPECT_EQ(c.report.exit_code, 5) << c.err;
+  EXPECT_EQ(c.report.first_failed, 1) << c.report.summary;
+  EXPECT_EQ(c.report.workers[0].exit_code, 7);
+  EXPECT_LT(c.report.workers[1].ended_at, c.report.workers[0].ended_at);
+}
+
 TEST(Launch, ARankKilledByASignalIsNamedAndGives128PlusSignal) {
   const auto dir = testing::temp_dir("launch-sig");
   const auto c = run_captured(options(2, {"on-rank", "1", "kill-self", "9", "sleep", "60"}), dir);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -12,6 +13,7 @@
 #include "paratrain/core/error.h"
 #include "paratrain/models/model.h"
 #include "paratrain/train/config.h"
+#include "tests/support/multi_rank.h"
 
 namespace pt = paratrain::train;
 using paratrain::ConfigError;
@@ -162,7 +164,7 @@ TEST(Config, OutOfRangeValuesNameKeyAndAllowedValues) {
   msg = config_error([] { pt::config_from_toml_string("", {"optimizer.lr=0"}); });
   EXPECT_NE(msg.find("optimizer.lr = 0.0 is not allowed"), std::string::npos) << msg;
   msg = config_error([] { pt::config_from_toml_string("[data]\nbatch_size = 0\n"); });
-  EXPECT_NE(msg.find("data.batch_size = 0 is not allowed: must be >= 1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("data.batch_size = 0 is not allowed: must be in [1, 1099511627776]"), std::string::npos) << msg;
   msg = config_error([] { pt::config_from_toml_string("[model]\nkind = \"rnn\"\n"); });
   EXPECT_NE(msg.find("model.kind = \"rnn\" is not allowed: allowed values are \"mlp\", \"cnn\""),
             std::string::npos)
@@ -253,4 +255,105 @@ TEST(Config, MakeModelUsesTheSyntheticDataShape) {
   cnn_config.model.kind = "cnn";
   auto cnn = pt::make_model(cnn_config);
   EXPECT_EQ(cnn->forward(torch::zeros({4, 3, 8, 8})).sizes(), (std::vector<int64_t>{4, 5}));
+}
+
+// ---- Bad inputs found by trying the tool as a new user would.
+
+// Note [Numeric bounds] in config_schema.cpp: a value that would overflow
+// where the code converts it is refused at config time, naming the key.
+TEST(ConfigBadInput, NumericKeysHaveBoundsNamedInTheError) {
+  auto msg = config_error([] { pt::config_from_toml_string("[ddp]\nbucket_cap_mb = 1e300\n", {}, "x.toml"); });
+  EXPECT_NE(msg.find("x.toml:2: ddp.bucket_cap_mb = 1e+300 is not allowed: must be a number in ["),
+            std::string::npos) << msg;
+  EXPECT_NE(msg.find("1 byte to 1 TiB"), std::string::npos) << msg;
+  msg = config_error([] { pt::config_from_toml_string("", {"ddp.first_bucket_cap_mb=1e-300"}); });
+  EXPECT_NE(msg.find("ddp.first_bucket_cap_mb = 1e-300 is not allowed"), std::string::npos) << msg;
+  msg = config_error([] { pt::config_from_toml_string("[optimizer]\nlr = inf\n"); });
+  EXPECT_NE(msg.find("optimizer.lr = inf is not allowed: must be a finite number > 0"), std::string::npos) << msg;
+  msg = config_error([] { pt::config_from_toml_string("", {"optimizer.lr=nan"}); });
+  EXPECT_NE(msg.find("optimizer.lr = nan is not allowed"), std::string::npos) << msg;
+  // Seconds that would not fit as milliseconds in a 32-bit timeout.
+  msg = config_error([] { pt::config_from_toml_string("", {"world.timeout_s=9223372036854775807"}); });
+  EXPECT_NE(msg.find("world.timeout_s = 9223372036854775807 is not allowed: must be in [1, 604800]"),
+            std::string::npos) << msg;
+  // Every integer key but the seed refuses the largest int64, by name.
+  for (const char* key : {"run.log_every", "model.cnn_hidden", "data.batch_size", "data.global_batch_size",
+                          "data.prefetch", "data.synthetic_train_size", "data.synthetic_test_size",
+                          "data.synthetic_channels", "data.synthetic_image_size", "data.synthetic_classes",
+                          "train.epochs", "train.max_steps", "train.eval_every_epochs",
+                          "train.checkpoint_every_steps", "train.keep_checkpoints", "parallel.dp", "parallel.tp",
+                          "parallel.pp", "parallel.cp", "zero.unit_min_params"}) {
+    const std::string set = std::string(key) + "=9223372036854775807";
+    msg = config_error([&] { pt::config_from_toml_string("", {set}); });
+    EXPECT_NE(msg.find(std::string(key) + " = 9223372036854775807 is not allowed: must be in"), std::string::npos)
+        << msg;
+  }
+  msg = config_error([] { pt::config_from_toml_string("", {"model.hidden=[16777217, 4]"}); });
+  EXPECT_NE(msg.find("model.hidden = [16777217, 4] is not allowed: every entry must be in [1, 16777216]"),
+            std::string::npos) << msg;
+  msg = config_error([] { pt::config_from_toml_string("", {"optimizer.momentum=1.5"}); });
+  EXPECT_NE(msg.find("optimizer.momentum = 1.5 is not allowed"), std::string::npos) << msg;
+  EXPECT_NO_THROW(pt::config_from_toml_string("", {"run.seed=9223372036854775807", "ddp.bucket_cap_mb=1048576"}));
+}
+
+TEST(ConfigBadInput, RunNameIsOneFolderInsideTheOutputDir) {
+  for (const char* name : {"../../x", "..", ".", "/tmp/abs", "a/b", ".hidden", "./x"}) {
+    const std::string set = std::string("run.name=") + name;
+    const auto msg = config_error([&] { pt::config_from_toml_string("", {set}); });
+    EXPECT_NE(msg.find("run.name = \"" + std::string(name) + "\" is not allowed: must be one folder name inside "
+                       "run.output_dir"), std::string::npos) << msg;
+  }
+  const auto msg = config_error([] { pt::config_from_toml_string("[run]\nname = \"../escape\"\n"); });
+  EXPECT_NE(msg.find("run.name"), std::string::npos) << msg;
+  EXPECT_EQ(pt::config_from_toml_string("", {"run.name=exp-1.v2 (lr 0.1)"}).run.name, "exp-1.v2 (lr 0.1)");
+}
+
+TEST(ConfigBadInput, AScalarWhereAListBelongsShowsTheListSyntax) {
+  auto msg = config_error([] { pt::config_from_toml_string("[model]\nhidden = 256\n", {}, "m.toml"); });
+  EXPECT_NE(msg.find("m.toml:2: model.hidden expects a list of integers"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("hidden = [256, 128] under [model] (one entry: [256])"), std::string::npos) << msg;
+  msg = config_error([] { pt::config_from_toml_string("", {"model.hidden=256"}); });
+  EXPECT_NE(msg.find("--set model.hidden=256: model.hidden expects a list of integers"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--set model.hidden=[256,128] (one entry: --set model.hidden=[256])"), std::string::npos)
+      << msg;
+  msg = config_error([] { pt::config_from_toml_string("", {"optimizer.betas=0.9"}); });
+  EXPECT_NE(msg.find("--set optimizer.betas=[0.9,0.999]"), std::string::npos) << msg;
+  // Bracketed, and the comma form, still work.
+  EXPECT_EQ(pt::config_from_toml_string("", {"model.hidden=[256]"}).model.hidden, (std::vector<int64_t>{256}));
+  EXPECT_EQ(pt::config_from_toml_string("", {"model.hidden=64,32"}).model.hidden, (std::vector<int64_t>{64, 32}));
+}
+
+TEST(ConfigBadInput, ZeroKeysAreCheckedWithTheKeysTheyDependOn) {
+  auto msg = config_error([] { pt::config_from_toml_string("[zero]\nstage = 2\n[ddp]\nmode = \"naive\"\n"); });
+  EXPECT_NE(msg.find("zero.stage = 2 reduce-scatters gradients through the bucketed reducer, but ddp.mode = "
+                     "\"naive\": set ddp.mode = \"bucketed\""), std::string::npos) << msg;
+  EXPECT_NO_THROW(pt::config_from_toml_string("[zero]\nstage = 2\n"));
+  EXPECT_NO_THROW(pt::config_from_toml_string("[ddp]\nmode = \"none\"\n"));
+
+  EXPECT_EQ(pt::config_from_toml_string("", {"zero.unit_modules=fc0, fc1,conv_0"}).zero.unit_modules,
+            "fc0, fc1,conv_0");
+  for (const char* bad : {"fc0,,fc1", "fc0;fc1", "fc0,", "fc-1", "fc0,fc0"}) {
+    const std::string set = std::string("zero.unit_modules=") + bad;
+    msg = config_error([&] { pt::config_from_toml_string("", {set}); });
+    EXPECT_NE(msg.find("zero.unit_modules = \"" + std::string(bad) + "\" is not allowed"), std::string::npos)
+        << msg;
+  }
+}
+
+// `paratrain train --log-level bogus` used to mute every line (spdlog reads
+// an unknown level as "off"); it is a usage error now, exit code 2.
+TEST(ConfigBadInput, AnUnknownLogLevelIsAUsageErrorListingTheLevels) {
+  const auto dir = paratrain::testing::temp_dir("log-level");
+  const auto config = dir + "/c.toml";
+  std::ofstream(config) << "[data]\ndataset = \"synthetic\"\n[train]\nmax_steps = 1\n";
+  const auto r = paratrain::testing::run_cli({"train", "-c", config, "--log-level", "bogus"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--log-level 'bogus' is not a log level; use one of: trace, debug, info, warn, error, "
+                          "critical, off"), std::string::npos) << r.output;
+  // The environment variable that overrides the flag is checked the same way.
+  setenv("PARATRAIN_LOG_LEVEL", "loud", 1);
+  const auto e = paratrain::testing::run_cli({"train", "-c", config});
+  unsetenv("PARATRAIN_LOG_LEVEL");
+  EXPECT_EQ(e.exit_code, 2) << e.output;
+  EXPECT_NE(e.output.find("PARATRAIN_LOG_LEVEL 'loud' is not a log level"), std::string::npos) << e.output;
 }

@@ -1,0 +1,276 @@
+// The ZeRO memory planner (see memory_plan.h): Ψ from the config, per-stage
+// bytes from the formulas, a table and JSON. No LibTorch: nothing is built.
+#include "paratrain/train/memory_plan.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "paratrain/core/error.h"
+
+namespace paratrain::train {
+namespace {
+
+int64_t checked_mul(int64_t a, int64_t b);
+int64_t checked_add(int64_t a, int64_t b);
+int64_t linear_params(int64_t in, int64_t out) { return checked_add(checked_mul(in, out), out); }
+StageMemory stage_memory(int stage, int64_t psi, int64_t dp, int64_t k);
+std::string human(int64_t bytes);
+std::string with_commas(int64_t n);
+std::string model_name(const TrainConfig& c);
+
+// Note [ZeRO memory formulas]
+// Per rank, with Ψ parameters sharded over N data-parallel ranks and K bytes
+// of optimizer state per parameter (ZeRO paper, section 3):
+//   stage 0 (DDP):  params + grads + state all full;
+//   stage 1:        state / N;
+//   stage 2:        + grads / N;
+//   stage 3 (FSDP): + params / N.
+// This CPU build trains in fp32: params 4Ψ, grads 4Ψ, state KΨ with K = 8
+// for Adam/AdamW (exp_avg, exp_avg_sq), 4 for SGD with momentum (the
+// momentum buffer), 0 for plain SGD. The paper's mixed-precision Adam keeps
+// fp16 params 2Ψ and grads 2Ψ plus fp32 master weights, momentum and
+// variance 12Ψ: 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N; it is printed beside
+// ours for reference. A sharded part holds ceil(Ψ/N) elements on every rank
+// (the flat buffer is padded to a multiple of N), so /N rounds up.
+constexpr int64_t kFp32 = 4;
+constexpr int64_t kMixedParam = 2, kMixedGrad = 2, kMixedAdamState = 12;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+}  // namespace
+
+int64_t parameter_count(const TrainConfig& c) {
+  const bool synthetic = c.data.dataset == "synthetic";
+  const int64_t channels = synthetic ? c.data.synthetic_channels : 1;  // as make_model: Fashion-MNIST 1x28x28
+  const int64_t side = synthetic ? c.data.synthetic_image_size : 28;
+  const int64_t classes = synthetic ? c.data.synthetic_classes : 10;
+  int64_t total = 0;
+  if (c.model.kind == "mlp") {
+    int64_t width = checked_mul(checked_mul(channels, side), side);
+    for (int64_t next : c.model.hidden) {
+      total = checked_add(total, linear_params(width, next));
+      width = next;
+    }
+    return checked_add(total, linear_params(width, classes));
+  }
+  if (c.model.kind == "cnn") {
+    // conv3x3 (weights c_in*c_out*9, bias c_out), each block halves the side; then fc0, fc1.
+    int64_t in = channels, s = side;
+    for (int64_t out : c.model.channels) {
+      total = checked_add(total, checked_add(checked_mul(checked_mul(in, out), 9), out));
+      in = out;
+      s /= 2;
+    }
+    total = checked_add(total, linear_params(checked_mul(checked_mul(in, s), s), c.model.cnn_hidden));
+    return checked_add(total, linear_params(c.model.cnn_hidden, classes));
+  }
+  throw ConfigError(fmt::format("paratrain plan: model.kind = \"{}\" has no parameter count", c.model.kind));
+}
+
+MemoryPlan plan_memory(const TrainConfig& config, const PlanOptions& options) {
+  validate_config(config);
+  const int64_t split = checked_mul(checked_mul(config.parallel.tp, config.parallel.pp), config.parallel.cp);
+  // world 0: the one the config implies (parallel.dp set), else one rank.
+  const int64_t world = options.world != 0 ? options.world
+                        : config.parallel.dp > 0 ? checked_mul(config.parallel.dp, split)
+                                                 : split;
+  if (world < 1 || world % split != 0)
+    throw ConfigError(fmt::format(
+        "paratrain plan: --world {} must be a positive multiple of parallel.tp * pp * cp = {}", world, split));
+  const int64_t dp = world / split;
+  if (config.parallel.dp > 0 && config.parallel.dp != dp)
+    throw ConfigError(fmt::format("paratrain plan: parallel.dp = {} but --world {} / (tp * pp * cp = {}) = {}: "
+                                  "pass --world {} or leave parallel.dp = 0",
+                                  config.parallel.dp, world, split, dp, checked_mul(config.parallel.dp, split)));
+  const auto& o = config.optimizer;
+  const int64_t k = o.kind == "sgd" ? (o.momentum > 0 ? 4 : 0) : 8;
+  MemoryPlan plan = plan_memory(parameter_count(config), dp, k, options.memory_gib);
+  plan.model = model_name(config);
+  plan.optimizer = o.kind == "sgd" ? fmt::format("sgd (momentum {})", o.momentum) : o.kind;
+  if (split > 1)
+    plan.notes.push_back(fmt::format(
+        "parallel.tp * pp * cp = {}: only data parallelism is planned here; Ψ is the whole model", split));
+  return plan;
+}
+
+MemoryPlan plan_memory(int64_t parameters, int64_t dp, int64_t state_bytes_per_param, double memory_gib) {
+  if (parameters < 0 || dp < 1 || state_bytes_per_param < 0)
+    throw ConfigError(fmt::format("paratrain plan: needs parameters >= 0 ({}), dp >= 1 ({}), K >= 0 ({})",
+                                  parameters, dp, state_bytes_per_param));
+  if (!(std::isfinite(memory_gib) && memory_gib >= 0 && memory_gib * kGiB < 9.0e18))
+    throw ConfigError(fmt::format("paratrain plan: --memory-gb {} must be a finite number of GiB >= 0 "
+                                  "(0 = no budget)", memory_gib));
+  MemoryPlan plan;
+  plan.parameters = parameters;
+  plan.dp = dp;
+  plan.shard_elements = (parameters + dp - 1) / dp;
+  plan.state_bytes_per_param = state_bytes_per_param;
+  plan.budget_bytes = static_cast<int64_t>(std::floor(memory_gib * kGiB));
+  for (int stage = 0; stage <= 3; ++stage) {
+    StageMemory s = stage_memory(stage, parameters, dp, state_bytes_per_param);
+    s.fits = plan.budget_bytes == 0 || s.total_bytes <= plan.budget_bytes;
+    if (plan.budget_bytes > 0 && s.fits && plan.lowest_fitting_stage < 0) plan.lowest_fitting_stage = stage;
+    plan.stages.push_back(s);
+  }
+  if (plan.budget_bytes > 0 && plan.lowest_fitting_stage < 0) {
+    // Stage 3 per rank is ceil(Ψ/N) * (8 + K) bytes: the fewest N that fits.
+    const int64_t per_element = 2 * kFp32 + state_bytes_per_param;
+    const int64_t max_elements = plan.budget_bytes / per_element;
+    if (max_elements > 0) plan.dp_needed_for_stage3 = (parameters + max_elements - 1) / max_elements;
+  }
+  plan.notes.push_back(
+      "not counted: activations, buffers, communication buckets, the allocator's overhead and, at stage 3, "
+      "the gathered parameters of the unit being computed");
+  return plan;
+}
+
+std::string format_plan(const MemoryPlan& p) {
+  std::string out = fmt::format(
+      "paratrain plan: {} with Ψ = {} parameters, optimizer {} (K = {} bytes of state per parameter in fp32), "
+      "N = {} data-parallel rank{}\n",
+      p.model.empty() ? "a model" : p.model, with_commas(p.parameters), p.optimizer.empty() ? "?" : p.optimizer,
+      p.state_bytes_per_param, p.dp, p.dp == 1 ? "" : "s");
+  out += fmt::format("Per-rank bytes; a sharded part rounds up to ceil(Ψ/N) = {} elements per rank.\n",
+                     with_commas(p.shard_elements));
+  const std::string fit_head = p.budget_bytes > 0 ? fmt::format("fits {}", human(p.budget_bytes)) : "fits";
+  out += fmt::format("{:<6} {:>12} {:>12} {:>12} {:>14}  {:<14} | {:>22}\n", "stage", "params", "grads",
+                     "optimizer", "total/rank", fit_head, "mixed-precision Adam");
+  for (const auto& s : p.stages) {
+    out += fmt::format("{:<6} {:>12} {:>12} {:>12} {:>14}  {:<14} | {:>22}\n", s.stage, human(s.params_bytes),
+                       human(s.grads_bytes), human(s.optimizer_bytes), human(s.total_bytes),
+                       p.budget_bytes > 0 ? (s.fits ? "Y" : "N") : "-", human(s.mixed_total_bytes));
+  }
+  out += fmt::format(
+      "fp32, this CPU build: stage 0 (8+K)Ψ, 1: 8Ψ + KΨ/N, 2: 4Ψ + (4+K)Ψ/N, 3: (8+K)Ψ/N  (K = {})\n"
+      "mixed-precision Adam (ZeRO paper, reference): stage 0 16Ψ, 1: 4Ψ + 12Ψ/N, 2: 2Ψ + 14Ψ/N, 3: 16Ψ/N\n",
+      p.state_bytes_per_param);
+  if (p.budget_bytes > 0) {
+    if (p.lowest_fitting_stage >= 0) {
+      out += fmt::format("Budget {} per rank: stage {} is the lowest stage that fits ({} per rank; lower "
+                         "stages communicate less).\n",
+                         human(p.budget_bytes), p.lowest_fitting_stage,
+                         human(p.stages[static_cast<size_t>(p.lowest_fitting_stage)].total_bytes));
+    } else if (p.dp_needed_for_stage3 > 0) {
+      out += fmt::format("Budget {} per rank: no stage fits on {} rank{} (stage 3 needs {}); stage 3 fits with "
+                         "at least {} data-parallel ranks.\n",
+                         human(p.budget_bytes), p.dp, p.dp == 1 ? "" : "s", human(p.stages[3].total_bytes),
+                         p.dp_needed_for_stage3);
+    } else {
+      out += fmt::format("Budget {} per rank: no stage fits, with any number of ranks (one parameter's "
+                         "state alone needs {} bytes).\n",
+                         human(p.budget_bytes), 2 * kFp32 + p.state_bytes_per_param);
+    }
+  }
+  for (const auto& note : p.notes) out += "Note: " + note + "\n";
+  return out;
+}
+
+nlohmann::json plan_to_json(const MemoryPlan& p) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& s : p.stages) {
+    nlohmann::json row = {{"stage", s.stage},
+                          {"params_bytes", s.params_bytes},
+                          {"grads_bytes", s.grads_bytes},
+                          {"optimizer_bytes", s.optimizer_bytes},
+                          {"total_bytes", s.total_bytes},
+                          {"mixed_precision_adam",
+                           {{"params_bytes", s.mixed_params_bytes},
+                            {"grads_bytes", s.mixed_grads_bytes},
+                            {"optimizer_bytes", s.mixed_optimizer_bytes},
+                            {"total_bytes", s.mixed_total_bytes}}}};
+    if (p.budget_bytes > 0) row["fits"] = s.fits;
+    stages.push_back(row);
+  }
+  nlohmann::json out = {{"model", p.model},
+                        {"parameters", p.parameters},
+                        {"dp", p.dp},
+                        {"shard_elements", p.shard_elements},
+                        {"optimizer", p.optimizer},
+                        {"state_bytes_per_param", p.state_bytes_per_param},
+                        {"precision", "fp32"},
+                        {"stages", stages},
+                        {"notes", p.notes}};
+  if (p.budget_bytes > 0) {
+    out["budget_bytes"] = p.budget_bytes;
+    out["lowest_fitting_stage"] =
+        p.lowest_fitting_stage >= 0 ? nlohmann::json(p.lowest_fitting_stage) : nlohmann::json(nullptr);
+    if (p.lowest_fitting_stage < 0)
+      out["dp_needed_for_stage3"] =
+          p.dp_needed_for_stage3 > 0 ? nlohmann::json(p.dp_needed_for_stage3) : nlohmann::json(nullptr);
+  }
+  return out;
+}
+
+namespace {
+
+int64_t checked_mul(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r))
+    throw ConfigError("paratrain plan: the model's size overflows a 64-bit count; check model.* widths");
+  return r;
+}
+
+int64_t checked_add(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r))
+    throw ConfigError("paratrain plan: the model's size overflows a 64-bit count; check model.* widths");
+  return r;
+}
+
+StageMemory stage_memory(int stage, int64_t psi, int64_t dp, int64_t k) {
+  const int64_t shard = (psi + dp - 1) / dp;
+  // How many elements of each part a rank holds at this stage.
+  const int64_t state_elems = stage >= 1 ? shard : psi;
+  const int64_t grad_elems = stage >= 2 ? shard : psi;
+  const int64_t param_elems = stage >= 3 ? shard : psi;
+  StageMemory s;
+  s.stage = stage;
+  s.params_bytes = checked_mul(param_elems, kFp32);
+  s.grads_bytes = checked_mul(grad_elems, kFp32);
+  s.optimizer_bytes = checked_mul(state_elems, k);
+  s.total_bytes = checked_add(checked_add(s.params_bytes, s.grads_bytes), s.optimizer_bytes);
+  s.mixed_params_bytes = checked_mul(param_elems, kMixedParam);
+  s.mixed_grads_bytes = checked_mul(grad_elems, kMixedGrad);
+  s.mixed_optimizer_bytes = checked_mul(state_elems, kMixedAdamState);
+  s.mixed_total_bytes =
+      checked_add(checked_add(s.mixed_params_bytes, s.mixed_grads_bytes), s.mixed_optimizer_bytes);
+  return s;
+}
+
+// "mlp 784-256-128-10", "cnn 1x28x28 conv [32, 64] fc 128-10".
+std::string model_name(const TrainConfig& c) {
+  const bool synthetic = c.data.dataset == "synthetic";
+  const int64_t channels = synthetic ? c.data.synthetic_channels : 1;
+  const int64_t side = synthetic ? c.data.synthetic_image_size : 28;
+  const int64_t classes = synthetic ? c.data.synthetic_classes : 10;
+  if (c.model.kind == "mlp") {
+    std::string name = fmt::format("mlp {}", channels * side * side);
+    for (int64_t h : c.model.hidden) name += fmt::format("-{}", h);
+    return name + fmt::format("-{}", classes);
+  }
+  return fmt::format("{} {}x{}x{} conv [{}] fc {}-{}", c.model.kind, channels, side, side,
+                     fmt::join(c.model.channels, ", "), c.model.cnn_hidden, classes);
+}
+
+// 940.6 KiB, 3.5 GiB: binary units, one decimal; plain bytes below 1 KiB.
+std::string human(int64_t bytes) {
+  static const char* units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  double v = static_cast<double>(bytes) / 1024.0;
+  int u = 0;
+  while (v >= 1024.0 && u < 5) v /= 1024.0, ++u;
+  return fmt::format("{:.1f} {}", v, units[u]);
+}
+
+std::string with_commas(int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0 && digits[i - 1] != '-') out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace paratrain::train

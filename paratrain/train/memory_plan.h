@@ -1,0 +1,69 @@
+// The ZeRO memory planner behind `paratrain plan`: per-rank bytes of
+// parameters, gradients and optimizer state for ZeRO stages 0-3 (arXiv
+// 1910.02054, section 3) from the configured model's parameter count.
+// Pure arithmetic: builds no model and measures nothing; activations,
+// buffers, communication buckets and allocator overhead come on top.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "paratrain/train/config.h"
+
+namespace paratrain::train {
+
+struct PlanOptions {
+  // Ranks in the job; the data-parallel group that shards the model state
+  // is world / (parallel.tp * pp * cp). 0 = what the config implies:
+  // parallel.dp * tp * pp * cp when parallel.dp is set, else tp * pp * cp.
+  int64_t world = 0;
+  // Per-rank memory budget in GiB (2^30 bytes); 0 = no budget (no fit column).
+  double memory_gib = 0;
+};
+
+// Bytes per rank of one ZeRO stage; `*_bytes` are fp32 training (what this
+// CPU build runs), `mixed_*` the paper's mixed-precision Adam for reference.
+struct StageMemory {
+  int stage = 0;
+  int64_t params_bytes = 0, grads_bytes = 0, optimizer_bytes = 0, total_bytes = 0;
+  int64_t mixed_params_bytes = 0, mixed_grads_bytes = 0, mixed_optimizer_bytes = 0, mixed_total_bytes = 0;
+  bool fits = true;  // total_bytes <= budget (true without a budget)
+};
+
+struct MemoryPlan {
+  std::string model;          // "mlp 784-256-128-10", "cnn ..."
+  int64_t parameters = 0;     // Ψ
+  int64_t dp = 1;             // N, the ranks sharding the state
+  int64_t shard_elements = 0; // ceil(Ψ / N): shards round up, the flat buffer is padded to N * this
+  std::string optimizer;      // optimizer.kind (+ momentum for SGD)
+  int64_t state_bytes_per_param = 0;  // K: 8 Adam/AdamW, 4 SGD with momentum, 0 plain SGD
+  int64_t budget_bytes = 0;           // 0 = none
+  std::vector<StageMemory> stages;    // stages 0, 1, 2, 3
+  int lowest_fitting_stage = -1;      // -1: no budget, or nothing fits
+  // When nothing fits: the fewest dp ranks with which stage 3 fits (-1: none can,
+  // the budget is below one element's state).
+  int64_t dp_needed_for_stage3 = -1;
+  std::vector<std::string> notes;     // what the numbers leave out
+};
+
+// Ψ of make_model(config), computed from the config alone so that a plan for
+// a model too big for this machine allocates nothing (tests check it against
+// the built model). Throws ConfigError if the count overflows int64.
+int64_t parameter_count(const TrainConfig& config);
+
+// The plan for `config` on `options.world` ranks. Throws ConfigError on a
+// world that parallel.tp * pp * cp does not divide, or a budget <= 0 / not finite.
+MemoryPlan plan_memory(const TrainConfig& config, const PlanOptions& options);
+
+// The same from a parameter count and the optimizer state per parameter (K).
+MemoryPlan plan_memory(int64_t parameters, int64_t dp, int64_t state_bytes_per_param, double memory_gib);
+
+// A readable table (stage, params, grads, optimizer, total per rank, fits),
+// the formulas, and the verdict on the budget.
+std::string format_plan(const MemoryPlan& plan);
+nlohmann::json plan_to_json(const MemoryPlan& plan);
+
+}  // namespace paratrain::train
