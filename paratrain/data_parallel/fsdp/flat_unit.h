@@ -61,6 +61,7 @@ class FlatUnit {
   // The flat buffer every parameter is a view of; its storage may be freed.
   const at::Tensor& full() const { return full_; }
   at::Tensor& shard() { return shard_; }
+  const at::Tensor& shard() const { return shard_; }
   c10::StorageImpl* storage() const;
   std::size_t gathered_bytes() const;
   UnitState state() const { return state_; }

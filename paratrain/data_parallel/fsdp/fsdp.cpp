@@ -138,11 +138,11 @@ void FullyShardedDataParallel::step(torch::optim::Optimizer& optimizer) {
 void FullyShardedDataParallel::reshard() { impl_->reshard_all(); }
 
 FullyShardedDataParallel::NoSyncGuard::NoSyncGuard(FullyShardedDataParallel& fsdp)
-    : fsdp_(fsdp), previous_(fsdp.impl_->sync_enabled) {
-  fsdp_.impl_->sync_enabled = false;
+    : fsdp_(fsdp), previous_(fsdp.impl_->sync_enabled()) {
+  fsdp_.impl_->set_sync_enabled(false);
 }
 
-FullyShardedDataParallel::NoSyncGuard::~NoSyncGuard() { fsdp_.impl_->sync_enabled = previous_; }
+FullyShardedDataParallel::NoSyncGuard::~NoSyncGuard() { fsdp_.impl_->set_sync_enabled(previous_); }
 
 std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_parameters() {
   impl_->rethrow_kept_error();
@@ -186,6 +186,10 @@ std::vector<UnitInfo> FullyShardedDataParallel::units() const {
   return out;
 }
 
-FsdpStats FullyShardedDataParallel::stats() const { return impl_->stats; }
+FsdpStats FullyShardedDataParallel::stats() const {
+  FsdpStats s = impl_->stats;
+  s.reduce_scatters = impl_->reduce_scatters();
+  return s;
+}
 
 }  // namespace paratrain::fsdp
