@@ -288,3 +288,26 @@ TEST(FsdpErrors, GatherFailureInForwardSurfacesFromBackward) {
 
 }  // namespace
 }  // namespace paratrain::fsdp::testing
+
+namespace paratrain::fsdp::testing {
+namespace {
+
+// Engines come and go on one thread: the operation observer is released with
+// the last engine and registered again for the next, which still gathers on
+// touch (its forward would read freed memory otherwise) and reduces.
+TEST(FsdpLifetime, EnginesOneAfterAnotherOnOneThread) {
+  paratrain::testing::run_ranks(2, [](comm::ProcessGroup& group) {
+    for (int round = 0; round < 2; ++round) {
+      auto model = ddp::testing::make_model(ModelKind::kMlp, kSeed);
+      FullyShardedDataParallel fsdp(model, group, with_units(0));
+      fsdp.prepare_forward();
+      dynamic_cast<models::Model&>(*model).forward(torch::ones({2, 64})).sum().backward();
+      EXPECT_EQ(fsdp.stats().reduce_scatters, 3) << "round " << round;
+      for (const at::Tensor& piece : fsdp.optimizer_params()) EXPECT_TRUE(piece.grad().defined());
+      for (const UnitInfo& u : fsdp.units()) EXPECT_EQ(u.gathered_bytes, 0) << u.name;
+    }
+  });
+}
+
+}  // namespace
+}  // namespace paratrain::fsdp::testing

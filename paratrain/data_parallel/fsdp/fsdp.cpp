@@ -72,7 +72,10 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<torch::nn::Mo
   impl_->observe_this_thread();
 }
 
-FullyShardedDataParallel::~FullyShardedDataParallel() = default;
+FullyShardedDataParallel::~FullyShardedDataParallel() {
+  impl_.reset();
+  release_idle_observer();
+}
 
 const std::shared_ptr<torch::nn::Module>& FullyShardedDataParallel::module() const { return impl_->model; }
 comm::ProcessGroup& FullyShardedDataParallel::group() { return impl_->group; }

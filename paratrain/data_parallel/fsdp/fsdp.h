@@ -109,9 +109,14 @@ class FullyShardedDataParallel {
   // which is freed before this returns. Every parameter must require grad.
   // `dp` must outlive this object; `model` is shared with the caller, who
   // keeps calling model->forward on the thread that built this engine or
-  // called prepare_forward().
+  // called prepare_forward(). Any operation on that thread that reads a
+  // freed parameter (forward, backward, but also printing or torch::save)
+  // gathers its unit first: a collective, so every rank must do the same;
+  // full_parameters() is the explicit way to read values.
   FullyShardedDataParallel(std::shared_ptr<torch::nn::Module> model, comm::ProcessGroup& dp,
                            FsdpOptions options = {});
+  // The model's parameters stay views of freed memory afterwards (gathering
+  // would be a collective): take full_parameters() first to keep the values.
   ~FullyShardedDataParallel();
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
   FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
