@@ -227,19 +227,38 @@ TEST(FsdpSlots, TileEveryParameterOnce) {
 namespace paratrain::fsdp::testing {
 namespace {
 
+// A work whose wait() completes the real collective, then reports failure
+// (as a timeout would, with the backend possibly still writing).
+class FailingWork final : public comm::Work {
+ public:
+  explicit FailingWork(comm::WorkHandle inner) : inner_(std::move(inner)) {}
+  void wait(std::chrono::milliseconds timeout) override {
+    inner_->wait(timeout);
+    throw TimeoutError("test: all_gather timed out on purpose");
+  }
+  bool is_completed() override { return inner_->is_completed(); }
+
+ private:
+  comm::WorkHandle inner_;
+};
+
 // Forwards every call to `inner`; the all_gather number `fail_at` (counting
-// from 1, the same on every rank) throws CommError instead.
+// from 1, the same on every rank) throws CommError instead, or with
+// `on_wait` returns a work whose wait() throws TimeoutError.
 class FailingGatherGroup final : public comm::ProcessGroup {
  public:
-  FailingGatherGroup(comm::ProcessGroup& inner, int fail_at) : inner_(inner), fail_at_(fail_at) {}
+  FailingGatherGroup(comm::ProcessGroup& inner, int fail_at, bool on_wait)
+      : inner_(inner), fail_at_(fail_at), on_wait_(on_wait) {}
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
   std::string backend() const override { return inner_.backend(); }
   const std::vector<int>& global_ranks() const override { return inner_.global_ranks(); }
   comm::WorkHandle all_reduce(at::Tensor& t, comm::ReduceOp op) override { return inner_.all_reduce(t, op); }
   comm::WorkHandle all_gather(at::Tensor& out, const at::Tensor& in) override {
-    if (++calls_ == fail_at_) throw CommError("test: all_gather failed on purpose");
-    return inner_.all_gather(out, in);
+    const bool fail = ++calls_ == fail_at_;
+    if (fail && !on_wait_) throw CommError("test: all_gather failed on purpose");
+    auto work = inner_.all_gather(out, in);
+    return fail ? std::make_shared<FailingWork>(work) : work;
   }
   comm::WorkHandle reduce_scatter(at::Tensor& out, const at::Tensor& in, comm::ReduceOp op) override {
     return inner_.reduce_scatter(out, in, op);
@@ -255,6 +274,7 @@ class FailingGatherGroup final : public comm::ProcessGroup {
  private:
   comm::ProcessGroup& inner_;
   int fail_at_;
+  bool on_wait_;
   int calls_ = 0;
 };
 
@@ -263,27 +283,29 @@ class FailingGatherGroup final : public comm::ProcessGroup {
 // the error surfaces from loss.backward() with its type. The next step
 // gathers afresh and trains normally.
 TEST(FsdpErrors, GatherFailureInForwardSurfacesFromBackward) {
-  paratrain::testing::run_ranks(2, [](comm::ProcessGroup& world_group) {
-    FailingGatherGroup group(world_group, /*fail_at=*/2);
-    auto model = ddp::testing::make_model(ModelKind::kMlp, kSeed);
-    FullyShardedDataParallel fsdp(model, group, with_units(0));
-    auto opt = make_optimizer(Opt::kSgd, fsdp.optimizer_params());
-    const at::Tensor x = torch::ones({4, 64});
-    const at::Tensor y = torch::zeros({4}, torch::kLong);
-    auto run_step = [&] {
-      fsdp.prepare_forward();
-      auto loss = torch::nn::functional::cross_entropy(dynamic_cast<models::Model&>(*model).forward(x), y);
-      opt->zero_grad();
-      loss.backward();
-      fsdp.finish_backward();
-      fsdp.step(*opt);
-    };
-    EXPECT_THROW(run_step(), CommError);
-    for (const UnitInfo& u : fsdp.units()) EXPECT_EQ(u.gathered_bytes, 0) << u.name;
-    run_step();  // recovers
-    const auto full = fsdp.full_parameters();
-    for (const auto& [name, value] : full) EXPECT_TRUE(value.isfinite().all().item<bool>()) << name;
-  });
+  for (bool on_wait : {false, true}) {
+    paratrain::testing::run_ranks(2, [&](comm::ProcessGroup& world_group) {
+      FailingGatherGroup group(world_group, /*fail_at=*/2, on_wait);
+      auto model = ddp::testing::make_model(ModelKind::kMlp, kSeed);
+      FullyShardedDataParallel fsdp(model, group, with_units(0));
+      auto opt = make_optimizer(Opt::kSgd, fsdp.optimizer_params());
+      const at::Tensor x = torch::ones({4, 64});
+      const at::Tensor y = torch::zeros({4}, torch::kLong);
+      auto run_step = [&] {
+        fsdp.prepare_forward();
+        auto loss = torch::nn::functional::cross_entropy(dynamic_cast<models::Model&>(*model).forward(x), y);
+        opt->zero_grad();
+        loss.backward();
+        fsdp.finish_backward();
+        fsdp.step(*opt);
+      };
+      EXPECT_THROW(run_step(), CommError) << "on_wait " << on_wait;  // TimeoutError is a CommError
+      for (const UnitInfo& u : fsdp.units()) EXPECT_EQ(u.gathered_bytes, 0) << u.name;
+      run_step();  // recovers
+      const auto full = fsdp.full_parameters();
+      for (const auto& [name, value] : full) EXPECT_TRUE(value.isfinite().all().item<bool>()) << name;
+    });
+  }
 }
 
 }  // namespace

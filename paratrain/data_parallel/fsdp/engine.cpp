@@ -161,10 +161,11 @@ void FullyShardedDataParallel::Impl::on_operation(const at::RecordFunction& fn) 
         touch(static_cast<std::size_t>(u));
       } catch (...) {
         // The operation runs anyway (RecordFunction swallows exceptions):
-        // give it zeros rather than freed memory, and report the error at the
-        // next engine call (end of backward, prepare_forward, step).
+        // give it zeros rather than freed memory, keep the error for the
+        // next engine call (end of backward, prepare_forward, step), and go
+        // on with the operation's other inputs.
+        keep_error(fn);
         units[u].fill_zeros_if_freed();
-        throw;
       }
     };
     for (const c10::IValue& v : fn.inputs()) {
@@ -179,14 +180,20 @@ void FullyShardedDataParallel::Impl::on_operation(const at::RecordFunction& fn) 
       }
     }
   } catch (...) {
-    try {
-      throw;
-    } catch (const std::exception& e) {
-      spdlog::error("rank {}: FSDP: gather before '{}' failed: {}", group.rank(), fn.name(), e.what());
-    } catch (...) {
-    }
-    if (!kept_error_) kept_error_ = std::current_exception();
+    keep_error(fn);
   }
+}
+
+// Inside a catch block: logs the error now (the operation that hit it goes
+// on) and keeps the first one of the step for rethrow_kept_error().
+void FullyShardedDataParallel::Impl::keep_error(const at::RecordFunction& fn) noexcept {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    spdlog::error("rank {}: FSDP: before '{}': {}", group.rank(), fn.name(), e.what());
+  } catch (...) {
+  }
+  if (!kept_error_) kept_error_ = std::current_exception();
 }
 
 int FullyShardedDataParallel::Impl::unit_of(const at::Tensor& t) const {

@@ -62,6 +62,7 @@ class FullyShardedDataParallel::Impl final : public TouchListener,
   };
 
   void make_reducer();
+  void keep_error(const at::RecordFunction& fn) noexcept;
   void touch(std::size_t u);
   void gather_now(std::size_t u);
   void prefetch(std::size_t u);

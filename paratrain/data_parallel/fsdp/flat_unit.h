@@ -79,6 +79,7 @@ class FlatUnit {
 
  private:
   void allocate();
+  void wait_in_flight(std::chrono::milliseconds timeout);
 
   std::string name_;
   std::vector<UnitParam> params_;
@@ -90,6 +91,7 @@ class FlatUnit {
   at::Tensor shard_;
   UnitState state_ = UnitState::kGathered;
   comm::WorkHandle work_;
+  std::vector<at::DataPtr> abandoned_;  // memory a failed collective may still write
 };
 
 }  // namespace paratrain::fsdp
