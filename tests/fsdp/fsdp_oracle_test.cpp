@@ -1,4 +1,4 @@
-// FSDP (ZeRO stage 3) against the oracle: training on 2, 3 and 4 ranks
+// FSDP (ZeRO stage 3) against the oracle: training on 1, 2, 3 and 4 ranks
 // (threads) must give the parameters one process gets on the full global
 // batch, for the MLP and the CNN, with SGD (momentum), Adam and AdamW, units
 // by size threshold and by name, reshard_after_forward and prefetch on and off.
@@ -107,7 +107,8 @@ TEST_P(FsdpOracleTest, MatchesSingleProcessTraining) {
 
 INSTANTIATE_TEST_SUITE_P(
     Stage3, FsdpOracleTest,
-    ::testing::Values(OracleCase{ModelKind::kMlp, 2, Opt::kSgd, Units::kThreshold, true, true},
+    ::testing::Values(OracleCase{ModelKind::kMlp, 1, Opt::kAdam, Units::kThreshold, true, true},
+                      OracleCase{ModelKind::kMlp, 2, Opt::kSgd, Units::kThreshold, true, true},
                       OracleCase{ModelKind::kMlp, 3, Opt::kAdam, Units::kThreshold, true, true},
                       OracleCase{ModelKind::kMlp, 4, Opt::kSgd, Units::kNamed, false, true},
                       OracleCase{ModelKind::kMlp, 4, Opt::kAdamW, Units::kNamed, true, false},
