@@ -6,6 +6,7 @@
 
 #include <torch/torch.h>
 
+#include "paratrain/core/error.h"
 #include "paratrain/data_parallel/fsdp/unit_plan.h"
 #include "tests/fsdp/fsdp_training.h"
 #include "tests/support/multi_rank.h"
@@ -16,6 +17,25 @@ namespace {
 constexpr double kTolerance = 1e-5;
 constexpr uint64_t kSeed = 1234;
 
+FsdpOptions with_units(int64_t min_params, bool reshard_after_forward = true) {
+  FsdpOptions o;
+  o.unit_min_params = min_params;
+  o.reshard_after_forward = reshard_after_forward;
+  return o;
+}
+
+UnitPlanOptions by_size(int64_t min_params) {
+  UnitPlanOptions o;
+  o.min_params = min_params;
+  return o;
+}
+
+UnitPlanOptions by_name(std::vector<std::string> modules) {
+  UnitPlanOptions o;
+  o.modules = std::move(modules);
+  return o;
+}
+
 std::vector<std::string> unit_names(torch::nn::Module& model, const UnitPlanOptions& options) {
   std::vector<std::string> names;
   for (const auto& unit : plan_units(model, options)) names.push_back(unit.name);
@@ -24,17 +44,17 @@ std::vector<std::string> unit_names(torch::nn::Module& model, const UnitPlanOpti
 
 TEST(FsdpUnits, ByThresholdAndByName) {
   auto mlp = ddp::testing::make_model(ModelKind::kMlp, kSeed);
-  EXPECT_EQ(unit_names(*mlp, {.min_params = 1500}), (std::vector<std::string>{"fc0", "fc1+fc2"}));
-  EXPECT_EQ(unit_names(*mlp, {.min_params = 0}), (std::vector<std::string>{"fc0", "fc1", "fc2"}));
-  EXPECT_EQ(unit_names(*mlp, {.min_params = 1 << 30}), (std::vector<std::string>{"fc0+fc1+fc2"}));
-  const auto named = plan_units(*mlp, {.modules = split_module_list(" fc0, fc2,")});
+  EXPECT_EQ(unit_names(*mlp, by_size(1500)), (std::vector<std::string>{"fc0", "fc1+fc2"}));
+  EXPECT_EQ(unit_names(*mlp, by_size(0)), (std::vector<std::string>{"fc0", "fc1", "fc2"}));
+  EXPECT_EQ(unit_names(*mlp, by_size(1 << 30)), (std::vector<std::string>{"fc0+fc1+fc2"}));
+  const auto named = plan_units(*mlp, by_name(split_module_list(" fc0, fc2,")));
   ASSERT_EQ(named.size(), 3u);
   EXPECT_EQ(named[0].name, "(root)");
   ASSERT_EQ(named[0].params.size(), 2u);
   EXPECT_EQ(named[0].params[0].first, "fc1.weight");
   EXPECT_EQ(named[1].name, "fc0");
   EXPECT_EQ(named[2].name, "fc2");
-  EXPECT_THROW(plan_units(*mlp, {.modules = {"fc9"}}), c10::Error);
+  EXPECT_THROW(plan_units(*mlp, by_name({"fc9"})), c10::Error);
 }
 
 // Between steps only the shards are alive: every unit's gathered storage is
@@ -77,7 +97,7 @@ TEST(FsdpMemory, ReshardAfterForwardKeepsOnlyTheLastUnit) {
   for (bool reshard : {true, false}) {
     paratrain::testing::run_ranks(2, [&](comm::ProcessGroup& group) {
       auto model = ddp::testing::make_model(ModelKind::kMlp, kSeed);
-      FullyShardedDataParallel fsdp(model, group, {.unit_min_params = 0, .reshard_after_forward = reshard});
+      FullyShardedDataParallel fsdp(model, group, with_units(0, reshard));
       fsdp.prepare_forward();
       auto out = model->forward(torch::ones({2, 64}));
       int gathered = 0;
@@ -177,7 +197,7 @@ TEST(FsdpSlots, TileEveryParameterOnce) {
   std::vector<Snapshot> full(world);
   paratrain::testing::run_ranks(world, [&](comm::ProcessGroup& group) {
     auto model = ddp::testing::make_model(ModelKind::kCnn, kSeed + group.rank());
-    FullyShardedDataParallel fsdp(model, group, {.unit_min_params = 300});
+    FullyShardedDataParallel fsdp(model, group, with_units(300));
     slots[group.rank()] = fsdp.parameter_slots();
     const auto params = fsdp.optimizer_params();
     ASSERT_EQ(params.size(), slots[group.rank()].size());
@@ -199,6 +219,116 @@ TEST(FsdpSlots, TileEveryParameterOnce) {
   }
   // Construction took rank 0's values: all ranks agree.
   EXPECT_LE(ddp::testing::max_relative_diff(full[1], full[0]), 0.0);
+}
+
+}  // namespace
+}  // namespace paratrain::fsdp::testing
+
+namespace paratrain::fsdp::testing {
+namespace {
+
+// A work whose wait() completes the real collective, then reports failure
+// (as a timeout would, with the backend possibly still writing).
+class FailingWork final : public comm::Work {
+ public:
+  explicit FailingWork(comm::WorkHandle inner) : inner_(std::move(inner)) {}
+  void wait(std::chrono::milliseconds timeout) override {
+    inner_->wait(timeout);
+    throw TimeoutError("test: all_gather timed out on purpose");
+  }
+  bool is_completed() override { return inner_->is_completed(); }
+
+ private:
+  comm::WorkHandle inner_;
+};
+
+// Forwards every call to `inner`; the all_gather number `fail_at` (counting
+// from 1, the same on every rank) throws CommError instead, or with
+// `on_wait` returns a work whose wait() throws TimeoutError.
+class FailingGatherGroup final : public comm::ProcessGroup {
+ public:
+  FailingGatherGroup(comm::ProcessGroup& inner, int fail_at, bool on_wait)
+      : inner_(inner), fail_at_(fail_at), on_wait_(on_wait) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::string backend() const override { return inner_.backend(); }
+  const std::vector<int>& global_ranks() const override { return inner_.global_ranks(); }
+  comm::WorkHandle all_reduce(at::Tensor& t, comm::ReduceOp op) override { return inner_.all_reduce(t, op); }
+  comm::WorkHandle all_gather(at::Tensor& out, const at::Tensor& in) override {
+    const bool fail = ++calls_ == fail_at_;
+    if (fail && !on_wait_) throw CommError("test: all_gather failed on purpose");
+    auto work = inner_.all_gather(out, in);
+    return fail ? std::make_shared<FailingWork>(work) : work;
+  }
+  comm::WorkHandle reduce_scatter(at::Tensor& out, const at::Tensor& in, comm::ReduceOp op) override {
+    return inner_.reduce_scatter(out, in, op);
+  }
+  comm::WorkHandle broadcast(at::Tensor& t, int root) override { return inner_.broadcast(t, root); }
+  comm::WorkHandle send(const at::Tensor& t, int dst, int tag) override { return inner_.send(t, dst, tag); }
+  comm::WorkHandle recv(at::Tensor& t, int src, int tag) override { return inner_.recv(t, src, tag); }
+  comm::WorkHandle barrier() override { return inner_.barrier(); }
+  std::shared_ptr<comm::ProcessGroup> new_subgroup(const std::vector<int>& ranks) override {
+    return inner_.new_subgroup(ranks);
+  }
+
+ private:
+  comm::ProcessGroup& inner_;
+  int fail_at_;
+  bool on_wait_;
+  int calls_ = 0;
+};
+
+// A gather fails inside an operation of forward, where RecordFunction would
+// swallow the exception: the operation reads zeros (not freed memory), and
+// the error surfaces from loss.backward() with its type. The next step
+// gathers afresh and trains normally.
+TEST(FsdpErrors, GatherFailureInForwardSurfacesFromBackward) {
+  for (bool on_wait : {false, true}) {
+    paratrain::testing::run_ranks(2, [&](comm::ProcessGroup& world_group) {
+      FailingGatherGroup group(world_group, /*fail_at=*/2, on_wait);
+      auto model = ddp::testing::make_model(ModelKind::kMlp, kSeed);
+      FullyShardedDataParallel fsdp(model, group, with_units(0));
+      auto opt = make_optimizer(Opt::kSgd, fsdp.optimizer_params());
+      const at::Tensor x = torch::ones({4, 64});
+      const at::Tensor y = torch::zeros({4}, torch::kLong);
+      auto run_step = [&] {
+        fsdp.prepare_forward();
+        auto loss = torch::nn::functional::cross_entropy(dynamic_cast<models::Model&>(*model).forward(x), y);
+        opt->zero_grad();
+        loss.backward();
+        fsdp.finish_backward();
+        fsdp.step(*opt);
+      };
+      EXPECT_THROW(run_step(), CommError) << "on_wait " << on_wait;  // TimeoutError is a CommError
+      for (const UnitInfo& u : fsdp.units()) EXPECT_EQ(u.gathered_bytes, 0) << u.name;
+      run_step();  // recovers
+      const auto full = fsdp.full_parameters();
+      for (const auto& [name, value] : full) EXPECT_TRUE(value.isfinite().all().item<bool>()) << name;
+    });
+  }
+}
+
+}  // namespace
+}  // namespace paratrain::fsdp::testing
+
+namespace paratrain::fsdp::testing {
+namespace {
+
+// Engines come and go on one thread: the operation observer is released with
+// the last engine and registered again for the next, which still gathers on
+// touch (its forward would read freed memory otherwise) and reduces.
+TEST(FsdpLifetime, EnginesOneAfterAnotherOnOneThread) {
+  paratrain::testing::run_ranks(2, [](comm::ProcessGroup& group) {
+    for (int round = 0; round < 2; ++round) {
+      auto model = ddp::testing::make_model(ModelKind::kMlp, kSeed);
+      FullyShardedDataParallel fsdp(model, group, with_units(0));
+      fsdp.prepare_forward();
+      dynamic_cast<models::Model&>(*model).forward(torch::ones({2, 64})).sum().backward();
+      EXPECT_EQ(fsdp.stats().reduce_scatters, 3) << "round " << round;
+      for (const at::Tensor& piece : fsdp.optimizer_params()) EXPECT_TRUE(piece.grad().defined());
+      for (const UnitInfo& u : fsdp.units()) EXPECT_EQ(u.gathered_bytes, 0) << u.name;
+    }
+  });
 }
 
 }  // namespace

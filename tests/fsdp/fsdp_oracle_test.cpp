@@ -1,4 +1,4 @@
-// FSDP (ZeRO stage 3) against the oracle: training on 2, 3 and 4 ranks
+// FSDP (ZeRO stage 3) against the oracle: training on 1, 2, 3 and 4 ranks
 // (threads) must give the parameters one process gets on the full global
 // batch, for the MLP and the CNN, with SGD (momentum), Adam and AdamW, units
 // by size threshold and by name, reshard_after_forward and prefetch on and off.
@@ -107,7 +107,8 @@ TEST_P(FsdpOracleTest, MatchesSingleProcessTraining) {
 
 INSTANTIATE_TEST_SUITE_P(
     Stage3, FsdpOracleTest,
-    ::testing::Values(OracleCase{ModelKind::kMlp, 2, Opt::kSgd, Units::kThreshold, true, true},
+    ::testing::Values(OracleCase{ModelKind::kMlp, 1, Opt::kAdam, Units::kThreshold, true, true},
+                      OracleCase{ModelKind::kMlp, 2, Opt::kSgd, Units::kThreshold, true, true},
                       OracleCase{ModelKind::kMlp, 3, Opt::kAdam, Units::kThreshold, true, true},
                       OracleCase{ModelKind::kMlp, 4, Opt::kSgd, Units::kNamed, false, true},
                       OracleCase{ModelKind::kMlp, 4, Opt::kAdamW, Units::kNamed, true, false},
@@ -117,6 +118,37 @@ INSTANTIATE_TEST_SUITE_P(
                       OracleCase{ModelKind::kCnn, 4, Opt::kAdam, Units::kThreshold, true, true},
                       OracleCase{ModelKind::kCnn, 2, Opt::kSgd, Units::kNamed, false, true}),
     [](const auto& info) { return name_of(info.param); });
+
+// The same engine with gradients reduced by the DDP reducer (one bucket per
+// unit, UnitGradSink as the bucket sink) meets the same oracle, also with
+// no_sync accumulation (two micro-batches per step equal one batch).
+TEST(FsdpOracle, WithTheDdpReducerMatchesSingleProcessTraining) {
+  struct Case {
+    ModelKind model;
+    int world;
+    Opt opt;
+    int accumulate;
+  };
+  for (const Case c : {Case{ModelKind::kMlp, 3, Opt::kAdam, 1}, Case{ModelKind::kCnn, 2, Opt::kSgd, 1},
+                       Case{ModelKind::kMlp, 2, Opt::kSgd, 2}}) {
+    const Problem problem = ddp::testing::make_problem(kSteps, kGlobalBatch, /*seed=*/7);
+    const Snapshot oracle = train_oracle(c.model, problem, kSeed, {.opt = c.opt});
+    FsdpRun run;
+    run.model = c.model;
+    run.world = c.world;
+    run.opt = c.opt;
+    run.accumulate = c.accumulate;
+    run.seed = kSeed;
+    run.fsdp.unit_min_params = 0;
+    run.fsdp.use_ddp_reducer = true;
+    const std::vector<RankResult> ranks = train_fsdp(run, problem);
+    for (int r = 0; r < c.world; ++r) {
+      EXPECT_LE(ddp::testing::max_relative_diff(ranks[r].params, oracle), kTolerance)
+          << ddp::testing::to_string(c.model) << " rank " << r << " accumulate " << c.accumulate;
+      EXPECT_EQ(ranks[r].stats.reduce_scatters, kSteps * (c.model == ModelKind::kMlp ? 3 : 4));
+    }
+  }
+}
 
 // Forwards every call to `inner` except reduce_scatter, which keeps this
 // rank's own slice without reducing: each rank steps on its own gradient.

@@ -60,7 +60,11 @@ FullyShardedDataParallel::Impl::Impl(std::shared_ptr<torch::nn::Module> model_in
       pieces[u].push_back(units[u].shard().narrow(0, piece.shard_begin, piece.numel).detach().requires_grad_(true));
     }
   }
-  sink_ = std::make_unique<UnitGradSink>(units, pieces);
+  if (options.use_ddp_reducer) {
+    make_reducer();
+  } else {
+    sink_ = std::make_shared<UnitGradSink>(units, pieces);
+  }
   // A post-hook on each parameter's gradient accumulator runs after
   // AccumulateGrad wrote .grad: the last one of a unit ends that unit's
   // backward. We hold the accumulators so the hooks survive between graphs.
@@ -79,6 +83,42 @@ FullyShardedDataParallel::Impl::Impl(std::shared_ptr<torch::nn::Module> model_in
       ++trainable_[u];
     }
   }
+}
+
+// One bucket per unit, the last unit's first: backward produces gradients
+// from the last unit to the first, and the reducer launches buckets in index
+// order, so this order lets each unit's reduce-scatter start as its backward
+// ends.
+void FullyShardedDataParallel::Impl::make_reducer() {
+  std::vector<ddp::NamedParameter> params;
+  std::vector<ddp::BucketPlan> plans;
+  std::vector<std::size_t> bucket_to_unit;
+  for (std::size_t u = units.size(); u-- > 0;) {
+    const FlatUnit& unit = units[u];
+    ddp::BucketPlan plan;
+    plan.dtype = unit.shard().scalar_type();
+    plan.device = unit.shard().device();
+    for (const UnitParam& p : unit.params()) {
+      plan.params.push_back(params.size());
+      plan.offsets.push_back(p.offset);
+      params.push_back({p.name, p.tensor});
+    }
+    plan.numel = unit.numel();
+    plan.padded_numel = unit.padded_numel();
+    plans.push_back(std::move(plan));
+    bucket_to_unit.push_back(u);
+  }
+  sink_ = std::make_shared<UnitGradSink>(units, pieces, std::move(bucket_to_unit));
+  ddp::ReducerOptions reducer_options;
+  reducer_options.plans = std::move(plans);
+  reducer_options.sink = sink_;
+  reducer_options.timeout = options.timeout;
+  reducer_ = std::make_unique<ddp::Reducer>(std::move(params), group, std::move(reducer_options));
+}
+
+void FullyShardedDataParallel::Impl::set_sync_enabled(bool enabled) {
+  sync_enabled_ = enabled;
+  if (reducer_) reducer_->set_sync_enabled(enabled);
 }
 
 FullyShardedDataParallel::Impl::~Impl() {
@@ -121,10 +161,11 @@ void FullyShardedDataParallel::Impl::on_operation(const at::RecordFunction& fn) 
         touch(static_cast<std::size_t>(u));
       } catch (...) {
         // The operation runs anyway (RecordFunction swallows exceptions):
-        // give it zeros rather than freed memory, and report the error at the
-        // next engine call (end of backward, prepare_forward, step).
+        // give it zeros rather than freed memory, keep the error for the
+        // next engine call (end of backward, prepare_forward, step), and go
+        // on with the operation's other inputs.
+        keep_error(fn);
         units[u].fill_zeros_if_freed();
-        throw;
       }
     };
     for (const c10::IValue& v : fn.inputs()) {
@@ -139,14 +180,20 @@ void FullyShardedDataParallel::Impl::on_operation(const at::RecordFunction& fn) 
       }
     }
   } catch (...) {
-    try {
-      throw;
-    } catch (const std::exception& e) {
-      spdlog::error("rank {}: FSDP: gather before '{}' failed: {}", group.rank(), fn.name(), e.what());
-    } catch (...) {
-    }
-    if (!kept_error_) kept_error_ = std::current_exception();
+    keep_error(fn);
   }
+}
+
+// Inside a catch block: logs the error now (the operation that hit it goes
+// on) and keeps the first one of the step for rethrow_kept_error().
+void FullyShardedDataParallel::Impl::keep_error(const at::RecordFunction& fn) noexcept {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    spdlog::error("rank {}: FSDP: before '{}': {}", group.rank(), fn.name(), e.what());
+  } catch (...) {
+  }
+  if (!kept_error_) kept_error_ = std::current_exception();
 }
 
 int FullyShardedDataParallel::Impl::unit_of(const at::Tensor& t) const {
@@ -227,7 +274,7 @@ void FullyShardedDataParallel::Impl::on_gradient(std::size_t u) {
     any_gradient_ = true;
     if (++ready_[u] < trainable_[u]) return;
     // Every parameter of the unit has its gradient: its backward is over.
-    if (sync_enabled) launch_unit(u);
+    if (sync_enabled_ && !reducer_) launch_unit(u);
     free_unit(u);
   } catch (...) {
     abandon_step();
@@ -253,13 +300,12 @@ void FullyShardedDataParallel::Impl::launch_unit(std::size_t u) {
   comm::WorkHandle work = sink_->launch(group, u, buffer);
   pending_.push_back({u, buffer, std::move(work)});
   launched_[u] = true;
-  ++stats.reduce_scatters;
 }
 
 void FullyShardedDataParallel::Impl::end_of_backward() {
   try {
     rethrow_kept_error();
-    if (any_gradient_ && sync_enabled) {
+    if (any_gradient_ && sync_enabled_ && !reducer_) {
       // Units whose parameters got no gradient this step still take part in
       // the collective, in index order on every rank.
       for (std::size_t u = 0; u < units.size(); ++u) {
@@ -288,6 +334,7 @@ void FullyShardedDataParallel::Impl::abandon_step() noexcept {
     }
   }
   pending_.clear();
+  if (reducer_) reducer_->reset_step();
   for (std::size_t u = 0; u < units.size(); ++u) {
     try {
       free_unit(u);

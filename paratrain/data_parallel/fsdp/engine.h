@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "paratrain/data_parallel/ddp/reducer.h"
 #include "paratrain/data_parallel/fsdp/flat_unit.h"
 #include "paratrain/data_parallel/fsdp/fsdp.h"
 #include "paratrain/data_parallel/fsdp/grad_sink.h"
@@ -46,8 +47,11 @@ class FullyShardedDataParallel::Impl final : public TouchListener,
   FsdpOptions options;
   std::vector<FlatUnit> units;
   std::vector<std::vector<at::Tensor>> pieces;  // pieces[u][k]: optimizer leaf for units[u].pieces()[k]
-  bool sync_enabled = true;
   FsdpStats stats;
+
+  bool sync_enabled() const { return sync_enabled_; }
+  void set_sync_enabled(bool enabled);
+  int64_t reduce_scatters() const { return sink_->launches(); }
 
  private:
   enum class Phase { kIdle, kForward, kBackward };
@@ -57,6 +61,8 @@ class FullyShardedDataParallel::Impl final : public TouchListener,
     comm::WorkHandle work;
   };
 
+  void make_reducer();
+  void keep_error(const at::RecordFunction& fn) noexcept;
   void touch(std::size_t u);
   void gather_now(std::size_t u);
   void prefetch(std::size_t u);
@@ -83,7 +89,9 @@ class FullyShardedDataParallel::Impl final : public TouchListener,
   std::vector<bool> launched_;
   bool any_gradient_ = false;
   std::vector<Pending> pending_;  // launched reduce-scatters, in launch order
-  std::unique_ptr<UnitGradSink> sink_;
+  bool sync_enabled_ = true;
+  std::shared_ptr<UnitGradSink> sink_;
+  std::unique_ptr<ddp::Reducer> reducer_;  // use_ddp_reducer only
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<std::uintptr_t> hook_keys_;
   std::exception_ptr kept_error_;

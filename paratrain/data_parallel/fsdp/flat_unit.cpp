@@ -86,21 +86,31 @@ void FlatUnit::start_gather(comm::ProcessGroup& group) {
 void FlatUnit::wait_gathered(comm::ProcessGroup& group, std::chrono::milliseconds timeout) {
   if (state_ == UnitState::kGathered) return;
   if (state_ == UnitState::kFreed) start_gather(group);
-  // Reset the state before waiting: if the wait throws, the unit counts as
-  // gathered-with-garbage rather than as an in-flight buffer nobody waits on.
+  wait_in_flight(timeout);
+}
+
+// If the wait fails (timeout, peer gone) the backend may still write into
+// the memory: it is set aside for the unit's lifetime, and the unit counts as
+// gathered with zeroed fresh memory so nothing reads freed memory.
+void FlatUnit::wait_in_flight(std::chrono::milliseconds timeout) {
   auto work = std::move(work_);
   state_ = UnitState::kGathered;
-  work->wait(timeout);
+  try {
+    work->wait(timeout);
+  } catch (...) {
+    c10::StorageImpl* s = storage();
+    abandoned_.push_back(s->set_data_ptr(at::DataPtr(nullptr, full_.device())));
+    s->set_nbytes(0);
+    state_ = UnitState::kFreed;
+    fill_zeros_if_freed();
+    throw;
+  }
 }
 
 void FlatUnit::free(std::chrono::milliseconds timeout) {
   if (state_ == UnitState::kFreed) return;
-  if (state_ == UnitState::kGathering) {
-    // The collective writes into this memory until it completes.
-    auto work = std::move(work_);
-    state_ = UnitState::kGathered;
-    work->wait(timeout);
-  }
+  // The collective writes into this memory until it completes.
+  if (state_ == UnitState::kGathering) wait_in_flight(timeout);
   c10::StorageImpl* s = storage();
   s->set_data_ptr_noswap(at::DataPtr(nullptr, full_.device()));
   s->set_nbytes(0);

@@ -61,6 +61,7 @@ class FlatUnit {
   // The flat buffer every parameter is a view of; its storage may be freed.
   const at::Tensor& full() const { return full_; }
   at::Tensor& shard() { return shard_; }
+  const at::Tensor& shard() const { return shard_; }
   c10::StorageImpl* storage() const;
   std::size_t gathered_bytes() const;
   UnitState state() const { return state_; }
@@ -78,6 +79,7 @@ class FlatUnit {
 
  private:
   void allocate();
+  void wait_in_flight(std::chrono::milliseconds timeout);
 
   std::string name_;
   std::vector<UnitParam> params_;
@@ -89,6 +91,7 @@ class FlatUnit {
   at::Tensor shard_;
   UnitState state_ = UnitState::kGathered;
   comm::WorkHandle work_;
+  std::vector<at::DataPtr> abandoned_;  // memory a failed collective may still write
 };
 
 }  // namespace paratrain::fsdp

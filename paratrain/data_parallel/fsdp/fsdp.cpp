@@ -72,7 +72,10 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<torch::nn::Mo
   impl_->observe_this_thread();
 }
 
-FullyShardedDataParallel::~FullyShardedDataParallel() = default;
+FullyShardedDataParallel::~FullyShardedDataParallel() {
+  impl_.reset();
+  release_idle_observer();
+}
 
 const std::shared_ptr<torch::nn::Module>& FullyShardedDataParallel::module() const { return impl_->model; }
 comm::ProcessGroup& FullyShardedDataParallel::group() { return impl_->group; }
@@ -138,11 +141,11 @@ void FullyShardedDataParallel::step(torch::optim::Optimizer& optimizer) {
 void FullyShardedDataParallel::reshard() { impl_->reshard_all(); }
 
 FullyShardedDataParallel::NoSyncGuard::NoSyncGuard(FullyShardedDataParallel& fsdp)
-    : fsdp_(fsdp), previous_(fsdp.impl_->sync_enabled) {
-  fsdp_.impl_->sync_enabled = false;
+    : fsdp_(fsdp), previous_(fsdp.impl_->sync_enabled()) {
+  fsdp_.impl_->set_sync_enabled(false);
 }
 
-FullyShardedDataParallel::NoSyncGuard::~NoSyncGuard() { fsdp_.impl_->sync_enabled = previous_; }
+FullyShardedDataParallel::NoSyncGuard::~NoSyncGuard() { fsdp_.impl_->set_sync_enabled(previous_); }
 
 std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_parameters() {
   impl_->rethrow_kept_error();
@@ -186,6 +189,10 @@ std::vector<UnitInfo> FullyShardedDataParallel::units() const {
   return out;
 }
 
-FsdpStats FullyShardedDataParallel::stats() const { return impl_->stats; }
+FsdpStats FullyShardedDataParallel::stats() const {
+  FsdpStats s = impl_->stats;
+  s.reduce_scatters = impl_->reduce_scatters();
+  return s;
+}
 
 }  // namespace paratrain::fsdp

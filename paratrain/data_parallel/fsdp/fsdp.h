@@ -64,6 +64,14 @@ struct FsdpOptions {
   // too, overlapping communication with compute at the cost of one more
   // unit gathered at a time. False: each gather starts when needed.
   bool prefetch = true;
+  // True: gradients are reduced by the DDP reducer (ddp/reducer.h), one
+  // bucket per unit in reverse unit order, with UnitGradSink as its sink:
+  // the shared bucketing code. Costs memory stage 3 is meant to save: the
+  // reducer keeps a full-size bucket buffer per unit alive for good, and
+  // the parameters' full .grad until backward ends. False (default): the
+  // engine packs each unit's gradient into a transient buffer when the unit's
+  // backward ends and frees the full .grad at once.
+  bool use_ddp_reducer = false;
   // How long a gather or reduce-scatter may take before TimeoutError.
   std::chrono::milliseconds timeout = comm::kDefaultTimeout;
 };
@@ -101,9 +109,14 @@ class FullyShardedDataParallel {
   // which is freed before this returns. Every parameter must require grad.
   // `dp` must outlive this object; `model` is shared with the caller, who
   // keeps calling model->forward on the thread that built this engine or
-  // called prepare_forward().
+  // called prepare_forward(). Any operation on that thread that reads a
+  // freed parameter (forward, backward, but also printing or torch::save)
+  // gathers its unit first: a collective, so every rank must do the same;
+  // full_parameters() is the explicit way to read values.
   FullyShardedDataParallel(std::shared_ptr<torch::nn::Module> model, comm::ProcessGroup& dp,
                            FsdpOptions options = {});
+  // The model's parameters stay views of freed memory afterwards (gathering
+  // would be a collective): take full_parameters() first to keep the values.
   ~FullyShardedDataParallel();
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
   FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;

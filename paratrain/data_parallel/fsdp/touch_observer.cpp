@@ -10,6 +10,7 @@ namespace paratrain::fsdp {
 namespace {
 
 struct ThreadListeners {
+  at::CallbackHandle handle = 0;
   bool registered = false;
   bool busy = false;  // a listener is running: its own operations are not reported
   std::vector<std::weak_ptr<TouchListener>> listeners;
@@ -45,13 +46,24 @@ void observe_this_thread(const std::shared_ptr<TouchListener>& listener) {
   }
   t.listeners.push_back(listener);
   if (!t.registered) {
-    // Never removed: the callback is a plain function that returns at once
-    // when the thread has no live listener, and it dies with the thread.
-    at::addThreadLocalCallback(at::RecordFunctionCallback(&on_start)
+    // Removed by release_idle_observer() once no listener is left; otherwise
+    // it dies with the thread.
+    t.handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&on_start)
                                    .needsInputs(true)
                                    .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
     t.registered = true;
   }
+}
+
+void release_idle_observer() {
+  ThreadListeners& t = this_thread();
+  if (t.busy || !t.registered) return;
+  for (const auto& listener : t.listeners) {
+    if (!listener.expired()) return;
+  }
+  t.listeners.clear();
+  at::removeCallback(t.handle);
+  t.registered = false;
 }
 
 }  // namespace paratrain::fsdp

@@ -29,4 +29,10 @@ class TouchListener {
 // are not covered: CPU backward runs on the thread that called backward().
 void observe_this_thread(const std::shared_ptr<TouchListener>& listener);
 
+// When every listener of the calling thread is gone, removes the callback, so
+// the thread stops paying RecordFunction's per-operation boxing of inputs.
+// Call it after a listener is destroyed (on another thread it does nothing
+// for the listener's thread, which keeps a callback that finds no listener).
+void release_idle_observer();
+
 }  // namespace paratrain::fsdp
