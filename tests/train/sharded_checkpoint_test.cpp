@@ -310,6 +310,15 @@ TEST(ShardedCheckpoint, ConsolidatedFileIsTheSingleFileFormat) {
   const auto& s = static_cast<torch::optim::AdamParamState&>(*opt->state().at(pt::optimizer_state_key(net.fc0->weight)));
   EXPECT_EQ(s.step(), 3);
   EXPECT_TRUE(torch::equal(s.exp_avg_sq(), ref.state.at("fc0.weight").at("exp_avg_sq")));
+
+  // A single file (consolidated, or today's save_checkpoint) loads into a
+  // sharded layout too: it reads as a one-rank checkpoint of whole tensors.
+  for (const char* file : {"one.safetensors", "direct.safetensors"}) {
+    Rank r = make_rank(Kind::kAdam, ref, zero2, 1, false);
+    EXPECT_EQ(pt::load_sharded_checkpoint(tmp / file, r.contents).step, 3) << file;
+    EXPECT_GT(expect_matches_reference(Kind::kAdam, ref, r), 0) << file;
+  }
+  EXPECT_NE(pt::describe_checkpoint(tmp / "one.safetensors").find("single file"), std::string::npos);
 }
 
 TEST(ShardedCheckpoint, DamageIsAnErrorNamingTheFileOrTensor) {
