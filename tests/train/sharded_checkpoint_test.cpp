@@ -156,7 +156,7 @@ int64_t expect_matches_reference(Kind kind, const Reference& ref, const Rank& r)
   const auto& io = pt::optimizer_state_io(*r.opt, "loaded");
   for (const auto& os : r.contents.optimizer_slots) {
     const auto& s = os.slot;
-    EXPECT_TRUE(torch::equal(s.local, ref.params.at(s.name).reshape(-1).narrow(0, s.flat_offset, s.local.numel())))
+    EXPECT_TRUE(torch::equal(s.local.reshape(-1), ref.params.at(s.name).reshape(-1).narrow(0, s.flat_offset, s.local.numel())))
         << s.name;
     auto it = r.opt->state().find(pt::optimizer_state_key(os.param));
     if (it == r.opt->state().end()) {
@@ -168,7 +168,7 @@ int64_t expect_matches_reference(Kind kind, const Reference& ref, const Rank& r)
     for (auto& [field, t] : fields) {
       const at::Tensor& want = ref.state.at(s.name).at(field);
       if (field == "step") EXPECT_EQ(t.item<int64_t>(), want.item<int64_t>()) << s.name;
-      else EXPECT_TRUE(torch::equal(t, want.reshape(-1).narrow(0, s.flat_offset, t.numel()))) << s.name << "/" << field;
+      else EXPECT_TRUE(torch::equal(t.reshape(-1), want.reshape(-1).narrow(0, s.flat_offset, t.numel()))) << s.name << "/" << field;
     }
     compared += s.local.numel();
   }
@@ -176,10 +176,16 @@ int64_t expect_matches_reference(Kind kind, const Reference& ref, const Rank& r)
   return compared;
 }
 
+pt::ShardedSaveOptions scratch() {  // tests need no fsync
+  pt::ShardedSaveOptions o;
+  o.sync = false;
+  return o;
+}
+
 fs::path save_at_4(Kind kind, const Reference& ref, const fs::path& dir) {
   paratrain::testing::run_ranks(4, [&](paratrain::comm::ProcessGroup& g) {
     Rank r = make_rank(kind, ref, zero4, g.rank(), true);
-    pt::save_sharded_checkpoint(dir, g, r.contents, {.sync = false});
+    pt::save_sharded_checkpoint(dir, g, r.contents, scratch());
   });
   return dir;
 }
@@ -256,7 +262,7 @@ TEST(ShardedCheckpoint, ReplicatedLayoutWrittenByRank0LoadsAt3Ranks) {
   auto whole = [](const std::string&, int64_t numel, int) { return std::optional(std::pair<int64_t, int64_t>{0, numel}); };
   paratrain::testing::run_ranks(2, [&](paratrain::comm::ProcessGroup& g) {
     Rank r = make_rank(Kind::kAdam, ref, whole, g.rank(), true, /*replicated=*/true);
-    pt::save_sharded_checkpoint(dir, g, r.contents, {.sync = false});
+    pt::save_sharded_checkpoint(dir, g, r.contents, scratch());
   });
   // Only rank 0 wrote: rank 1's file has no tensors.
   EXPECT_TRUE(pt::read_safetensors(dir / "rank_1.safetensors").tensors.empty());
@@ -304,6 +310,15 @@ TEST(ShardedCheckpoint, ConsolidatedFileIsTheSingleFileFormat) {
   const auto& s = static_cast<torch::optim::AdamParamState&>(*opt->state().at(pt::optimizer_state_key(net.fc0->weight)));
   EXPECT_EQ(s.step(), 3);
   EXPECT_TRUE(torch::equal(s.exp_avg_sq(), ref.state.at("fc0.weight").at("exp_avg_sq")));
+
+  // A single file (consolidated, or today's save_checkpoint) loads into a
+  // sharded layout too: it reads as a one-rank checkpoint of whole tensors.
+  for (const char* file : {"one.safetensors", "direct.safetensors"}) {
+    Rank r = make_rank(Kind::kAdam, ref, zero2, 1, false);
+    EXPECT_EQ(pt::load_sharded_checkpoint(tmp / file, r.contents).step, 3) << file;
+    EXPECT_GT(expect_matches_reference(Kind::kAdam, ref, r), 0) << file;
+  }
+  EXPECT_NE(pt::describe_checkpoint(tmp / "one.safetensors").find("single file"), std::string::npos);
 }
 
 TEST(ShardedCheckpoint, DamageIsAnErrorNamingTheFileOrTensor) {
@@ -383,7 +398,7 @@ TEST(ShardedCheckpoint, ACrashBeforeTheIndexLeavesNoCheckpoint) {
   std::atomic<int> errors{0};
   paratrain::testing::run_ranks(4, [&](paratrain::comm::ProcessGroup& g) {
     Rank r = make_rank(Kind::kSgd, ref, zero4, g.rank(), true);
-    pt::ShardedSaveOptions options{.sync = false};
+    pt::ShardedSaveOptions options = scratch();
     if (g.rank() == 2) options.after_write = [](std::string_view what) {
       if (what != "header") throw std::runtime_error("simulated crash");
     };
@@ -419,7 +434,7 @@ TEST(ShardedCheckpoint, ResumeCandidatesSkipDamagedOnesAndPruneKeepsTheNewest) {
     paratrain::testing::run_ranks(2, [&](paratrain::comm::ProcessGroup& g) {
       Rank r = make_rank(Kind::kSgd, ref, zero2, g.rank(), true);
       r.contents.state.step = step;
-      pt::save_sharded_checkpoint(pt::checkpoint_dir(run, step), g, r.contents, {.sync = false});
+      pt::save_sharded_checkpoint(pt::checkpoint_dir(run, step), g, r.contents, scratch());
     });
   }
   // Newest: a corrupt metadata value; next: a shard cut short. Both skipped.

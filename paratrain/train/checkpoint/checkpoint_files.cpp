@@ -80,16 +80,7 @@ void check_checkpoint(const std::filesystem::path& checkpoint) {
   }
   const CheckpointIndex index = read_index(checkpoint);
   training_state_from_metadata(index.metadata, (checkpoint / kIndexFileName).string());
-  for (const IndexFile& f : index.files) {
-    std::error_code ec;
-    const auto size = std::filesystem::file_size(checkpoint / f.name, ec);
-    if (ec)
-      throw CheckpointError(fmt::format("checkpoint '{}': shard '{}' is missing or unreadable: {}",
-                                        checkpoint.string(), (checkpoint / f.name).string(), ec.message()));
-    if (size != f.bytes)
-      throw CheckpointError(fmt::format("checkpoint '{}': shard '{}' has {} bytes, the index records {}",
-                                        checkpoint.string(), (checkpoint / f.name).string(), size, f.bytes));
-  }
+  check_shard_files(checkpoint, index);
 }
 
 std::vector<std::filesystem::path> find_loadable_checkpoints(const std::filesystem::path& run_dir) {

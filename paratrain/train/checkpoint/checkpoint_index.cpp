@@ -155,10 +155,27 @@ CheckpointIndex read_index(const std::filesystem::path& dir) {
   return index_from_json(j, path.string());
 }
 
+void check_shard_files(const std::filesystem::path& dir, const CheckpointIndex& index) {
+  for (const IndexFile& f : index.files) {
+    const auto path = dir / f.name;
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(path, ec);
+    if (ec)
+      throw CheckpointError(fmt::format("checkpoint '{}': shard '{}' (rank {}) is missing or unreadable: {}",
+                                        dir.string(), path.string(), f.rank, ec.message()));
+    if (size != f.bytes)
+      throw CheckpointError(fmt::format("checkpoint '{}': shard '{}' has {} bytes but the index records {} ({}); the "
+                                        "checkpoint is damaged, resume from another one",
+                                        dir.string(), path.string(), size, f.bytes,
+                                        size < f.bytes ? "truncated" : "extra bytes"));
+  }
+}
+
 ShardedReader::ShardedReader(const std::filesystem::path& checkpoint) : where_(checkpoint.string()) {
   if (std::filesystem::is_directory(checkpoint)) {
     dir_ = checkpoint;
     index_ = read_index(checkpoint);
+    check_shard_files(dir_, index_);
     return;
   }
   // A single-file checkpoint (today's save_checkpoint, or a consolidated one)
@@ -209,20 +226,11 @@ const SafetensorsContents& ShardedReader::open(const std::string& file) {
   const IndexFile* entry = index_.find_file(file);
   TORCH_INTERNAL_ASSERT(entry != nullptr, "index_from_json checks that chunk files are listed");
   const auto path = dir_ / file;
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (ec)
-    throw CheckpointError(fmt::format("checkpoint '{}': shard '{}' (rank {}) is missing or unreadable: {}", where_,
-                                      path.string(), entry->rank, ec.message()));
-  if (size != entry->bytes)
-    throw CheckpointError(fmt::format("checkpoint '{}': shard '{}' has {} bytes but the index records {} ({}); the "
-                                      "checkpoint is damaged, resume from another one",
-                                      where_, path.string(), size, entry->bytes,
-                                      size < entry->bytes ? "truncated" : "extra bytes"));
   std::ifstream in(path, std::ios::binary);
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (!in.eof() && in.fail())
-    throw CheckpointError(fmt::format("checkpoint '{}': cannot read shard '{}'", where_, path.string()));
+  if (in.bad() || bytes.size() != entry->bytes)
+    throw CheckpointError(fmt::format("checkpoint '{}': cannot read shard '{}' ({} of {} bytes)", where_,
+                                      path.string(), bytes.size(), entry->bytes));
   if (entry->crc32) {
     const uint32_t crc = crc32_update(0, bytes);
     if (crc != *entry->crc32)

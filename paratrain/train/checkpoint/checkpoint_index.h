@@ -67,9 +67,14 @@ CheckpointIndex index_from_json(const nlohmann::json& j, const std::string& wher
 // interrupted write) or invalid. Checks nothing in the rank files.
 CheckpointIndex read_index(const std::filesystem::path& dir);
 
+// Every file the index lists exists in `dir` with its recorded size (cheap:
+// no data read); CheckpointError naming the first that does not.
+void check_shard_files(const std::filesystem::path& dir, const CheckpointIndex& index);
+
 // Reads global tensors out of a checkpoint directory, or out of a single-file
-// checkpoint seen as a one-rank directory. Each file is read whole once, its
-// size and checksum checked against the index before any tensor is used.
+// checkpoint seen as a one-rank directory. Construction checks that every
+// listed file exists with its size; each file is read whole once when first
+// needed, its checksum checked against the index before any tensor is used.
 class ShardedReader {
  public:
   explicit ShardedReader(const std::filesystem::path& checkpoint);

@@ -73,8 +73,11 @@ RankReport build_report(const CheckpointContents& c, int rank, const std::string
       for (auto& [field, t] : io.save(*it->second)) {
         const std::string name = fmt::format("{}{}/{}", kOptimizerPrefix, os.slot.name, field);
         if (io.is_scalar_field(field)) {
-          // One value per parameter: the holder of element 0 writes it.
-          add_piece(r, name, t.sizes().vec(), 0, t, os.slot.write && os.slot.flat_offset == 0);
+          // One value per parameter: the rank writing element 0 writes it (an
+          // empty slot at offset 0 holds no element 0).
+          const bool holds_first = os.slot.flat_offset == 0 &&
+                                   (os.slot.local.numel() > 0 || numel_of(os.slot.global_shape) == 0);
+          add_piece(r, name, t.sizes().vec(), 0, t, os.slot.write && holds_first);
         } else {
           TORCH_CHECK(t.numel() == os.param.numel(), "save_sharded_checkpoint: optimizer state '", name, "' has ",
                       t.numel(), " elements, its param ", os.param.numel());
@@ -214,7 +217,7 @@ void save_sharded_checkpoint(const std::filesystem::path& dir, comm::ProcessGrou
       const CheckpointIndex index = build_index(reports, contents, where);
       write_file_atomically(dir / kIndexFileName, index_to_json(index).dump(1), options.sync);
     } catch (const std::exception& e) {
-      error = e.what();
+      error = fmt::format("cannot save checkpoint '{}' (no index written): {}", where, e.what());
     }
   }
   if (any_rank(group, !error.empty()))
