@@ -104,10 +104,13 @@ class ProcessGroup {
   // waiters blocked in Work::wait on this group's operations return at once
   // with CommError ("... group aborted ..."), as does every later wait() of an
   // unfinished operation, and every new operation throws CommError when
-  // issued. Tensors of aborted operations hold unspecified contents. Peers are
+  // issued. Tensors of aborted operations hold unspecified contents, and the
+  // backend may still touch them until its threads see the closed connections
+  // (promptly for Gloo; at worst the group timeout). Peers are
   // not told explicitly: the backend closes its connections, so their pending
   // and later operations with this rank fail with CommError (or at worst time
-  // out). Sub-groups created from this group are aborted too. A group cannot
+  // out). Sub-groups created from this group are aborted too; a
+  // new_subgroup() that is still connecting is not interrupted. A group cannot
   // be revived; build a new one.
   virtual void abort() = 0;
 
