@@ -73,9 +73,9 @@ class ProcessGroup {
   virtual WorkHandle recv(at::Tensor& tensor, int src, int tag = 0) = 0;
   virtual WorkHandle barrier() = 0;
 
-  // Rank r sends rows [in_off_j, in_off_j + input_split_sizes[j]) of `input`
-  // (dim 0) to rank j and receives output_split_sizes[r'] rows from each rank
-  // r' into `output`, in rank order. Empty split lists mean equal splits
+  // `input` is cut along dim 0 into consecutive blocks of input_split_sizes[j]
+  // rows; block j goes to rank j. `output` receives output_split_sizes[s] rows
+  // from each rank s, stacked in rank order. Empty split lists mean equal splits
   // (dim 0 divisible by size()). Other dims of input and output must match.
   // Split sizes must agree across ranks: what r sends to j is what j expects
   // from r.
