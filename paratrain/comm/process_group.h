@@ -73,9 +73,9 @@ class ProcessGroup {
   virtual WorkHandle recv(at::Tensor& tensor, int src, int tag = 0) = 0;
   virtual WorkHandle barrier() = 0;
 
-  // Rank r sends rows [in_off_j, in_off_j + input_split_sizes[j]) of `input`
-  // (dim 0) to rank j and receives output_split_sizes[r'] rows from each rank
-  // r' into `output`, in rank order. Empty split lists mean equal splits
+  // `input` is cut along dim 0 into consecutive blocks of input_split_sizes[j]
+  // rows; block j goes to rank j. `output` receives output_split_sizes[s] rows
+  // from each rank s, stacked in rank order. Empty split lists mean equal splits
   // (dim 0 divisible by size()). Other dims of input and output must match.
   // Split sizes must agree across ranks: what r sends to j is what j expects
   // from r.
@@ -104,10 +104,13 @@ class ProcessGroup {
   // waiters blocked in Work::wait on this group's operations return at once
   // with CommError ("... group aborted ..."), as does every later wait() of an
   // unfinished operation, and every new operation throws CommError when
-  // issued. Tensors of aborted operations hold unspecified contents. Peers are
+  // issued. Tensors of aborted operations hold unspecified contents, and the
+  // backend may still touch them until its threads see the closed connections
+  // (promptly for Gloo; at worst the group timeout). Peers are
   // not told explicitly: the backend closes its connections, so their pending
   // and later operations with this rank fail with CommError (or at worst time
-  // out). Sub-groups created from this group are aborted too. A group cannot
+  // out). Sub-groups created from this group are aborted too; a
+  // new_subgroup() that is still connecting is not interrupted. A group cannot
   // be revived; build a new one.
   virtual void abort() = 0;
 

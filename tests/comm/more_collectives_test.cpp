@@ -154,7 +154,9 @@ TEST(MoreCollectives, BadArgumentsAreCallerErrors) {
     EXPECT_THROW(pg.all_gather_uneven(ten, five, {5, 4}), c10::Error);  // output != sum(counts)
     EXPECT_THROW(pg.all_gather_uneven(ten, five, {5}), c10::Error);     // one count per rank
     EXPECT_THROW(pg.reduce(five, 2), c10::Error);
-    if (pg.rank() == 0) EXPECT_THROW(pg.gather(five, five, 0), c10::Error);
+    if (pg.rank() == 0) {
+      EXPECT_THROW(pg.gather(five, five, 0), c10::Error);  // root's output must hold 2 * 5
+    }
   });
 }
 

@@ -20,6 +20,12 @@ using paratrain::testing::run_ranks;
 
 namespace {
 
+// For the abort tests: longer than ctest's per-test limit (300 s). If abort
+// left this rank's Gloo worker blocked in its receive, tearing the group down
+// would wait for the group timeout, so the test would be killed rather than
+// pass late.
+constexpr std::chrono::milliseconds kLongerThanCtest = std::chrono::minutes(10);
+
 void spin_until(const std::atomic<bool>& flag) {
   while (!flag) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
@@ -136,7 +142,7 @@ TEST(Work, WaitWithoutArgumentUsesTheGroupTimeout) {
 
 // Rank 1 never joins; rank 0 blocks in wait() and another thread aborts.
 // The waiter must come back with CommError naming the abort (not a
-// TimeoutError after the group's 60 s), and new operations are refused.
+// TimeoutError at the group timeout), and new operations are refused.
 TEST(Work, AbortWakesABlockedWaiterAndRefusesNewOperations) {
   std::atomic<bool> rank0_done{false};
   run_ranks(2, [&](ProcessGroup& pg) {
@@ -172,7 +178,7 @@ TEST(Work, AbortWakesABlockedWaiterAndRefusesNewOperations) {
     }
     pg.abort();  // idempotent
     rank0_done = true;
-  });
+  }, kLongerThanCtest);
 }
 
 // Same for a blocked recv (c10d has no future for it: the waiter sits in c10d).
@@ -199,7 +205,7 @@ TEST(Work, AbortWakesABlockedRecv) {
     }
     aborter.join();
     rank0_done = true;
-  });
+  }, kLongerThanCtest);
 }
 
 // What a peer sees: rank 0 aborts while rank 1 waits in an all-reduce rank 0

@@ -80,13 +80,23 @@ class AbortableGloo final : public c10d::ProcessGroupGloo {
     for (auto& context : contexts_) {
       if (!context || context->size < 2) continue;
       auto& transport = GlooContextAccess::transport(*context);
-      try {
-        char byte = 0;
-        auto buffer = transport.createUnboundBuffer(&byte, 1);
-        buffer->recv((context->rank + 1) % context->size, kAbortSlot, 0, 1);
-        buffer->waitRecv(nullptr, std::chrono::milliseconds(1));
-      } catch (...) {
-        // Expected: the timeout's IoException.
+      char byte = 0;
+      // Posting fails on a pair that is already broken (a dead peer): try the
+      // next one; the timeout of one receive reaches every pair.
+      for (int step = 1; step < context->size; ++step) {
+        std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
+        try {
+          buffer = transport.createUnboundBuffer(&byte, 1);
+          buffer->recv((context->rank + step) % context->size, kAbortSlot, 0, 1);
+        } catch (...) {
+          continue;
+        }
+        try {
+          buffer->waitRecv(nullptr, std::chrono::milliseconds(1));
+        } catch (...) {
+          // Expected: the timeout's IoException.
+        }
+        break;
       }
       for (int peer = 0; peer < context->size; ++peer) {
         try {
@@ -298,9 +308,12 @@ class GlooProcessGroup final : public ProcessGroup {
                 " elements, counts sum to ", total);
     TORCH_CHECK(output.scalar_type() == input.scalar_type(), "all_gather_uneven: input is ",
                 input.scalar_type(), ", output is ", output.scalar_type());
+    // Same counts everywhere, so every rank takes the same branch.
+    if (std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == counts[0]; }) && counts[0] > 0) {
+      return all_gather(output, input);  // no padding, no scratch
+    }
     const int64_t widest = *std::max_element(counts.begin(), counts.end());
     auto what = describe("all_gather_uneven", std::nullopt, input);
-    // Same counts everywhere, so every rank takes the same branch.
     if (widest == 0) return issue(std::move(what), {}, [] { return c10::intrusive_ptr<c10d::Work>(); });
     auto padded = at::zeros({widest}, input.options());
     padded.slice(0, 0, counts[rank_]).copy_(input.view({-1}));

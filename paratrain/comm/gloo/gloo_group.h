@@ -14,7 +14,8 @@
 namespace paratrain::comm {
 
 struct GlooOptions {
-  // Default deadline of every operation; also bounds connection setup.
+  // Deadline of every operation (what Work::wait() without an argument
+  // waits for, and Gloo's own bound); also bounds connection setup.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   // Address the Gloo device binds to and advertises to peers. Loopback is
   // right for one machine; multi-node runs need an address peers can reach.
