@@ -165,6 +165,75 @@ TEST(BucketSink, ReduceScatterSinkKeepsThisRanksShardOfTheAverage) {
   });
 }
 
+// Records the buffers it was given (weakly, so the record keeps nothing
+// alive) and reduce-scatters a copy of each: the backend's worker thread may
+// drop its reference to a collective's input a moment after wait() returns,
+// so only with a copy does "expired" depend on the reducer alone.
+class WatchingSink final : public BucketSink {
+ public:
+  comm::WorkHandle launch(comm::ProcessGroup& group, std::size_t index, at::Tensor& buffer) override {
+    launched.push_back(buffer.storage().getWeakStorageImpl());
+    if (shards.size() <= index) {
+      shards.resize(index + 1);
+      sent.resize(index + 1);
+    }
+    sent[index] = buffer.clone();
+    shards[index] = torch::zeros({buffer.numel() / group.size()}, buffer.options());
+    return group.reduce_scatter(shards[index], sent[index], comm::ReduceOp::kSum);
+  }
+  void reduced(std::size_t index, at::Tensor&) override { sent[index] = at::Tensor(); }
+  bool writes_back() const override { return false; }
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> launched;
+  std::vector<at::Tensor> shards;
+  std::vector<at::Tensor> sent;
+};
+
+// With a sink that keeps only a shard, bucket buffers are transient: none
+// exists between steps (before the first, after each), every buffer a
+// collective used is freed by the end of backward, and the shards still
+// equal the oracle's average (padding included, 3 ranks). Control:
+// persistent_buffers keeps every bucket allocated with the same results.
+TEST(BucketSink, NonWriteBackSinkHoldsNoBucketBufferBetweenSteps) {
+  constexpr int kWorld = 3;
+  const Problem problem = make_problem(1, 12, /*seed=*/34);
+  const auto x = problem.batch_inputs(0);
+  const auto y = problem.batch_targets(0);
+  const std::vector<at::Tensor> average = oracle_gradients(x, y);
+  for (bool persistent : {false, true}) {
+    paratrain::testing::run_ranks(kWorld, [&](comm::ProcessGroup& group) {
+      const int rank = group.rank();
+      auto model = make_model(ModelKind::kMlp, kSeed);
+      auto sink = std::make_shared<WatchingSink>();
+      DdpOptions o = with_caps(1024, 4096);
+      o.reducer.buckets.pad_to_multiple = kWorld;
+      o.reducer.sink = sink;
+      o.reducer.persistent_buffers = persistent;
+      DistributedDataParallel ddp(model, group, o);
+      const auto& plans = ddp.reducer().plans();
+      ASSERT_GE(plans.size(), 3u);
+      int64_t all_bytes = 0;
+      for (const auto& p : plans) all_bytes += p.padded_numel * 4;
+      EXPECT_EQ(ddp.reducer().buffer_bytes(), persistent ? all_bytes : 0) << "before the first step";
+
+      for (int step = 0; step < 2; ++step) {
+        sink->launched.clear();
+        ddp.prepare_forward();
+        torch::nn::functional::cross_entropy(model->forward(shard(x, rank, kWorld)), shard(y, rank, kWorld))
+            .backward();
+        ASSERT_EQ(sink->launched.size(), plans.size());
+        EXPECT_EQ(ddp.reducer().buffer_bytes(), persistent ? all_bytes : 0) << "step " << step;
+        for (std::size_t b = 0; b < plans.size(); ++b) {
+          EXPECT_EQ(sink->launched[b].expired(), !persistent) << "bucket " << b << " step " << step;
+          const int64_t len = plans[b].padded_numel / kWorld;
+          const at::Tensor want = pack(plans[b], average).narrow(0, rank * len, len);
+          EXPECT_LE(relative_diff(sink->shards[b], want), kTolerance) << "bucket " << b << " step " << step;
+        }
+        for (const auto& p : trainable_parameters(*model)) EXPECT_FALSE(p.tensor.grad().defined()) << p.name;
+      }
+    });
+  }
+}
+
 // Explicit plans replace plan_buckets(): registration order (first layer in
 // bucket 0, launched first although it is ready last), padding as given.
 TEST(BucketSink, ExplicitPlansAreUsedAsGiven) {
@@ -268,6 +337,13 @@ TEST(BucketSink, BadOptionsAreRejectedWithAClearMessage) {
   both.sink = std::make_shared<RecordingSink>();
   both.comm_hook = [](comm::ProcessGroup& g, std::size_t, at::Tensor& t) { return g.all_reduce(t); };
   EXPECT_NE(construction_error(both).find("either `sink` or `comm_hook`"), std::string::npos);
+  // .grad cannot view a bucket buffer that is freed after every step.
+  ReducerOptions view;
+  view.sink = std::make_shared<ReduceScatterSink>();
+  view.gradient_as_bucket_view = true;
+  EXPECT_NE(construction_error(view).find("released after every step"), std::string::npos);
+  view.persistent_buffers = true;
+  EXPECT_EQ(construction_error(view), "");
 }
 
 }  // namespace

@@ -119,7 +119,10 @@ TEST_P(ZeroStageTest, MatchesDistributedDataParallel) {
 
 // Memory: optimizer state exists only for this rank's shard, and the shards
 // of all ranks add up to the model exactly once (up to padding). Stage 2
-// additionally holds no full-size gradient after the step.
+// additionally holds no full-size gradient after the step, and no bucket
+// buffer between steps: per rank, fp32 Adam, 4 Psi (full parameters) +
+// 4 Psi / N (gradient shard) + 8 Psi / N (moments), exactly up to padding.
+// Control: stage 1 keeps full gradients and buckets, far above that.
 TEST_P(ZeroStageTest, OptimizerStateAndGradientsAreSharded) {
   const int stage = GetParam();
   const int world = 4;
@@ -130,6 +133,8 @@ TEST_P(ZeroStageTest, OptimizerStateAndGradientsAreSharded) {
   int64_t numel = 0;
   for (const auto& t : model->parameters()) numel += t.numel();
   const int64_t full_bytes = numel * 4;
+  // The paper's stage-2 model states for fp32 Adam (K = 8 bytes of moments).
+  const double stage2_bytes = full_bytes + (4.0 + 8.0) * numel / world;
 
   int64_t shard_total = 0;
   for (int r = 0; r < world; ++r) {
@@ -138,14 +143,18 @@ TEST_P(ZeroStageTest, OptimizerStateAndGradientsAreSharded) {
     // Adam: exp_avg and exp_avg_sq per element of the pieces (float32).
     EXPECT_EQ(s.optimizer_state, 2 * 4 * result.shard_numel[r]) << "rank " << r;
     EXPECT_LT(s.optimizer_state, 2 * full_bytes / world + 2 * 4 * 64) << "rank " << r;
-    // Full parameters plus this rank's padded shard.
-    EXPECT_GE(s.params, full_bytes);
-    EXPECT_LT(s.params, full_bytes + full_bytes / world + 4 * 64);
-    EXPECT_GE(s.comm_buffers, full_bytes) << "the reducer's buckets hold every gradient";
+    EXPECT_EQ(s.params, full_bytes) << "the optimizer's pieces alias the full parameters: no second copy";
+    ASSERT_EQ(result.bucket_numel[r] % world, 0);
     if (stage == 1) {
       EXPECT_GE(s.grads, full_bytes) << "stage 1 keeps the full gradients";
+      EXPECT_EQ(s.comm_buffers, 4 * result.bucket_numel[r]) << "stage 1's buckets persist (write-back)";
+      EXPECT_GT(static_cast<double>(s.total()), 1.2 * stage2_bytes) << "control: stage 1 is far above stage 2";
     } else {
-      EXPECT_LT(s.grads, full_bytes / world + 4 * 64) << "stage 2 keeps only its gradient shard";
+      EXPECT_EQ(s.grads, 4 * result.bucket_numel[r] / world) << "stage 2 keeps only its gradient shard";
+      EXPECT_EQ(s.comm_buffers, 0) << "stage 2's bucket buffers must not outlive the step";
+      // Exact, padding included: the shard of every padded bucket, moments per piece.
+      EXPECT_EQ(s.total(), full_bytes + 4 * result.bucket_numel[r] / world + 8 * result.shard_numel[r]);
+      EXPECT_NEAR(static_cast<double>(s.total()), stage2_bytes, 0.05 * stage2_bytes) << "rank " << r;
     }
   }
   EXPECT_EQ(shard_total, numel) << "the pieces of all ranks tile every parameter exactly once";

@@ -83,8 +83,9 @@ INSTANTIATE_TEST_SUITE_P(StagesWorldsModels, ZeroOracleTest, ::testing::ValuesIn
                                   ddp::testing::to_string(c.model) + "_" + to_string(c.optim);
                          });
 
-// The tolerance discriminates: the optimizer steps its shard but the model's
-// parameters are never gathered, and the result is far from the oracle.
+// The tolerance discriminates: the optimizer steps its shard (in place in
+// the model's parameters) but the other ranks' shards are never gathered,
+// and the result is far from the oracle.
 TEST(ZeroOracle, WithoutAllGatherDivergesFromOracle) {
   const Problem problem = ddp::testing::make_problem(kSteps, kGlobalBatch, /*seed=*/7);
   const Training training{.model = ModelKind::kMlp, .optim = Optim::kAdam};

@@ -63,6 +63,7 @@ ZeroResult train_zero(const Training& t, const ZeroRun& run, const Problem& prob
   result.params.resize(run.world);
   result.state.resize(run.world);
   result.shard_numel.resize(run.world);
+  result.bucket_numel.resize(run.world);
   paratrain::testing::run_ranks(run.world, [&](comm::ProcessGroup& group) {
     const int rank = group.rank();
     auto model = ddp::testing::make_model(t.model, t.seed + rank);
@@ -102,6 +103,7 @@ ZeroResult train_zero(const Training& t, const ZeroRun& run, const Problem& prob
     int64_t numel = 0;
     for (const auto& p : zero.optimizer_params()) numel += p.numel();
     result.shard_numel[rank] = numel;
+    for (const auto& plan : zero.reducer().plans()) result.bucket_numel[rank] += plan.padded_numel;
   });
   return result;
 }

@@ -59,6 +59,7 @@ struct ZeroResult {
   std::vector<double> norms;                // rank 0's clip_grad_norm() per step (when clipping)
   std::vector<ModelStateBytes> state;       // per rank, after the last step
   std::vector<int64_t> shard_numel;         // per rank, elements in optimizer_params()
+  std::vector<int64_t> bucket_numel;        // per rank, padded elements of all gradient buckets
 };
 // Rank r builds its model from seed + r (construction broadcasts rank 0's).
 ZeroResult train_zero(const Training& t, const ZeroRun& run, const Problem& problem);

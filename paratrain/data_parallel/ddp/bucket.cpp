@@ -6,29 +6,9 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/core/tensor_alias.h"
 
 namespace paratrain::ddp {
-namespace {
-
-// A tensor over `flat`'s storage at `offset` with `shape`, contiguous. Made
-// with set_() rather than narrow()/view(): autograd treats those as views, and
-// LibTorch's Optimizer::zero_grad() calls detach_() on every .grad, which
-// throws for views. See Note [Gradients as bucket views].
-at::Tensor alias_into(const at::Tensor& flat, int64_t offset, const std::vector<int64_t>& shape) {
-  std::vector<int64_t> strides(shape.size());
-  int64_t stride = 1;
-  for (std::size_t d = shape.size(); d-- > 0;) {
-    strides[d] = stride;
-    stride *= std::max<int64_t>(shape[d], 1);
-  }
-  torch::NoGradGuard no_grad;
-  at::Tensor t = at::empty({0}, flat.options());
-  t.set_(flat.storage(), flat.storage_offset() + offset, shape, strides);
-  return t;
-}
-
-}  // namespace
-
 std::string_view to_string(BucketState state) {
   switch (state) {
     case BucketState::kFilling: return "filling";
@@ -39,8 +19,8 @@ std::string_view to_string(BucketState state) {
   return "?";
 }
 
-Bucket::Bucket(std::size_t index, BucketPlan plan, const std::vector<at::Tensor>& params)
-    : index_(index), plan_(std::move(plan)) {
+Bucket::Bucket(std::size_t index, BucketPlan plan, const std::vector<at::Tensor>& params, BucketOptions options)
+    : index_(index), plan_(std::move(plan)), options_(options) {
   if (plan_.params.size() != plan_.offsets.size() || plan_.params.empty()) {
     throw Error(fmt::format("bucket {}: malformed plan ({} parameters, {} offsets)", index_,
                             plan_.params.size(), plan_.offsets.size()));
@@ -48,18 +28,63 @@ Bucket::Bucket(std::size_t index, BucketPlan plan, const std::vector<at::Tensor>
   for (std::size_t p : plan_.params) {
     const at::Tensor& t = params.at(p);
     shapes_.emplace_back(t.sizes().begin(), t.sizes().end());
+    numels_.push_back(t.numel());
   }
   filled_.assign(plan_.params.size(), false);
   pending_ = plan_.params.size();
+  if (!options_.transient_buffer) make_buffer();
+}
+
+// Persistent buffers start zeroed once. A transient buffer is made every
+// step, and the reducer writes every slot in full before launch (a missing
+// gradient is written as zero), so only the padding after the last slot
+// needs zeroing: slots are back to back from offset 0 (validate_plans()).
+void Bucket::make_buffer() {
+  const auto opts = at::TensorOptions().dtype(plan_.dtype).device(plan_.device);
+  if (options_.transient_buffer) {
+    buffer_ = at::empty({plan_.padded_numel}, opts);
+    buffer_.narrow(0, plan_.numel, plan_.padded_numel - plan_.numel).zero_();
+  } else {
+    buffer_ = at::zeros({plan_.padded_numel}, opts);
+  }
+  slots_.clear();
+  for (std::size_t i = 0; i < shapes_.size(); ++i) {
+    slots_.push_back(alias_of(buffer_, plan_.offsets[i], shapes_[i]));
+  }
+}
+
+void Bucket::missing_buffer(std::string_view action) const {
+  throw Error(fmt::format("bucket {}: cannot {}: its transient buffer is not allocated (acquire() it in "
+                          "kFilling); this is a bug in the reducer's step logic",
+                          index_, action));
+}
+
+at::Tensor& Bucket::buffer() {
+  if (!buffer_.defined()) missing_buffer("use the buffer");
+  return buffer_;
+}
+
+const at::Tensor& Bucket::slot(std::size_t i) const {
+  if (!buffer_.defined()) missing_buffer("use a slot");
+  return slots_.at(i);
+}
+
+void Bucket::acquire() {
+  if (buffer_.defined()) return;
+  expect(BucketState::kFilling, "allocate its buffer");
   make_buffer();
 }
 
-void Bucket::make_buffer() {
-  buffer_ = at::zeros({plan_.padded_numel}, at::TensorOptions().dtype(plan_.dtype).device(plan_.device));
+void Bucket::release() {
+  if (!options_.transient_buffer) return;
+  expect(BucketState::kReduced, "release its buffer");
+  drop_buffer();
+}
+
+// The slots go too: each alias holds the storage alive.
+void Bucket::drop_buffer() {
+  buffer_ = at::Tensor();
   slots_.clear();
-  for (std::size_t i = 0; i < shapes_.size(); ++i) {
-    slots_.push_back(alias_into(buffer_, plan_.offsets[i], shapes_[i]));
-  }
 }
 
 int64_t Bucket::bytes() const {
@@ -116,13 +141,18 @@ void Bucket::reset() {
   filled_.assign(filled_.size(), false);
   pending_ = filled_.size();
   state_ = BucketState::kFilling;
+  if (options_.transient_buffer) drop_buffer();
 }
 
 void Bucket::abandon() {
   if (state_ == BucketState::kLaunched) {
     abandoned_.emplace_back(buffer_, std::move(work_));
     work_.reset();
-    make_buffer();
+    if (options_.transient_buffer) {
+      drop_buffer();
+    } else {
+      make_buffer();
+    }
     state_ = BucketState::kReduced;  // nothing in flight on the new buffer
   }
   reset();

@@ -20,6 +20,9 @@ namespace paratrain::ddp {
 // kFilling -> kReady -> kLaunched -> kReduced -> kFilling (next step).
 // Aborting a step (reset()) is legal from any state but kLaunched: a buffer
 // the process group is still writing into must be waited on first.
+// A transient bucket (BucketOptions) additionally has no buffer between
+// steps: acquire() in kFilling allocates it, release() in kReduced or reset()
+// drops it. See Note [Transient bucket buffers].
 enum class BucketState {
   kFilling,   // waiting for some of its gradients
   kReady,     // all gradients copied in; waits for earlier buckets to launch
@@ -28,23 +31,54 @@ enum class BucketState {
 };
 std::string_view to_string(BucketState state);
 
+struct BucketOptions {
+  // Off (DDP): the buffer is allocated once and kept, so .grad may alias it
+  // (gradient_as_bucket_view) and the reduced average is read back after the
+  // wait; no allocation per step. On (sinks that keep only a shard: ZeRO-2,
+  // FSDP): the buffer exists only from acquire() to release()/reset(), so no
+  // full-size gradient memory outlives the step; costs one allocation (and
+  // on CPU its page faults) per bucket per step, and slots are only
+  // available while it exists. A new transient buffer is not zeroed (only
+  // its padding is): the caller writes every slot before launch.
+  bool transient_buffer = false;
+};
+
 class Bucket {
  public:
   // `params` is the full parameter list the plan indexes into (for shapes).
-  Bucket(std::size_t index, BucketPlan plan, const std::vector<at::Tensor>& params);
+  Bucket(std::size_t index, BucketPlan plan, const std::vector<at::Tensor>& params, BucketOptions options = {});
 
   std::size_t index() const { return index_; }
   const BucketPlan& plan() const { return plan_; }
   BucketState state() const { return state_; }
   std::size_t size() const { return slots_.size(); }  // parameters in the bucket
+  // Bytes the buffer has when it exists (what the collective moves).
   int64_t bytes() const;
+  bool transient() const { return options_.transient_buffer; }
+  // Whether the buffer exists now: always for a persistent bucket; for a
+  // transient one from acquire() to release()/reset().
+  bool has_buffer() const { return buffer_.defined(); }
+  // Bytes of bucket buffer this bucket holds now (bytes() or 0).
+  int64_t held_bytes() const { return has_buffer() ? bytes() : 0; }
+
+  // Transient: allocates the buffer if it does not exist (kFilling only: the
+  // first gradient of a step). A no-op for a persistent bucket or when it
+  // already exists.
+  void acquire();
+  // Transient: drops the buffer once the sink consumed the result (kReduced
+  // only; the state stays kReduced until reset()). A no-op for a persistent
+  // bucket.
+  void release();
 
   // The flat buffer (plan().padded_numel elements; padding stays zero).
-  at::Tensor& buffer() { return buffer_; }
+  // Error when it does not exist (transient, not acquired).
+  at::Tensor& buffer();
   // Slot i (the i-th parameter of plan().params), shaped like the parameter.
   // It aliases the buffer's storage without being an autograd view, so it can
   // serve as a parameter's .grad: see Note [Gradients as bucket views].
-  const at::Tensor& slot(std::size_t i) const { return slots_.at(i); }
+  // Error when the buffer does not exist.
+  const at::Tensor& slot(std::size_t i) const;
+  int64_t slot_numel(std::size_t i) const { return numels_.at(i); }
 
   // Records that slot i holds its gradient. Returns true when that was the
   // last one, after which the caller calls mark_ready(). kFilling only; a
@@ -58,22 +92,27 @@ class Bucket {
   bool work_completed() const;  // kLaunched: has the collective finished?
   // kLaunched -> kReduced; blocks. Rethrows the collective's failure.
   void wait(std::chrono::milliseconds timeout);
-  // Back to kFilling for the next step; slots become unfilled. Not from
-  // kLaunched (wait or abandon first).
+  // Back to kFilling for the next step; slots become unfilled; a transient
+  // bucket drops its buffer. Not from kLaunched (wait or abandon first).
   void reset();
   // For a failed step: forgets the collective in flight without waiting,
   // keeping its old buffer alive (the backend may still write it), and gives
-  // the bucket a fresh zeroed buffer. Parameters whose .grad aliased the old
-  // buffer keep it; the reducer re-points them on their next gradient.
+  // the bucket a fresh zeroed buffer (a transient one: none until the next
+  // acquire()). Parameters whose .grad aliased the old buffer keep it; the
+  // reducer re-points them on their next gradient.
   void abandon();
 
  private:
   void expect(BucketState expected, std::string_view action) const;
   void make_buffer();
+  void drop_buffer();
+  void missing_buffer(std::string_view action) const;
 
   std::size_t index_;
   BucketPlan plan_;
+  BucketOptions options_;
   std::vector<std::vector<int64_t>> shapes_;
+  std::vector<int64_t> numels_;
   at::Tensor buffer_;
   std::vector<at::Tensor> slots_;
   std::vector<bool> filled_;

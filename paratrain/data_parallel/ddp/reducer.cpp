@@ -79,7 +79,8 @@ Reducer::Reducer(std::vector<NamedParameter> params, comm::ProcessGroup& group, 
               "ReducerOptions: set either `sink` or `comm_hook`, not both (a comm hook only replaces the "
               "default sink's all-reduce; put the collective in your sink instead)");
   sink_ = options_.sink ? options_.sink : std::make_shared<AllReduceSink>(options_.comm_hook);
-  passthrough_ = group_.size() == 1 && !options_.sink && !options_.comm_hook;
+  passthrough_ =
+      options_.single_rank_passthrough && group_.size() == 1 && !options_.sink && !options_.comm_hook;
   std::vector<ParamSpec> specs;
   for (const auto& p : params_) {
     specs.push_back({p.tensor.numel(), p.tensor.scalar_type(), p.tensor.device()});
@@ -90,11 +91,18 @@ Reducer::Reducer(std::vector<NamedParameter> params, comm::ProcessGroup& group, 
     validate_plans(options_.plans, specs);
     plans_ = options_.plans;
   }
+  // See Note [Transient bucket buffers].
+  BucketOptions bucket_options;
+  bucket_options.transient_buffer = !sink_->writes_back() && !options_.persistent_buffers;
+  TORCH_CHECK(!(bucket_options.transient_buffer && options_.gradient_as_bucket_view),
+              "ReducerOptions: gradient_as_bucket_view with a sink that does not write back: .grad would "
+              "alias a bucket buffer that is released after every step. Unset gradient_as_bucket_view (the "
+              "sink keeps only a shard, so there is no full gradient to view) or set persistent_buffers");
   const std::vector<at::Tensor> tensors = tensors_of(params_);
   where_.resize(params_.size());
   buckets_.reserve(plans_.size());
   for (std::size_t b = 0; b < plans_.size(); ++b) {
-    buckets_.emplace_back(b, plans_[b], tensors);
+    buckets_.emplace_back(b, plans_[b], tensors, bucket_options);
     for (std::size_t s = 0; s < plans_[b].params.size(); ++s) where_[plans_[b].params[s]] = {b, s};
   }
   ready_.assign(params_.size(), false);
@@ -178,7 +186,7 @@ void Reducer::check_parameters_locked() const {
       what = fmt::format("its dtype changed from {} to {}", c10::toString(plan.dtype), c10::toString(t.scalar_type()));
     } else if (t.device() != plan.device) {
       what = fmt::format("its device changed from {} to {}", plan.device.str(), t.device().str());
-    } else if (t.numel() != buckets_[where_[i].bucket].slot(where_[i].slot).numel()) {
+    } else if (t.numel() != buckets_[where_[i].bucket].slot_numel(where_[i].slot)) {
       what = "its size changed";
     } else if (torch::autograd::impl::grad_accumulator(t) != accumulators_[i]) {
       what = "its gradient accumulator changed";
@@ -202,6 +210,13 @@ StepStats Reducer::last_step() const {
 int64_t Reducer::synced_steps() const {
   std::lock_guard<std::mutex> lock(mu_);
   return synced_steps_;
+}
+
+int64_t Reducer::buffer_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t bytes = 0;
+  for (const Bucket& bucket : buckets_) bytes += bucket.held_bytes();
+  return bytes;
 }
 
 // ---- during backward -------------------------------------------------------
@@ -253,6 +268,7 @@ void Reducer::mark_ready_locked(std::size_t param, bool repoint) {
   const int world = group_.size();
   const Location loc = where_[param];
   Bucket& bucket = buckets_[loc.bucket];
+  bucket.acquire();  // a transient buffer: the bucket's first gradient this step
   const at::Tensor& slot = bucket.slot(loc.slot);
   at::Tensor& grad = params_[param].tensor.mutable_grad();
   {
@@ -361,6 +377,7 @@ void Reducer::finish_step_locked(bool joining) {
     buckets_[b].wait(options_.timeout);
     if (b >= next_complete_) current_.buckets[b].completed_ms = ms_since_start();
     sink_->reduced(b, buckets_[b].buffer());
+    buckets_[b].release();  // transient: the sink consumed it; frees memory before the next wait
   }
   next_complete_ = buckets_.size();
   if (used_work) used_work->wait(options_.timeout);

@@ -71,11 +71,27 @@ struct ReducerOptions {
   // The collective per bucket, with DDP's write-back; empty = all_reduce(kSum).
   // Only with the default sink (setting both is an error).
   BucketCommHook comm_hook;
+  // A sink that does not write back (ZeRO-2, FSDP) gets transient bucket
+  // buffers: allocated at a bucket's first gradient in a step, released once
+  // the sink's reduced() consumed them, so between steps the reducer holds no
+  // gradient memory (buffer_bytes() == 0). On: keep them across steps anyway,
+  // saving an allocation per bucket per step at the cost of a full gradient's
+  // memory. Write-back (DDP's default sink) always keeps them: the average is
+  // read back after the wait, and gradient_as_bucket_view aliases .grad to
+  // them. See Note [Transient bucket buffers].
+  bool persistent_buffers = false;
   // What happens to a filled bucket (bucket_sink.h). Empty: DDP's default,
   // all-reduce (or `comm_hook`) and write the average back into .grad. A sink
   // whose writes_back() is false leaves the .grad of every synchronized
   // parameter undefined after backward (ZeRO-2, FSDP keep only a shard).
   std::shared_ptr<BucketSink> sink;
+  // On a group of one with the default sink and no comm hook the local
+  // gradient already is the average, so the reducer registers no hooks at
+  // all: backward costs nothing extra, synced_steps() stays 0, last_step()
+  // empty. Off: hooks and buckets run as on more ranks, so synced_steps()
+  // counts every synchronized backward (ZeRO relies on it to tell a fresh
+  // gradient from a stale one) at the cost of a copy of every gradient.
+  bool single_rank_passthrough = true;
   // How long the end of backward waits for one bucket before TimeoutError.
   std::chrono::milliseconds timeout = comm::kDefaultTimeout;
 };
@@ -86,8 +102,7 @@ class Reducer {
   // requiring grad, dense, and distinct. Every rank of `group` must pass the
   // same shapes and dtypes in the same order. `group` must outlive the reducer.
   // On a group of one with neither sink nor comm hook, no hooks are
-  // registered (the local gradient already is the average): backward costs
-  // nothing extra, synced_steps() stays 0 and last_step() empty.
+  // registered unless ReducerOptions::single_rank_passthrough is off.
   Reducer(std::vector<NamedParameter> params, comm::ProcessGroup& group, ReducerOptions options = {});
   // Removes the hooks and waits for collectives still in flight.
   ~Reducer();
@@ -133,6 +148,10 @@ class Reducer {
   StepStats last_step() const;
   // Synchronized backwards completed so far.
   int64_t synced_steps() const;
+  // Bytes of bucket buffers allocated now: every bucket's between steps with
+  // persistent buffers, 0 between steps with transient ones (see
+  // ReducerOptions::persistent_buffers).
+  int64_t buffer_bytes() const;
 
  private:
   using Clock = std::chrono::steady_clock;

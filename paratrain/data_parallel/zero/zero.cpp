@@ -1,6 +1,6 @@
 // ZeroDataParallel: see zero.h. The engine keeps, per gradient bucket, this
-// rank's slice of the parameters and of the averaged gradients in two flat
-// shard buffers; optimizer params and their .grad are aliases into them.
+// rank's slice of the averaged gradients in a flat shard buffer; optimizer
+// params alias their slice of the full parameters, their .grad the shard.
 #include "paratrain/data_parallel/zero/zero.h"
 
 #include <torch/torch.h>
@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/core/tensor_alias.h"
 #include "paratrain/data_parallel/ddp/module_sync.h"
 #include "paratrain/data_parallel/zero/reduce_scatter_sink.h"
 
@@ -18,18 +19,6 @@ namespace paratrain::zero {
 namespace {
 
 constexpr int kSourceRank = 0;
-
-// A 1-D tensor over elements [offset, offset + numel) of the contiguous 1-D
-// `flat`. Made with set_(), not narrow(): autograd treats narrow() results as
-// views, and views can neither be leaves the optimizer owns nor serve as a
-// .grad that Optimizer::zero_grad() detach_()es. See Note [Gradients as
-// bucket views] in docs/notes/ddp.md.
-at::Tensor flat_alias(const at::Tensor& flat, int64_t offset, int64_t numel) {
-  torch::NoGradGuard no_grad;
-  at::Tensor t = at::empty({0}, flat.options());
-  t.set_(flat.storage(), flat.storage_offset() + offset, {numel}, {1});
-  return t;
-}
 
 // The layout's groups are the reducer's buckets: the same parameters at the
 // same offsets, so a bucket's buffer is exactly what reduce_scatter splits.
@@ -97,18 +86,17 @@ ZeroDataParallel::ZeroDataParallel(std::shared_ptr<torch::nn::Module> module, co
   pieces_ = layout_.pieces(rank);
   for (std::size_t g = 0; g < plans.size(); ++g) {
     const auto opts = at::TensorOptions().dtype(plans[g].dtype).device(plans[g].device);
-    param_shards_.push_back(at::zeros({layout_.shard_numel(g)}, opts));
     grad_shards_.push_back(at::zeros({layout_.shard_numel(g)}, opts));
   }
-  {
-    torch::NoGradGuard no_grad;
-    for (const ShardPiece& piece : pieces_) {
-      at::Tensor param = flat_alias(param_shards_[piece.group], piece.shard_offset, piece.numel);
-      param.copy_(params_[piece.param].tensor.detach().reshape({-1}).narrow(0, piece.param_offset, piece.numel));
-      param.set_requires_grad(true);
-      piece_params_.push_back(param);
-      piece_grads_.push_back(flat_alias(grad_shards_[piece.group], piece.shard_offset, piece.numel));
-    }
+  // An optimizer param is this rank's piece of the full parameter itself (a
+  // piece is contiguous within one parameter), not a copy: fp32 ZeRO needs no
+  // second parameter copy, so parameter memory stays 4 bytes per element.
+  // The step updates the piece in place; gather_parameters() sends it.
+  for (const ShardPiece& piece : pieces_) {
+    at::Tensor param = alias_of(params_[piece.param].tensor, piece.param_offset, {piece.numel});
+    param.set_requires_grad(true);
+    piece_params_.push_back(param);
+    piece_grads_.push_back(alias_of(grad_shards_[piece.group], piece.shard_offset, {piece.numel}));
   }
 
   // Stage 1: the reducer's default all-reduce and write-back (DDP's traffic);
@@ -119,6 +107,9 @@ ZeroDataParallel::ZeroDataParallel(std::shared_ptr<torch::nn::Module> module, co
   reducer_options.plans = std::move(plans);
   reducer_options.find_unused_parameters = options_.find_unused_parameters;
   reducer_options.timeout = options_.timeout;
+  // finish_backward() and step() count the reducer's synchronized steps,
+  // which its no-hook shortcut on one rank would leave at 0.
+  reducer_options.single_rank_passthrough = false;
   if (options_.stage == 2) reducer_options.sink = std::make_shared<ReduceScatterSink>(grad_shards_);
   reducer_ = std::make_unique<ddp::Reducer>(params_, group_, std::move(reducer_options));
 }
@@ -203,24 +194,33 @@ void ZeroDataParallel::step(torch::optim::Optimizer& optimizer) {
   gather_parameters();
 }
 
-// All gathers are issued first and consumed in order, so bucket b's copy into
-// the parameters overlaps with later buckets' transfers. Costs one
-// full-size gather buffer per bucket until it is consumed.
+// The pieces live inside the full parameters, so each bucket's shard is
+// packed into a send buffer first (padding zero). All gathers are issued
+// first and consumed in order, so bucket b's copy into the parameters
+// overlaps with later buckets' transfers. Costs one shard-size send buffer
+// and one full-size gather buffer per bucket until it is consumed.
 void ZeroDataParallel::gather_parameters() {
   torch::NoGradGuard no_grad;
   const int world = group_.size();
-  std::vector<at::Tensor> gathered(param_shards_.size());
-  std::vector<comm::WorkHandle> works(param_shards_.size());
-  for (std::size_t g = 0; g < param_shards_.size(); ++g) {
-    gathered[g] = at::empty({param_shards_[g].numel() * world}, param_shards_[g].options());
-    works[g] = group_.all_gather(gathered[g], param_shards_[g]);
+  const std::size_t groups = grad_shards_.size();
+  std::vector<at::Tensor> send(groups);
+  for (std::size_t g = 0; g < groups; ++g) send[g] = at::zeros_like(grad_shards_[g]);
+  for (std::size_t k = 0; k < pieces_.size(); ++k) {
+    send[pieces_[k].group].narrow(0, pieces_[k].shard_offset, pieces_[k].numel).copy_(piece_params_[k]);
   }
-  for (std::size_t g = 0; g < param_shards_.size(); ++g) {
+  std::vector<at::Tensor> gathered(groups);
+  std::vector<comm::WorkHandle> works(groups);
+  for (std::size_t g = 0; g < groups; ++g) {
+    gathered[g] = at::empty({send[g].numel() * world}, send[g].options());
+    works[g] = group_.all_gather(gathered[g], send[g]);
+  }
+  for (std::size_t g = 0; g < groups; ++g) {
     works[g]->wait(options_.timeout);
     for (const LayoutParam& p : layout_.group(g).params) {
       params_[p.param].tensor.detach().view({-1}).copy_(gathered[g].narrow(0, p.offset, p.numel));
     }
     gathered[g] = at::Tensor();
+    send[g] = at::Tensor();
   }
 }
 
@@ -239,7 +239,7 @@ std::vector<std::pair<at::Tensor, TensorSlot>> ZeroDataParallel::optimizer_param
     slot.name = params_[piece.param].name;
     slot.global_shape.assign(full.sizes().begin(), full.sizes().end());
     slot.flat_offset = piece.param_offset;
-    slot.local = flat_alias(param_shards_[piece.group], piece.shard_offset, piece.numel);
+    slot.local = alias_of(full, piece.param_offset, {piece.numel});
     slot.write = true;
     out.emplace_back(piece_params_[k], std::move(slot));
   }
@@ -247,7 +247,7 @@ std::vector<std::pair<at::Tensor, TensorSlot>> ZeroDataParallel::optimizer_param
 }
 
 ModelStateBytes ZeroDataParallel::model_state_bytes(const torch::optim::Optimizer* optimizer) const {
-  std::vector<at::Tensor> params = param_shards_;
+  std::vector<at::Tensor> params = piece_params_;  // alias the full parameters: counted once
   std::vector<at::Tensor> grads = grad_shards_;
   for (const auto& p : params_) {
     params.push_back(p.tensor);
@@ -257,9 +257,9 @@ ModelStateBytes ZeroDataParallel::model_state_bytes(const torch::optim::Optimize
   out.params = tensor_bytes(params);
   out.grads = tensor_bytes(grads);
   if (optimizer != nullptr) out.optimizer_state = tensor_bytes(optimizer_state_tensors(*optimizer));
-  for (const ddp::BucketPlan& plan : reducer_->plans()) {
-    out.comm_buffers += plan.padded_numel * static_cast<int64_t>(c10::elementSize(plan.dtype));
-  }
+  // Stage 1: the buckets, always (DDP's write-back). Stage 2: 0 between
+  // steps (transient buckets, see Note [Transient bucket buffers]).
+  out.comm_buffers = reducer_->buffer_bytes();
   return out;
 }
 

@@ -45,8 +45,9 @@ struct ZeroOptions {
   //    as DDP), then each rank keeps its slice. Full-size .grad stays
   //    allocated (zeroed after each step).
   // 2: gradients sharded too: each bucket is reduce-scattered during
-  //    backward (half the all-reduce's traffic) and full-size .grad is freed
-  //    after the step's reduction. Needs more care with code that reads .grad.
+  //    backward (half the all-reduce's traffic); full-size .grad and the
+  //    reducer's bucket buffers are freed after the step's reduction. Needs
+  //    more care with code that reads .grad.
   int stage = 1;
   // Bucket sizes as for DDP. pad_to_multiple is set to the group size (each
   // bucket must split into equal shards); a value given here is ignored.
@@ -82,8 +83,10 @@ class ZeroDataParallel {
 
   // This rank's shard: one flat leaf tensor requiring grad per piece of a
   // parameter it owns (so per-parameter optimizer semantics stay per piece).
-  // Build any LibTorch optimizer over them. They alias the shard buffers:
-  // stepping them and then step()/gather_parameters() updates the model.
+  // Build any LibTorch optimizer over them. Each aliases its piece of the
+  // module's full parameter (no second copy): stepping them updates this
+  // rank's pieces in place, and step()/gather_parameters() sends them to the
+  // other ranks.
   const std::vector<at::Tensor>& optimizer_params() const { return piece_params_; }
 
   // Call before each forward (also inside no_sync()): abandons a failed step
@@ -128,9 +131,12 @@ class ZeroDataParallel {
   // like their param) can be saved under the same coordinates.
   std::vector<std::pair<at::Tensor, TensorSlot>> optimizer_param_slots() const;
 
-  // Model-state bytes this rank holds now: full parameters plus the shard,
-  // gradients (full .grad where defined plus the shard gradients), the
-  // state of `optimizer` (nullptr: not counted), and the reducer's buckets.
+  // Model-state bytes this rank holds now: full parameters (the pieces alias
+  // them), gradients (full .grad where defined plus the shard gradients), the
+  // state of `optimizer` (nullptr: not counted), and the reducer's bucket
+  // buffers allocated now (stage 1: all of them; stage 2: none between steps).
+  // Stage 2 with fp32 Adam between steps: 4 Psi + (4 + 8) Psi / N bytes, up
+  // to padding.
   ModelStateBytes model_state_bytes(const torch::optim::Optimizer* optimizer = nullptr) const;
 
   ddp::Reducer& reducer() { return *reducer_; }
@@ -144,9 +150,8 @@ class ZeroDataParallel {
   std::unique_ptr<ddp::Reducer> reducer_;
   ShardLayout layout_;
   std::vector<ShardPiece> pieces_;
-  std::vector<at::Tensor> param_shards_;  // per bucket: this rank's slice of the parameters
   std::vector<at::Tensor> grad_shards_;   // per bucket: this rank's slice of the averaged gradients
-  std::vector<at::Tensor> piece_params_;  // per piece: aliases into param_shards_
+  std::vector<at::Tensor> piece_params_;  // per piece: aliases into the full parameters
   std::vector<at::Tensor> piece_grads_;   // per piece: aliases into grad_shards_
   int64_t finished_steps_ = 0;            // reducer steps consumed by finish_backward()
   int64_t stepped_steps_ = 0;             // finished_steps_ at the last step()
