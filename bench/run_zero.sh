@@ -15,7 +15,8 @@
 # PT_MODES ("ddp zero"), STEPS/WARMUP (30/3; per run at 1-2 ranks), STEPS4
 # (12: at 4 ranks, which oversubscribe 2 cores: informative only), BATCH (64),
 # FSDP_TRY (1: one PyTorch FSDP attempt at 2 ranks, its error recorded),
-# OUT_DIR (runs and logs).
+# OUT_DIR (runs and logs). A launch that fails is recorded as an error line
+# (the report lists it) and the run goes on.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -67,9 +68,18 @@ run_one() {
   local before after
   before=$(wc -l <"$runs")
   if ! timeout 300 "$launcher" launch --nproc-per-node "$world" -- "${cmd[@]}" >"$log" 2>&1; then
+    # A failing cell is a result too (the report lists it under "errors");
+    # the first error line of its log is its text.
     echo "run_zero.sh: $impl $mode at $world rank(s) failed; its output ($log):" >&2
-    tail -n 30 "$log" >&2
-    exit 1
+    tail -n 5 "$log" >&2
+    "$python" - "$impl" "$mode" "$world" "$log" >>"$runs" <<'PY'
+import json, sys
+impl, mode, world, log = sys.argv[1:]
+lines = [l.strip() for l in open(log, errors="replace") if "error" in l.lower()]
+print(json.dumps({"impl": impl, "mode": {"0": "ddp", "1": "zero1", "2": "zero2", "3": "fsdp"}.get(mode, mode),
+                  "world": int(world), "error": lines[0] if lines else f"failed, see {log}"}))
+PY
+    return 0
   fi
   after=$(wc -l <"$runs")
   if ((after != before + 1)); then

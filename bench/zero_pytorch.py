@@ -98,18 +98,26 @@ def main():
         opt = torch.optim.Adam(model.parameters(), lr=o.lr)
 
     def run_steps(steps):
+        t = dict(forward=0.0, backward=0.0, step=0.0)  # as the C++ side's phases
         loss = None
         for i in range(steps):
+            t0 = time.perf_counter()
             loss = F.cross_entropy(net(inputs[i % pool]), targets[i % pool])
+            t1 = time.perf_counter()
             opt.zero_grad(set_to_none=False)  # keep .grad, as the C++ side
             loss.backward()
-            opt.step()
-        return loss
+            t2 = time.perf_counter()
+            opt.step()  # ZeroRedundancyOptimizer: local step, then parameter broadcasts
+            t3 = time.perf_counter()
+            t["forward"] += t1 - t0
+            t["backward"] += t2 - t1
+            t["step"] += t3 - t2
+        return loss, t
 
     run_steps(o.warmup)
     dist.barrier()
     start = time.perf_counter()
-    loss = run_steps(o.steps)
+    loss, t = run_steps(o.steps)
     elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     elapsed_s = elapsed.item()
@@ -130,6 +138,7 @@ def main():
                  for v in gathered]
         j = dict(base, elapsed_s=elapsed_s, samples_per_s=world * o.batch * o.steps / elapsed_s,
                  step_ms=elapsed_s * 1000.0 / o.steps, final_loss=loss.item(),
+                 phase_ms={k: v * 1000.0 / o.steps for k, v in t.items()},
                  bytes_source="python: storages of parameters, .grad, optimizer state after the last step",
                  ranks=ranks)
         emit(j, o.out)

@@ -120,6 +120,7 @@ def cell(rs):
         "repeats": [r["samples_per_s"] for r in rs],
         "step_ms": mid["step_ms"],
         "final_loss": mid["final_loss"],
+        "phase_ms": mid.get("phase_ms"),
         "bytes": {k: top[k] for k in ("params", "grads", "optimizer_state", "model_state")},
         "formula": {"params": f[0], "grads": f[1], "optimizer_state": f[2], "model_state": sum(f)},
         "model_state_ratio": top["model_state"] / sum(f),
@@ -143,6 +144,9 @@ def targets(cells, ratios, errors):
             r = c["model_state_ratio"]
             t["model_state_within_5pct"][f"{mode} {world}r"] = {
                 "ratio": r, "met": abs(r - 1) <= STATE_TOLERANCE}
+    for key, err in errors.items():
+        if key.startswith("paratrain "):
+            t["model_state_within_5pct"][key.split(" ", 1)[1]] = {"error": err, "met": False}
     for mode in ("zero1", "zero2"):
         r = ratios.get("paratrain", {}).get(mode, {}).get("2")
         if r:
@@ -154,7 +158,7 @@ def targets(cells, ratios, errors):
             "ratio": pt["median"], "paired": pt["paired"]}
     fsdp = cells.get("paratrain", {}).get("fsdp", {})
     t["stage3_on_cpu"] = {"paratrain_worlds_run": sorted(fsdp, key=int),
-                          "pytorch_fsdp": {k: v for k, v in errors.items() if "fsdp" in k} or "not tried",
+                          "pytorch_fsdp": {k: v for k, v in errors.items() if k.startswith("pytorch fsdp")} or "not tried",
                           "met": bool(fsdp)}
     return t
 
@@ -173,9 +177,12 @@ def summary(doc):
     t = doc["targets"]
     ms = t["model_state_within_5pct"]
     met = sum(v["met"] for v in ms.values())
-    worst = max(ms.items(), key=lambda kv: abs(kv[1]["ratio"] - 1)) if ms else None
+    measured = {k: v for k, v in ms.items() if "ratio" in v}
+    worst = max(measured.items(), key=lambda kv: abs(kv[1]["ratio"] - 1)) if measured else None
+    failed = [k for k, v in ms.items() if "error" in v]
     bits = [f"model state within 5%: {met}/{len(ms)} cells"
-            + (f" (worst {worst[0]} {worst[1]['ratio']:.2f}x)" if worst else "")]
+            + (f" (worst {worst[0]} {worst[1]['ratio']:.2f}x)" if worst else "")
+            + (f", failed to run: {', '.join(failed)}" if failed else "")]
     z = t["zero_vs_ddp_2r"]
     bits.append("2r vs own DDP: " + ", ".join(
         f"{k.split(' ')[0]} {v['ratio']:.2f}x" + (" ok" if v.get("met") else " MISS" if "met" in v else "")

@@ -74,7 +74,13 @@ struct Workload {
   std::vector<at::Tensor> inputs, targets;
 };
 Workload make_workload(const BenchOptions& o, int rank);
-float run_steps(Workload& w, Engine& engine, torch::optim::Optimizer& opt, int steps);
+// Rank 0's time per phase, summed over steps: forward (with prepare_forward),
+// backward (reduction overlapped or waited for inside it), step (the engine's
+// step: optimizer plus ZeRO's parameter all-gather).
+struct Phases {
+  double forward_ms = 0, backward_ms = 0, step_ms = 0;
+};
+float run_steps(Workload& w, Engine& engine, torch::optim::Optimizer& opt, int steps, Phases* phases);
 int64_t peak_rss_bytes();
 
 double ms_between(Clock::time_point a, Clock::time_point b) {
@@ -99,10 +105,12 @@ int run(const BenchOptions& o) {
   std::unique_ptr<Engine> engine = make_engine(o.stage, w.model, *group);
   torch::optim::Adam opt(engine->optimizer_params(), torch::optim::AdamOptions(o.lr));
 
-  float loss = run_steps(w, *engine, opt, o.warmup);
+  Phases phases;
+  float loss = run_steps(w, *engine, opt, o.warmup, &phases);
+  phases = {};
   group->barrier()->wait();
   const auto start = Clock::now();
-  loss = run_steps(w, *engine, opt, o.steps);
+  loss = run_steps(w, *engine, opt, o.steps, &phases);
   at::Tensor elapsed = torch::tensor({ms_between(start, Clock::now())}, torch::kDouble);
   group->all_reduce(elapsed, comm::ReduceOp::kMax)->wait();  // the slowest rank's time
   const double elapsed_s = elapsed.item<double>() / 1000.0;
@@ -139,6 +147,10 @@ int run(const BenchOptions& o) {
       {"samples_per_s", world.world_size * o.batch * o.steps / elapsed_s},
       {"step_ms", elapsed_s * 1000.0 / o.steps},
       {"final_loss", loss},
+      {"phase_ms",
+       {{"forward", phases.forward_ms / o.steps},
+        {"backward", phases.backward_ms / o.steps},
+        {"step", phases.step_ms / o.steps}}},
       {"bytes_source", "paratrain model_state_bytes (live tensors, after the last step)"},
       {"ranks", ranks},
   };
@@ -296,15 +308,22 @@ Workload make_workload(const BenchOptions& o, int rank) {
 
 // prepare_forward, forward, cross-entropy, zero_grad, backward (reduction
 // inside), engine step (optimizer + whatever the stage does after it).
-float run_steps(Workload& w, Engine& engine, torch::optim::Optimizer& opt, int steps) {
+float run_steps(Workload& w, Engine& engine, torch::optim::Optimizer& opt, int steps, Phases* phases) {
   at::Tensor loss;
   for (int i = 0; i < steps; ++i) {
     const size_t b = static_cast<size_t>(i) % w.inputs.size();
+    const auto t0 = Clock::now();
     engine.prepare_forward();
     loss = torch::nn::functional::cross_entropy(w.model->forward(w.inputs[b]), w.targets[b]);
+    const auto t1 = Clock::now();
     opt.zero_grad();
     loss.backward();
+    const auto t2 = Clock::now();
     engine.step(opt);
+    const auto t3 = Clock::now();
+    phases->forward_ms += ms_between(t0, t1);
+    phases->backward_ms += ms_between(t1, t2);
+    phases->step_ms += ms_between(t2, t3);
   }
   return loss.defined() ? loss.item<float>() : 0.0f;
 }
