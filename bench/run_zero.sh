@@ -12,8 +12,8 @@
 #
 # Environment: BUILD_DIR (build), PYTHON (/usr/bin/python3), REPEATS (3),
 # WORLDS ("1 2 4", paratrain), PT_WORLDS ("1 2", PyTorch), STAGES ("0 1 2 3"),
-# PT_MODES ("ddp zero"), STEPS/WARMUP (30/3; per run at 1-2 ranks), STEPS4
-# (12: at 4 ranks, which oversubscribe 2 cores: informative only), BATCH (64),
+# PT_MODES ("ddp zero"), STEPS/WARMUP (40/3; per run at 1-2 ranks), STEPS4
+# (16: at 4 ranks, which oversubscribe 2 cores: informative only), BATCH (64),
 # FSDP_TRY (1: one PyTorch FSDP attempt at 2 ranks, its error recorded),
 # OUT_DIR (runs and logs). A launch that fails is recorded as an error line
 # (the report lists it) and the run goes on.
@@ -28,9 +28,9 @@ worlds=${WORLDS:-1 2 4}
 pt_worlds=${PT_WORLDS:-1 2}
 stages=${STAGES:-0 1 2 3}
 pt_modes=${PT_MODES:-ddp zero}
-steps=${STEPS:-30}
+steps=${STEPS:-40}
 warmup=${WARMUP:-3}
-steps4=${STEPS4:-12}
+steps4=${STEPS4:-16}
 batch=${BATCH:-64}
 fsdp_try=${FSDP_TRY:-1}
 out_dir=${OUT_DIR:-$(mktemp -d -t paratrain-zero-bench.XXXXXX)}
@@ -124,5 +124,6 @@ print(json.dumps({
 }))
 EOF
 )
+"$python" "$root/bench/zero_report.py" "$runs" --meta "$meta" --markdown >"$out_dir/table.md"
 "$python" "$root/bench/zero_report.py" "$runs" --meta "$meta" | tee "$out_dir/report.txt"
 echo "run_zero.sh: runs and logs in $out_dir" >&2

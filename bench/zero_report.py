@@ -40,6 +40,8 @@ def main():
     p = argparse.ArgumentParser(description="combine ZeRO/FSDP benchmark runs")
     p.add_argument("runs", help="JSON lines, one per run (rank 0's line)")
     p.add_argument("--meta", default="{}", help="JSON object copied into the document's 'run'")
+    p.add_argument("--markdown", action="store_true",
+                   help="print the cells as a Markdown table instead of the JSON document")
     o = p.parse_args()
     runs = []
     with open(o.runs) as f:
@@ -52,6 +54,9 @@ def main():
     if not runs:
         sys.exit(f"zero_report: {o.runs} holds no runs")
     doc = combine(runs, json.loads(o.meta))
+    if o.markdown:
+        print(markdown(doc))
+        return
     text = json.dumps(rounded(doc), indent=2)
     text = re.sub(r"\[\s+([-0-9.,\se]+?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text)
     print(text)
@@ -171,6 +176,30 @@ def rounded(x):
     if isinstance(x, list):
         return [rounded(v) for v in x]
     return x
+
+
+def markdown(doc):
+    """One row per cell: the table bench/results/*-zero-cpu.md quotes."""
+    mb = lambda b: f"{b / 1e6:.2f}" if b is not None else "-"
+    rows = ["| impl | mode | ranks | samples/s (median) | vs own DDP (median / paired) | params MB | "
+            "grads MB | Adam state MB | model state MB | formula MB | ratio | comm buffers MB | "
+            "peak RSS MiB (max rank) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    order = {"ddp": 0, "zero1": 1, "zero": 1, "zero2": 2, "fsdp": 3}
+    for impl, modes in doc["cells"].items():
+        for mode in sorted(modes, key=lambda m: order.get(m, 9)):
+            for world, c in sorted(modes[mode].items(), key=lambda kv: int(kv[0])):
+                r = doc["vs_own_ddp"].get(impl, {}).get(mode, {}).get(world)
+                vs = f"{r['median']:.2f} / {r['paired']:.2f}" if r else "1 (itself)" if mode == "ddp" else "-"
+                b = c["bytes"]
+                rows.append(f"| {impl} | {mode} | {world} | {c['samples_per_s']:.0f} | {vs} | {mb(b['params'])} | "
+                            f"{mb(b['grads'])} | {mb(b['optimizer_state'])} | {mb(b['model_state'])} | "
+                            f"{mb(c['formula']['model_state'])} | {c['model_state_ratio']:.3f} | "
+                            f"{mb(c['comm_buffers'])} | {c['peak_rss_max'] / 2**20:.0f} |")
+    for key, err in doc["errors"].items():
+        impl, mode, world = key.split(" ")
+        rows.append(f"| {impl} | {mode} | {world[:-1]} | failed: {err} |" + " |" * 9)
+    return "\n".join(rows)
 
 
 def summary(doc):

@@ -49,6 +49,8 @@ struct BenchOptions {
 
 // What a rank measured; all-gathered so rank 0 can report every rank.
 struct RankBytes {
+  // comm_buffers: the reducer's bucket buffers as the engine reports them
+  // (sized from its bucket plans); -1 where the engine reports none.
   int64_t params = 0, grads = 0, optimizer_state = 0, comm_buffers = 0, peak_rss = 0;
 };
 
@@ -128,7 +130,9 @@ int run(const BenchOptions& o) {
   for (int r = 0; r < world.world_size; ++r) {
     const int64_t* v = all.data_ptr<int64_t>() + r * 5;
     ranks.push_back({{"params", v[0]}, {"grads", v[1]}, {"optimizer_state", v[2]},
-                     {"model_state", v[0] + v[1] + v[2]}, {"comm_buffers", v[3]}, {"peak_rss", v[4]}});
+                     {"model_state", v[0] + v[1] + v[2]},
+                     {"comm_buffers", v[3] < 0 ? nlohmann::json() : nlohmann::json(v[3])},
+                     {"peak_rss", v[4]}});
   }
   const nlohmann::json j = {
       {"impl", "paratrain"},
@@ -266,7 +270,9 @@ class FsdpEngine final : public Engine {
   std::vector<at::Tensor> optimizer_params() override { return fsdp_.optimizer_params(); }
   RankBytes bytes(const torch::optim::Optimizer& opt) override {
     const auto s = fsdp_.model_state_bytes(&opt);
-    return {s.params, s.grads, s.optimizer_state, 0, 0};  // no buffers kept between steps
+    // FSDP's ModelStateBytes has no comm-buffer field (gathered units are in
+    // params): -1 prints as null, "not reported", rather than a made-up 0.
+    return {s.params, s.grads, s.optimizer_state, -1, 0};
   }
   int64_t padded_numel() override {
     int64_t n = 0;
