@@ -1,62 +1,137 @@
 // The Trainer's checkpoint policy over train/checkpoint/ (format, tensors).
 #include "paratrain/train/checkpointing.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
-#include <fstream>
+#include <cerrno>
+#include <cstring>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <torch/optim/optimizer.h>
 
 #include "paratrain/core/error.h"
-#include "paratrain/train/checkpoint/checkpoint.h"
+#include "paratrain/data/fashion_mnist.h"
+#include "paratrain/train/checkpoint/checkpoint_files.h"
+#include "paratrain/train/checkpoint/sharded.h"
 
 namespace paratrain::train {
+namespace {
+
+void fsync_path(const std::filesystem::path& path, int flags) {
+  const int fd = ::open(path.c_str(), flags);
+  if (fd < 0) throw Error(fmt::format("cannot open {} to sync it: {}", path.string(), std::strerror(errno)));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) throw Error(fmt::format("fsync({}) failed: {}; check the disk", path.string(), std::strerror(err)));
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> preprocessing_metadata(const TrainConfig& config) {
+  if (config.data.dataset == "fashion_mnist") {
+    return {{"data.input_shape", "[1, 28, 28]"},
+            {"data.normalize", fmt::format("(x / 255 - {}) / {}", data::kFashionMnistMean, data::kFashionMnistStd)},
+            {"data.mean", fmt::format("{}", data::kFashionMnistMean)},
+            {"data.std", fmt::format("{}", data::kFashionMnistStd)}};
+  }
+  return {{"data.input_shape", fmt::format("[{}, {}, {}]", config.data.synthetic_channels,
+                                           config.data.synthetic_image_size, config.data.synthetic_image_size)},
+          {"data.normalize", "none (synthetic inputs are used as generated)"}};
+}
 
 std::filesystem::path save_training_checkpoint(const std::filesystem::path& run_dir, const TrainConfig& config,
-                                               torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                                               const LoopPosition& position) {
-  TrainingState state;
+                                               comm::ProcessGroup& world, Strategy& strategy,
+                                               torch::optim::Optimizer& optimizer, const LoopPosition& position) {
+  CheckpointContents contents;
+  contents.model = strategy.model_slots();
+  contents.optimizer = &optimizer;
+  contents.optimizer_slots = strategy.optimizer_slots();
+  auto& state = contents.state;
   state.step = position.step;
   state.epoch = position.epoch;
   state.batch_in_epoch = position.next_batch;
   state.sampler_seed = static_cast<uint64_t>(config.run.seed);
   state.config = to_json(config);
-  auto path = checkpoint_path(run_dir, position.step);
-  save_checkpoint(path, model, optimizer, state);
-  return path;
+  state.extra["strategy"] = strategy.name();
+  for (auto& [k, v] : strategy.checkpoint_metadata()) state.extra[k] = v;
+  for (auto& [k, v] : preprocessing_metadata(config)) state.extra[k] = v;
+  auto dir = checkpoint_dir(run_dir, position.step);
+  save_sharded_checkpoint(dir, world, contents);
+  return dir;
 }
 
-LoopPosition load_training_checkpoint(const std::filesystem::path& path, torch::nn::Module& model,
+LoopPosition load_training_checkpoint(const std::filesystem::path& path, Strategy& strategy,
                                       torch::optim::Optimizer& optimizer) {
-  auto state = load_checkpoint(path, model, optimizer);
+  CheckpointContents contents;
+  contents.model = strategy.model_slots();
+  contents.optimizer = &optimizer;
+  contents.optimizer_slots = strategy.optimizer_slots();
+  auto state = load_sharded_checkpoint(path, contents);
+  strategy.after_load();
   return {state.step, state.epoch, state.batch_in_epoch};
 }
 
-std::filesystem::path resolve_resume(const TrainConfig& config, const std::filesystem::path& run_dir) {
+std::vector<std::filesystem::path> resume_candidates(const TrainConfig& config, const std::filesystem::path& run_dir) {
   const auto& resume = config.train.resume;
   if (resume.empty()) return {};
-  if (resume == "auto") return find_latest_checkpoint(run_dir).value_or(std::filesystem::path());
+  if (resume == "auto") return find_loadable_checkpoints(run_dir);
   if (!std::filesystem::exists(resume)) {
-    throw CheckpointError(fmt::format("train.resume = \"{}\": no such file. Give a checkpoint path, \"auto\" "
-                                      "(latest in {}) or \"\"", resume, (run_dir / "checkpoints").string()));
+    throw CheckpointError(fmt::format("train.resume = \"{}\": no such checkpoint. Give a checkpoint directory "
+                                      "(checkpoints/step_N), \"auto\" (latest in {}) or \"\"",
+                                      resume, (run_dir / "checkpoints").string()));
   }
-  return resume;
+  return {resume};
+}
+
+void quarantine_checkpoint(const std::filesystem::path& path) {
+  auto target = path;
+  target += ".unreadable";
+  for (int n = 1; std::filesystem::exists(target); ++n) {
+    target = path;
+    target += fmt::format(".unreadable.{}", n);
+  }
+  std::error_code ec;
+  std::filesystem::rename(path, target, ec);
+  if (ec) {
+    throw CheckpointError(fmt::format("cannot move the unreadable checkpoint {} aside to {}: {}; move or delete it "
+                                      "by hand before resuming",
+                                      path.string(), target.string(), ec.message()));
+  }
+  spdlog::warn("moved the unreadable checkpoint {} to {}", path.string(), target.string());
 }
 
 void write_text_atomically(const std::filesystem::path& path, const std::string& text) {
   auto tmp = path;
   tmp += fmt::format(".tmp.{}", getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw Error(fmt::format("cannot write {}; check free space and permissions", tmp.string()));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
+  try {
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw Error(fmt::format("cannot create {}: {}", tmp.string(), std::strerror(errno)));
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int err = errno;
+        ::close(fd);
+        throw Error(fmt::format("cannot write {}: {}; check free space", tmp.string(), std::strerror(err)));
+      }
+      done += static_cast<size_t>(n);
+    }
+    const int rc = ::fsync(fd);
+    const int err = errno;
+    ::close(fd);
+    if (rc != 0) throw Error(fmt::format("fsync({}) failed: {}", tmp.string(), std::strerror(err)));
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) throw Error(fmt::format("cannot replace {}: {}", path.string(), ec.message()));
+    fsync_path(path.parent_path().empty() ? "." : path.parent_path(), O_RDONLY | O_DIRECTORY);
+  } catch (...) {
+    std::error_code ec;
     std::filesystem::remove(tmp, ec);
-    throw Error(fmt::format("cannot replace {}: {}", path.string(), ec.message()));
+    throw;
   }
 }
 

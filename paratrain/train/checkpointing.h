@@ -1,17 +1,19 @@
 // The Trainer's use of checkpoints: where they go in the run directory,
 // which one `train.resume` means, and the loop position stored with them.
-// The file format and tensor bookkeeping live in train/checkpoint/.
+// The format (one safetensors file per rank plus index.json, re-cut to any
+// layout on load) lives in train/checkpoint/; what each rank holds comes from
+// the strategy's slots (strategy.h).
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
+#include "paratrain/comm/process_group.h"
 #include "paratrain/train/config.h"
+#include "paratrain/train/strategy.h"
 
-namespace torch::nn {
-class Module;
-}
 namespace torch::optim {
 class Optimizer;
 }
@@ -26,23 +28,36 @@ struct LoopPosition {
   int64_t next_batch = 0;
 };
 
-// Writes <run_dir>/checkpoints/step_<step>.safetensors atomically and returns
-// its path. Model, optimizer state, position, RNG state and the config.
+// Collective over `world`: writes <run_dir>/checkpoints/step_<step>/ (a file
+// per rank, index.json last) and returns its path. Model and optimizer state
+// as the strategy holds them, the position, RNG state, the config, the
+// strategy's layout and the data preprocessing.
 std::filesystem::path save_training_checkpoint(const std::filesystem::path& run_dir, const TrainConfig& config,
-                                               torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                                               const LoopPosition& position);
+                                               comm::ProcessGroup& world, Strategy& strategy,
+                                               torch::optim::Optimizer& optimizer, const LoopPosition& position);
 
-// Restores model, optimizer and RNG in place; returns the position. Throws
+// Fills the strategy's slots and the optimizer state from `path` (saved at
+// any layout), calls strategy.after_load(), returns the position. Throws
 // CheckpointError naming the file and what does not match.
-LoopPosition load_training_checkpoint(const std::filesystem::path& path, torch::nn::Module& model,
+LoopPosition load_training_checkpoint(const std::filesystem::path& path, Strategy& strategy,
                                       torch::optim::Optimizer& optimizer);
 
-// train.resume: "" -> no resume (empty path); "auto" -> the latest checkpoint
-// in the run dir (empty if none); otherwise that file, which must exist.
-std::filesystem::path resolve_resume(const TrainConfig& config, const std::filesystem::path& run_dir);
+// train.resume: "" -> none; "auto" -> every complete checkpoint of the run
+// dir, newest first (the caller falls back to older ones when one fails to
+// load); otherwise that path, which must exist.
+std::vector<std::filesystem::path> resume_candidates(const TrainConfig& config, const std::filesystem::path& run_dir);
 
-// Writes text through a temporary file and rename, so readers never see a
-// half-written file.
+// Renames an unloadable checkpoint directory to `<name>.unreadable` (or
+// `.unreadable.<n>`), so no listing picks it and no later save overwrites it.
+void quarantine_checkpoint(const std::filesystem::path& path);
+
+// Writes text through a temporary file, fsync and rename (then fsyncs the
+// folder), so readers never see a half-written file and a power loss never
+// leaves an empty one.
 void write_text_atomically(const std::filesystem::path& path, const std::string& text);
+
+// Data preprocessing the model expects, recorded in checkpoints so weights
+// used elsewhere see the same inputs ("data.normalize" -> "(x/255 - 0.286) / 0.353").
+std::vector<std::pair<std::string, std::string>> preprocessing_metadata(const TrainConfig& config);
 
 }  // namespace paratrain::train

@@ -1,45 +1,116 @@
-// How the Trainer keeps replicas in step: the small interface every
-// data-parallel strategy offers the training loop (DDP today; ZeRO and FSDP
-// plug in behind the same calls). The Trainer never names a strategy type.
+// Strategy: what a parallelism strategy owns, seen from the training loop.
+// The Trainer (trainer.h) keeps the loop, logging, metrics, evaluation and the
+// checkpoint policy; a strategy owns how the model is wrapped or cut, which
+// tensors the optimizer steps, which data this rank reads, one forward and
+// backward, the optimizer step, and what each rank holds for checkpoints.
+// Strategies are picked by name through a registry (strategy_registry.h);
+// the Trainer never names a strategy type. Adapters live in train/strategies/.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
-#include "paratrain/comm/process_group.h"
-#include "paratrain/train/config.h"
+#include "paratrain/core/tensor_slot.h"
+#include "paratrain/data/dataset.h"
+#include "paratrain/train/checkpoint/sharded.h"
 
-namespace torch::nn {
-class Module;
+namespace torch::optim {
+class Optimizer;
+}
+namespace paratrain::models {
+class Model;
 }
 
 namespace paratrain::train {
 
 // Per-step communication timings, for progress lines and benchmarks.
 struct SyncStats {
-  double backward_ms = 0;     // first gradient ready -> end of backward
-  double comm_ms = 0;         // wall time with a collective in flight
-  double hidden_share = 0;    // part of comm_ms overlapped with backward
-  double exposed_ms = 0;      // waited on communication after backward
+  double backward_ms = 0;   // first gradient ready -> end of backward
+  double comm_ms = 0;       // wall time with a collective in flight
+  double hidden_share = 0;  // part of comm_ms overlapped with backward
+  double exposed_ms = 0;    // waited on communication after backward
 };
 
-class GradientSync {
+// Bytes of model state this rank holds (tensors actually alive).
+struct ModelStateBytes {
+  int64_t params = 0;
+  int64_t grads = 0;
+  int64_t optimizer_state = 0;
+  int64_t total() const { return params + grads + optimizer_state; }
+};
+
+// Which share of the data this rank reads: its rank and size on the
+// data-parallel axis (not the world: tp/pp/cp peers read the same data).
+struct DataShard {
+  int rank = 0;
+  int size = 1;
+};
+
+// Builds a fresh model; the Trainer seeds torch first, so every call on every
+// rank gives the same initial weights as the single-process model.
+using ModelFactory = std::function<std::shared_ptr<models::Model>()>;
+// Mean loss of a micro-batch from the model's output and the targets.
+using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& targets)>;
+
+struct StepOutput {
+  at::Tensor loss;  // detached scalar: this rank's mean loss on its micro-batch
+};
+
+class Strategy {
  public:
-  virtual ~GradientSync() = default;
+  virtual ~Strategy() = default;
   virtual std::string name() const = 0;
-  // Before every forward (buffer broadcast).
-  virtual void before_forward() = 0;
-  // After loss.backward() returned, before optimizer.step().
-  virtual void after_backward() = 0;
+
+  // Builds the model (calls `factory` as often as it needs: a pipeline stage
+  // keeps only its layers) and wraps it. Collective over the strategy's
+  // groups (replicas start identical). Called once, before anything else.
+  virtual void build_model(const ModelFactory& factory) = 0;
+  // The module being trained; parameters may be shards or freed between
+  // steps (ZeRO-3), so read weights through full_parameters().
+  virtual std::shared_ptr<torch::nn::Module> module() const = 0;
+
+  // The tensors the optimizer steps: full parameters (DDP) or this rank's
+  // shard pieces (ZeRO, FSDP). Called once, after build_model.
+  virtual std::vector<at::Tensor> optimizer_params() = 0;
+  virtual DataShard data_shard() const = 0;
+
+  // Forward, loss and backward of this rank's micro-batch. With `sync`
+  // false gradients accumulate locally (no_sync); the next synchronized
+  // call reduces the sum. Collective when sync is true.
+  virtual StepOutput forward_backward(const data::Batch& batch, const LossFn& loss, bool sync) = 0;
+  // Clips the global gradient norm to `clip_grad_norm` (0 = off; the norm
+  // is over every parameter, across shards), steps, and makes parameters
+  // ready for the next forward (ZeRO-1/2: all-gather). Returns false when
+  // the step was skipped. Collective.
+  virtual bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm) = 0;
+
+  // Forward for evaluation (under NoGradGuard, model in eval mode): DDP
+  // brings buffers in line first, FSDP gathers units. Collective.
+  virtual at::Tensor eval_forward(const at::Tensor& inputs) = 0;
+
+  // Checkpoints: what this rank holds of every parameter and buffer, and of
+  // every tensor the optimizer steps. Loading fills the slots in place, then
+  // after_load() restores what follows from them (ZeRO-1/2: all-gather).
+  virtual std::vector<TensorSlot> model_slots() = 0;
+  virtual std::vector<OptimizerSlot> optimizer_slots() = 0;
+  virtual void after_load() {}
+  // Metadata recorded in the checkpoint (stage, layout); informative only:
+  // any layout loads at any other.
+  virtual std::vector<std::pair<std::string, std::string>> checkpoint_metadata() const { return {}; }
+
+  // Every parameter in full, by name, on every rank. Collective.
+  virtual std::vector<std::pair<std::string, at::Tensor>> full_parameters() = 0;
+
   virtual SyncStats last_stats() const { return {}; }
+  virtual ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const = 0;
 };
 
-// Builds what config.ddp.mode asks for over `group`: "bucketed" (DDP with
-// overlapped bucketed all-reduce), "naive" (all-reduce every gradient after
-// backward) or "none" (local training; only valid on one rank). Collective:
-// broadcasts rank 0's parameters and buffers to every rank.
-std::unique_ptr<GradientSync> make_gradient_sync(const TrainConfig& config,
-                                                 std::shared_ptr<torch::nn::Module> model,
-                                                 comm::ProcessGroup& group);
+// Bytes held by torch::optim state (every tensor in optimizer.state()).
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
 
 }  // namespace paratrain::train

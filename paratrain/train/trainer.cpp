@@ -1,11 +1,13 @@
-// The training loop. Per step: strategy.before_forward, forward, loss,
-// backward (DDP reduces gradients inside it), strategy.after_backward,
-// optimizer step. Per epoch: evaluate, log, checkpoint.
+// The training loop. Per step: strategy.forward_backward (forward, loss,
+// backward with the strategy's gradient reduction), strategy.optimizer_step
+// (clip, step, re-gather). Per epoch: evaluate, log, checkpoint. Everything
+// about data and metrics goes over the data-parallel group.
 #include "paratrain/train/trainer.h"
 
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -14,24 +16,29 @@
 #include "paratrain/core/error.h"
 #include "paratrain/data/loader.h"
 #include "paratrain/models/model.h"
+#include "paratrain/topology/device_mesh.h"
+#include "paratrain/train/batch_size.h"
 #include "paratrain/train/builders.h"
-#include "paratrain/train/checkpoint/checkpoint.h"
+#include "paratrain/train/checkpoint/checkpoint_files.h"
+#include "paratrain/train/checkpoint/sharded.h"
 #include "paratrain/train/checkpointing.h"
 #include "paratrain/train/metrics.h"
-#include "paratrain/train/strategy.h"
+#include "paratrain/train/strategy_registry.h"
 
 namespace paratrain::train {
 
 using Clock = std::chrono::steady_clock;
+using topology::Axis;
 
 struct Trainer::State {
   TrainConfig config;
   comm::ProcessGroup& world;
   std::filesystem::path run_dir;
-  std::shared_ptr<models::Model> model;
-  std::unique_ptr<GradientSync> sync;
+  std::unique_ptr<topology::DeviceMesh> mesh;
+  std::unique_ptr<Strategy> strategy;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   Datasets datasets;
+  BatchSizes batch;
   std::unique_ptr<data::Loader> loader;
   MetricsLog metrics;
   int64_t step = 0;
@@ -41,6 +48,7 @@ struct Trainer::State {
       : config(std::move(c)), world(w), run_dir(std::move(dir)),
         metrics(w.rank() == 0 ? run_dir / "metrics.jsonl" : std::filesystem::path()) {}
   bool is_main() const { return world.rank() == 0; }
+  comm::ProcessGroup& dp() const { return mesh->group(Axis::kDp); }
   std::chrono::milliseconds timeout() const { return std::chrono::seconds(config.world.timeout_s); }
 };
 
@@ -57,12 +65,6 @@ std::filesystem::path prepare_run_dir(const TrainConfig& config, int rank) {
     }
   }
   return dir;
-}
-
-// Mean over ranks of `values` (a small float64 tensor): one all-reduce.
-at::Tensor mean_over_ranks(comm::ProcessGroup& world, at::Tensor values, std::chrono::milliseconds timeout) {
-  world.all_reduce(values, comm::ReduceOp::kAvg)->wait(timeout);
-  return values;
 }
 
 // Every rank must start from the same position, or they would issue
@@ -86,6 +88,73 @@ void check_ranks_agree_on_position(comm::ProcessGroup& world, int64_t step, cons
   }
 }
 
+// True on every rank when `ok` is true on every rank. Collective.
+bool all_ranks(comm::ProcessGroup& world, bool ok, std::chrono::milliseconds timeout) {
+  auto flag = torch::tensor({ok ? 1 : 0}, torch::kInt);
+  world.all_reduce(flag, comm::ReduceOp::kMin)->wait(timeout);
+  return flag.item<int>() == 1;
+}
+
+bool parameters_finite(Strategy& strategy) {
+  torch::NoGradGuard no_grad;
+  for (const auto& slot : strategy.model_slots()) {
+    if (at::isFloatingType(slot.local.scalar_type()) && !slot.local.isfinite().all().item<bool>()) return false;
+  }
+  return true;
+}
+
+// Loads the first candidate that every rank can load (train.resume = "auto"
+// falls back from a corrupt newest checkpoint to the previous one); a
+// checkpoint that some rank cannot read is skipped by all ranks together.
+// Returns the position, or nullopt when there was nothing to resume.
+std::optional<LoopPosition> resume(Trainer::State& s) {
+  const auto candidates = resume_candidates(s.config, s.run_dir);
+  if (candidates.empty()) {
+    if (s.config.train.resume == "auto" && s.is_main()) {
+      spdlog::info("train.resume = auto: no complete checkpoint in {}; starting fresh",
+                   (s.run_dir / "checkpoints").string());
+    }
+    return std::nullopt;
+  }
+  std::string last_error;
+  for (const auto& path : candidates) {
+    std::optional<LoopPosition> position;
+    try {
+      position = load_training_checkpoint(path, *s.strategy, *s.optimizer);
+    } catch (const CheckpointError& e) {
+      last_error = e.what();
+    }
+    if (!all_ranks(s.world, position.has_value(), s.timeout())) {
+      if (s.config.train.resume != "auto") {
+        throw CheckpointError(last_error.empty()
+                                  ? fmt::format("rank {}: another rank could not load {}; see its log",
+                                                s.world.rank(), path.string())
+                                  : last_error);
+      }
+      spdlog::warn("rank {}: skipping checkpoint {}: {}", s.world.rank(), path.string(),
+                   last_error.empty() ? "another rank could not load it" : last_error);
+      // Every rank is past reading it (the collective above). Keep it for a
+      // post-mortem, out of the way of the step the continued run will save.
+      if (s.is_main()) quarantine_checkpoint(path);
+      continue;
+    }
+    if (!all_ranks(s.world, parameters_finite(*s.strategy), s.timeout())) {
+      throw CheckpointError(fmt::format(
+          "checkpoint {} holds non-finite (NaN or inf) parameters: training from it cannot recover. "
+          "Resume from an earlier checkpoint (train.resume=<path>) or lower the learning rate",
+          path.string()));
+    }
+    if (s.is_main()) {
+      spdlog::info("resumed from {} at epoch {}, batch {}, step {}", path.string(), position->epoch + 1,
+                   position->next_batch, position->step);
+    }
+    return position;
+  }
+  throw CheckpointError(fmt::format("train.resume = auto: no checkpoint in {} could be loaded (last error: {}); "
+                                    "set train.resume = \"\" and pick another run.name to start fresh",
+                                    (s.run_dir / "checkpoints").string(), last_error));
+}
+
 }  // namespace
 
 Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
@@ -95,45 +164,47 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
   auto& s = *s_;
   const auto& c = s.config;
 
-  // Same seed on every rank; DDP broadcasts rank 0's weights anyway, so the
-  // seed also makes one run equal the single-process run with that seed.
-  {
+  const auto dims = topology::ParallelDims::resolve(c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.cp,
+                                                    world.size());
+  s.mesh = std::make_unique<topology::DeviceMesh>(world, dims);
+  s.strategy = make_strategy(train::strategy_name(c), StrategyContext{s.config, *s.mesh, s.timeout()});
+
+  // The same seed on every rank: each builds the single-process model's
+  // initial weights (replicas are also broadcast from rank 0).
+  s.strategy->build_model([&c] {
     // The generator is process-global; ranks that are threads of one process
     // (tests) must not reseed it in the middle of each other's init.
     static std::mutex init_mutex;
     std::lock_guard<std::mutex> lock(init_mutex);
     torch::manual_seed(static_cast<uint64_t>(c.run.seed));
-    s.model = make_model(c);
-  }
-  s.sync = make_gradient_sync(c, s.model, world);
-  s.optimizer = make_optimizer(c.optimizer, s.model->parameters());
+    return make_model(c);
+  });
+  s.optimizer = make_optimizer(c.optimizer, s.strategy->optimizer_params());
   s.datasets = load_datasets(c);
 
+  const DataShard shard = s.strategy->data_shard();
+  s.batch = resolve_batch_sizes(c, shard.size);
   data::SamplerOptions sampler;
-  sampler.num_replicas = world.size();
-  sampler.rank = world.rank();
+  sampler.num_replicas = shard.size;
+  sampler.rank = shard.rank;
   sampler.shuffle = c.data.shuffle;
   sampler.seed = static_cast<uint64_t>(c.run.seed);
   sampler.drop_last = c.data.drop_last;
   data::LoaderOptions loader;
-  loader.batch_size = c.data.batch_size;
+  loader.batch_size = s.batch.per_rank;
   loader.drop_last = c.data.drop_last;
   loader.prefetch_depth = static_cast<int>(c.data.prefetch);
   s.loader = std::make_unique<data::Loader>(
       s.datasets.train, data::DistributedSampler(s.datasets.train.size(), sampler), loader);
+  check_batches_fit(c, s.batch, s.datasets.train.size(), s.loader->num_batches());
 
   // Resume before writing anything: a bad checkpoint must fail the run
   // without touching the run directory.
-  const auto from = resolve_resume(c, s.run_dir);
-  if (!from.empty()) {
-    auto position = load_training_checkpoint(from, *s.model, *s.optimizer);
-    s.step = position.step;
-    s.loader->load_state({position.epoch, position.next_batch});
-    if (s.is_main()) {
-      spdlog::info("resumed from {} at epoch {}, batch {}, step {}", from.string(), position.epoch + 1,
-                   position.next_batch, position.step);
-    }
-  } else if (c.train.resume.empty() && find_latest_checkpoint(s.run_dir)) {
+  if (s.is_main() && !c.train.resume.empty()) clean_interrupted_checkpoints(s.run_dir);
+  if (auto position = resume(s)) {
+    s.step = position->step;
+    s.loader->load_state({position->epoch, position->next_batch});
+  } else if (c.train.resume.empty() && !list_checkpoints(s.run_dir).empty()) {
     throw ConfigError(fmt::format("the run directory {} already holds checkpoints of an earlier run; set "
                                   "train.resume=auto to continue it, or pick another run.name",
                                   s.run_dir.string()));
@@ -143,38 +214,52 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
 
   if (s.is_main()) {
     write_text_atomically(s.run_dir / "config.toml", to_toml(c));
-    spdlog::info("run {}: {} ranks, strategy {}, model {} ({} parameters), {} train / {} test items, "
-                 "global batch {}", s.run_dir.string(), world.size(), s.sync->name(), c.model.kind,
-                 [&] { int64_t n = 0; for (auto& p : s.model->parameters()) n += p.numel(); return n; }(),
-                 s.datasets.train.size(), s.datasets.test.size(), c.data.batch_size * world.size());
+    int64_t numel = 0;
+    for (auto& p : s.strategy->module()->named_parameters()) numel += p.value().numel();
+    spdlog::info("run {}: {} ranks = {}, strategy {}, model {} ({} parameters), {} train / {} test items, "
+                 "global batch {} ({} per dp rank)",
+                 s.run_dir.string(), world.size(), dims.describe(), s.strategy->name(), c.model.kind, numel,
+                 s.datasets.train.size(), s.datasets.test.size(), s.batch.global, s.batch.per_rank);
   }
 }
 
 Trainer::~Trainer() = default;
 
-std::shared_ptr<torch::nn::Module> Trainer::model() const { return s_->model; }
+std::shared_ptr<torch::nn::Module> Trainer::model() const { return s_->strategy->module(); }
+
+std::vector<std::pair<std::string, at::Tensor>> Trainer::full_parameters() { return s_->strategy->full_parameters(); }
+
+std::string Trainer::strategy_name() const { return s_->strategy->name(); }
 
 EvalResult Trainer::evaluate() {
   auto& s = *s_;
   torch::NoGradGuard no_grad;
-  s.model->eval();
+  auto module = s.strategy->module();
+  module->eval();
   const auto& test = s.datasets.test;
+  const DataShard shard = s.strategy->data_shard();
   // Strided share without padding, so every test item counts exactly once.
-  auto rows = torch::arange(s.world.rank(), test.size(), s.world.size(), torch::kLong);
+  auto rows = torch::arange(shard.rank, test.size(), shard.size, torch::kLong);
   double loss_sum = 0, correct = 0;
   const int64_t chunk = 1000;
-  for (int64_t i = 0; i < rows.numel(); i += chunk) {
-    auto idx = rows.slice(0, i, std::min(i + chunk, rows.numel()));
+  // Every rank runs the same number of forwards: FSDP's forward is
+  // collective, and strided shares differ by at most one row.
+  const int64_t most_rows = (test.size() + shard.size - 1) / shard.size;
+  const int64_t rounds = (most_rows + chunk - 1) / chunk;
+  for (int64_t r = 0; r < rounds; ++r) {
+    const int64_t i = r * chunk;
+    auto idx = rows.slice(0, std::min(i, rows.numel()), std::min(i + chunk, rows.numel()));
     auto batch = data::gather(test, idx);
-    auto logits = s.model->forward(batch.inputs);
+    auto logits = s.strategy->eval_forward(batch.inputs);
+    if (idx.numel() == 0) continue;
     loss_sum += torch::nn::functional::cross_entropy(
                     logits, batch.targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
                     .item<double>();
     correct += logits.argmax(1).eq(batch.targets).sum().item<double>();
   }
   auto totals = torch::tensor({loss_sum, correct, static_cast<double>(rows.numel())}, torch::kDouble);
-  s.world.all_reduce(totals, comm::ReduceOp::kSum)->wait(s.timeout());
-  s.model->train();
+  s.dp().all_reduce(totals, comm::ReduceOp::kSum)->wait(s.timeout());
+  module->train();
   EvalResult r;
   r.count = static_cast<int64_t>(totals[2].item<double>());
   r.loss = totals[0].item<double>() / std::max<int64_t>(r.count, 1);
@@ -187,17 +272,27 @@ TrainResult Trainer::fit() {
   const auto& c = s.config;
   TrainResult result;
   result.run_dir = s.run_dir;
+  result.global_batch = s.batch.global;
 
+  // A resumed run does not rewrite the checkpoint it started from.
+  int64_t saved_step = s.start_step > 0 ? s.start_step : -1;
   auto save = [&](const std::string& why) {
-    if (!s.is_main()) return;
+    if (s.step == saved_step) return;
+    saved_step = s.step;
     auto st = s.loader->state();
-    result.last_checkpoint = save_training_checkpoint(
-        s.run_dir, c, *s.model, *s.optimizer, {.step = s.step, .epoch = st.epoch, .next_batch = st.next_batch});
-    spdlog::info("checkpoint {} ({})", result.last_checkpoint.string(), why);
+    result.last_checkpoint = save_training_checkpoint(s.run_dir, c, s.world, *s.strategy, *s.optimizer,
+                                                      {.step = s.step, .epoch = st.epoch, .next_batch = st.next_batch});
+    if (s.is_main()) {
+      spdlog::info("checkpoint {} ({})", result.last_checkpoint.string(), why);
+      if (c.train.keep_checkpoints > 0) prune_checkpoints(s.run_dir, c.train.keep_checkpoints);
+    }
+  };
+  const auto loss_fn = [](const at::Tensor& logits, const at::Tensor& targets) {
+    return torch::nn::functional::cross_entropy(logits, targets);
   };
 
   const int64_t batches = s.loader->num_batches();
-  const int64_t global_batch = c.data.batch_size * s.world.size();
+  const int64_t global_batch = s.batch.global;
   const int64_t planned_steps =
       c.train.max_steps > 0 ? std::min(c.train.max_steps, batches * c.train.epochs) : batches * c.train.epochs;
   const auto start = Clock::now();
@@ -205,43 +300,50 @@ TrainResult Trainer::fit() {
   double window_loss = 0;
   int64_t window_steps = 0;
   bool stop = s.step >= planned_steps;
-  s.model->train();
+  s.strategy->module()->train();
 
   for (int64_t epoch = s.loader->state().epoch; epoch < c.train.epochs && !stop; ++epoch) {
     if (epoch != s.loader->state().epoch || s.loader->state().next_batch == 0) s.loader->set_epoch(epoch);
     while (auto batch = s.loader->next()) {
-      s.sync->before_forward();
-      auto logits = s.model->forward(batch->inputs);
-      auto loss = torch::nn::functional::cross_entropy(logits, batch->targets);
-      s.optimizer->zero_grad();
-      loss.backward();
-      s.sync->after_backward();
-      s.optimizer->step();
+      auto out = s.strategy->forward_backward(*batch, loss_fn, /*sync=*/true);
+      s.strategy->optimizer_step(*s.optimizer, c.optimizer.clip_grad_norm);
       ++s.step;
-      window_loss += loss.item<double>();
+      window_loss += out.loss.item<double>();
       ++window_steps;
 
       const bool last = s.step >= planned_steps;
-      if ((c.run.log_every > 0 && s.step % c.run.log_every == 0) || last) {
-        // A collective on every rank: all ranks log at the same steps.
-        auto mean = mean_over_ranks(s.world, torch::tensor({window_loss / window_steps}, torch::kDouble), s.timeout());
+      const bool checkpoint_now = c.train.checkpoint_every_steps > 0 && s.step % c.train.checkpoint_every_steps == 0;
+      if ((c.run.log_every > 0 && s.step % c.run.log_every == 0) || last || checkpoint_now) {
+        // A collective on every dp rank: all ranks log at the same steps and
+        // agree on whether the loss went non-finite.
+        auto mean = torch::tensor({window_loss / window_steps}, torch::kDouble);
+        s.dp().all_reduce(mean, comm::ReduceOp::kAvg)->wait(s.timeout());
         result.last_train_loss = mean[0].item<double>();
+        if (!std::isfinite(result.last_train_loss)) {
+          throw Error(fmt::format(
+              "rank {}: the training loss became {} by step {} (mean over steps {}..{}): training diverged. Lower "
+              "optimizer.lr, set optimizer.clip_grad_norm, or resume from an earlier checkpoint; no checkpoint "
+              "was written for this state",
+              s.world.rank(), result.last_train_loss, s.step, s.step - window_steps + 1, s.step));
+        }
         const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
         const double rate = (s.step - first_step) * global_batch / std::max(elapsed, 1e-9);
         const double eta = (planned_steps - s.step) * global_batch / std::max(rate, 1e-9);
         if (s.is_main()) {
-          auto st = s.sync->last_stats();
+          auto st = s.strategy->last_stats();
+          auto mem = s.strategy->memory(*s.optimizer);
           spdlog::info("epoch {}/{} step {}/{} loss {:.4f} {:.0f} samples/s ETA {}", epoch + 1, c.train.epochs,
                        s.step, planned_steps, result.last_train_loss, rate, format_duration(eta));
           s.metrics.write({{"kind", "train"}, {"epoch", epoch}, {"step", s.step},
                            {"loss", result.last_train_loss}, {"samples_per_s", rate},
                            {"lr", c.optimizer.lr}, {"comm_ms", st.comm_ms},
-                           {"hidden_share", st.hidden_share}});
+                           {"hidden_share", st.hidden_share}, {"param_bytes", mem.params},
+                           {"grad_bytes", mem.grads}, {"optimizer_bytes", mem.optimizer_state}});
         }
         window_loss = 0;
         window_steps = 0;
       }
-      if (c.train.checkpoint_every_steps > 0 && s.step % c.train.checkpoint_every_steps == 0) save("periodic");
+      if (checkpoint_now) save("periodic");
       if (last) {
         stop = true;
         break;

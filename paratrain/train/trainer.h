@@ -1,11 +1,18 @@
 // The Trainer: the training loop that composes model, data, optimizer and a
-// data-parallel strategy from a TrainConfig, and owns the run directory
-// (config, metrics.jsonl, checkpoints). The only layer that combines
-// strategies; it talks to them through GradientSync (strategy.h).
+// parallelism strategy from a TrainConfig, and owns the run directory
+// (config, metrics.jsonl, checkpoints). It builds the device mesh, picks the
+// strategy by name (strategy_registry.h) and talks to it only through the
+// Strategy interface (strategy.h); batch sizes, sampling, evaluation splits
+// and metric reductions use the data-parallel group, not the world.
 #pragma once
 
 #include <filesystem>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
 
 #include "paratrain/comm/process_group.h"
 #include "paratrain/train/config.h"
@@ -29,6 +36,7 @@ struct TrainResult {
   double last_train_loss = 0;    // mean over ranks of the last logged window
   EvalResult test;               // last evaluation (count 0 when none ran)
   double samples_per_second = 0; // global throughput of this process's training steps
+  int64_t global_batch = 0;      // examples per optimizer step over all dp ranks
   std::filesystem::path run_dir;
   std::filesystem::path last_checkpoint;
 };
@@ -48,8 +56,13 @@ class Trainer {
   // (each rank evaluates a strided share). Collective.
   EvalResult evaluate();
 
-  // The model being trained (identical on every rank after each step).
+  // The module being trained. Under ZeRO-3 its parameters are views of
+  // freed storage between steps: read weights through full_parameters().
   std::shared_ptr<torch::nn::Module> model() const;
+  // Every parameter in full, by name (identical on every rank). Collective.
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters();
+  // "ddp (bucketed)", "zero (stage 2)", ...
+  std::string strategy_name() const;
 
   struct State;
 

@@ -9,6 +9,7 @@
 #include "paratrain/core/error.h"
 #include "paratrain/data_parallel/fsdp/unit_plan.h"
 #include "tests/fsdp/fsdp_training.h"
+#include "tests/support/forwarding_group.h"
 #include "tests/support/multi_rank.h"
 
 namespace paratrain::fsdp::testing {
@@ -245,34 +246,18 @@ class FailingWork final : public comm::Work {
 // Forwards every call to `inner`; the all_gather number `fail_at` (counting
 // from 1, the same on every rank) throws CommError instead, or with
 // `on_wait` returns a work whose wait() throws TimeoutError.
-class FailingGatherGroup final : public comm::ProcessGroup {
+class FailingGatherGroup final : public paratrain::testing::ForwardingGroup {
  public:
   FailingGatherGroup(comm::ProcessGroup& inner, int fail_at, bool on_wait)
-      : inner_(inner), fail_at_(fail_at), on_wait_(on_wait) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  std::string backend() const override { return inner_.backend(); }
-  const std::vector<int>& global_ranks() const override { return inner_.global_ranks(); }
-  comm::WorkHandle all_reduce(at::Tensor& t, comm::ReduceOp op) override { return inner_.all_reduce(t, op); }
+      : ForwardingGroup(inner), fail_at_(fail_at), on_wait_(on_wait) {}
   comm::WorkHandle all_gather(at::Tensor& out, const at::Tensor& in) override {
     const bool fail = ++calls_ == fail_at_;
     if (fail && !on_wait_) throw CommError("test: all_gather failed on purpose");
-    auto work = inner_.all_gather(out, in);
+    auto work = inner().all_gather(out, in);
     return fail ? std::make_shared<FailingWork>(work) : work;
-  }
-  comm::WorkHandle reduce_scatter(at::Tensor& out, const at::Tensor& in, comm::ReduceOp op) override {
-    return inner_.reduce_scatter(out, in, op);
-  }
-  comm::WorkHandle broadcast(at::Tensor& t, int root) override { return inner_.broadcast(t, root); }
-  comm::WorkHandle send(const at::Tensor& t, int dst, int tag) override { return inner_.send(t, dst, tag); }
-  comm::WorkHandle recv(at::Tensor& t, int src, int tag) override { return inner_.recv(t, src, tag); }
-  comm::WorkHandle barrier() override { return inner_.barrier(); }
-  std::shared_ptr<comm::ProcessGroup> new_subgroup(const std::vector<int>& ranks) override {
-    return inner_.new_subgroup(ranks);
   }
 
  private:
-  comm::ProcessGroup& inner_;
   int fail_at_;
   bool on_wait_;
   int calls_ = 0;

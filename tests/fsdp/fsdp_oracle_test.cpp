@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/fsdp/fsdp_training.h"
+#include "tests/support/forwarding_group.h"
 
 namespace paratrain::fsdp::testing {
 namespace {
@@ -152,29 +153,13 @@ TEST(FsdpOracle, WithTheDdpReducerMatchesSingleProcessTraining) {
 
 // Forwards every call to `inner` except reduce_scatter, which keeps this
 // rank's own slice without reducing: each rank steps on its own gradient.
-class NoReduceGroup final : public comm::ProcessGroup {
+class NoReduceGroup final : public paratrain::testing::ForwardingGroup {
  public:
-  explicit NoReduceGroup(comm::ProcessGroup& inner) : inner_(inner) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  std::string backend() const override { return inner_.backend(); }
-  const std::vector<int>& global_ranks() const override { return inner_.global_ranks(); }
-  comm::WorkHandle all_reduce(at::Tensor& t, comm::ReduceOp op) override { return inner_.all_reduce(t, op); }
-  comm::WorkHandle all_gather(at::Tensor& out, const at::Tensor& in) override { return inner_.all_gather(out, in); }
+  using ForwardingGroup::ForwardingGroup;
   comm::WorkHandle reduce_scatter(at::Tensor& out, const at::Tensor& in, comm::ReduceOp) override {
     out.view({-1}).copy_(in.view({-1}).narrow(0, rank() * out.numel(), out.numel()).mul(size()));
-    return inner_.barrier();
+    return inner().barrier();
   }
-  comm::WorkHandle broadcast(at::Tensor& t, int root) override { return inner_.broadcast(t, root); }
-  comm::WorkHandle send(const at::Tensor& t, int dst, int tag) override { return inner_.send(t, dst, tag); }
-  comm::WorkHandle recv(at::Tensor& t, int src, int tag) override { return inner_.recv(t, src, tag); }
-  comm::WorkHandle barrier() override { return inner_.barrier(); }
-  std::shared_ptr<comm::ProcessGroup> new_subgroup(const std::vector<int>& ranks) override {
-    return inner_.new_subgroup(ranks);
-  }
-
- private:
-  comm::ProcessGroup& inner_;
 };
 
 // The tolerance discriminates: the same 2-rank run with a reduce-scatter that

@@ -46,39 +46,55 @@ TEST(TrainCli, TwoRanksTrainAndWriteTheRunDirectory) {
   EXPECT_NE(r.output.find("done: 16 steps"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(dir + "/runs/job/config.toml"));
   EXPECT_TRUE(fs::exists(dir + "/runs/job/metrics.jsonl"));
-  EXPECT_TRUE(fs::exists(dir + "/runs/job/checkpoints/step_00000016.safetensors"));
+  EXPECT_TRUE(fs::exists(dir + "/runs/job/checkpoints/step_00000016/index.json"));
 }
 
-// The oracle across real processes: two ranks over Gloo/TCP with per-rank
-// batch 16 end with the same weights as one process with batch 32, compared
-// through the checkpoints each run wrote. Tolerance 1e-5 relative: float32
-// sums are taken in a different order (per-rank means, then the all-reduce).
-TEST(TrainCli, TwoProcessesTrainTheSameModelAsOne) {
+// `paratrain checkpoint consolidate` of a run's checkpoint, read back.
+paratrain::train::SafetensorsContents consolidated(const std::string& run_dir, const std::string& step_dir) {
+  const auto out = run_dir + "/" + step_dir + ".consolidated.safetensors";
+  auto r = run_cli({"checkpoint", "consolidate", run_dir + "/checkpoints/" + step_dir, "-o", out});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return paratrain::train::read_safetensors(out);
+}
+
+// The oracle across real processes, for every strategy: two ranks over
+// Gloo/TCP with per-rank batch 16 end with the same weights and optimizer
+// state as one process with batch 32, compared through the consolidated
+// checkpoints each run wrote. Tolerance 1e-5 relative: float32 sums are
+// taken in a different order (per-rank means, then the reduction).
+class TrainCliStages : public ::testing::TestWithParam<int> {};
+
+TEST_P(TrainCliStages, TwoProcessesTrainTheSameModelAsOne) {
+  const int stage = GetParam();
   auto dir = paratrain::testing::temp_dir("cli-oracle");
-  auto config = write_config(dir);
-  ASSERT_EQ(run_cli(launch2(config, {"--set", "run.name=two"})).exit_code, 0);
+  auto config = write_config(dir, "[optimizer]\nkind = \"adam\"\nlr = 0.001\n[zero]\nunit_min_params = 300\n");
+  auto two = run_cli(launch2(config, {"--set", "run.name=two", "--set", "zero.stage=" + std::to_string(stage)}));
+  ASSERT_EQ(two.exit_code, 0) << two.output;
   auto one = run_cli({"train", "--config", config, "--set", "run.name=one", "--set", "data.batch_size=32",
                       "--set", "ddp.mode=none"});
   ASSERT_EQ(one.exit_code, 0) << one.output;
-  auto two_ckpt = paratrain::train::read_safetensors(dir + "/runs/two/checkpoints/step_00000016.safetensors");
-  auto one_ckpt = paratrain::train::read_safetensors(dir + "/runs/one/checkpoints/step_00000016.safetensors");
+  auto two_ckpt = consolidated(dir + "/runs/two", "step_00000016");
+  auto one_ckpt = consolidated(dir + "/runs/one", "step_00000016");
   int compared = 0;
   for (const auto& [name, t] : one_ckpt.tensors) {
-    if (name.rfind("model/", 0) != 0) continue;
+    if (name.rfind("model/", 0) != 0 && name.rfind("optimizer/", 0) != 0) continue;
+    ASSERT_TRUE(two_ckpt.tensors.count(name)) << name;
     const auto& other = two_ckpt.tensors.at(name);
     const double scale = std::max(t.abs().max().item<double>(), 1e-12);
-    EXPECT_LT((t - other).abs().max().item<double>() / scale, 1e-5) << name;
+    EXPECT_LT((t - other).abs().max().item<double>() / scale, 1e-5) << name << " at zero.stage " << stage;
     ++compared;
   }
-  EXPECT_EQ(compared, 4);  // fc0 and fc1, weight and bias
-  // The same run without the all-reduce (each process on its own half of
+  EXPECT_EQ(compared, 4 * 4);  // fc0 and fc1, weight and bias; each with step, exp_avg, exp_avg_sq
+  // The same run without the reduction (each process on its own half of
   // every batch) must be far off, or this comparison could not fail.
   auto alone = run_cli({"train", "--config", config, "--set", "run.name=alone", "--set", "ddp.mode=none"});
   ASSERT_EQ(alone.exit_code, 0) << alone.output;
-  auto alone_ckpt = paratrain::train::read_safetensors(dir + "/runs/alone/checkpoints/step_00000032.safetensors");
+  auto alone_ckpt = consolidated(dir + "/runs/alone", "step_00000032");
   const auto& w = one_ckpt.tensors.at("model/fc0.weight");
   EXPECT_GT((w - alone_ckpt.tensors.at("model/fc0.weight")).abs().max().item<double>(), 1e-3);
 }
+
+INSTANTIATE_TEST_SUITE_P(ZeroStages, TrainCliStages, ::testing::Values(0, 1, 2, 3));
 
 TEST(TrainCli, UnknownConfigKeyIsAConfigErrorNamingTheKey) {
   auto dir = paratrain::testing::temp_dir("cli-badkey");
@@ -107,16 +123,40 @@ TEST(TrainCli, ResumeFromATruncatedCheckpointFailsAndLeavesItAlone) {
   auto dir = paratrain::testing::temp_dir("cli-trunc");
   auto config = write_config(dir);
   ASSERT_EQ(run_cli({"train", "--config", config, "--set", "train.max_steps=8"}).exit_code, 0);
-  auto ckpt = dir + "/runs/job/checkpoints/step_00000008.safetensors";
-  ASSERT_TRUE(fs::exists(ckpt));
-  fs::resize_file(ckpt, fs::file_size(ckpt) / 2);
-  const auto size = fs::file_size(ckpt);
+  auto ckpt = dir + "/runs/job/checkpoints/step_00000008";
+  auto file = ckpt + "/rank_0.safetensors";
+  ASSERT_TRUE(fs::exists(file));
+  fs::resize_file(file, fs::file_size(file) / 2);
+  const auto size = fs::file_size(file);
   auto r = run_cli(launch2(config, {"--set", "train.resume=" + ckpt}));
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find(ckpt), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(file), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("truncated"), std::string::npos) << r.output;
-  EXPECT_EQ(fs::file_size(ckpt), size);
-  EXPECT_FALSE(fs::exists(dir + "/runs/job/checkpoints/step_00000016.safetensors"));
+  EXPECT_EQ(fs::file_size(file), size);
+  EXPECT_FALSE(fs::exists(dir + "/runs/job/checkpoints/step_00000016"));
+}
+
+// resume=auto falls back from a corrupt newest checkpoint to the one before,
+// says so, and moves the corrupt one aside (kept for a post-mortem, never
+// overwritten by the continued run).
+TEST(TrainCli, ResumeAutoFallsBackFromACorruptNewestCheckpoint) {
+  auto dir = paratrain::testing::temp_dir("cli-fallback");
+  auto config = write_config(dir);
+  ASSERT_EQ(run_cli(launch2(config, {"--set", "train.max_steps=8", "--set", "train.checkpoint_every_steps=4"}))
+                .exit_code, 0);
+  auto newest = dir + "/runs/job/checkpoints/step_00000008/rank_0.safetensors";
+  ASSERT_TRUE(fs::exists(newest));
+  {
+    std::fstream f(newest, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x7f');  // one flipped byte in tensor data: only the checksum can tell
+  }
+  auto r = run_cli(launch2(config, {"--set", "train.resume=auto"}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("skipping checkpoint"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step_00000004 at epoch 1, batch 4, step 4"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("done: 16 steps"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir + "/runs/job/checkpoints/step_00000008.unreadable/rank_0.safetensors"));
 }
 
 TEST(TrainCli, TwoRanksResumeFromTheLatestCheckpoint) {
@@ -126,7 +166,7 @@ TEST(TrainCli, TwoRanksResumeFromTheLatestCheckpoint) {
   auto r = run_cli(launch2(config, {"--set", "train.resume=auto"}));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("step_00000008.safetensors at epoch 1, batch 8, step 8"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step_00000008 at epoch 1, batch 8, step 8"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("done: 16 steps"), std::string::npos) << r.output;
 }
 

@@ -1,0 +1,18 @@
+// Factories of the built-in strategies, one file each in this folder. Only
+// strategy_registry.cpp includes this; everything else goes by name.
+#pragma once
+
+#include <memory>
+
+#include "paratrain/train/strategy_registry.h"
+
+namespace paratrain::train::strategies {
+
+// zero.stage 0: DDP (ddp.mode "bucketed" | "naive" | "none").
+std::unique_ptr<Strategy> make_ddp_strategy(const StrategyContext& context);
+// zero.stage 1 or 2: ZeRO over the dp group.
+std::unique_ptr<Strategy> make_zero_strategy(const StrategyContext& context);
+// zero.stage 3: fully sharded units.
+std::unique_ptr<Strategy> make_fsdp_strategy(const StrategyContext& context);
+
+}  // namespace paratrain::train::strategies

@@ -1,0 +1,73 @@
+// Shared pieces of the data-parallel strategy adapters: see common.h.
+#include "paratrain/train/strategies/common.h"
+
+#include <torch/torch.h>
+
+#include <fmt/format.h>
+
+#include "paratrain/core/error.h"
+
+namespace paratrain::train::strategies {
+namespace {
+
+TensorSlot full_slot(const std::string& name, const at::Tensor& t, bool write) {
+  return TensorSlot{name, t.sizes().vec(), 0, t, write};
+}
+
+}  // namespace
+
+std::vector<TensorSlot> buffer_slots(torch::nn::Module& module, bool write) {
+  std::vector<TensorSlot> out;
+  for (const auto& item : module.named_buffers()) out.push_back(full_slot(item.key(), item.value(), write));
+  return out;
+}
+
+std::vector<TensorSlot> replicated_slots(torch::nn::Module& module, bool write) {
+  std::vector<TensorSlot> out;
+  for (const auto& item : module.named_parameters()) out.push_back(full_slot(item.key(), item.value(), write));
+  auto buffers = buffer_slots(module, write);
+  out.insert(out.end(), buffers.begin(), buffers.end());
+  return out;
+}
+
+std::vector<OptimizerSlot> replicated_optimizer_slots(torch::nn::Module& module, bool write) {
+  std::vector<OptimizerSlot> out;
+  for (const auto& item : module.named_parameters()) {
+    if (!item.value().requires_grad()) continue;
+    out.push_back(OptimizerSlot{item.value(), full_slot(item.key(), item.value(), write)});
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> clone_parameters(torch::nn::Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : module.named_parameters()) out.emplace_back(item.key(), item.value().detach().clone());
+  return out;
+}
+
+ddp::BucketPlanOptions bucket_options(const TrainConfig& config) {
+  ddp::BucketPlanOptions b;
+  b.bucket_cap_bytes = static_cast<int64_t>(config.ddp.bucket_cap_mb * 1024 * 1024);
+  b.first_bucket_cap_bytes = static_cast<int64_t>(config.ddp.first_bucket_cap_mb * 1024 * 1024);
+  return b;
+}
+
+void check_bucketed_mode(const TrainConfig& config, const std::string& strategy) {
+  if (config.ddp.mode == "bucketed") return;
+  throw ConfigError(fmt::format("zero.stage = {} ({}) reduces gradients with the bucketed reducer, but ddp.mode = "
+                                "\"{}\"; set ddp.mode = \"bucketed\" (or zero.stage = 0 for the naive twin or "
+                                "local training)",
+                                config.zero.stage, strategy, config.ddp.mode));
+}
+
+void require_data_parallel_only(const topology::DeviceMesh& mesh, const std::string& strategy) {
+  for (topology::Axis axis : topology::kAxes) {
+    if (axis == topology::Axis::kDp || mesh.size(axis) == 1) continue;
+    throw ConfigError(fmt::format(
+        "parallel.{} = {}: the {} strategy shards over the data-parallel axis only, and no strategy for the {} "
+        "axis is built yet; set parallel.{} = 1",
+        topology::to_string(axis), mesh.size(axis), strategy, topology::to_string(axis), topology::to_string(axis)));
+  }
+}
+
+}  // namespace paratrain::train::strategies

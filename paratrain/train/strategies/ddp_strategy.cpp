@@ -1,0 +1,127 @@
+// The "ddp" strategy (zero.stage = 0): every dp rank holds the whole model;
+// gradients are averaged by the bucketed reducer during backward
+// (ddp.mode = "bucketed"), by one all-reduce per gradient after it
+// ("naive", the twin DDP is tested against), or not at all ("none", one rank).
+#include <torch/torch.h>
+
+#include <fmt/format.h>
+
+#include "paratrain/core/error.h"
+#include "paratrain/data_parallel/ddp/ddp.h"
+#include "paratrain/data_parallel/ddp/naive.h"
+#include "paratrain/models/model.h"
+#include "paratrain/train/strategies/builtin.h"
+#include "paratrain/train/strategies/common.h"
+
+namespace paratrain::train::strategies {
+namespace {
+
+using topology::Axis;
+
+class DdpStrategy final : public Strategy {
+ public:
+  explicit DdpStrategy(const StrategyContext& ctx)
+      : config_(ctx.config), dp_(ctx.mesh.group(Axis::kDp)), timeout_(ctx.timeout) {
+    require_data_parallel_only(ctx.mesh, "ddp");
+    const auto& mode = config_.ddp.mode;
+    if (mode == "none" && dp_.size() != 1) {
+      throw ConfigError(fmt::format("ddp.mode = \"none\" trains each of the {} ranks on its own; use \"bucketed\" "
+                                    "or \"naive\", or run one process",
+                                    dp_.size()));
+    }
+  }
+
+  std::string name() const override { return fmt::format("ddp ({})", config_.ddp.mode); }
+
+  void build_model(const ModelFactory& factory) override {
+    model_ = factory();
+    const auto& d = config_.ddp;
+    if (d.mode == "bucketed") {
+      ddp::DdpOptions options;
+      options.broadcast_buffers = d.broadcast_buffers;
+      options.reducer.buckets = bucket_options(config_);
+      options.reducer.find_unused_parameters = d.find_unused_parameters;
+      options.reducer.timeout = timeout_;
+      ddp_ = std::make_unique<ddp::DistributedDataParallel>(model_, dp_, std::move(options));
+    } else if (d.mode == "naive") {
+      ddp::NaiveOptions options;
+      options.broadcast_buffers = d.broadcast_buffers;
+      options.timeout = timeout_;
+      naive_ = std::make_unique<ddp::NaiveDataParallel>(model_, dp_, options);
+    }
+  }
+
+  std::shared_ptr<torch::nn::Module> module() const override { return model_; }
+  std::vector<at::Tensor> optimizer_params() override { return model_->parameters(); }
+  DataShard data_shard() const override { return {dp_.rank(), dp_.size()}; }
+
+  StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {
+    TORCH_CHECK(sync || ddp_, "no_sync accumulation needs ddp.mode = \"bucketed\"");
+    std::optional<ddp::DistributedDataParallel::NoSyncGuard> no_sync;
+    if (ddp_) {
+      ddp_->prepare_forward();
+      if (!sync) no_sync.emplace(ddp_->reducer());
+    }
+    if (naive_) naive_->prepare_forward();
+    auto loss = loss_fn(model_->forward(batch.inputs), batch.targets);
+    loss.backward();
+    if (ddp_ && sync) ddp_->finish_backward();
+    if (naive_) naive_->sync_gradients();
+    return {loss.detach()};
+  }
+
+  bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm) override {
+    // Gradients are the same on every rank after the reduction, so the local
+    // norm is the global one.
+    if (clip_grad_norm > 0) torch::nn::utils::clip_grad_norm_(model_->parameters(), clip_grad_norm);
+    optimizer.step();
+    optimizer.zero_grad();
+    return true;
+  }
+
+  at::Tensor eval_forward(const at::Tensor& inputs) override {
+    // Running statistics (BatchNorm) drift per replica between broadcasts;
+    // evaluate rank 0's, as the checkpoint will hold.
+    if (ddp_) ddp_->sync_buffers();
+    if (naive_) naive_->prepare_forward();
+    return model_->forward(inputs);
+  }
+
+  std::vector<TensorSlot> model_slots() override { return replicated_slots(*model_, dp_.rank() == 0); }
+  std::vector<OptimizerSlot> optimizer_slots() override {
+    return replicated_optimizer_slots(*model_, dp_.rank() == 0);
+  }
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters() override { return clone_parameters(*model_); }
+
+  SyncStats last_stats() const override {
+    if (!ddp_) return {};
+    auto s = ddp_->last_step_stats();
+    return {s.backward_ms, s.comm_ms(), s.hidden_share(), s.wait_ms};
+  }
+
+  ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const override {
+    ModelStateBytes m;
+    for (const auto& p : model_->parameters()) {
+      m.params += p.numel() * p.element_size();
+      if (p.grad().defined()) m.grads += p.grad().numel() * p.grad().element_size();
+    }
+    m.optimizer_state = optimizer_state_bytes(optimizer);
+    return m;
+  }
+
+ private:
+  TrainConfig config_;
+  comm::ProcessGroup& dp_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<models::Model> model_;
+  std::unique_ptr<ddp::DistributedDataParallel> ddp_;
+  std::unique_ptr<ddp::NaiveDataParallel> naive_;
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_ddp_strategy(const StrategyContext& context) {
+  return std::make_unique<DdpStrategy>(context);
+}
+
+}  // namespace paratrain::train::strategies

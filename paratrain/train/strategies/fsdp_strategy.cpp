@@ -1,0 +1,119 @@
+// The "fsdp" strategy (zero.stage = 3): FullyShardedDataParallel over the dp
+// group. Parameters live as shards between uses; units are gathered for
+// forward and backward (training and evaluation alike).
+#include <torch/torch.h>
+
+#include <fmt/format.h>
+
+#include "paratrain/data_parallel/fsdp/fsdp.h"
+#include "paratrain/models/model.h"
+#include "paratrain/train/strategies/builtin.h"
+#include "paratrain/train/strategies/common.h"
+
+namespace paratrain::train::strategies {
+namespace {
+
+using topology::Axis;
+
+// "fc0, fc1" -> {"fc0", "fc1"}; the config check already vetted the syntax.
+std::vector<std::string> split_names(const std::string& list) {
+  std::vector<std::string> out;
+  std::string current;
+  for (char ch : list + ",") {
+    if (ch == ',') {
+      if (!current.empty()) out.push_back(current);
+      current.clear();
+    } else if (ch != ' ') {
+      current += ch;
+    }
+  }
+  return out;
+}
+
+class FsdpStrategy final : public Strategy {
+ public:
+  explicit FsdpStrategy(const StrategyContext& ctx)
+      : config_(ctx.config), dp_(ctx.mesh.group(Axis::kDp)), timeout_(ctx.timeout) {
+    require_data_parallel_only(ctx.mesh, "fsdp");
+    check_bucketed_mode(config_, "fsdp");
+  }
+
+  std::string name() const override {
+    return fmt::format("fsdp (zero stage 3, {} units)", fsdp_ ? fsdp_->units().size() : 0);
+  }
+
+  void build_model(const ModelFactory& factory) override {
+    model_ = factory();
+    fsdp::FsdpOptions options;
+    options.unit_min_params = config_.zero.unit_min_params;
+    options.unit_modules = split_names(config_.zero.unit_modules);
+    options.reshard_after_forward = config_.zero.reshard_after_forward;
+    options.prefetch = config_.zero.prefetch;
+    options.timeout = timeout_;
+    fsdp_ = std::make_unique<fsdp::FullyShardedDataParallel>(model_, dp_, std::move(options));
+  }
+
+  std::shared_ptr<torch::nn::Module> module() const override { return model_; }
+  std::vector<at::Tensor> optimizer_params() override { return fsdp_->optimizer_params(); }
+  DataShard data_shard() const override { return {dp_.rank(), dp_.size()}; }
+
+  StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {
+    std::optional<fsdp::FullyShardedDataParallel::NoSyncGuard> no_sync;
+    if (!sync) no_sync.emplace(*fsdp_);
+    auto output = fsdp_->forward([&] { return model_->forward(batch.inputs); });
+    auto loss = loss_fn(output, batch.targets);
+    loss.backward();
+    fsdp_->finish_backward();
+    return {loss.detach()};
+  }
+
+  bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm) override {
+    if (clip_grad_norm > 0) fsdp_->clip_grad_norm(clip_grad_norm);
+    fsdp_->step(optimizer);
+    optimizer.zero_grad();
+    return true;
+  }
+
+  at::Tensor eval_forward(const at::Tensor& inputs) override {
+    return fsdp_->forward([&] { return model_->forward(inputs); });
+  }
+
+  std::vector<TensorSlot> model_slots() override {
+    auto slots = fsdp_->parameter_slots();
+    auto buffers = buffer_slots(*model_, dp_.rank() == 0);
+    slots.insert(slots.end(), buffers.begin(), buffers.end());
+    return slots;
+  }
+  std::vector<OptimizerSlot> optimizer_slots() override {
+    auto params = fsdp_->optimizer_params();
+    auto slots = fsdp_->parameter_slots();
+    std::vector<OptimizerSlot> out;
+    for (size_t i = 0; i < params.size(); ++i) out.push_back(OptimizerSlot{params[i], slots.at(i)});
+    return out;
+  }
+  void after_load() override { fsdp_->reshard(); }
+  std::vector<std::pair<std::string, std::string>> checkpoint_metadata() const override {
+    return {{"zero.stage", "3"}, {"dp", std::to_string(dp_.size())}};
+  }
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters() override { return fsdp_->full_parameters(); }
+
+  ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const override {
+    auto m = fsdp_->model_state_bytes(&optimizer);
+    return {m.params, m.grads, m.optimizer_state};
+  }
+
+ private:
+  TrainConfig config_;
+  comm::ProcessGroup& dp_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<models::Model> model_;
+  std::unique_ptr<fsdp::FullyShardedDataParallel> fsdp_;
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_fsdp_strategy(const StrategyContext& context) {
+  return std::make_unique<FsdpStrategy>(context);
+}
+
+}  // namespace paratrain::train::strategies

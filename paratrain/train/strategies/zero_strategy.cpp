@@ -1,0 +1,105 @@
+// The "zero" strategy (zero.stage = 1 or 2): ZeroDataParallel over the dp
+// group. Every rank keeps full parameters; the optimizer steps this rank's
+// shard pieces, whose state is all that is saved for them.
+#include <torch/torch.h>
+
+#include <fmt/format.h>
+
+#include "paratrain/data_parallel/zero/zero.h"
+#include "paratrain/models/model.h"
+#include "paratrain/train/strategies/builtin.h"
+#include "paratrain/train/strategies/common.h"
+
+namespace paratrain::train::strategies {
+namespace {
+
+using topology::Axis;
+
+class ZeroStrategy final : public Strategy {
+ public:
+  explicit ZeroStrategy(const StrategyContext& ctx)
+      : config_(ctx.config), dp_(ctx.mesh.group(Axis::kDp)), timeout_(ctx.timeout) {
+    require_data_parallel_only(ctx.mesh, "zero");
+    check_bucketed_mode(config_, "zero");
+  }
+
+  std::string name() const override { return fmt::format("zero (stage {})", config_.zero.stage); }
+
+  void build_model(const ModelFactory& factory) override {
+    model_ = factory();
+    zero::ZeroOptions options;
+    options.stage = static_cast<int>(config_.zero.stage);
+    options.buckets = bucket_options(config_);
+    options.find_unused_parameters = config_.ddp.find_unused_parameters;
+    options.broadcast_buffers = config_.ddp.broadcast_buffers;
+    options.timeout = timeout_;
+    zero_ = std::make_unique<zero::ZeroDataParallel>(model_, dp_, std::move(options));
+  }
+
+  std::shared_ptr<torch::nn::Module> module() const override { return model_; }
+  std::vector<at::Tensor> optimizer_params() override { return zero_->optimizer_params(); }
+  DataShard data_shard() const override { return {dp_.rank(), dp_.size()}; }
+
+  StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {
+    zero_->prepare_forward();
+    std::optional<zero::ZeroDataParallel::NoSyncGuard> no_sync;
+    if (!sync) no_sync.emplace(zero_->reducer());
+    auto loss = loss_fn(model_->forward(batch.inputs), batch.targets);
+    loss.backward();
+    if (sync) zero_->finish_backward();
+    return {loss.detach()};
+  }
+
+  bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm) override {
+    if (clip_grad_norm > 0) zero_->clip_grad_norm(clip_grad_norm);
+    zero_->step(optimizer);  // steps the shard, then all-gathers parameters
+    return true;
+  }
+
+  at::Tensor eval_forward(const at::Tensor& inputs) override {
+    zero_->prepare_forward();  // buffers from rank 0, as DDP
+    return model_->forward(inputs);
+  }
+
+  std::vector<TensorSlot> model_slots() override {
+    auto slots = zero_->parameter_slots();
+    auto buffers = buffer_slots(*model_, dp_.rank() == 0);
+    slots.insert(slots.end(), buffers.begin(), buffers.end());
+    return slots;
+  }
+  std::vector<OptimizerSlot> optimizer_slots() override {
+    std::vector<OptimizerSlot> out;
+    for (auto& [param, slot] : zero_->optimizer_param_slots()) out.push_back(OptimizerSlot{param, slot});
+    return out;
+  }
+  void after_load() override { zero_->gather_parameters(); }
+  std::vector<std::pair<std::string, std::string>> checkpoint_metadata() const override {
+    return {{"zero.stage", std::to_string(config_.zero.stage)}, {"dp", std::to_string(dp_.size())}};
+  }
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters() override { return clone_parameters(*model_); }
+
+  SyncStats last_stats() const override {
+    auto s = zero_->reducer().last_step();
+    return {s.backward_ms, s.comm_ms(), s.hidden_share(), s.wait_ms};
+  }
+
+  ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const override {
+    auto m = zero_->model_state_bytes(&optimizer);
+    return {m.params, m.grads, m.optimizer_state};
+  }
+
+ private:
+  TrainConfig config_;
+  comm::ProcessGroup& dp_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<models::Model> model_;
+  std::unique_ptr<zero::ZeroDataParallel> zero_;
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_zero_strategy(const StrategyContext& context) {
+  return std::make_unique<ZeroStrategy>(context);
+}
+
+}  // namespace paratrain::train::strategies
