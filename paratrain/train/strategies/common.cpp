@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include <set>
+
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
@@ -32,8 +34,13 @@ std::vector<TensorSlot> replicated_slots(torch::nn::Module& module, bool write) 
 
 std::vector<OptimizerSlot> replicated_optimizer_slots(torch::nn::Module& module, bool write) {
   std::vector<OptimizerSlot> out;
+  // A tied weight (one tensor under two names, e.g. an embedding reused as
+  // the output layer) has one optimizer state: key it by its first name, on
+  // save and on load alike, as the reducer and ZeRO also list it once.
+  std::set<const c10::TensorImpl*> seen;
   for (const auto& item : module.named_parameters()) {
     if (!item.value().requires_grad()) continue;
+    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
     out.push_back(OptimizerSlot{item.value(), full_slot(item.key(), item.value(), write)});
   }
   return out;
