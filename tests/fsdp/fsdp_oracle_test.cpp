@@ -120,10 +120,10 @@ INSTANTIATE_TEST_SUITE_P(
                       OracleCase{ModelKind::kCnn, 2, Opt::kSgd, Units::kNamed, false, true}),
     [](const auto& info) { return name_of(info.param); });
 
-// The same engine with gradients reduced by the DDP reducer (one bucket per
-// unit, UnitGradSink as the bucket sink) meets the same oracle, also with
+// One unit per layer (one reducer bucket each, UnitGradSink as the sink, the
+// reducer releasing each .grad once copied) meets the same oracle, also with
 // no_sync accumulation (two micro-batches per step equal one batch).
-TEST(FsdpOracle, WithTheDdpReducerMatchesSingleProcessTraining) {
+TEST(FsdpOracle, OneUnitPerLayerMatchesSingleProcessTraining) {
   struct Case {
     ModelKind model;
     int world;
@@ -141,7 +141,6 @@ TEST(FsdpOracle, WithTheDdpReducerMatchesSingleProcessTraining) {
     run.accumulate = c.accumulate;
     run.seed = kSeed;
     run.fsdp.unit_min_params = 0;
-    run.fsdp.use_ddp_reducer = true;
     const std::vector<RankResult> ranks = train_fsdp(run, problem);
     for (int r = 0; r < c.world; ++r) {
       EXPECT_LE(ddp::testing::max_relative_diff(ranks[r].params, oracle), kTolerance)

@@ -132,14 +132,21 @@ bool Bucket::work_completed() const {
 void Bucket::wait(std::chrono::milliseconds timeout) {
   expect(BucketState::kLaunched, "wait");
   work_->wait(timeout);
+  completed_at_ = work_->completed_at();
   work_.reset();
   state_ = BucketState::kReduced;
+}
+
+std::optional<comm::Work::Clock::time_point> Bucket::completed_at() const {
+  if (state_ == BucketState::kLaunched) return work_->completed_at();
+  return completed_at_;
 }
 
 void Bucket::reset() {
   if (state_ == BucketState::kLaunched) expect(BucketState::kReduced, "reset");
   filled_.assign(filled_.size(), false);
   pending_ = filled_.size();
+  completed_at_.reset();
   state_ = BucketState::kFilling;
   if (options_.transient_buffer) drop_buffer();
 }

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -90,6 +91,10 @@ class Bucket {
   // kReady -> kLaunched; `work` is the collective now writing the buffer.
   void launch(comm::WorkHandle work);
   bool work_completed() const;  // kLaunched: has the collective finished?
+  // When the backend finished the collective (Work::completed_at()): while
+  // launched and after wait() until reset(). nullopt while in flight, or when
+  // the backend cannot tell (then the reducer polls, Note [Overlap stats]).
+  std::optional<comm::Work::Clock::time_point> completed_at() const;
   // kLaunched -> kReduced; blocks. Rethrows the collective's failure.
   void wait(std::chrono::milliseconds timeout);
   // Back to kFilling for the next step; slots become unfilled; a transient
@@ -119,6 +124,7 @@ class Bucket {
   std::size_t pending_ = 0;
   BucketState state_ = BucketState::kFilling;
   comm::WorkHandle work_;
+  std::optional<comm::Work::Clock::time_point> completed_at_;  // kept from work_ by wait()
   // Buffers of abandoned collectives: never freed while a backend may use them.
   std::vector<std::pair<at::Tensor, comm::WorkHandle>> abandoned_;
 };

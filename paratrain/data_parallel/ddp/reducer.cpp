@@ -79,6 +79,7 @@ Reducer::Reducer(std::vector<NamedParameter> params, comm::ProcessGroup& group, 
               "ReducerOptions: set either `sink` or `comm_hook`, not both (a comm hook only replaces the "
               "default sink's all-reduce; put the collective in your sink instead)");
   sink_ = options_.sink ? options_.sink : std::make_shared<AllReduceSink>(options_.comm_hook);
+  release_early_ = options_.release_gradients_early && !sink_->writes_back();
   passthrough_ =
       options_.single_rank_passthrough && group_.size() == 1 && !options_.sink && !options_.comm_hook;
   std::vector<ParamSpec> specs;
@@ -236,7 +237,7 @@ void Reducer::on_gradient(std::size_t param) {
           "parameters reached twice by reentrant backward)",
           group_.rank(), params_[param].name));
     }
-    mark_ready_locked(param, /*repoint=*/options_.gradient_as_bucket_view);
+    mark_ready_locked(param, /*repoint=*/options_.gradient_as_bucket_view, /*release=*/release_early_);
     used_since_sync_[param] = true;
     launch_ready_locked();
     poll_completions_locked();
@@ -263,8 +264,9 @@ void Reducer::begin_step_locked(bool from_hook) {
 // Copies the parameter's gradient, divided by the group size, into its slot
 // (divides in place when .grad already is the slot) and fills the slot. An
 // undefined .grad contributes zero. `repoint`: make .grad the slot from now
-// on (gradient_as_bucket_view).
-void Reducer::mark_ready_locked(std::size_t param, bool repoint) {
+// on (gradient_as_bucket_view). `release`: reset .grad once copied (Note
+// [Releasing gradients early]).
+void Reducer::mark_ready_locked(std::size_t param, bool repoint, bool release) {
   const int world = group_.size();
   const Location loc = where_[param];
   Bucket& bucket = buckets_[loc.bucket];
@@ -292,6 +294,7 @@ void Reducer::mark_ready_locked(std::size_t param, bool repoint) {
     } else if (world > 1) {
       slot.div_(world);  // .grad is the slot (gradient_as_bucket_view)
     }
+    if (release) grad.reset();
   }
   ready_[param] = true;
   if (bucket.fill(loc.slot)) {
@@ -317,9 +320,18 @@ void Reducer::launch_ready_locked() {
 
 void Reducer::poll_completions_locked() {
   while (next_complete_ < next_launch_ && buckets_[next_complete_].work_completed()) {
-    current_.buckets[next_complete_].completed_ms = ms_since_start();
+    current_.buckets[next_complete_].completed_ms = completed_ms_locked(next_complete_);
     ++next_complete_;
   }
+}
+
+// The backend's own completion stamp when it has one (exact); otherwise now,
+// the moment we saw it complete (an upper bound). See Note [Overlap stats].
+double Reducer::completed_ms_locked(std::size_t bucket) const {
+  if (const auto at = buckets_[bucket].completed_at()) {
+    return std::chrono::duration<double, std::milli>(*at - step_start_).count();
+  }
+  return ms_since_start();
 }
 
 // ---- end of backward -------------------------------------------------------
@@ -349,14 +361,16 @@ void Reducer::finish_step_locked(bool joining) {
     throw Error(fmt::format(
         "rank {}: {} parameter(s) received no gradient in this backward: {}. Every rank must "
         "reduce every bucket in every synchronized backward. If the forward does not use every "
-        "parameter (conditional branches, frozen heads), set find_unused_parameters = true in "
-        "DdpOptions::reducer (ReducerOptions); if a parameter should never train, set "
+        "parameter (conditional branches, frozen heads), set find_unused_parameters = true (DDP: "
+        "DdpOptions::reducer; ZeroOptions; FsdpOptions); if a parameter should never train, set "
         "requires_grad(false) on it before wrapping the model",
         group_.rank(), missing.size(), list_names(params_, missing)));
   }
   // See Note [Unused parameters]: contribute the current .grad (zero if none);
   // whether .grad is re-pointed waits for the global verdict (write-back).
-  for (std::size_t i : missing) mark_ready_locked(i, /*repoint=*/false);
+  // Not released here: a parameter no rank used keeps its .grad (decided by
+  // the verdict below); the others are reset by write_back_locked().
+  for (std::size_t i : missing) mark_ready_locked(i, /*repoint=*/false, /*release=*/false);
   launch_ready_locked();
   if (next_launch_ != buckets_.size()) {
     throw Error(fmt::format("rank {}: reducer: only {} of {} buckets launched at the end of "
@@ -375,7 +389,7 @@ void Reducer::finish_step_locked(bool joining) {
   const auto wait_start = Clock::now();
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     buckets_[b].wait(options_.timeout);
-    if (b >= next_complete_) current_.buckets[b].completed_ms = ms_since_start();
+    if (b >= next_complete_) current_.buckets[b].completed_ms = completed_ms_locked(b);
     sink_->reduced(b, buckets_[b].buffer());
     buckets_[b].release();  // transient: the sink consumed it; frees memory before the next wait
   }

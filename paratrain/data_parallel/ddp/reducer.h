@@ -80,6 +80,18 @@ struct ReducerOptions {
   // read back after the wait, and gradient_as_bucket_view aliases .grad to
   // them. See Note [Transient bucket buffers].
   bool persistent_buffers = false;
+  // With a sink that does not write back (ZeRO-2, FSDP): each parameter's
+  // .grad is reset to undefined in its hook, right after it was copied into
+  // its bucket slot, so a full-size gradient lives only from AccumulateGrad to
+  // that copy instead of until backward ends (peak gradient memory during
+  // backward: the buckets in flight, not the whole model). The .grad after
+  // backward is the same either way (undefined for every synchronized
+  // parameter); what changes: a backward that fails midway has already
+  // dropped the gradients copied so far. Off: keep .grad until the end of
+  // backward. Ignored for write-back sinks (DDP: .grad receives the
+  // average) and while sync is disabled (no_sync(): .grad must accumulate).
+  // See Note [Releasing gradients early].
+  bool release_gradients_early = true;
   // What happens to a filled bucket (bucket_sink.h). Empty: DDP's default,
   // all-reduce (or `comm_hook`) and write the average back into .grad. A sink
   // whose writes_back() is false leaves the .grad of every synchronized
@@ -163,9 +175,10 @@ class Reducer {
   void on_gradient(std::size_t param);
   void check_parameters_locked() const;
   void begin_step_locked(bool from_hook);
-  void mark_ready_locked(std::size_t param, bool repoint);
+  void mark_ready_locked(std::size_t param, bool repoint, bool release);
   void launch_ready_locked();
   void poll_completions_locked();
+  double completed_ms_locked(std::size_t bucket) const;
   void finish_step();
   void finish_step_locked(bool joining);
   void write_back_locked(const at::Tensor& globally_used);
@@ -188,6 +201,7 @@ class Reducer {
   mutable std::mutex mu_;
   bool sync_enabled_ = true;
   bool passthrough_ = false;       // world size 1, default sink: no hooks at all
+  bool release_early_ = false;     // options_.release_gradients_early, for a non-write-back sink
   bool in_step_ = false;           // first hook seen, end-of-backward callback not yet run
   std::size_t next_launch_ = 0;    // buckets [0, next_launch_) are launched
   std::size_t next_complete_ = 0;  // buckets [0, next_complete_) were seen complete

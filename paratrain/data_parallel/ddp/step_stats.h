@@ -14,7 +14,9 @@ struct BucketTiming {
   int64_t bytes = 0;
   double ready_ms = -1;      // its last gradient was copied in
   double launched_ms = -1;   // its collective was started
-  double completed_ms = -1;  // first seen finished (an upper bound, see the note)
+  // Finished: the backend's own stamp (Work::completed_at(), exact) when it
+  // gives one, else when first seen finished (an upper bound, see the note).
+  double completed_ms = -1;
 };
 
 struct StepStats {

@@ -1,5 +1,5 @@
-// FSDP's per-step engine: gather on touch, free, reduce-scatter at the end of
-// each unit's backward. See engine.h; the public API is fsdp.h.
+// FSDP's per-step engine: gather on touch, free, and gradients reduced by the
+// DDP reducer, one bucket per unit. See engine.h; the public API is fsdp.h.
 #include "paratrain/data_parallel/fsdp/engine.h"
 
 #include <ATen/record_function.h>
@@ -46,6 +46,22 @@ namespace paratrain::fsdp {
 // that order in forward and the previous one in backward. A wrong guess only
 // costs an early gather: correctness comes from gathering on touch.
 
+// Note [Gradients through the reducer]
+// FSDP reduces gradients with the same code as DDP and ZeRO-2: a ddp::Reducer
+// with one explicit bucket per unit (last unit first, the order backward
+// produces them) and UnitGradSink as its sink, which reduce-scatters the
+// bucket and adds this rank's slice into the shard pieces' .grad. The
+// reducer brings index-ordered launch (all ranks issue the same
+// reduce-scatters in the same order), overlap with the rest of backward,
+// no_sync(), find_unused_parameters, timeouts and step stats. Two of its
+// defaults for a sink that does not write back keep stage 3's memory: bucket
+// buffers are transient (a unit's flat gradient exists from its first
+// gradient until the sink consumed the reduce-scatter), and each full .grad
+// is reset as soon as it is copied into the bucket (Note [Releasing
+// gradients early] in ddp.md). Between steps no full-size gradient and no
+// bucket remains. Our own hooks only count gradients per unit, to free a
+// unit as soon as its backward is over.
+
 FullyShardedDataParallel::Impl::Impl(std::shared_ptr<torch::nn::Module> model_in, comm::ProcessGroup& group_in,
                                      FsdpOptions options_in, std::vector<FlatUnit> units_in)
     : model(std::move(model_in)), group(group_in), options(std::move(options_in)), units(std::move(units_in)) {
@@ -53,21 +69,19 @@ FullyShardedDataParallel::Impl::Impl(std::shared_ptr<torch::nn::Module> model_in
   position_.assign(n, -1);
   trainable_.assign(n, 0);
   ready_.assign(n, 0);
-  launched_.assign(n, false);
   pieces.resize(n);
   for (std::size_t u = 0; u < n; ++u) {
     for (const ShardPiece& piece : units[u].pieces()) {
       pieces[u].push_back(units[u].shard().narrow(0, piece.shard_begin, piece.numel).detach().requires_grad_(true));
     }
   }
-  if (options.use_ddp_reducer) {
-    make_reducer();
-  } else {
-    sink_ = std::make_shared<UnitGradSink>(units, pieces);
-  }
+  // Before our hooks: post-hooks run in registration order, so the reducer
+  // has copied (and released) a gradient before on_gradient() sees it.
+  make_reducer();
   // A post-hook on each parameter's gradient accumulator runs after
   // AccumulateGrad wrote .grad: the last one of a unit ends that unit's
-  // backward. We hold the accumulators so the hooks survive between graphs.
+  // backward, and the unit is freed. We hold the accumulators so the hooks
+  // survive between graphs.
   for (std::size_t u = 0; u < n; ++u) {
     for (const UnitParam& p : units[u].params()) {
       auto acc = torch::autograd::impl::grad_accumulator(p.tensor);
@@ -88,7 +102,7 @@ FullyShardedDataParallel::Impl::Impl(std::shared_ptr<torch::nn::Module> model_in
 // One bucket per unit, the last unit's first: backward produces gradients
 // from the last unit to the first, and the reducer launches buckets in index
 // order, so this order lets each unit's reduce-scatter start as its backward
-// ends.
+// ends. See Note [Gradients through the reducer].
 void FullyShardedDataParallel::Impl::make_reducer() {
   std::vector<ddp::NamedParameter> params;
   std::vector<ddp::BucketPlan> plans;
@@ -112,14 +126,19 @@ void FullyShardedDataParallel::Impl::make_reducer() {
   ddp::ReducerOptions reducer_options;
   reducer_options.plans = std::move(plans);
   reducer_options.sink = sink_;
+  reducer_options.find_unused_parameters = options.find_unused_parameters;
   reducer_options.timeout = options.timeout;
+  // Explicit, though both are the defaults for a sink that does not write
+  // back: a bucket buffer exists only while its unit's gradient is in flight,
+  // and each full .grad is freed as soon as it is in its bucket.
+  reducer_options.persistent_buffers = false;
+  reducer_options.release_gradients_early = true;
   reducer_ = std::make_unique<ddp::Reducer>(std::move(params), group, std::move(reducer_options));
 }
 
-void FullyShardedDataParallel::Impl::set_sync_enabled(bool enabled) {
-  sync_enabled_ = enabled;
-  if (reducer_) reducer_->set_sync_enabled(enabled);
-}
+void FullyShardedDataParallel::Impl::set_sync_enabled(bool enabled) { reducer_->set_sync_enabled(enabled); }
+
+bool FullyShardedDataParallel::Impl::sync_enabled() const { return reducer_->sync_enabled(); }
 
 FullyShardedDataParallel::Impl::~Impl() {
   for (std::size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
@@ -262,19 +281,15 @@ void FullyShardedDataParallel::Impl::begin_backward() {
   phase_ = Phase::kBackward;
   if (!order_.empty()) order_final_ = true;
   std::fill(ready_.begin(), ready_.end(), 0);
-  std::fill(launched_.begin(), launched_.end(), false);
-  any_gradient_ = false;
-  pending_.clear();
   torch::autograd::Engine::get_default_engine().queue_callback([this] { end_of_backward(); });
 }
 
 void FullyShardedDataParallel::Impl::on_gradient(std::size_t u) {
   try {
     if (phase_ != Phase::kBackward) begin_backward();
-    any_gradient_ = true;
     if (++ready_[u] < trainable_[u]) return;
-    // Every parameter of the unit has its gradient: its backward is over.
-    if (sync_enabled_ && !reducer_) launch_unit(u);
+    // Every parameter of the unit has its gradient (and the reducer's hook,
+    // which ran first, has put it in the unit's bucket): its backward is over.
     free_unit(u);
   } catch (...) {
     abandon_step();
@@ -282,41 +297,12 @@ void FullyShardedDataParallel::Impl::on_gradient(std::size_t u) {
   }
 }
 
-// Packs the unit's gradients into one padded flat buffer (pre-divided by the
-// group size), frees the full gradients and starts the reduce-scatter.
-void FullyShardedDataParallel::Impl::launch_unit(std::size_t u) {
-  FlatUnit& unit = units[u];
-  at::Tensor buffer = at::zeros({unit.padded_numel()}, unit.shard().options());
-  {
-    at::NoGradGuard no_grad;
-    for (const UnitParam& p : unit.params()) {
-      at::Tensor param = p.tensor;
-      if (!param.grad().defined()) continue;  // unused this step: contributes zero
-      buffer.narrow(0, p.offset, p.numel).copy_(param.grad().reshape({-1}));
-      param.mutable_grad().reset();
-    }
-    buffer.div_(group.size());
-  }
-  comm::WorkHandle work = sink_->launch(group, u, buffer);
-  pending_.push_back({u, buffer, std::move(work)});
-  launched_[u] = true;
-}
-
+// Runs before the reducer's own end-of-backward callback (ours was queued
+// by the first autograd node, the reducer's by the first gradient hook), so
+// the units are freed before the reducer waits for the reduce-scatters.
 void FullyShardedDataParallel::Impl::end_of_backward() {
   try {
     rethrow_kept_error();
-    if (any_gradient_ && sync_enabled_ && !reducer_) {
-      // Units whose parameters got no gradient this step still take part in
-      // the collective, in index order on every rank.
-      for (std::size_t u = 0; u < units.size(); ++u) {
-        if (!launched_[u]) launch_unit(u);
-      }
-    }
-    for (Pending& p : pending_) {
-      p.work->wait(options.timeout);
-      sink_->reduced(p.unit, p.buffer);
-    }
-    pending_.clear();
     reshard_all();
     phase_ = Phase::kIdle;
   } catch (...) {
@@ -325,16 +311,13 @@ void FullyShardedDataParallel::Impl::end_of_backward() {
   }
 }
 
-// Waits for collectives still writing into our buffers, then forgets the step.
+// Lets the reducer wait for reduce-scatters still writing into its buckets,
+// then forgets the step.
 void FullyShardedDataParallel::Impl::abandon_step() noexcept {
-  for (Pending& p : pending_) {
-    try {
-      p.work->wait(options.timeout);
-    } catch (...) {
-    }
+  try {
+    reducer_->reset_step();
+  } catch (...) {
   }
-  pending_.clear();
-  if (reducer_) reducer_->reset_step();
   for (std::size_t u = 0; u < units.size(); ++u) {
     try {
       free_unit(u);

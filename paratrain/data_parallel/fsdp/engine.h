@@ -1,6 +1,6 @@
 // FSDP's internal engine (FullyShardedDataParallel::Impl): the per-step
-// state machine that gathers units when operations touch them, frees them,
-// and reduces gradients at the end of each unit's backward. Internal to
+// state machine that gathers units when operations touch them and frees
+// them; gradients go through the DDP reducer (one bucket per unit). Internal to
 // fsdp/: the public surface is fsdp.h. Not here: construction-time
 // collectives, accounting and clipping (fsdp.cpp).
 #pragma once
@@ -49,17 +49,12 @@ class FullyShardedDataParallel::Impl final : public TouchListener,
   std::vector<std::vector<at::Tensor>> pieces;  // pieces[u][k]: optimizer leaf for units[u].pieces()[k]
   FsdpStats stats;
 
-  bool sync_enabled() const { return sync_enabled_; }
+  bool sync_enabled() const;
   void set_sync_enabled(bool enabled);
   int64_t reduce_scatters() const { return sink_->launches(); }
 
  private:
   enum class Phase { kIdle, kForward, kBackward };
-  struct Pending {
-    std::size_t unit;
-    at::Tensor buffer;
-    comm::WorkHandle work;
-  };
 
   void make_reducer();
   void keep_error(const at::RecordFunction& fn) noexcept;
@@ -70,7 +65,6 @@ class FullyShardedDataParallel::Impl final : public TouchListener,
   int unit_of(const at::Tensor& t) const;
   void begin_backward();
   void on_gradient(std::size_t u);
-  void launch_unit(std::size_t u);
   void end_of_backward();
   void abandon_step() noexcept;
   // The unit expected after `u` in forward order (+1) or before it (-1), or -1.
@@ -86,12 +80,8 @@ class FullyShardedDataParallel::Impl final : public TouchListener,
   // Backward bookkeeping, per unit.
   std::vector<int> trainable_;  // parameters per unit
   std::vector<int> ready_;      // gradients seen this backward
-  std::vector<bool> launched_;
-  bool any_gradient_ = false;
-  std::vector<Pending> pending_;  // launched reduce-scatters, in launch order
-  bool sync_enabled_ = true;
   std::shared_ptr<UnitGradSink> sink_;
-  std::unique_ptr<ddp::Reducer> reducer_;  // use_ddp_reducer only
+  std::unique_ptr<ddp::Reducer> reducer_;  // reduces gradients: one bucket per unit, sink_ as its sink
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<std::uintptr_t> hook_keys_;
   std::exception_ptr kept_error_;

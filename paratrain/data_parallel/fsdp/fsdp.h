@@ -64,14 +64,13 @@ struct FsdpOptions {
   // too, overlapping communication with compute at the cost of one more
   // unit gathered at a time. False: each gather starts when needed.
   bool prefetch = true;
-  // True: gradients are reduced by the DDP reducer (ddp/reducer.h), one
-  // bucket per unit in reverse unit order, with UnitGradSink as its sink:
-  // the shared bucketing code. Costs memory stage 3 is meant to save: the
-  // reducer keeps a full-size bucket buffer per unit alive for good, and
-  // the parameters' full .grad until backward ends. False (default): the
-  // engine packs each unit's gradient into a transient buffer when the unit's
-  // backward ends and frees the full .grad at once.
-  bool use_ddp_reducer = false;
+  // Gradients go through the DDP reducer (ddp/reducer.h), one bucket per
+  // unit; this is its find_unused_parameters. Off: a parameter that gets no
+  // gradient in a synchronized backward is an error naming it. On: it
+  // contributes zero (or what no_sync() accumulated), at the cost of one
+  // small all-reduce per step and of that unit's overlap (its bucket can only
+  // launch when backward ends). See Note [Unused parameters] in ddp.md.
+  bool find_unused_parameters = false;
   // How long a gather or reduce-scatter may take before TimeoutError.
   std::chrono::milliseconds timeout = comm::kDefaultTimeout;
 };

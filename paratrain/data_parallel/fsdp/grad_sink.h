@@ -1,9 +1,8 @@
 // UnitGradSink: what happens to one FSDP unit's flat gradient once backward
 // produced all of it: reduce-scatter it so this rank keeps only the averaged
 // slice it owns, and add that slice into the .grad of the optimizer's shard
-// pieces. A ddp::BucketSink (one bucket per unit), so the DDP reducer's
-// bucketing can drive it; today fsdp.cpp's readiness hooks drive it.
-// Not here: deciding when a unit's gradient is complete (fsdp.cpp).
+// pieces. A ddp::BucketSink: the DDP reducer drives it, one bucket per unit.
+// Not here: deciding when a unit's gradient is complete (the reducer).
 #pragma once
 
 #include <ATen/core/Tensor.h>
