@@ -49,6 +49,7 @@ class FsdpStrategy final : public Strategy {
     options.unit_modules = split_names(config_.zero.unit_modules);
     options.reshard_after_forward = config_.zero.reshard_after_forward;
     options.prefetch = config_.zero.prefetch;
+    options.find_unused_parameters = config_.ddp.find_unused_parameters;
     options.timeout = timeout_;
     fsdp_ = std::make_unique<fsdp::FullyShardedDataParallel>(model_, dp_, std::move(options));
   }
