@@ -168,9 +168,9 @@ bool ZeroDataParallel::finish_backward() {
 }
 
 // Stage 1: the optimizer's zero_grad() zeroes only this rank's slices of the
-// full .grad (or sets them to None); the rest (other ranks' slices) must be zero too before the next
-// backward accumulates into it. In place, so the storage and the shard
-// aliases stay.
+// full .grad (or sets them to None); the other ranks' slices must be zero too
+// before the next backward accumulates into it. In place, so the storage and
+// the shard aliases stay.
 void ZeroDataParallel::clear_full_grads() {
   if (options_.stage == 1) {
     // A .grad set to None since (zero_grad(set_to_none)) is re-made by the
