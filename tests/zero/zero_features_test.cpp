@@ -118,11 +118,14 @@ TEST_P(ZeroStageTest, MatchesDistributedDataParallel) {
 }
 
 // Memory: optimizer state exists only for this rank's shard, and the shards
-// of all ranks add up to the model exactly once (up to padding). Stage 2
-// additionally holds no full-size gradient after the step, and no bucket
-// buffer between steps: per rank, fp32 Adam, 4 Psi (full parameters) +
-// 4 Psi / N (gradient shard) + 8 Psi / N (moments), exactly up to padding.
-// Control: stage 1 keeps full gradients and buckets, far above that.
+// of all ranks add up to the model exactly once (up to padding). Per rank,
+// fp32 Adam, exactly up to padding: stage 1 holds 4 Psi (full parameters) +
+// 4 Psi (full averaged .grad, which the shard gradients alias: no copy) +
+// 8 Psi / N (moments), its persistent buckets counted apart; stage 2 holds no
+// full-size gradient and no bucket buffer between steps: 4 Psi + 4 Psi / N
+// (gradient shard) + 8 Psi / N. The exact equalities are the controls: a
+// shard-gradient copy (stage 1) or a surviving full .grad / bucket (stage 2)
+// breaks them; and stage 1 stays far above stage 2.
 TEST_P(ZeroStageTest, OptimizerStateAndGradientsAreSharded) {
   const int stage = GetParam();
   const int world = 4;
@@ -135,6 +138,7 @@ TEST_P(ZeroStageTest, OptimizerStateAndGradientsAreSharded) {
   const int64_t full_bytes = numel * 4;
   // The paper's stage-2 model states for fp32 Adam (K = 8 bytes of moments).
   const double stage2_bytes = full_bytes + (4.0 + 8.0) * numel / world;
+  const double stage1_bytes = 2.0 * full_bytes + 8.0 * numel / world;
 
   int64_t shard_total = 0;
   for (int r = 0; r < world; ++r) {
@@ -146,8 +150,10 @@ TEST_P(ZeroStageTest, OptimizerStateAndGradientsAreSharded) {
     EXPECT_EQ(s.params, full_bytes) << "the optimizer's pieces alias the full parameters: no second copy";
     ASSERT_EQ(result.bucket_numel[r] % world, 0);
     if (stage == 1) {
-      EXPECT_GE(s.grads, full_bytes) << "stage 1 keeps the full gradients";
+      EXPECT_EQ(s.grads, full_bytes) << "stage 1: the full gradients only; the shard gradients alias them";
       EXPECT_EQ(s.comm_buffers, 4 * result.bucket_numel[r]) << "stage 1's buckets persist (write-back)";
+      EXPECT_EQ(s.total(), 2 * full_bytes + 8 * result.shard_numel[r]) << "rank " << r;
+      EXPECT_NEAR(static_cast<double>(s.total()), stage1_bytes, 0.05 * stage1_bytes) << "rank " << r;
       EXPECT_GT(static_cast<double>(s.total()), 1.2 * stage2_bytes) << "control: stage 1 is far above stage 2";
     } else {
       EXPECT_EQ(s.grads, 4 * result.bucket_numel[r] / world) << "stage 2 keeps only its gradient shard";
@@ -158,6 +164,27 @@ TEST_P(ZeroStageTest, OptimizerStateAndGradientsAreSharded) {
     }
   }
   EXPECT_EQ(shard_total, numel) << "the pieces of all ranks tile every parameter exactly once";
+}
+
+// Setting every .grad to None after the step (LibTorch 2.x's default
+// zero_grad(), and module-level zero_grad(set_to_none)) instead of zeroing in
+// place: the next backward makes new .grad tensors, and the shard gradients
+// must follow them (stage 1 re-points its aliases, stage 2 its shards).
+// Oracle at 1e-5. Control: the in-place run is the same training, so the
+// check is that both match; a stale alias would step on old gradients.
+TEST_P(ZeroStageTest, GradientsSetToNoneBetweenStepsMatchOracle) {
+  const int stage = GetParam();
+  const Problem p = problem();
+  const Training training{.model = ModelKind::kMlp, .optim = Optim::kAdam};
+  const Snapshot oracle = train_oracle(training, p);
+  ZeroRun run = zero_run(stage, 2);
+  run.set_grads_to_none = true;
+  const ZeroResult result = train_zero(training, run, p);
+  for (std::size_t r = 0; r < result.params.size(); ++r) {
+    EXPECT_LE(ddp::testing::max_relative_diff(result.params[r], oracle), kTolerance) << "rank " << r;
+  }
+  run.skip_gather = true;  // control: the comparison can fail
+  EXPECT_GT(ddp::testing::max_relative_diff(train_zero(training, run, p).params[0], oracle), 1e-3);
 }
 
 // Checkpoint view: the slots of all ranks tile every parameter, and

@@ -96,7 +96,12 @@ ZeroResult train_zero(const Training& t, const ZeroRun& run, const Problem& prob
       } else {
         zero.step(*opt);
       }
-      opt->zero_grad();
+      if (run.set_grads_to_none) {
+        for (auto& p : zero.optimizer_params()) p.mutable_grad().reset();
+        for (auto& p : model->parameters()) p.mutable_grad().reset();
+      } else {
+        opt->zero_grad();
+      }
     }
     result.params[rank] = ddp::testing::snapshot(*model);
     result.state[rank] = zero.model_state_bytes(opt.get());

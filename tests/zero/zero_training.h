@@ -52,6 +52,10 @@ struct ZeroRun {
   // Negative control: optimizer.step() on the shard without the all-gather,
   // so the model's parameters never see the update.
   bool skip_gather = false;
+  // After each step, set every .grad to None (optimizer pieces and the full
+  // parameters), as LibTorch 2.x's zero_grad() does by default, instead of
+  // zeroing in place (LibTorch 1.13's zero_grad()).
+  bool set_grads_to_none = false;
 };
 
 struct ZeroResult {

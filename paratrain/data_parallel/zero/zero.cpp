@@ -1,6 +1,6 @@
-// ZeroDataParallel: see zero.h. The engine keeps, per gradient bucket, this
-// rank's slice of the averaged gradients in a flat shard buffer; optimizer
-// params alias their slice of the full parameters, their .grad the shard.
+// ZeroDataParallel: see zero.h. Optimizer params alias their slice of the full
+// parameters; their .grad aliases this rank's slice of the averaged gradients:
+// of the full .grad (stage 1) or of a flat per-bucket shard buffer (stage 2).
 #include "paratrain/data_parallel/zero/zero.h"
 
 #include <torch/torch.h>
@@ -19,6 +19,13 @@ namespace paratrain::zero {
 namespace {
 
 constexpr int kSourceRank = 0;
+
+// Whether `alias` still is the `numel` elements of `full` starting `offset`
+// elements in (false once .grad was replaced, e.g. set to None and re-made).
+bool aliases(const at::Tensor& alias, const at::Tensor& full, int64_t offset, int64_t numel) {
+  return alias.defined() && full.defined() && alias.numel() == numel &&
+         alias.storage().is_alias_of(full.storage()) && alias.storage_offset() == full.storage_offset() + offset;
+}
 
 // The layout's groups are the reducer's buckets: the same parameters at the
 // same offsets, so a bucket's buffer is exactly what reduce_scatter splits.
@@ -85,8 +92,10 @@ ZeroDataParallel::ZeroDataParallel(std::shared_ptr<torch::nn::Module> module, co
   layout_ = ShardLayout(groups_of(plans, params_), world);
   pieces_ = layout_.pieces(rank);
   for (std::size_t g = 0; g < plans.size(); ++g) {
-    const auto opts = at::TensorOptions().dtype(plans[g].dtype).device(plans[g].device);
-    grad_shards_.push_back(at::zeros({layout_.shard_numel(g)}, opts));
+    shard_options_.push_back(at::TensorOptions().dtype(plans[g].dtype).device(plans[g].device));
+    // Stage 1 needs no shard buffer: its shard gradients are slices of the
+    // full averaged .grad (see finish_backward()).
+    if (options_.stage == 2) grad_shards_.push_back(at::zeros({layout_.shard_numel(g)}, shard_options_[g]));
   }
   // An optimizer param is this rank's piece of the full parameter itself (a
   // piece is contiguous within one parameter), not a copy: fp32 ZeRO needs no
@@ -96,11 +105,13 @@ ZeroDataParallel::ZeroDataParallel(std::shared_ptr<torch::nn::Module> module, co
     at::Tensor param = alias_of(params_[piece.param].tensor, piece.param_offset, {piece.numel});
     param.set_requires_grad(true);
     piece_params_.push_back(param);
-    piece_grads_.push_back(alias_of(grad_shards_[piece.group], piece.shard_offset, {piece.numel}));
+    // Stage 1: filled in by finish_backward(), once the full .grad exists.
+    piece_grads_.push_back(options_.stage == 2 ? alias_of(grad_shards_[piece.group], piece.shard_offset, {piece.numel})
+                                               : at::Tensor());
   }
 
   // Stage 1: the reducer's default all-reduce and write-back (DDP's traffic);
-  // finish_backward() keeps our slice. Stage 2: the sink reduce-scatters each
+  // finish_backward() points the shard at our slice of the result. Stage 2: the sink reduce-scatters each
   // bucket into grad_shards_ as soon as backward filled it, and the reducer
   // leaves the full .grad undefined.
   ddp::ReducerOptions reducer_options;
@@ -118,6 +129,7 @@ ZeroDataParallel::~ZeroDataParallel() = default;
 
 void ZeroDataParallel::prepare_forward() {
   reducer_->reset_step();
+  clear_full_grads();
   if (options_.broadcast_buffers && !buffers_.empty()) {
     ddp::broadcast_coalesced(group_, buffers_, kSourceRank, options_.timeout);
   }
@@ -129,19 +141,21 @@ bool ZeroDataParallel::finish_backward() {
   finished_steps_ = synced;
   torch::NoGradGuard no_grad;
   if (options_.stage == 1) {
-    // The reducer left the average over ranks in every .grad; keep our slice.
+    // The reducer left the average over ranks in every .grad (copied into the
+    // existing .grad, so its storage usually survives from step to step). Our
+    // shard gradient is the slice of it, not a copy: 4 Psi of gradients, not
+    // 4 Psi + 4 Psi / N. Re-pointed every step, because .grad may have been
+    // replaced since (zero_grad(set_to_none), the reducer's first write-back).
     for (std::size_t k = 0; k < pieces_.size(); ++k) {
       const ShardPiece& piece = pieces_[k];
-      const at::Tensor& grad = params_[piece.param].tensor.grad();
-      if (grad.defined()) {
-        piece_grads_[k].copy_(grad.reshape({-1}).narrow(0, piece.param_offset, piece.numel));
-      } else {
-        piece_grads_[k].zero_();  // no rank used it (find_unused_parameters)
+      at::Tensor& full = params_[piece.param].tensor.mutable_grad();
+      // No rank used it (find_unused_parameters): a zero gradient, as DDP.
+      if (!full.defined()) full = at::zeros_like(params_[piece.param].tensor);
+      if (!aliases(piece_grads_[k], full, piece.param_offset, piece.numel)) {
+        piece_grads_[k] = alias_of(full, piece.param_offset, {piece.numel});
       }
     }
-    for (auto& p : params_) {
-      if (p.tensor.grad().defined()) p.tensor.mutable_grad().zero_();
-    }
+    full_grads_pending_ = true;  // cleared after the step, before the next backward
   }
   // Stage 2: the sink already reduce-scattered every bucket into
   // grad_shards_, and the reducer left the full .grad undefined.
@@ -151,6 +165,32 @@ bool ZeroDataParallel::finish_backward() {
     if (!grad.defined() || !grad.is_same(piece_grads_[k])) grad = piece_grads_[k];
   }
   return true;
+}
+
+// Stage 1: the optimizer's zero_grad() zeroes only this rank's slices of the
+// full .grad (or sets them to None); the other ranks' slices must be zero too
+// before the next backward accumulates into it. In place, so the storage and
+// the shard aliases stay.
+void ZeroDataParallel::clear_full_grads() {
+  if (options_.stage == 1) {
+    // A .grad set to None since (zero_grad(set_to_none)) is re-made by the
+    // next backward: drop the aliases of the old one so its storage is freed
+    // now, not held alongside the new one.
+    for (std::size_t k = 0; k < pieces_.size(); ++k) {
+      const at::Tensor& full = params_[pieces_[k].param].tensor.grad();
+      if (aliases(piece_grads_[k], full, pieces_[k].param_offset, pieces_[k].numel)) continue;
+      if (piece_params_[k].grad().defined() && piece_params_[k].grad().is_same(piece_grads_[k])) {
+        piece_params_[k].mutable_grad().reset();
+      }
+      piece_grads_[k].reset();
+    }
+  }
+  if (!full_grads_pending_) return;
+  full_grads_pending_ = false;
+  torch::NoGradGuard no_grad;
+  for (auto& p : params_) {
+    if (p.tensor.grad().defined()) p.tensor.mutable_grad().zero_();
+  }
 }
 
 // Padding and elements other ranks own contribute nothing locally, so summing
@@ -164,19 +204,21 @@ double ZeroDataParallel::clip_grad_norm(double max_norm, double norm_type) {
   finish_backward();
   torch::NoGradGuard no_grad;
   double local = 0;
-  for (const at::Tensor& g : grad_shards_) {
-    if (g.numel() == 0) continue;
+  for (const at::Tensor& g : piece_grads_) {
+    if (!g.defined() || g.numel() == 0) continue;
     const at::Tensor g64 = g.to(at::kDouble);
     local = inf ? std::max(local, g64.abs().max().item<double>()) : local + g64.square().sum().item<double>();
   }
   at::Tensor total = at::full({1}, local, at::TensorOptions().dtype(at::kDouble));
-  if (!grad_shards_.empty()) total = total.to(grad_shards_.front().device());
+  if (!shard_options_.empty()) total = total.to(shard_options_.front().device());
   group_.all_reduce(total, inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum)->wait(options_.timeout);
   const double sum = total.cpu().item<double>();
   const double norm = inf ? sum : std::sqrt(sum);
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0) {
-    for (at::Tensor& g : grad_shards_) g.mul_(coef);
+    for (at::Tensor& g : piece_grads_) {
+      if (g.defined()) g.mul_(coef);
+    }
   }
   return norm;
 }
@@ -191,6 +233,7 @@ void ZeroDataParallel::step(torch::optim::Optimizer& optimizer) {
   }
   stepped_steps_ = finished_steps_;
   optimizer.step();
+  clear_full_grads();
   gather_parameters();
 }
 
@@ -202,9 +245,9 @@ void ZeroDataParallel::step(torch::optim::Optimizer& optimizer) {
 void ZeroDataParallel::gather_parameters() {
   torch::NoGradGuard no_grad;
   const int world = group_.size();
-  const std::size_t groups = grad_shards_.size();
+  const std::size_t groups = shard_options_.size();
   std::vector<at::Tensor> send(groups);
-  for (std::size_t g = 0; g < groups; ++g) send[g] = at::zeros_like(grad_shards_[g]);
+  for (std::size_t g = 0; g < groups; ++g) send[g] = at::zeros({layout_.shard_numel(g)}, shard_options_[g]);
   for (std::size_t k = 0; k < pieces_.size(); ++k) {
     send[pieces_[k].group].narrow(0, pieces_[k].shard_offset, pieces_[k].numel).copy_(piece_params_[k]);
   }
@@ -248,7 +291,10 @@ std::vector<std::pair<at::Tensor, TensorSlot>> ZeroDataParallel::optimizer_param
 
 ModelStateBytes ZeroDataParallel::model_state_bytes(const torch::optim::Optimizer* optimizer) const {
   std::vector<at::Tensor> params = piece_params_;  // alias the full parameters: counted once
+  // Stage 1: the shard gradients alias the full .grad (counted once);
+  // stage 2: the shard buffers, the full .grad undefined between steps.
   std::vector<at::Tensor> grads = grad_shards_;
+  grads.insert(grads.end(), piece_grads_.begin(), piece_grads_.end());
   for (const auto& p : params_) {
     params.push_back(p.tensor);
     grads.push_back(p.tensor.grad());

@@ -42,8 +42,9 @@ namespace paratrain::zero {
 
 struct ZeroOptions {
   // 1: optimizer state sharded; gradients all-reduced in full (same traffic
-  //    as DDP), then each rank keeps its slice. Full-size .grad stays
-  //    allocated (zeroed after each step).
+  //    as DDP); each rank's shard gradients are its slice of the full .grad
+  //    (no copy). Full-size .grad and the reducer's bucket buffers stay
+  //    allocated (.grad zeroed after each step).
   // 2: gradients sharded too: each bucket is reduce-scattered during
   //    backward (half the all-reduce's traffic); full-size .grad and the
   //    reducer's bucket buffers are freed after the step's reduction. Needs
@@ -89,12 +90,13 @@ class ZeroDataParallel {
   // other ranks.
   const std::vector<at::Tensor>& optimizer_params() const { return piece_params_; }
 
-  // Call before each forward (also inside no_sync()): abandons a failed step
-  // and broadcasts buffers (when enabled; collective then).
+  // Call before each forward (also inside no_sync()): abandons a failed step,
+  // zeroes stage 1's full .grad if a finished backward was not stepped yet
+  // (as step() does), and broadcasts buffers (when enabled; collective then).
   void prepare_forward();
 
-  // After a synchronized backward: stage 1 copies this rank's slice of the
-  // averaged gradients into the shard gradients (and zeroes the full .grad),
+  // After a synchronized backward: stage 1 points each shard gradient at this
+  // rank's slice of the averaged full .grad (re-made when .grad was replaced),
   // stage 2 has nothing left to do (the sink filled the shard during backward).
   // Points each optimizer param's .grad at its shard gradient. Returns false
   // (and does nothing) when no synchronized backward ran since the last call.
@@ -108,7 +110,9 @@ class ZeroDataParallel {
   // Returns the total norm before clipping.
   double clip_grad_norm(double max_norm, double norm_type = 2.0);
 
-  // Collective. optimizer.step() on the shard, then gather_parameters().
+  // Collective. optimizer.step() on the shard, zeroes stage 1's full .grad
+  // (the optimizer's zero_grad() reaches only this rank's slices), then
+  // gather_parameters().
   // `optimizer` must be built over optimizer_params(). Throws Error when no
   // synchronized backward ran since the last step (e.g. still in no_sync()).
   void step(torch::optim::Optimizer& optimizer);
@@ -132,11 +136,12 @@ class ZeroDataParallel {
   std::vector<std::pair<at::Tensor, TensorSlot>> optimizer_param_slots() const;
 
   // Model-state bytes this rank holds now: full parameters (the pieces alias
-  // them), gradients (full .grad where defined plus the shard gradients), the
+  // them), gradients (full .grad where defined plus the shard gradients, each
+  // storage once: stage 1's shard gradients alias the full .grad), the
   // state of `optimizer` (nullptr: not counted), and the reducer's bucket
   // buffers allocated now (stage 1: all of them; stage 2: none between steps).
-  // Stage 2 with fp32 Adam between steps: 4 Psi + (4 + 8) Psi / N bytes, up
-  // to padding.
+  // fp32 Adam between steps, up to padding: stage 1 8 Psi + 8 Psi / N (plus
+  // comm_buffers), stage 2 4 Psi + (4 + 8) Psi / N.
   ModelStateBytes model_state_bytes(const torch::optim::Optimizer* optimizer = nullptr) const;
 
   ddp::Reducer& reducer() { return *reducer_; }
@@ -150,11 +155,15 @@ class ZeroDataParallel {
   std::unique_ptr<ddp::Reducer> reducer_;
   ShardLayout layout_;
   std::vector<ShardPiece> pieces_;
-  std::vector<at::Tensor> grad_shards_;   // per bucket: this rank's slice of the averaged gradients
+  void clear_full_grads();
+
+  std::vector<at::TensorOptions> shard_options_;  // per bucket: dtype and device of its shard
+  std::vector<at::Tensor> grad_shards_;   // stage 2, per bucket: this rank's slice of the averaged gradients
   std::vector<at::Tensor> piece_params_;  // per piece: aliases into the full parameters
-  std::vector<at::Tensor> piece_grads_;   // per piece: aliases into grad_shards_
+  std::vector<at::Tensor> piece_grads_;   // per piece: aliases into grad_shards_ (2) or the full .grad (1)
   int64_t finished_steps_ = 0;            // reducer steps consumed by finish_backward()
   int64_t stepped_steps_ = 0;             // finished_steps_ at the last step()
+  bool full_grads_pending_ = false;       // stage 1: averaged full .grad not yet zeroed
 };
 
 }  // namespace paratrain::zero
