@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/models/model.h"
 
 namespace paratrain::train::strategies {
 namespace {
@@ -75,6 +76,19 @@ void require_data_parallel_only(const topology::DeviceMesh& mesh, const std::str
         "axis is built yet; set parallel.{} = 1",
         topology::to_string(axis), mesh.size(axis), strategy, topology::to_string(axis), topology::to_string(axis)));
   }
+}
+
+SyncStats sync_stats(const ddp::StepStats& s) { return {s.backward_ms, s.comm_ms(), s.hidden_share(), s.wait_ms}; }
+
+DataParallelStrategy::DataParallelStrategy(const StrategyContext& context, const std::string& strategy)
+    : config_(context.config), dp_(context.mesh.group(topology::Axis::kDp)), timeout_(context.timeout) {
+  require_data_parallel_only(context.mesh, strategy);
+}
+
+std::vector<TensorSlot> DataParallelStrategy::with_buffer_slots(std::vector<TensorSlot> params) const {
+  auto buffers = buffer_slots(*model_, dp_.rank() == 0);
+  params.insert(params.end(), buffers.begin(), buffers.end());
+  return params;
 }
 
 }  // namespace paratrain::train::strategies

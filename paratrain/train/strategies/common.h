@@ -8,13 +8,13 @@
 #include <vector>
 
 #include "paratrain/data_parallel/ddp/bucket_plan.h"
+#include "paratrain/data_parallel/ddp/step_stats.h"
+#include "paratrain/models/model.h"
 #include "paratrain/topology/device_mesh.h"
 #include "paratrain/train/config.h"
 #include "paratrain/train/strategy.h"
+#include "paratrain/train/strategy_registry.h"
 
-namespace torch::nn {
-class Module;
-}
 
 namespace paratrain::train::strategies {
 
@@ -36,5 +36,27 @@ void check_bucketed_mode(const TrainConfig& config, const std::string& strategy)
 // Data-parallel strategies run on a mesh whose other axes are 1. Throws
 // ConfigError naming the axis and the strategy otherwise.
 void require_data_parallel_only(const topology::DeviceMesh& mesh, const std::string& strategy);
+
+// The reducer's per-step timings as the Trainer reports them.
+SyncStats sync_stats(const ddp::StepStats& stats);
+
+// What the ddp, zero and fsdp adapters hold and answer alike: the config, the
+// dp group, the model, the data shard, and buffers (replicated, rank 0 writes).
+class DataParallelStrategy : public Strategy {
+ public:
+  std::shared_ptr<torch::nn::Module> module() const override { return model_; }
+  DataShard data_shard() const override { return {dp_.rank(), dp_.size()}; }
+
+ protected:
+  // Checks that the mesh has no model-parallel axis (`strategy` names it).
+  DataParallelStrategy(const StrategyContext& context, const std::string& strategy);
+  // `params` (the strategy's parameter slots) followed by the buffers.
+  std::vector<TensorSlot> with_buffer_slots(std::vector<TensorSlot> params) const;
+
+  TrainConfig config_;
+  comm::ProcessGroup& dp_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<models::Model> model_;
+};
 
 }  // namespace paratrain::train::strategies

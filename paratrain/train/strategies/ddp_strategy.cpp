@@ -16,13 +16,9 @@
 namespace paratrain::train::strategies {
 namespace {
 
-using topology::Axis;
-
-class DdpStrategy final : public Strategy {
+class DdpStrategy final : public DataParallelStrategy {
  public:
-  explicit DdpStrategy(const StrategyContext& ctx)
-      : config_(ctx.config), dp_(ctx.mesh.group(Axis::kDp)), timeout_(ctx.timeout) {
-    require_data_parallel_only(ctx.mesh, "ddp");
+  explicit DdpStrategy(const StrategyContext& ctx) : DataParallelStrategy(ctx, "ddp") {
     const auto& mode = config_.ddp.mode;
     if (mode == "none" && dp_.size() != 1) {
       throw ConfigError(fmt::format("ddp.mode = \"none\" trains each of the {} ranks on its own; use \"bucketed\" "
@@ -51,9 +47,7 @@ class DdpStrategy final : public Strategy {
     }
   }
 
-  std::shared_ptr<torch::nn::Module> module() const override { return model_; }
   std::vector<at::Tensor> optimizer_params() override { return model_->parameters(); }
-  DataShard data_shard() const override { return {dp_.rank(), dp_.size()}; }
 
   StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {
     TORCH_CHECK(sync || ddp_, "no_sync accumulation needs ddp.mode = \"bucketed\"");
@@ -94,9 +88,7 @@ class DdpStrategy final : public Strategy {
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() override { return clone_parameters(*model_); }
 
   SyncStats last_stats() const override {
-    if (!ddp_) return {};
-    auto s = ddp_->last_step_stats();
-    return {s.backward_ms, s.comm_ms(), s.hidden_share(), s.wait_ms};
+    return ddp_ ? sync_stats(ddp_->last_step_stats()) : SyncStats{};
   }
 
   ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const override {
@@ -110,10 +102,6 @@ class DdpStrategy final : public Strategy {
   }
 
  private:
-  TrainConfig config_;
-  comm::ProcessGroup& dp_;
-  std::chrono::milliseconds timeout_;
-  std::shared_ptr<models::Model> model_;
   std::unique_ptr<ddp::DistributedDataParallel> ddp_;
   std::unique_ptr<ddp::NaiveDataParallel> naive_;
 };

@@ -13,8 +13,6 @@
 namespace paratrain::train::strategies {
 namespace {
 
-using topology::Axis;
-
 // "fc0, fc1" -> {"fc0", "fc1"}; the config check already vetted the syntax.
 std::vector<std::string> split_names(const std::string& list) {
   std::vector<std::string> out;
@@ -30,11 +28,9 @@ std::vector<std::string> split_names(const std::string& list) {
   return out;
 }
 
-class FsdpStrategy final : public Strategy {
+class FsdpStrategy final : public DataParallelStrategy {
  public:
-  explicit FsdpStrategy(const StrategyContext& ctx)
-      : config_(ctx.config), dp_(ctx.mesh.group(Axis::kDp)), timeout_(ctx.timeout) {
-    require_data_parallel_only(ctx.mesh, "fsdp");
+  explicit FsdpStrategy(const StrategyContext& ctx) : DataParallelStrategy(ctx, "fsdp") {
     check_bucketed_mode(config_, "fsdp");
   }
 
@@ -54,9 +50,7 @@ class FsdpStrategy final : public Strategy {
     fsdp_ = std::make_unique<fsdp::FullyShardedDataParallel>(model_, dp_, std::move(options));
   }
 
-  std::shared_ptr<torch::nn::Module> module() const override { return model_; }
   std::vector<at::Tensor> optimizer_params() override { return fsdp_->optimizer_params(); }
-  DataShard data_shard() const override { return {dp_.rank(), dp_.size()}; }
 
   StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {
     std::optional<fsdp::FullyShardedDataParallel::NoSyncGuard> no_sync;
@@ -79,12 +73,7 @@ class FsdpStrategy final : public Strategy {
     return fsdp_->forward([&] { return model_->forward(inputs); });
   }
 
-  std::vector<TensorSlot> model_slots() override {
-    auto slots = fsdp_->parameter_slots();
-    auto buffers = buffer_slots(*model_, dp_.rank() == 0);
-    slots.insert(slots.end(), buffers.begin(), buffers.end());
-    return slots;
-  }
+  std::vector<TensorSlot> model_slots() override { return with_buffer_slots(fsdp_->parameter_slots()); }
   std::vector<OptimizerSlot> optimizer_slots() override {
     auto params = fsdp_->optimizer_params();
     auto slots = fsdp_->parameter_slots();
@@ -104,10 +93,6 @@ class FsdpStrategy final : public Strategy {
   }
 
  private:
-  TrainConfig config_;
-  comm::ProcessGroup& dp_;
-  std::chrono::milliseconds timeout_;
-  std::shared_ptr<models::Model> model_;
   std::unique_ptr<fsdp::FullyShardedDataParallel> fsdp_;
 };
 

@@ -13,13 +13,9 @@
 namespace paratrain::train::strategies {
 namespace {
 
-using topology::Axis;
-
-class ZeroStrategy final : public Strategy {
+class ZeroStrategy final : public DataParallelStrategy {
  public:
-  explicit ZeroStrategy(const StrategyContext& ctx)
-      : config_(ctx.config), dp_(ctx.mesh.group(Axis::kDp)), timeout_(ctx.timeout) {
-    require_data_parallel_only(ctx.mesh, "zero");
+  explicit ZeroStrategy(const StrategyContext& ctx) : DataParallelStrategy(ctx, "zero") {
     check_bucketed_mode(config_, "zero");
   }
 
@@ -36,9 +32,7 @@ class ZeroStrategy final : public Strategy {
     zero_ = std::make_unique<zero::ZeroDataParallel>(model_, dp_, std::move(options));
   }
 
-  std::shared_ptr<torch::nn::Module> module() const override { return model_; }
   std::vector<at::Tensor> optimizer_params() override { return zero_->optimizer_params(); }
-  DataShard data_shard() const override { return {dp_.rank(), dp_.size()}; }
 
   StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {
     zero_->prepare_forward();
@@ -61,12 +55,7 @@ class ZeroStrategy final : public Strategy {
     return model_->forward(inputs);
   }
 
-  std::vector<TensorSlot> model_slots() override {
-    auto slots = zero_->parameter_slots();
-    auto buffers = buffer_slots(*model_, dp_.rank() == 0);
-    slots.insert(slots.end(), buffers.begin(), buffers.end());
-    return slots;
-  }
+  std::vector<TensorSlot> model_slots() override { return with_buffer_slots(zero_->parameter_slots()); }
   std::vector<OptimizerSlot> optimizer_slots() override {
     std::vector<OptimizerSlot> out;
     for (auto& [param, slot] : zero_->optimizer_param_slots()) out.push_back(OptimizerSlot{param, slot});
@@ -79,8 +68,7 @@ class ZeroStrategy final : public Strategy {
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() override { return clone_parameters(*model_); }
 
   SyncStats last_stats() const override {
-    auto s = zero_->reducer().last_step();
-    return {s.backward_ms, s.comm_ms(), s.hidden_share(), s.wait_ms};
+    return sync_stats(zero_->reducer().last_step());
   }
 
   ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const override {
@@ -89,10 +77,6 @@ class ZeroStrategy final : public Strategy {
   }
 
  private:
-  TrainConfig config_;
-  comm::ProcessGroup& dp_;
-  std::chrono::milliseconds timeout_;
-  std::shared_ptr<models::Model> model_;
   std::unique_ptr<zero::ZeroDataParallel> zero_;
 };
 
