@@ -133,11 +133,15 @@ TEST(BucketPlan, InvariantsHoldForRandomModels) {
         bucket_of[k] = static_cast<int>(b);
         ASSERT_EQ(specs[k].dtype, p.dtype);
         ASSERT_EQ(p.offsets[i], offset);
-        if (i > 0) ASSERT_LT(k, p.params[i - 1]) << "not in reverse order";
+        if (i > 0) {
+          ASSERT_LT(k, p.params[i - 1]) << "not in reverse order";
+        }
         const int64_t cap = std::max(o.bucket_cap_bytes, o.first_bucket_cap_bytes);
         offset += specs[k].numel;
         bytes += specs[k].numel * static_cast<int64_t>(c10::elementSize(p.dtype));
-        if (i + 1 < p.params.size()) ASSERT_LT(bytes, cap) << "bucket " << b << " kept growing past its cap";
+        if (i + 1 < p.params.size()) {
+          ASSERT_LT(bytes, cap) << "bucket " << b << " kept growing past its cap";
+        }
       }
       ASSERT_EQ(p.numel, offset);
       ASSERT_GE(p.padded_numel, p.numel);
@@ -147,7 +151,9 @@ TEST(BucketPlan, InvariantsHoldForRandomModels) {
     for (std::size_t k = 0; k < specs.size(); ++k) ASSERT_NE(bucket_of[k], -1) << "parameter " << k << " lost";
     for (std::size_t k = 0; k + 1 < specs.size(); ++k) {
       for (std::size_t j = k + 1; j < specs.size(); ++j) {
-        if (specs[j].dtype == specs[k].dtype) ASSERT_GE(bucket_of[k], bucket_of[j]);
+        if (specs[j].dtype == specs[k].dtype) {
+          ASSERT_GE(bucket_of[k], bucket_of[j]);
+        }
       }
     }
   }

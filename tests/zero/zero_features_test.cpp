@@ -270,7 +270,9 @@ TEST_P(ZeroStageTest, GradientsTravelByTheStagesCollectiveDuringBackward) {
 TEST(ZeroStep, RefusesToStepWithoutASynchronizedBackward) {
   paratrain::testing::run_ranks(2, [&](comm::ProcessGroup& group) {
     auto model = ddp::testing::make_model(ModelKind::kMlp, 1);
-    ZeroDataParallel zero(model, group, {.stage = 2});
+    ZeroOptions options;
+    options.stage = 2;
+    ZeroDataParallel zero(model, group, options);
     auto opt = make_optimizer(Optim::kSgd, zero.optimizer_params());
     auto guard = zero.no_sync();
     zero.prepare_forward();
