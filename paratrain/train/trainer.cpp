@@ -200,7 +200,12 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
 
   // Resume before writing anything: a bad checkpoint must fail the run
   // without touching the run directory.
-  if (s.is_main() && !c.train.resume.empty()) clean_interrupted_checkpoints(s.run_dir);
+  // Leftovers of an interrupted save are removed before any rank lists the
+  // checkpoints (the barrier), and never while a save could be running.
+  if (!c.train.resume.empty()) {
+    if (s.is_main()) clean_interrupted_checkpoints(s.run_dir);
+    world.barrier()->wait(s.timeout());
+  }
   if (auto position = resume(s)) {
     s.step = position->step;
     s.loader->load_state({position->epoch, position->next_batch});
