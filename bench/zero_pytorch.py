@@ -38,7 +38,7 @@ class Mlp(nn.Module):
 
 def storage_bytes(tensors):
     """Bytes of the distinct storages behind `tensors` (views counted once),
-    as paratrain's zero::tensor_bytes counts."""
+    as paratrain's tensor_bytes (core/model_state.h) counts."""
     seen, total = set(), 0
     for t in tensors:
         if t is None:

@@ -27,7 +27,7 @@
 #include "paratrain/data/synthetic.h"
 #include "paratrain/data_parallel/ddp/ddp.h"
 #include "paratrain/data_parallel/fsdp/fsdp.h"
-#include "paratrain/data_parallel/zero/model_state.h"
+#include "paratrain/core/model_state.h"
 #include "paratrain/data_parallel/zero/zero.h"
 #include "paratrain/models/mlp.h"
 
@@ -193,8 +193,8 @@ int main(int argc, char** argv) {
 
 namespace {
 
-using paratrain::zero::optimizer_state_tensors;
-using paratrain::zero::tensor_bytes;
+using paratrain::optimizer_state_tensors;
+using paratrain::tensor_bytes;
 
 // Stage 0: DDP over the full model, Adam over every parameter. Counted the
 // way ZeRO counts: parameters, .grad, Adam state, the reducer's buckets.

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "paratrain/core/model_state.h"
 #include "paratrain/core/tensor_slot.h"
 #include "paratrain/data/dataset.h"
 #include "paratrain/train/checkpoint/sharded.h"
@@ -36,13 +37,6 @@ struct SyncStats {
   double exposed_ms = 0;    // waited on communication after backward
 };
 
-// Bytes of model state this rank holds (tensors actually alive).
-struct ModelStateBytes {
-  int64_t params = 0;
-  int64_t grads = 0;
-  int64_t optimizer_state = 0;
-  int64_t total() const { return params + grads + optimizer_state; }
-};
 
 // Which share of the data this rank reads: its rank and size on the
 // data-parallel axis (not the world: tp/pp/cp peers read the same data).
@@ -109,8 +103,5 @@ class Strategy {
   virtual SyncStats last_stats() const { return {}; }
   virtual ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const = 0;
 };
-
-// Bytes held by torch::optim state (every tensor in optimizer.state()).
-int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
 
 }  // namespace paratrain::train

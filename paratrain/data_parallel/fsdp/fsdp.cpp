@@ -32,20 +32,6 @@ std::vector<FlatUnit> build_units(torch::nn::Module& model, comm::ProcessGroup& 
 
 int64_t bytes_of(const at::Tensor& t) { return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0; }
 
-int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
-  int64_t total = 0;
-  for (const auto& [key, state] : optimizer.state()) {
-    if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state.get())) {
-      total += bytes_of(sgd->momentum_buffer());
-    } else if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state.get())) {
-      total += bytes_of(adam->exp_avg()) + bytes_of(adam->exp_avg_sq()) + bytes_of(adam->max_exp_avg_sq());
-    } else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state.get())) {
-      total += bytes_of(adamw->exp_avg()) + bytes_of(adamw->exp_avg_sq()) + bytes_of(adamw->max_exp_avg_sq());
-    }
-  }
-  return total;
-}
-
 }  // namespace
 
 FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<torch::nn::Module> model,
@@ -174,7 +160,7 @@ ModelStateBytes FullyShardedDataParallel::model_state_bytes(const torch::optim::
     for (const UnitParam& p : unit.params()) bytes.grads += bytes_of(p.tensor.grad());
     for (const at::Tensor& piece : impl_->pieces[u]) bytes.grads += bytes_of(piece.grad());
   }
-  if (optimizer) bytes.optimizer_state = optimizer_state_bytes(*optimizer);
+  if (optimizer) bytes.optimizer_state = tensor_bytes(optimizer_state_tensors(*optimizer));
   return bytes;
 }
 

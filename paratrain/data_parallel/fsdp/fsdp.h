@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "paratrain/comm/process_group.h"
+#include "paratrain/core/model_state.h"
 #include "paratrain/core/tensor_slot.h"
 
 namespace torch::nn {
@@ -75,13 +76,10 @@ struct FsdpOptions {
   std::chrono::milliseconds timeout = comm::kDefaultTimeout;
 };
 
-// Bytes of model state alive on this rank, counted from the tensors that
-// hold memory right now.
-struct ModelStateBytes {
-  int64_t params = 0;           // shards + units currently gathered
-  int64_t grads = 0;            // shard-piece .grad + full .grad still alive (no_sync)
-  int64_t optimizer_state = 0;  // SGD momentum, Adam/AdamW moments (other optimizers: 0)
-};
+// Bytes of model state alive on this rank (core/model_state.h): params =
+// shards + units currently gathered; grads = shard-piece .grad + full .grad
+// still alive (no_sync); optimizer_state = the optimizer's state tensors.
+using ::paratrain::ModelStateBytes;
 
 struct UnitInfo {
   std::string name;

@@ -28,7 +28,7 @@
 #include "paratrain/comm/process_group.h"
 #include "paratrain/core/tensor_slot.h"
 #include "paratrain/data_parallel/ddp/ddp.h"
-#include "paratrain/data_parallel/zero/model_state.h"
+#include "paratrain/core/model_state.h"
 #include "paratrain/data_parallel/zero/shard_layout.h"
 
 namespace torch::nn {

@@ -92,12 +92,12 @@ class DdpStrategy final : public DataParallelStrategy {
   }
 
   ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const override {
+    std::vector<at::Tensor> grads;
+    for (const auto& p : model_->parameters()) grads.push_back(p.grad());
     ModelStateBytes m;
-    for (const auto& p : model_->parameters()) {
-      m.params += p.numel() * p.element_size();
-      if (p.grad().defined()) m.grads += p.grad().numel() * p.grad().element_size();
-    }
-    m.optimizer_state = optimizer_state_bytes(optimizer);
+    m.params = tensor_bytes(model_->parameters());
+    m.grads = tensor_bytes(grads);
+    m.optimizer_state = tensor_bytes(optimizer_state_tensors(optimizer));
     return m;
   }
 

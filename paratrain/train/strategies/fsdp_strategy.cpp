@@ -88,8 +88,7 @@ class FsdpStrategy final : public DataParallelStrategy {
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() override { return fsdp_->full_parameters(); }
 
   ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const override {
-    auto m = fsdp_->model_state_bytes(&optimizer);
-    return {m.params, m.grads, m.optimizer_state};
+    return fsdp_->model_state_bytes(&optimizer);
   }
 
  private:

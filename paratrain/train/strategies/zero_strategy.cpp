@@ -72,8 +72,7 @@ class ZeroStrategy final : public DataParallelStrategy {
   }
 
   ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const override {
-    auto m = zero_->model_state_bytes(&optimizer);
-    return {m.params, m.grads, m.optimizer_state};
+    return zero_->model_state_bytes(&optimizer);
   }
 
  private:

@@ -1,6 +1,6 @@
 // Bytes of model state a rank holds (ZeRO's Psi accounting: parameters,
-// gradients, optimizer state), counted from tensors actually alive, for
-// benchmarks and memory tests. Not a memory profiler: activations and
+// gradients, optimizer state), counted from tensors actually alive, for the
+// Trainer's metrics, benchmarks and memory tests of every strategy. Not a memory profiler: activations and
 // allocator slack are not counted.
 #pragma once
 
@@ -13,7 +13,7 @@ namespace torch::optim {
 class Optimizer;
 }
 
-namespace paratrain::zero {
+namespace paratrain {
 
 struct ModelStateBytes {
   int64_t params = 0;
@@ -36,4 +36,4 @@ int64_t tensor_bytes(const std::vector<at::Tensor>& tensors);
 // type it does not know, rather than under-counting silently.
 std::vector<at::Tensor> optimizer_state_tensors(const torch::optim::Optimizer& optimizer);
 
-}  // namespace paratrain::zero
+}  // namespace paratrain

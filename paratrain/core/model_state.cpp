@@ -1,5 +1,5 @@
 // Model-state accounting: see model_state.h.
-#include "paratrain/data_parallel/zero/model_state.h"
+#include "paratrain/core/model_state.h"
 
 #include <torch/torch.h>
 
@@ -10,7 +10,7 @@
 
 #include "paratrain/core/error.h"
 
-namespace paratrain::zero {
+namespace paratrain {
 namespace {
 
 // Appends the tensors `fields` picks from one state if it is of type State.
@@ -56,11 +56,11 @@ std::vector<at::Tensor> optimizer_state_tensors(const torch::optim::Optimizer& o
         });
     if (!known) {
       throw Error(fmt::format("optimizer_state_tensors: unknown optimizer state type '{}'; add it to "
-                              "paratrain/data_parallel/zero/model_state.cpp",
+                              "paratrain/core/model_state.cpp",
                               typeid(s).name()));
     }
   }
   return out;
 }
 
-}  // namespace paratrain::zero
+}  // namespace paratrain
