@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include "paratrain/core/error.h"
@@ -146,6 +147,26 @@ SimulationResult simulate_schedules(const std::vector<std::vector<Action>>& sche
   const double total = p * result.makespan;
   result.bubble = total > 0 ? (total - busy) / total : 0.0;
   return result;
+}
+
+std::string format_timeline(const SimulationResult& result, double unit) {
+  if (!(unit > 0)) throw Error(fmt::format("format_timeline: unit = {} must be > 0", unit));
+  const auto cells = static_cast<std::size_t>(std::ceil(result.makespan / unit - 1e-9));
+  std::string out;
+  for (std::size_t s = 0; s < result.timeline.size(); ++s) {
+    std::string row(cells, '.');
+    for (const TimedAction& t : result.timeline[s]) {
+      // A cell shows the action running at its midpoint.
+      for (std::size_t i = 0; i < cells; ++i) {
+        const double mid = (static_cast<double>(i) + 0.5) * unit;
+        if (mid < t.start || mid >= t.end) continue;
+        const int mb = t.action.microbatch;
+        row[i] = static_cast<char>(t.action.kind == ActionKind::kForward ? '0' + mb % 10 : 'a' + mb % 26);
+      }
+    }
+    out += fmt::format("stage {}: {}\n", s, row);
+  }
+  return out;
 }
 
 }  // namespace paratrain::pipeline

@@ -5,6 +5,7 @@
 // executor runs it. Not a performance model of communication (sends are free).
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "paratrain/pipeline/schedule.h"
@@ -55,5 +56,11 @@ SimulationResult simulate(ScheduleKind kind, const ScheduleOptions& options, con
 // the deadlock it causes).
 SimulationResult simulate_schedules(const std::vector<std::vector<Action>>& schedules,
                                     const ScheduleOptions& options, const SimulationOptions& sim = {});
+
+// One text row per stage for logs, docs and `plan`-style tools: each
+// character is `unit` time; a forward of micro-batch mb shows as the digit
+// mb % 10, a backward as the letter 'a' + mb % 26, idle time as '.'. E.g.
+// 1F1B, p = 2, m = 2, costs 1 and 2:  "stage 0: 01..aa.bb" / "stage 1: .0aa1bb..".
+std::string format_timeline(const SimulationResult& result, double unit = 1.0);
 
 }  // namespace paratrain::pipeline

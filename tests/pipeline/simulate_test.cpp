@@ -158,6 +158,29 @@ TEST(Simulate, InterleavedWrongChunkOrderDeadlocks) {
   EXPECT_NO_THROW(simulate(ScheduleKind::kInterleaved1F1B, o));
 }
 
+// Beyond the grid: no schedule deadlocks for any p <= 8 and m <= 3p
+// (interleaved: m a multiple of p up to 4p, v <= 4), costs uneven on purpose.
+TEST(Simulate, NoDeadlockOnAWiderGrid) {
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = 1; m <= 3 * p; ++m) {
+      EXPECT_NO_THROW(simulate(ScheduleKind::kGpipe, {p, m, 1}, {1.0, 3.0})) << p << " " << m;
+      EXPECT_NO_THROW(simulate(ScheduleKind::kOneFOneB, {p, m, 1}, {1.0, 3.0})) << p << " " << m;
+    }
+    for (int m = p; m <= 4 * p; m += p) {
+      for (int v = 2; v <= 4; ++v) {
+        EXPECT_NO_THROW(simulate(ScheduleKind::kInterleaved1F1B, {p, m, v}, {1.0, 3.0})) << p << " " << m << " " << v;
+      }
+    }
+  }
+}
+
+TEST(Simulate, FormatTimeline) {
+  const SimulationResult r = simulate(ScheduleKind::kOneFOneB, {2, 2, 1}, {1.0, 2.0});
+  EXPECT_EQ(format_timeline(r), "stage 0: 01..aa.bb\nstage 1: .0aa1bb..\n");
+  EXPECT_EQ(format_timeline(simulate(ScheduleKind::kGpipe, {2, 2, 1}, {1.0, 2.0})),
+            "stage 0: 01...aabb\nstage 1: .01aabb..\n");
+}
+
 TEST(Simulate, IncompleteScheduleIsRejected) {
   const ScheduleOptions o{2, 2, 1};
   EXPECT_THROW(simulate_schedules({{F(0), B(0)}, one_f_one_b_schedule(o, 1)}, o), Error);
