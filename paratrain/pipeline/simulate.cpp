@@ -3,6 +3,7 @@
 // stage's in-order list plus the cross-stage data edges.
 #include "paratrain/pipeline/simulate.h"
 
+#include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -65,6 +66,13 @@ SimulationResult simulate(ScheduleKind kind, const ScheduleOptions& options, con
 
 SimulationResult simulate_schedules(const std::vector<std::vector<Action>>& schedules,
                                     const ScheduleOptions& options, const SimulationOptions& sim) {
+  TORCH_CHECK(options.stages >= 1 && options.microbatches >= 1 && options.virtual_stages >= 1,
+              "simulate_schedules: stages, microbatches and virtual_stages must be >= 1, got ", options.stages, ", ",
+              options.microbatches, ", ", options.virtual_stages);
+  TORCH_CHECK(std::isfinite(sim.forward_cost) && std::isfinite(sim.backward_cost) && sim.forward_cost >= 0 &&
+                  sim.backward_cost >= 0,
+              "simulate: forward_cost ", sim.forward_cost, " and backward_cost ", sim.backward_cost,
+              " must be finite and >= 0");
   const int p = options.stages;
   if (static_cast<int>(schedules.size()) != p) {
     throw Error(fmt::format("pipeline simulation: {} schedules for {} stages", schedules.size(), p));

@@ -4,6 +4,8 @@
 // as deadlocks (the negative controls proving the check can fail).
 #include <gtest/gtest.h>
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -185,6 +187,7 @@ TEST(Simulate, IncompleteScheduleIsRejected) {
   const ScheduleOptions o{2, 2, 1};
   EXPECT_THROW(simulate_schedules({{F(0), B(0)}, one_f_one_b_schedule(o, 1)}, o), Error);
   EXPECT_THROW(simulate_schedules({one_f_one_b_schedule(o, 0)}, o), Error);
+  EXPECT_THROW(simulate(ScheduleKind::kOneFOneB, o, {-1.0, 2.0}), c10::Error);
 }
 
 }  // namespace
