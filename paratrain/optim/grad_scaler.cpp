@@ -29,18 +29,19 @@ ConfigError loss_scale_error(std::string_view value, std::string_view why) {
                                  kLossScaleKey, value, why));
 }
 
-// Unscales one gradient in place and says whether it holds inf/nan.
+// Unscales one gradient in place and raises `flag` (a 1-element fp32 tensor
+// on the gradient's device) to 1 if it holds inf/nan, without a host sync.
 // fp16/bf16 gradients are multiplied in fp32 (as PyTorch's
 // _amp_foreach_non_finite_check_and_unscale_) so 1/scale does not round.
-bool unscale_one(at::Tensor& grad, double inv_scale) {
+void unscale_one(at::Tensor& grad, double inv_scale, at::Tensor& flag) {
   TORCH_CHECK(grad.layout() == at::kStrided, "GradScaler::unscale_: sparse gradients are not supported");
-  if (grad.numel() == 0) return false;
+  if (grad.numel() == 0) return;
   if (grad.scalar_type() == at::kFloat || grad.scalar_type() == at::kDouble) {
     grad.mul_(static_cast<float>(inv_scale));
   } else {
     grad.copy_(grad.to(at::kFloat).mul_(static_cast<float>(inv_scale)));
   }
-  return !grad.isfinite().all().item<bool>();
+  flag.copy_(at::maximum(flag, grad.isfinite().logical_not().any().to(at::kFloat).to(flag.device()).view({1})));
 }
 
 const at::Tensor& entry(const std::vector<std::pair<std::string, at::Tensor>>& state, const char* name,
@@ -122,21 +123,26 @@ bool GradScaler::unscale_(const std::vector<at::Tensor>& grads, const std::vecto
 
   // 1/scale in double, rounded once to fp32, as PyTorch does.
   const double inv_scale = 1.0 / scale_;
-  bool local_inf = false;
+  // The flag lives on the first gradient's device (a CUDA group needs CUDA
+  // tensors; a rank without gradients uses the CPU) and is read once, after
+  // the reductions: one host sync per step.
   at::Device device = at::kCPU;
-  bool have_device = false;
+  for (const at::Tensor& g : grads) {
+    if (g.defined()) {
+      device = g.device();
+      break;
+    }
+  }
+  at::Tensor flag = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device));
   for (at::Tensor g : grads) {
     if (!g.defined()) continue;
     unscaled_.push_back(g.unsafeGetTensorImpl());
-    if (!have_device) device = g.device(), have_device = true;
     // Keep unscaling after an inf: every gradient leaves this call unscaled,
     // so a caller that inspects them sees consistent values.
-    local_inf = unscale_one(g, inv_scale) || local_inf;
+    unscale_one(g, inv_scale, flag);
   }
   // Every rank joins the reductions, found inf or not, with or without
-  // gradients. The flag lives on the gradients' device (a CUDA group needs
-  // CUDA tensors); a rank without gradients uses the CPU.
-  at::Tensor flag = at::full({1}, local_inf ? 1.0f : 0.0f, at::TensorOptions().dtype(at::kFloat).device(device));
+  // gradients.
   for (comm::ProcessGroup* group : groups) {
     if (group == nullptr || group->size() == 1) continue;
     group->all_reduce(flag, comm::ReduceOp::kMax)->wait(timeout);

@@ -259,6 +259,18 @@ TEST(GradScaler, ProtocolChecks) {
   EXPECT_TRUE(torch::equal(p.detach(), torch::full({2}, -2.0f)));
 }
 
+// Half-precision gradients (bf16 runs on CPU) are unscaled in place, keep
+// their dtype, and their inf is found.
+TEST(GradScaler, UnscalesHalfPrecisionGradients) {
+  GradScaler scaler({.init_scale = 128});
+  at::Tensor clean = torch::tensor({128.0f, -384.0f}).to(torch::kBFloat16);
+  at::Tensor dirty = torch::tensor({256.0f, kInf}).to(torch::kBFloat16);
+  EXPECT_TRUE(scaler.unscale_({clean, dirty}, nullptr));
+  EXPECT_EQ(clean.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(clean.to(torch::kFloat), torch::tensor({1.0f, -3.0f})));
+  EXPECT_EQ(dirty[0].item<float>(), 2.0f);
+}
+
 // Static: the scale never moves, but inf steps are still skipped.
 TEST(GradScaler, StaticModeKeepsScaleAndSkipsInf) {
   auto model = make_model();
