@@ -66,6 +66,8 @@ class Timeline {
   ~Timeline();
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
+  Timeline(Timeline&&) = default;  // not while a Scope of it is open
+  Timeline& operator=(Timeline&&) = default;
 
   static int64_t now_us();
 

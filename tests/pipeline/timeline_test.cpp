@@ -3,8 +3,11 @@
 // GPipe formula), and the Chrome trace they become.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <set>
 #include <string>
 
@@ -77,7 +80,7 @@ TEST(Timeline, RecordsToTheRankFileAndReadsBack) {
 }
 
 TEST(Timeline, ScopeRecordsItsLifetimeOnlyWhenRecording) {
-  Timeline timeline(0, {.max_steps = 1});
+  Timeline timeline(0, {.path = {}, .max_steps = 1});
   {
     Timeline::Scope s(timeline, {EventKind::kForward, 2, 3, 0});
     Timeline::Scope none(nullptr, {EventKind::kForward, 2, 3, 0});  // no timeline: a no-op
@@ -277,7 +280,7 @@ TEST_F(ChromeTrace, StepRangeSelectsEventsAndShiftsToItsFirstEvent) {
     if (e.at("ph") == "X") ts[e.at("name")] = e.at("ts");
   }
   EXPECT_EQ(ts, (std::map<std::string, int64_t>{{"F0", 0}, {"R0", 400}}));
-  const auto msg = error_of([&] { write_chrome_trace(run_, out, {.first_step = 4}); });
+  const auto msg = error_of([&] { write_chrome_trace(run_, out, {.first_step = 4, .last_step = {}}); });
   EXPECT_NE(msg.find("recorded steps: 0..1"), std::string::npos) << msg;
 }
 
