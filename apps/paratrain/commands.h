@@ -20,5 +20,6 @@ Command add_launch_command(CLI::App& app);  // launch_command.cpp
 Command add_train_command(CLI::App& app);   // train_command.cpp
 Command add_checkpoint_command(CLI::App& app);  // checkpoint_command.cpp
 Command add_plan_command(CLI::App& app);    // plan_command.cpp
+Command add_trace_command(CLI::App& app);   // trace_command.cpp
 
 }  // namespace paratrain::cli

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
       paratrain::cli::add_train_command(app),
       paratrain::cli::add_checkpoint_command(app),
       paratrain::cli::add_plan_command(app),
+      paratrain::cli::add_trace_command(app),
   };
   try {
     app.parse(argc, argv);
