@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "paratrain/optim/param_group_io.h"
+
 namespace paratrain::optim {
 namespace {
 
@@ -136,6 +138,7 @@ void Lamb::save(torch::serialize::OutputArchive& archive) const {
 
 void Lamb::load(torch::serialize::InputArchive& archive) {
   torch::optim::serialize<LambParamState, LambOptions>(archive, *this);
+  detail::load_param_group_options<LambOptions>(archive, *this);
 }
 
 std::vector<torch::optim::OptimizerParamGroup> lamb_param_groups(const ParamSplit& split, const LambOptions& options,

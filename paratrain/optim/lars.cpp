@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include "paratrain/optim/param_group_io.h"
+
 namespace paratrain::optim {
 
 LarsOptions::LarsOptions(double lr) : lr_(lr) {}
@@ -102,6 +104,7 @@ void Lars::save(torch::serialize::OutputArchive& archive) const {
 
 void Lars::load(torch::serialize::InputArchive& archive) {
   torch::optim::serialize<LarsParamState, LarsOptions>(archive, *this);
+  detail::load_param_group_options<LarsOptions>(archive, *this);
 }
 
 std::vector<torch::optim::OptimizerParamGroup> lars_param_groups(const ParamSplit& split, const LarsOptions& options,

@@ -72,6 +72,9 @@ class Lars : public torch::optim::Optimizer {
   // param is a whole tensor.
   void set_norm_reducer(NormReducer reducer) { reducer_ = std::move(reducer); }
 
+  // torch::save / torch::load: per-parameter state and every group's options
+  // (LibTorch 1.13's own optimizers restore only the state on load). The
+  // norm reducer is not saved: set it again after building the optimizer.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 
