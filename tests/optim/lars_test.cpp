@@ -72,7 +72,7 @@ TEST(LarsTest, OneAndThreeStepsMatchThePaper) {
     Lars opt(params, options_like(ref, 1e-2));
     const double diff = run(opt, params, ref, steps);
     EXPECT_LE(diff, 1e-6) << steps << " steps";
-    RecordProperty("update_diff_" + std::to_string(steps), std::to_string(diff));
+    RecordProperty("update_diff_" + std::to_string(steps), sci(diff));
   }
 }
 
@@ -81,13 +81,17 @@ TEST(LarsTest, NegativeControlWrongEtaOrNoRatioMissesThePaper) {
     auto params = make_params(1);
     LarsReference ref(params, 1e-2, std::vector<bool>(params.size(), false));
     Lars opt(params, options_like(ref, 1e-2).trust_coefficient(2 * ref.eta));
-    EXPECT_GT(run(opt, params, ref, 1), 0.5);
+    const double diff = run(opt, params, ref, 1);
+    EXPECT_GT(diff, 0.5);
+    RecordProperty("doubled_eta_diff", sci(diff));
   }
   {
     auto params = make_params(1);
     LarsReference ref(params, 1e-2, std::vector<bool>(params.size(), false));
     Lars opt(params, options_like(ref, 1e-2).exclude(true));  // trust ratio forced to 1
-    EXPECT_GT(run(opt, params, ref, 1), 0.5);
+    const double diff = run(opt, params, ref, 1);
+    EXPECT_GT(diff, 0.5);
+    RecordProperty("ratio_one_diff", sci(diff));
   }
 }
 

@@ -7,6 +7,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <string>
 #include <cstdint>
 #include <vector>
 
@@ -58,6 +60,13 @@ inline double update_diff(const std::vector<at::Tensor>& before, const std::vect
   for (std::size_t i = 0; i < before.size(); ++i)
     worst = std::max(worst, relative_diff(after[i].detach() - before[i], ref_after[i] - before[i]));
   return worst;
+}
+
+// For RecordProperty: measured diffs in the test's XML/JSON report.
+inline std::string sci(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3e", x);
+  return buf;
 }
 
 }  // namespace paratrain::optim::testing
