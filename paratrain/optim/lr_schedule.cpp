@@ -18,20 +18,19 @@ namespace {
   throw ConfigError(fmt::format("invalid configuration: {} {}", key, what));
 }
 
+// k = global_batch / base_batch (linear) or its square root; 1 without scaling.
+// Call after the batch fields were checked (base_batch > 0 when scaling).
 double scale_factor(const LrScheduleOptions& o) {
+  if (o.scaling == LrScheduleOptions::Scaling::kNone) return 1.0;
   const double k = static_cast<double>(o.global_batch) / static_cast<double>(o.base_batch);
-  switch (o.scaling) {
-    case LrScheduleOptions::Scaling::kNone: return 1.0;
-    case LrScheduleOptions::Scaling::kLinear: return k;
-    case LrScheduleOptions::Scaling::kSqrt: return std::sqrt(k);
-  }
-  return 1.0;
+  return o.scaling == LrScheduleOptions::Scaling::kSqrt ? std::sqrt(k) : k;
 }
 
 }  // namespace
 
 void LrScheduleOptions::validate() const {
-  if (!std::isfinite(base_lr) || base_lr < 0) bad("lr.base_lr", fmt::format("must be a finite rate >= 0, got {}", base_lr));
+  if (!std::isfinite(base_lr) || base_lr < 0)
+    bad("lr.base_lr", fmt::format("must be a finite rate >= 0, got {}", base_lr));
   if (base_batch < 0) bad("lr.base_batch", fmt::format("must be >= 0 (0 = no scaling), got {}", base_batch));
   if (global_batch < 0) bad("lr.global_batch", fmt::format("must be >= 0, got {}", global_batch));
   if (scaling != Scaling::kNone) {
@@ -54,6 +53,9 @@ void LrScheduleOptions::validate() const {
                                           warmup_steps, total_steps));
       if (!std::isfinite(min_lr) || min_lr < 0)
         bad("lr.min_lr", fmt::format("must be a finite rate >= 0, got {}", min_lr));
+      if (min_lr > base_lr * scale_factor(*this))
+        bad("lr.min_lr", fmt::format("({}) must not exceed the peak rate {} (lr.base_lr after lr.scaling)", min_lr,
+                                     base_lr * scale_factor(*this)));
       break;
     case Decay::kStep:
       if (step_size <= 0)
@@ -98,9 +100,6 @@ std::string_view to_string(LrScheduleOptions::Decay decay) {
 LrSchedule::LrSchedule(LrScheduleOptions options) : options_(options) {
   options_.validate();
   peak_ = options_.base_lr * scale_factor(options_);
-  if (options_.decay == LrScheduleOptions::Decay::kCosine && options_.min_lr > peak_)
-    bad("lr.min_lr", fmt::format("({}) must not exceed the peak rate {} (lr.base_lr after lr.scaling)", options_.min_lr,
-                                 peak_));
 }
 
 double LrSchedule::lr(int64_t t) const {

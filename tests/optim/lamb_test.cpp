@@ -143,8 +143,8 @@ TEST(LambTest, StateUsesAdamFieldNames) {
   opt.step();
   ASSERT_EQ(opt.state().size(), params.size());
   for (const auto& p : params) {
-    const auto& s =
-        dynamic_cast<const torch::optim::AdamWParamState&>(*opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl())));
+    const auto& state = *opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    const auto& s = dynamic_cast<const torch::optim::AdamWParamState&>(state);
     EXPECT_EQ(s.step(), 1);
     EXPECT_EQ(s.exp_avg().sizes(), p.sizes());
     EXPECT_EQ(s.exp_avg_sq().sizes(), p.sizes());

@@ -94,7 +94,8 @@ double sharded_vs_oracle(Kind kind, bool with_reducer) {
     for (int s = 0; s < kSteps; ++s) {
       const auto grads = make_grads(start, s);  // the full gradients; each rank takes its slices
       for (std::size_t k = 0; k < pieces.size(); ++k)
-        params[k].mutable_grad() = grads[pieces[k].tensor].flatten().narrow(0, pieces[k].offset, pieces[k].numel).clone();
+        params[k].mutable_grad() =
+            grads[pieces[k].tensor].flatten().narrow(0, pieces[k].offset, pieces[k].numel).clone();
       opt->step();
     }
     double local = 0;
@@ -170,10 +171,11 @@ TEST(ShardedNormsTest, OneReductionPerStepAlsoOnARankWithNoPieces) {
           opt.step();
         }
         EXPECT_EQ(calls, kStepsHere) << "rank " << group.rank();
-        for (std::size_t i = 0; i < params.size(); ++i)
-          EXPECT_LE(relative_diff(params[i].detach() - start[i].flatten(), whole[i].detach().flatten() - start[i].flatten()),
-                    1e-12)
+        for (std::size_t i = 0; i < params.size(); ++i) {
+          const at::Tensor before = start[i].flatten();
+          EXPECT_LE(relative_diff(params[i].detach() - before, whole[i].detach().flatten() - before), 1e-12)
               << "tensor " << i;
+        }
       },
       std::chrono::seconds(10));
 }
