@@ -12,6 +12,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "paratrain/core/model_state.h"
 #include "paratrain/optim/lamb.h"
 #include "tests/optim/optim_testing.h"
 
@@ -150,6 +151,8 @@ TEST(LambTest, StateUsesAdamFieldNames) {
     EXPECT_EQ(s.exp_avg_sq().sizes(), p.sizes());
     EXPECT_FALSE(s.max_exp_avg_sq().defined());
   }
+  // Model-state accounting (ZeRO's memory figures) counts both moments.
+  EXPECT_EQ(tensor_bytes(optimizer_state_tensors(opt)), 2 * tensor_bytes(params));
 }
 
 TEST(LambTest, SaveLoadContinuesIdentically) {

@@ -15,6 +15,7 @@
 
 #include <sstream>
 
+#include "paratrain/core/model_state.h"
 #include "paratrain/optim/lars.h"
 #include "tests/optim/optim_testing.h"
 
@@ -185,6 +186,20 @@ TEST(LarsTest, SaveLoadContinuesIdentically) {
   double worst = 0;
   for (std::size_t i = 0; i < params.size(); ++i) worst = std::max(worst, relative_diff(fresh[i], params[i]));
   EXPECT_GT(worst, 1e-3);
+}
+
+TEST(LarsTest, StateIsSgdsMomentumBuffer) {
+  auto params = make_params(5, at::kFloat);
+  Lars opt(params, LarsOptions(0.1));
+  set_grads(params, make_grads(params, 0));
+  opt.step();
+  ASSERT_EQ(opt.state().size(), params.size());
+  for (const auto& p : params) {
+    const auto& state = *opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    EXPECT_EQ(dynamic_cast<const torch::optim::SGDParamState&>(state).momentum_buffer().sizes(), p.sizes());
+  }
+  // Model-state accounting (ZeRO's memory figures) sees the buffers unchanged.
+  EXPECT_EQ(tensor_bytes(optimizer_state_tensors(opt)), tensor_bytes(params));
 }
 
 TEST(LarsTest, SplitByNameKeepsModuleOrder) {
