@@ -34,15 +34,39 @@ class Cnn final : public Model {
   }
 
   at::Tensor forward(const at::Tensor& x) override {
-    const int64_t per_example = options_.in_channels * options_.image_size * options_.image_size;
-    TORCH_CHECK(x.dim() >= 1 && x.numel() == x.size(0) * per_example, "Cnn expects [B, ",
-                options_.in_channels, ", ", options_.image_size, ", ", options_.image_size,
-                "] input, got shape ", x.sizes());
-    at::Tensor h = x.reshape(
-        {x.size(0), options_.in_channels, options_.image_size, options_.image_size});
-    for (auto& conv : convs_) h = torch::max_pool2d(torch::relu(conv->forward(h)), 2);
-    h = torch::relu(fc0_->forward(h.reshape({h.size(0), flat_})));
-    return fc1_->forward(h);
+    at::Tensor h = x;
+    for (auto& layer : layers()) h = layer.forward(h);
+    return h;
+  }
+
+  // conv<i> blocks (the first reshapes flat input to images), fc0 (flattens
+  // the feature maps), fc1.
+  std::vector<Layer> layers() override {
+    std::vector<Layer> out;
+    const CnnOptions o = options_;
+    for (size_t i = 0; i < convs_.size(); ++i) {
+      torch::nn::Conv2d conv = convs_[i];
+      const bool first = i == 0;
+      const std::string name = "conv" + std::to_string(i);
+      out.push_back({name, {{name, conv.ptr()}}, [conv, first, o](const at::Tensor& x) mutable {
+                       at::Tensor h = x;
+                       if (first) {
+                         const int64_t per_example = o.in_channels * o.image_size * o.image_size;
+                         TORCH_CHECK(x.dim() >= 1 && x.numel() == x.size(0) * per_example, "Cnn expects [B, ",
+                                     o.in_channels, ", ", o.image_size, ", ", o.image_size,
+                                     "] input, got shape ", x.sizes());
+                         h = x.reshape({x.size(0), o.in_channels, o.image_size, o.image_size});
+                       }
+                       return torch::max_pool2d(torch::relu(conv->forward(h)), 2);
+                     }});
+    }
+    torch::nn::Linear fc0 = fc0_, fc1 = fc1_;
+    const int64_t flat = flat_;
+    out.push_back({"fc0", {{"fc0", fc0.ptr()}}, [fc0, flat](const at::Tensor& x) mutable {
+                     return torch::relu(fc0->forward(x.reshape({x.size(0), flat})));
+                   }});
+    out.push_back({"fc1", {{"fc1", fc1.ptr()}}, [fc1](const at::Tensor& x) mutable { return fc1->forward(x); }});
+    return out;
   }
 
  private:

@@ -25,14 +25,31 @@ class Mlp final : public Model {
   }
 
   at::Tensor forward(const at::Tensor& x) override {
-    TORCH_CHECK(x.dim() >= 1 && x.numel() == x.size(0) * in_features_, "Mlp expects ",
-                in_features_, " features per example, got input of shape ", x.sizes());
-    at::Tensor h = x.reshape({x.size(0), in_features_});
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      h = layers_[i]->forward(h);
-      if (i + 1 < layers_.size()) h = torch::relu(h);
-    }
+    at::Tensor h = x;
+    for (auto& layer : layers()) h = layer.forward(h);
     return h;
+  }
+
+  // fc<i> (+ ReLU but after the last); the first also flattens the input.
+  std::vector<Layer> layers() override {
+    std::vector<Layer> out;
+    const int64_t in = in_features_;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      torch::nn::Linear fc = layers_[i];
+      const bool first = i == 0, last = i + 1 == layers_.size();
+      const std::string name = "fc" + std::to_string(i);
+      out.push_back({name, {{name, fc.ptr()}}, [fc, first, last, in](const at::Tensor& x) mutable {
+                       at::Tensor h = x;
+                       if (first) {
+                         TORCH_CHECK(x.dim() >= 1 && x.numel() == x.size(0) * in, "Mlp expects ", in,
+                                     " features per example, got input of shape ", x.sizes());
+                         h = x.reshape({x.size(0), in});
+                       }
+                       h = fc->forward(h);
+                       return last ? h : torch::relu(h);
+                     }});
+    }
+    return out;
   }
 
  private:

@@ -3,17 +3,35 @@
 // model by pointer. Not a layer library: concrete models live in mlp.h, cnn.h.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <torch/nn/module.h>
 
 namespace paratrain::models {
 
+// One unit a pipeline can place on a stage: the submodules it owns, under
+// the names the model registered them with (so a stage's parameters keep the
+// single-process names: fc3.weight), and its forward. The forward captures
+// the submodules, never the model, so a stage may drop the rest of the model.
+// Layers are row-wise: example i of the output depends only on example i of
+// the input, which lets a pipeline split a batch into micro-batches.
+struct Layer {
+  std::string name;
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules;
+  std::function<at::Tensor(const at::Tensor&)> forward;
+};
+
 class Model : public torch::nn::Module {
  public:
   // Returns logits for a batch; the first dimension of x is the batch.
   virtual at::Tensor forward(const at::Tensor& x) = 0;
+  // The model as a sequence of layers whose composition is forward(), for
+  // pipeline partitioning; empty when the model cannot be cut.
+  virtual std::vector<Layer> layers() { return {}; }
 
  protected:
   Model() = default;

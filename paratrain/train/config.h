@@ -135,6 +135,33 @@ struct ZeroConfig {
   bool operator==(const ZeroConfig&) const = default;
 };
 
+// Pipeline parallelism (parallel.pp > 1): the model's layers are cut into
+// pp * virtual_stages chunks; micro-batches flow through them by a schedule.
+struct PipelineConfig {
+  // "gpipe" (all forwards, then all backwards: m micro-batches of activations
+  // alive), "1f1b" (same bubble, at most pp alive), "interleaved_1f1b"
+  // (virtual_stages chunks per rank: bubble / virtual_stages, more messages).
+  std::string schedule = "1f1b";
+  // Micro-batches per step; must divide the per-replica batch. More: a
+  // smaller bubble ((pp-1)/(m+pp-1)) but smaller, less efficient kernels.
+  int64_t microbatches = 4;
+  // Model chunks per rank for interleaved_1f1b (>= 2); 1 otherwise.
+  int64_t virtual_stages = 1;
+  // Layers per chunk, e.g. [5, 3]; empty = balanced by `balance`.
+  std::vector<int64_t> split;
+  // How empty `split` balances chunks: "parameters" (parameter count) or
+  // "time" (forward+backward of each layer, measured once on rank 0).
+  std::string balance = "parameters";
+  // Recompute each chunk's forward during its backward: activations of a
+  // micro-batch shrink to the chunk's input, for one more forward per step.
+  bool checkpoint_activations = false;
+  // Steps recorded in <run>/trace/rank_<r>.jsonl for `paratrain trace`
+  // (0 = none); the first steps of each process.
+  int64_t trace_steps = 20;
+
+  bool operator==(const PipelineConfig&) const = default;
+};
+
 struct TrainConfig {
   RunConfig run;
   ModelConfig model;
@@ -145,6 +172,7 @@ struct TrainConfig {
   DdpConfig ddp;
   ParallelConfig parallel;
   ZeroConfig zero;
+  PipelineConfig pipeline;
 
   bool operator==(const TrainConfig&) const = default;
 };
@@ -180,5 +208,9 @@ std::vector<std::string> config_keys();
 // Builds the model the config asks for, with input/output sizes taken from
 // the dataset (Fashion-MNIST: 1x28x28, 10 classes). Seed torch first.
 std::shared_ptr<models::Model> make_model(const TrainConfig& config);
+// The shape of one example as the dataset gives it to the model
+// ([channels, height, width]): pipeline stages infer their boundary shapes
+// from it.
+std::vector<int64_t> model_input_shape(const TrainConfig& config);
 
 }  // namespace paratrain::train

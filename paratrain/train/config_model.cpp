@@ -10,13 +10,20 @@
 
 namespace paratrain::train {
 
+std::vector<int64_t> model_input_shape(const TrainConfig& config) {
+  // Fashion-MNIST is fixed: 1 x 28 x 28 grey images.
+  if (config.data.dataset == "synthetic") {
+    return {config.data.synthetic_channels, config.data.synthetic_image_size, config.data.synthetic_image_size};
+  }
+  return {1, 28, 28};
+}
+
 std::shared_ptr<models::Model> make_model(const TrainConfig& config) {
   validate_config(config);
-  // Fashion-MNIST is fixed: 1 x 28 x 28 grey images, 10 classes.
-  const bool synthetic = config.data.dataset == "synthetic";
-  const int64_t channels = synthetic ? config.data.synthetic_channels : 1;
-  const int64_t side = synthetic ? config.data.synthetic_image_size : 28;
-  const int64_t classes = synthetic ? config.data.synthetic_classes : 10;
+  const auto shape = model_input_shape(config);
+  const int64_t channels = shape[0];
+  const int64_t side = shape[1];
+  const int64_t classes = config.data.dataset == "synthetic" ? config.data.synthetic_classes : 10;
   if (config.model.kind == "mlp") {
     return models::make_mlp({.in_features = channels * side * side,
                              .hidden = config.model.hidden,

@@ -222,6 +222,14 @@ const std::vector<FieldSpec>& schema() {
       field("zero.unit_modules", &TC::zero, &ZeroConfig::unit_modules, "stage 3: comma-separated child modules, one unit each (overrides unit_min_params)", module_list()),
       field("zero.reshard_after_forward", &TC::zero, &ZeroConfig::reshard_after_forward, "stage 3: free gathered parameters between forward and backward"),
       field("zero.prefetch", &TC::zero, &ZeroConfig::prefetch, "stage 3: gather the next unit while this one computes"),
+
+      field("pipeline.schedule", &TC::pipeline, &PipelineConfig::schedule, "\"gpipe\", \"1f1b\" or \"interleaved_1f1b\"", one_of({"gpipe", "1f1b", "interleaved_1f1b"})),
+      field("pipeline.microbatches", &TC::pipeline, &PipelineConfig::microbatches, "micro-batches per step (divides the per-replica batch)", in_range<int64_t>(1, kMaxCount)),
+      field("pipeline.virtual_stages", &TC::pipeline, &PipelineConfig::virtual_stages, "model chunks per rank (interleaved_1f1b: >= 2)", in_range<int64_t>(1, 1024)),
+      field("pipeline.split", &TC::pipeline, &PipelineConfig::split, "layers per chunk, e.g. [5, 3] (empty = balanced)", widths(0)),
+      field("pipeline.balance", &TC::pipeline, &PipelineConfig::balance, "\"parameters\" or \"time\": how an empty split balances chunks", one_of({"parameters", "time"})),
+      field("pipeline.checkpoint_activations", &TC::pipeline, &PipelineConfig::checkpoint_activations, "recompute each chunk's forward during backward"),
+      field("pipeline.trace_steps", &TC::pipeline, &PipelineConfig::trace_steps, "steps recorded for `paratrain trace` (0 = none)", in_range<int64_t>(0, kMaxCount)),
   };
   return fields;
 }
@@ -250,6 +258,14 @@ std::string cross_key_problem(const TrainConfig& c) {
         "zero.stage = {} reduce-scatters gradients through the bucketed reducer, but ddp.mode = \"{}\": "
         "set ddp.mode = \"bucketed\" (the default), or zero.stage = 0 to keep the {} mode",
         c.zero.stage, c.ddp.mode, c.ddp.mode);
+  if (c.pipeline.schedule == "interleaved_1f1b" && c.pipeline.virtual_stages < 2)
+    return fmt::format("pipeline.schedule = \"interleaved_1f1b\" needs pipeline.virtual_stages >= 2 (got {}); "
+                       "set it to 2 or more, or use pipeline.schedule = \"1f1b\"",
+                       c.pipeline.virtual_stages);
+  if (c.pipeline.schedule != "interleaved_1f1b" && c.pipeline.virtual_stages != 1)
+    return fmt::format("pipeline.virtual_stages = {} only applies to pipeline.schedule = \"interleaved_1f1b\" "
+                       "(got \"{}\"): set virtual_stages = 1 or schedule = \"interleaved_1f1b\"",
+                       c.pipeline.virtual_stages, c.pipeline.schedule);
   if (c.ddp.first_bucket_cap_mb > c.ddp.bucket_cap_mb)
     return fmt::format("ddp.first_bucket_cap_mb ({}) must be <= ddp.bucket_cap_mb ({})",
                        c.ddp.first_bucket_cap_mb, c.ddp.bucket_cap_mb);

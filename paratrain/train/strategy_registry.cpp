@@ -27,6 +27,7 @@ Registry& registry() {
     reg->factories["ddp"] = strategies::make_ddp_strategy;
     reg->factories["zero"] = strategies::make_zero_strategy;
     reg->factories["fsdp"] = strategies::make_fsdp_strategy;
+    reg->factories["pipeline"] = strategies::make_pipeline_strategy;
     return reg;
   }();
   return *r;
@@ -64,6 +65,7 @@ std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyC
 }
 
 std::string strategy_name(const TrainConfig& config) {
+  if (config.parallel.pp > 1) return "pipeline";
   if (config.zero.stage == 0) return "ddp";
   if (config.zero.stage <= 2) return "zero";
   return "fsdp";

@@ -14,5 +14,7 @@ std::unique_ptr<Strategy> make_ddp_strategy(const StrategyContext& context);
 std::unique_ptr<Strategy> make_zero_strategy(const StrategyContext& context);
 // zero.stage 3: fully sharded units.
 std::unique_ptr<Strategy> make_fsdp_strategy(const StrategyContext& context);
+// parallel.pp > 1: pipeline stages (DDP across pipeline replicas).
+std::unique_ptr<Strategy> make_pipeline_strategy(const StrategyContext& context);
 
 }  // namespace paratrain::train::strategies

@@ -1,0 +1,74 @@
+// StageModule and the helpers that cut a model into chunks: see stage.h.
+#include "paratrain/pipeline/stage.h"
+
+#include <torch/torch.h>
+
+#include <fmt/format.h>
+
+namespace paratrain::pipeline {
+
+StageModule::StageModule(std::vector<models::Layer> layers) : torch::nn::Module("PipelineStage"), layers_(std::move(layers)) {
+  TORCH_CHECK(!layers_.empty(), "a pipeline chunk needs at least one layer");
+  for (const auto& layer : layers_) {
+    for (const auto& [name, module] : layer.modules) register_module(name, module);
+  }
+}
+
+at::Tensor StageModule::forward(const at::Tensor& x, int64_t* activation_bytes) {
+  at::Tensor h = x;
+  for (const auto& layer : layers_) {
+    h = layer.forward(h);
+    if (activation_bytes != nullptr) *activation_bytes += h.numel() * static_cast<int64_t>(h.element_size());
+  }
+  return h;
+}
+
+std::string StageModule::describe() const {
+  if (layers_.size() == 1) return layers_.front().name;
+  return fmt::format("{}..{}", layers_.front().name, layers_.back().name);
+}
+
+std::shared_ptr<torch::nn::Module> merge_chunks(const std::vector<std::shared_ptr<StageModule>>& chunks) {
+  auto merged = std::make_shared<torch::nn::Module>("PipelineRank");
+  for (const auto& chunk : chunks) {
+    for (const auto& layer : chunk->layers()) {
+      for (const auto& [name, module] : layer.modules) merged->register_module(name, module);
+    }
+  }
+  return merged;
+}
+
+BoundaryShapes infer_boundary_shapes(const std::vector<models::Layer>& layers,
+                                     const std::vector<int64_t>& example_shape) {
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> batch_shape{1};
+  batch_shape.insert(batch_shape.end(), example_shape.begin(), example_shape.end());
+  at::Tensor h = torch::zeros(batch_shape);
+  BoundaryShapes out;
+  auto add = [&out](const at::Tensor& t) {
+    out.shapes.emplace_back(t.sizes().begin() + 1, t.sizes().end());
+    out.dtypes.push_back(t.scalar_type());
+  };
+  add(h);
+  for (const auto& layer : layers) {
+    h = layer.forward(h);
+    TORCH_CHECK(h.dim() >= 1 && h.size(0) == 1, "pipeline: layer ", layer.name,
+                " is not row-wise (one example in, got output of shape ", h.sizes(), ")");
+    add(h);
+  }
+  return out;
+}
+
+std::vector<double> layer_parameter_counts(const std::vector<models::Layer>& layers) {
+  std::vector<double> out;
+  for (const auto& layer : layers) {
+    double n = 0;
+    for (const auto& [name, module] : layer.modules) {
+      for (const auto& p : module->parameters()) n += static_cast<double>(p.numel());
+    }
+    out.push_back(n);
+  }
+  return out;
+}
+
+}  // namespace paratrain::pipeline

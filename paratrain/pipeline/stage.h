@@ -1,0 +1,57 @@
+// A pipeline chunk: a contiguous run of a model's layers (models::Layer),
+// registered under the model's own names so parameters keep their
+// single-process names (fc3.weight) in optimizers and checkpoints. Not the
+// partitioning (partition.h) or the schedule that runs chunks (executor.h).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+
+#include "paratrain/models/model.h"
+
+namespace paratrain::pipeline {
+
+class StageModule : public torch::nn::Module {
+ public:
+  // `layers`: the chunk's layers in order, at least one.
+  explicit StageModule(std::vector<models::Layer> layers);
+
+  // Runs the layers in order. Adds the bytes of every layer output to
+  // `activation_bytes` when given: what autograd keeps alive for backward,
+  // roughly (each layer saves its input or output).
+  at::Tensor forward(const at::Tensor& x, int64_t* activation_bytes = nullptr);
+
+  const std::vector<models::Layer>& layers() const { return layers_; }
+  // "fc2..fc4": for logs.
+  std::string describe() const;
+
+ private:
+  std::vector<models::Layer> layers_;
+};
+
+// Registers every module of `chunks` under its model name, so one module's
+// named_parameters() lists a rank's parameters as the single-process model
+// names them (a rank holding chunks 0 and 2 of interleaved 1F1B included).
+std::shared_ptr<torch::nn::Module> merge_chunks(const std::vector<std::shared_ptr<StageModule>>& chunks);
+
+// The per-example shape of each layer boundary: shapes[i] is the input of
+// layer i, shapes[layers.size()] the model's output. Runs the layers once on
+// one zero example (no grad), so every rank derives the same shapes from the
+// config alone, without messages. Layers must be row-wise (model.h).
+struct BoundaryShapes {
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<at::ScalarType> dtypes;
+};
+BoundaryShapes infer_boundary_shapes(const std::vector<models::Layer>& layers,
+                                     const std::vector<int64_t>& example_shape);
+
+// Parameter elements per layer (balancing by parameters).
+std::vector<double> layer_parameter_counts(const std::vector<models::Layer>& layers);
+
+}  // namespace paratrain::pipeline

@@ -1,0 +1,339 @@
+// The "pipeline" strategy (parallel.pp > 1): the model's layers are cut into
+// pp * virtual_stages chunks, each rank builds only its own, and a schedule
+// (pipeline.schedule) runs micro-batches through them. With dp > 1 each chunk
+// is wrapped in DDP over the dp axis, reducing only in the chunk's last
+// backward of the step. Loss and evaluation logits are broadcast from the
+// last stage, so the Trainer's logging and evaluation see them on every rank.
+#include <torch/torch.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "paratrain/core/error.h"
+#include "paratrain/data_parallel/ddp/ddp.h"
+#include "paratrain/data_parallel/ddp/naive.h"
+#include "paratrain/pipeline/executor.h"
+#include "paratrain/pipeline/partition.h"
+#include "paratrain/pipeline/schedule.h"
+#include "paratrain/pipeline/stage.h"
+#include "paratrain/pipeline/timeline.h"
+#include "paratrain/train/batch_size.h"
+#include "paratrain/train/strategies/builtin.h"
+#include "paratrain/train/strategies/common.h"
+
+namespace paratrain::train::strategies {
+namespace {
+
+using topology::Axis;
+
+// Forward + backward time of each layer on a micro-batch of `rows`, in
+// seconds (best of a few runs: the least disturbed by the other ranks).
+std::vector<double> measure_layer_times(const std::vector<models::Layer>& layers,
+                                        const pipeline::BoundaryShapes& shapes, int64_t rows) {
+  std::vector<double> out;
+  for (size_t j = 0; j < layers.size(); ++j) {
+    std::vector<int64_t> shape{rows};
+    shape.insert(shape.end(), shapes.shapes[j].begin(), shapes.shapes[j].end());
+    double best = 1e30;
+    for (int rep = 0; rep < 3; ++rep) {
+      auto x = torch::randn(shape).requires_grad_(true);
+      const auto start = std::chrono::steady_clock::now();
+      layers[j].forward(x).sum().backward();
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    out.push_back(best);
+  }
+  // The probe's gradients must not leak into training.
+  for (const auto& layer : layers) {
+    for (const auto& [name, module] : layer.modules) {
+      for (auto& p : module->parameters()) p.mutable_grad() = at::Tensor();
+    }
+  }
+  return out;
+}
+
+struct ParamInfo {
+  std::string name;
+  std::vector<int64_t> shape;
+  int owner = 0;  // pp rank
+};
+
+class PipelineStrategy final : public Strategy {
+ public:
+  explicit PipelineStrategy(const StrategyContext& ctx)
+      : config_(ctx.config),
+        mesh_(ctx.mesh),
+        pp_(ctx.mesh.group(Axis::kPp)),
+        dp_(ctx.mesh.group(Axis::kDp)),
+        timeout_(ctx.timeout),
+        kind_(pipeline::parse_schedule(config_.pipeline.schedule)) {
+    for (Axis axis : {Axis::kTp, Axis::kCp}) {
+      if (mesh_.size(axis) != 1) {
+        throw ConfigError(fmt::format("the pipeline strategy runs on pp x dp; parallel.{} = {} is not supported "
+                                      "with it yet: set parallel.{} = 1",
+                                      topology::to_string(axis), mesh_.size(axis), topology::to_string(axis)));
+      }
+    }
+    if (config_.zero.stage != 0) {
+      throw ConfigError(fmt::format("zero.stage = {} with parallel.pp = {}: the pipeline synchronizes replicas "
+                                    "with DDP only; set zero.stage = 0",
+                                    config_.zero.stage, pp_.size()));
+    }
+    if (config_.ddp.mode == "none" && dp_.size() != 1) {
+      throw ConfigError(fmt::format("ddp.mode = \"none\" with {} pipeline replicas (dp) would train each on its "
+                                    "own; use \"bucketed\" or \"naive\"",
+                                    dp_.size()));
+    }
+    shape_.stages = pp_.size();
+    shape_.microbatches = static_cast<int>(config_.pipeline.microbatches);
+    shape_.virtual_stages = static_cast<int>(config_.pipeline.virtual_stages);
+    pipeline::validate_schedule(kind_, shape_);
+    const int64_t per_rank = resolve_batch_sizes(config_, dp_.size()).per_rank;
+    if (per_rank % config_.pipeline.microbatches != 0) {
+      throw ConfigError(fmt::format(
+          "pipeline.microbatches = {} does not divide the batch of each pipeline replica ({} = data.batch_size, or "
+          "data.global_batch_size / dp): pick a divisor of {} or change the batch size",
+          config_.pipeline.microbatches, per_rank, per_rank));
+    }
+  }
+
+  std::string name() const override {
+    return fmt::format("pipeline ({}, {} stages, {} micro-batches{}{})", pipeline::schedule_name(kind_),
+                       shape_.stages, shape_.microbatches,
+                       shape_.virtual_stages > 1 ? fmt::format(", {} chunks per rank", shape_.virtual_stages) : "",
+                       config_.pipeline.checkpoint_activations ? ", recomputing activations" : "");
+  }
+
+  void build_model(const ModelFactory& factory) override {
+    // Every rank builds the whole model from the same seed, so its chunk
+    // starts from the single-process weights, then keeps only its layers.
+    auto full = factory();
+    const auto layers = full->layers();
+    if (layers.empty()) {
+      throw ConfigError(fmt::format("model.kind = \"{}\" cannot be cut into pipeline stages; use parallel.pp = 1",
+                                    config_.model.kind));
+    }
+    const int chunks = shape_.stages * shape_.virtual_stages;
+    const auto shapes = pipeline::infer_boundary_shapes(layers, model_input_shape(config_));
+    bounds_ = config_.pipeline.split.empty()
+                  ? pipeline::balanced_partition(layer_costs(layers, shapes), chunks)
+                  : pipeline::explicit_partition(config_.pipeline.split, static_cast<int>(layers.size()), chunks);
+    record_layout(layers);
+
+    std::vector<pipeline::LocalChunk> local;
+    for (int i = 0; i < shape_.virtual_stages; ++i) {
+      const int mc = i * shape_.stages + pp_.rank();
+      std::vector<models::Layer> mine(layers.begin() + bounds_[mc], layers.begin() + bounds_[mc + 1]);
+      pipeline::LocalChunk c;
+      c.module = std::make_shared<pipeline::StageModule>(std::move(mine));
+      c.model_chunk = mc;
+      c.input_shape = shapes.shapes[bounds_[mc]];
+      c.input_dtype = shapes.dtypes[bounds_[mc]];
+      c.output_shape = shapes.shapes[bounds_[mc + 1]];
+      c.output_dtype = shapes.dtypes[bounds_[mc + 1]];
+      local.push_back(std::move(c));
+      modules_.push_back(local.back().module);
+    }
+    output_shape_ = shapes.shapes.back();
+    output_dtype_ = shapes.dtypes.back();
+    module_ = pipeline::merge_chunks(modules_);
+    full.reset();
+    wrap_replicas();
+
+    pipeline::ExecutorOptions options;
+    options.schedule = kind_;
+    options.shape = shape_;
+    options.checkpoint_activations = config_.pipeline.checkpoint_activations;
+    options.timeout = timeout_;
+    executor_ = std::make_unique<pipeline::Executor>(pp_, std::move(local), options);
+    if (config_.pipeline.trace_steps > 0) {
+      const auto run_dir = std::filesystem::path(config_.run.output_dir) / config_.run.name;
+      const int rank = mesh_.world().rank();
+      pipeline::TimelineOptions options;
+      options.path = pipeline::timeline_path(run_dir, rank);
+      options.max_steps = config_.pipeline.trace_steps;
+      options.stage = pp_.rank();
+      options.dp = dp_.rank();
+      timeline_ = std::make_unique<pipeline::Timeline>(rank, options);
+    }
+  }
+
+  std::shared_ptr<torch::nn::Module> module() const override { return module_; }
+  std::vector<at::Tensor> optimizer_params() override { return module_->parameters(); }
+  DataShard data_shard() const override { return {dp_.rank(), dp_.size()}; }
+
+  StepOutput forward_backward(const data::Batch& batch, const LossFn& loss, bool sync) override {
+    pipeline::ExecutorHooks hooks;
+    hooks.before_forward = [this](int chunk) {
+      if (!ddp_.empty()) ddp_[chunk]->prepare_forward();
+      if (!naive_.empty()) naive_[chunk]->prepare_forward();
+    };
+    // Replicas reduce a chunk's gradients once, in its last backward of the
+    // step: the earlier micro-batches accumulate locally (no_sync).
+    hooks.before_backward = [this, sync](int chunk, bool last) {
+      if (!ddp_.empty()) ddp_[chunk]->reducer().set_sync_enabled(sync && last);
+    };
+    hooks.after_backward = [this, sync](int chunk, bool last) {
+      if (!(sync && last)) return;
+      if (!ddp_.empty()) ddp_[chunk]->finish_backward();
+      if (!naive_.empty()) naive_[chunk]->sync_gradients();
+    };
+    const auto report = executor_->train_step(batch.inputs, batch.targets, loss, hooks, timeline_.get(), steps_++);
+    peak_in_flight_ = report.peak_in_flight;
+    peak_activation_bytes_ = report.peak_activation_bytes;
+    // The loss lives on the last stage; every rank logs and checks it.
+    at::Tensor l = report.loss.defined() ? report.loss.reshape({1}).to(at::kFloat).clone() : torch::zeros({1});
+    pp_.broadcast(l, pp_.size() - 1)->wait(timeout_);
+    return {l.reshape({})};
+  }
+
+  bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm) override {
+    if (clip_grad_norm > 0) clip_across_stages(clip_grad_norm);
+    optimizer.step();
+    optimizer.zero_grad();
+    return true;
+  }
+
+  at::Tensor eval_forward(const at::Tensor& inputs) override {
+    for (auto& d : ddp_) d->sync_buffers();
+    for (auto& n : naive_) n->prepare_forward();
+    at::Tensor out = executor_->forward_only(inputs);
+    std::vector<int64_t> shape{inputs.size(0)};
+    shape.insert(shape.end(), output_shape_.begin(), output_shape_.end());
+    if (!out.defined()) out = torch::empty(shape, torch::TensorOptions().dtype(output_dtype_));
+    out = out.contiguous();
+    pp_.broadcast(out, pp_.size() - 1)->wait(timeout_);
+    return out;
+  }
+
+  std::vector<TensorSlot> model_slots() override { return replicated_slots(*module_, dp_.rank() == 0); }
+  std::vector<OptimizerSlot> optimizer_slots() override {
+    return replicated_optimizer_slots(*module_, dp_.rank() == 0);
+  }
+
+  std::vector<std::pair<std::string, std::string>> checkpoint_metadata() const override {
+    return {{"pipeline.stages", std::to_string(shape_.stages)},
+            {"pipeline.schedule", pipeline::schedule_name(kind_)},
+            {"pipeline.layer_bounds", fmt::format("{}", fmt::join(bounds_, ","))}};
+  }
+
+  // Each parameter broadcast over pp from the stage that holds it.
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
+    torch::NoGradGuard no_grad;
+    const auto mine = module_->named_parameters();
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (const auto& info : layout_) {
+      at::Tensor t = info.owner == pp_.rank() ? mine[info.name].detach().clone().contiguous()
+                                              : torch::empty(info.shape);
+      pp_.broadcast(t, info.owner)->wait(timeout_);
+      out.emplace_back(info.name, t);
+    }
+    return out;
+  }
+
+  SyncStats last_stats() const override { return ddp_.empty() ? SyncStats{} : sync_stats(ddp_[0]->last_step_stats()); }
+
+  ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const override {
+    std::vector<at::Tensor> grads;
+    for (const auto& p : module_->parameters()) grads.push_back(p.grad());
+    ModelStateBytes m;
+    m.params = tensor_bytes(module_->parameters());
+    m.grads = tensor_bytes(grads);
+    m.optimizer_state = tensor_bytes(optimizer_state_tensors(optimizer));
+    return m;
+  }
+
+ private:
+  std::vector<double> layer_costs(const std::vector<models::Layer>& layers, const pipeline::BoundaryShapes& shapes) {
+    if (config_.pipeline.balance == "parameters") return pipeline::layer_parameter_counts(layers);
+    // Times differ per rank; every rank must cut the model the same way, so
+    // world rank 0's measurement is used everywhere.
+    auto& world = mesh_.world();
+    const int64_t rows = resolve_batch_sizes(config_, dp_.size()).per_rank / config_.pipeline.microbatches;
+    std::vector<double> mine(layers.size(), 0.0);
+    if (world.rank() == 0) mine = measure_layer_times(layers, shapes, rows);
+    at::Tensor t = torch::tensor(mine, torch::kDouble);
+    world.broadcast(t, 0)->wait(timeout_);
+    return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  }
+
+  void record_layout(const std::vector<models::Layer>& layers) {
+    const int chunks = static_cast<int>(bounds_.size()) - 1;
+    for (int mc = 0; mc < chunks; ++mc) {
+      for (int j = bounds_[mc]; j < bounds_[mc + 1]; ++j) {
+        for (const auto& [prefix, module] : layers[j].modules) {
+          for (const auto& p : module->named_parameters()) {
+            layout_.push_back({prefix + "." + p.key(), p.value().sizes().vec(), mc % shape_.stages});
+          }
+        }
+      }
+    }
+  }
+
+  void wrap_replicas() {
+    if (dp_.size() == 1 || config_.ddp.mode == "none") return;
+    for (auto& chunk : modules_) {
+      if (config_.ddp.mode == "bucketed") {
+        ddp::DdpOptions options;
+        options.broadcast_buffers = config_.ddp.broadcast_buffers;
+        options.reducer.buckets = bucket_options(config_);
+        options.reducer.find_unused_parameters = config_.ddp.find_unused_parameters;
+        options.reducer.timeout = timeout_;
+        ddp_.push_back(std::make_unique<ddp::DistributedDataParallel>(chunk, dp_, std::move(options)));
+      } else {
+        ddp::NaiveOptions options;
+        options.broadcast_buffers = config_.ddp.broadcast_buffers;
+        options.timeout = timeout_;
+        naive_.push_back(std::make_unique<ddp::NaiveDataParallel>(chunk, dp_, options));
+      }
+    }
+  }
+
+  // torch::nn::utils::clip_grad_norm_ over the whole model: the norm sums
+  // every stage's squares (replicas hold equal gradients after the reduction).
+  void clip_across_stages(double max_norm) {
+    torch::NoGradGuard no_grad;
+    at::Tensor sq = torch::zeros({1}, torch::kDouble);
+    for (const auto& p : module_->parameters()) {
+      if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum();
+    }
+    pp_.all_reduce(sq, comm::ReduceOp::kSum)->wait(timeout_);
+    const double norm = std::sqrt(sq.item<double>());
+    const double coef = max_norm / (norm + 1e-6);
+    if (coef >= 1) return;
+    for (auto& p : module_->parameters()) {
+      if (p.grad().defined()) p.mutable_grad().mul_(coef);
+    }
+  }
+
+  const TrainConfig config_;
+  topology::DeviceMesh& mesh_;
+  comm::ProcessGroup& pp_;
+  comm::ProcessGroup& dp_;
+  std::chrono::milliseconds timeout_;
+  pipeline::ScheduleKind kind_;
+  pipeline::ScheduleOptions shape_;
+  std::vector<int> bounds_;
+  std::vector<ParamInfo> layout_;
+  std::vector<std::shared_ptr<pipeline::StageModule>> modules_;
+  std::shared_ptr<torch::nn::Module> module_;
+  std::vector<int64_t> output_shape_;
+  at::ScalarType output_dtype_ = at::kFloat;
+  std::vector<std::unique_ptr<ddp::DistributedDataParallel>> ddp_;
+  std::vector<std::unique_ptr<ddp::NaiveDataParallel>> naive_;
+  std::unique_ptr<pipeline::Executor> executor_;
+  std::unique_ptr<pipeline::Timeline> timeline_;
+  int64_t steps_ = 0;
+  int peak_in_flight_ = 0;
+  int64_t peak_activation_bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_pipeline_strategy(const StrategyContext& context) {
+  return std::make_unique<PipelineStrategy>(context);
+}
+
+}  // namespace paratrain::train::strategies
