@@ -22,6 +22,7 @@
 #include "paratrain/train/checkpoint/checkpoint_files.h"
 #include "paratrain/train/checkpoint/sharded.h"
 #include "paratrain/train/checkpointing.h"
+#include "paratrain/train/memory_plan.h"
 #include "paratrain/train/metrics.h"
 #include "paratrain/train/strategy_registry.h"
 
@@ -219,8 +220,8 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
 
   if (s.is_main()) {
     write_text_atomically(s.run_dir / "config.toml", to_toml(c));
-    int64_t numel = 0;
-    for (auto& p : s.strategy->module()->named_parameters()) numel += p.value().numel();
+    // The whole model's count: a pipeline stage or a shard holds only part.
+    const int64_t numel = parameter_count(c);
     spdlog::info("run {}: {} ranks = {}, strategy {}, model {} ({} parameters), {} train / {} test items, "
                  "global batch {} ({} per dp rank)",
                  s.run_dir.string(), world.size(), dims.describe(), s.strategy->name(), c.model.kind, numel,
