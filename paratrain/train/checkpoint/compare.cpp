@@ -126,8 +126,11 @@ std::string CompareReport::format() const {
     out << fmt::format("0 tensors compared: nothing to agree on (check --prefix, or pass --all)\n");
   } else {
     const bool within = std::all_of(diffs.begin(), diffs.end(), [](const TensorDiff& d) { return d.ok; });
-    out << fmt::format("{} tensors compared, worst relative difference {:.3e} ({}) — {} rtol {:g}\n", diffs.size(),
-                       worst->rel, worst->name, within ? "within" : "exceeds", rtol);
+    const bool names_differ = !only_in_a.empty() || !only_in_b.empty() || !mismatched.empty();
+    // The last line is what people read: say here too when the names alone fail the comparison.
+    out << fmt::format("{} tensors compared, worst relative difference {:.3e} ({}) — {} rtol {:g}{}\n", diffs.size(),
+                       worst->rel, worst->name, within ? "within" : "exceeds", rtol,
+                       names_differ ? "; names differ (listed above)" : "");
   }
   return out.str();
 }

@@ -55,7 +55,8 @@ struct CompareReport {
   bool ok() const;
   // The table (name, shape, max abs diff, rel diff, OK/DIFF), the names that
   // differ, and a last summary line: "N tensors compared, worst relative
-  // difference X (name) — within|exceeds rtol R".
+  // difference X (name) — within|exceeds rtol R", plus "; names differ
+  // (listed above)" when names, shapes or dtypes disagree.
   std::string format() const;
 };
 
