@@ -1,7 +1,8 @@
-// `paratrain checkpoint consolidate|inspect CKPT`: offline tools over a
-// checkpoint (a sharded step directory or a single file). Parsing only; the
-// work is consolidate_checkpoint / describe_checkpoint in
-// paratrain/train/checkpoint/sharded.h, errors go to main.cpp's handler.
+// `paratrain checkpoint consolidate|inspect CKPT` and `compare A B`: offline
+// tools over checkpoints (sharded step directories or single files). Parsing
+// only; the work is consolidate_checkpoint / describe_checkpoint in
+// paratrain/train/checkpoint/sharded.h and compare_checkpoints in compare.h,
+// errors go to main.cpp's handler.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -9,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "apps/paratrain/commands.h"
+#include "paratrain/train/checkpoint/compare.h"
 #include "paratrain/train/checkpoint/sharded.h"
 
 namespace paratrain::cli {
@@ -17,9 +19,11 @@ Command add_checkpoint_command(CLI::App& app) {
   struct Args {
     std::string checkpoint;
     std::string output;
+    std::string a, b;                  // compare
+    train::CompareOptions compare;
   };
   auto args = std::make_shared<Args>();
-  auto* sub = app.add_subcommand("checkpoint", "Inspect or convert a checkpoint (a step_N/ directory or a file)");
+  auto* sub = app.add_subcommand("checkpoint", "Inspect, convert or compare checkpoints (step_N/ directories or files)");
   sub->require_subcommand(1);
   auto* consolidate = sub->add_subcommand(
       "consolidate",
@@ -31,7 +35,20 @@ Command add_checkpoint_command(CLI::App& app) {
   auto* inspect = sub->add_subcommand("inspect", "Print a checkpoint's layout: step, files, tensors and their chunks");
   inspect->add_option("checkpoint", args->checkpoint, "checkpoint directory or file")->required();
 
-  auto run = [args, consolidate, inspect]() -> int {
+  auto* compare = sub->add_subcommand(
+      "compare",
+      "Compare two checkpoints tensor by tensor (e.g. a consolidated multi-rank run against a 1-process run); "
+      "exit 0 when they agree within --rtol, 1 when they differ");
+  compare->add_option("a", args->a, "checkpoint directory or .safetensors file")->required();
+  compare->add_option("b", args->b, "the reference: relative differences are taken against its values")->required();
+  compare->add_option("--rtol", args->compare.rtol, "largest max|a-b| / max|b| per tensor that still agrees")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  compare->add_option("--prefix", args->compare.prefix, "compare only tensors whose names start with this")
+      ->capture_default_str();
+  compare->add_flag("--all", args->compare.all, "compare every tensor (model, optimizer state, rng), ignoring --prefix");
+
+  auto run = [args, consolidate, inspect, compare]() -> int {
     if (consolidate->parsed()) {
       train::consolidate_checkpoint(args->checkpoint, args->output);
       std::printf("wrote %s\n", args->output.c_str());
@@ -40,6 +57,11 @@ Command add_checkpoint_command(CLI::App& app) {
     if (inspect->parsed()) {
       std::fputs(train::describe_checkpoint(args->checkpoint).c_str(), stdout);
       return 0;
+    }
+    if (compare->parsed()) {
+      const train::CompareReport report = train::compare_checkpoints(args->a, args->b, args->compare);
+      std::fputs(report.format().c_str(), stdout);
+      return report.ok() ? 0 : 1;
     }
     return 2;
   };
