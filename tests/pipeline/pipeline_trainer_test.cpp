@@ -257,3 +257,31 @@ TEST(PipelineConfig, ExplicitSplitAndTimeBalanceTrainTheSameModel) {
 }
 
 }  // namespace
+
+namespace {
+
+// The CNN's layers (conv blocks, fc0, fc1) are cut like the MLP's.
+TEST(PipelineModels, CnnStagesEqualOneProcess) {
+  auto dir = paratrain::testing::temp_dir("pp_cnn");
+  auto cnn = [&](const std::string& name) {
+    auto c = deep_config(dir + "/" + name);
+    c.model.kind = "cnn";
+    c.model.channels = {4, 6};
+    c.model.cnn_hidden = 16;
+    c.data.synthetic_image_size = 8;
+    c.data.global_batch_size = 36;
+    c.data.synthetic_train_size = 360;
+    c.train.max_steps = 6;
+    return c;
+  };
+  auto single_cfg = cnn("single");
+  single_cfg.ddp.mode = "none";
+  const auto single = train(single_cfg, 1);
+  const double two = relative_diff(train(pipelined(cnn("pp2"), 2, "1f1b", 3), 2), single);
+  const double four = relative_diff(train(pipelined(cnn("pp4"), 4, "gpipe", 2), 4), single);
+  EXPECT_LT(two, kTolerance);
+  EXPECT_LT(four, kTolerance);
+  std::printf("[ measured ] CNN pp=2 1f1b m=3: %.3g, pp=4 gpipe m=2: %.3g\n", two, four);
+}
+
+}  // namespace
