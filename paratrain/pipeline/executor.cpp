@@ -140,6 +140,7 @@ StepReport Executor::train_step(const at::Tensor& inputs, const at::Tensor& targ
         }
       }
       if (mc != last_model_chunk) {
+        Timeline::Scope s(rec, {EventKind::kSend, step, mb, a.chunk, next_rank(mc), bytes_of(out)});
         p2p_.send(out, next_rank(mc), message_tag(Payload::kActivation, mc + 1, mb));
         if (!options_.checkpoint_activations) h.output = out;
       }
@@ -186,6 +187,7 @@ StepReport Executor::train_step(const at::Tensor& inputs, const at::Tensor& targ
       at::Tensor g = h.input.grad();
       TORCH_CHECK(g.defined(), "pipeline: model chunk ", mc, " produced no gradient for its input (micro-batch ", mb,
                   "): every layer must depend on its input");
+      Timeline::Scope s(rec, {EventKind::kSend, step, mb, a.chunk, prev_rank(mc), bytes_of(g)});
       p2p_.send(g, prev_rank(mc), message_tag(Payload::kGradient, mc - 1, mb));
     }
   }

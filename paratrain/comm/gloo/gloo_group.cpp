@@ -205,7 +205,7 @@ class GlooProcessGroup final : public ProcessGroup {
     check_rank(dst, "send destination");
     std::vector<at::Tensor> tensors{tensor};
     return issue(fmt::format("rank {}: send(to {}, tag {}, {} elements)", rank_, dst, tag, tensor.numel()),
-                 {}, [&] { return pg_->send(tensors, dst, tag); });
+                 {}, [&] { return pg_->send(tensors, dst, tag); }, /*has_future=*/false);
   }
 
   WorkHandle recv(at::Tensor& tensor, int src, int tag) override {
@@ -213,7 +213,7 @@ class GlooProcessGroup final : public ProcessGroup {
     check_rank(src, "recv source");
     std::vector<at::Tensor> tensors{tensor};
     return issue(fmt::format("rank {}: recv(from {}, tag {}, {} elements)", rank_, src, tag, tensor.numel()),
-                 {}, [&] { return pg_->recv(tensors, src, tag); });
+                 {}, [&] { return pg_->recv(tensors, src, tag); }, /*has_future=*/false);
   }
 
   WorkHandle barrier() override {
@@ -435,7 +435,7 @@ class GlooProcessGroup final : public ProcessGroup {
     }
   }
   template <class Issue>
-  WorkHandle issue(std::string what, std::function<void()> finish, Issue&& call) {
+  WorkHandle issue(std::string what, std::function<void()> finish, Issue&& call, bool has_future = true) {
     throw_if_aborted(what);
     c10::intrusive_ptr<c10d::Work> work;
     try {
@@ -444,7 +444,7 @@ class GlooProcessGroup final : public ProcessGroup {
       rethrow_as_comm_error(what);
     }
     return std::make_shared<GlooWork>(std::move(work), std::move(what), std::move(finish), signal_,
-                                      options_.timeout);
+                                      options_.timeout, has_future);
   }
 
   c10::intrusive_ptr<c10d::Store> store_;

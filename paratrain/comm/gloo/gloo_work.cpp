@@ -12,7 +12,7 @@
 namespace paratrain::comm::gloo_detail {
 
 GlooWork::GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string what, std::function<void()> finish,
-                   std::shared_ptr<GroupSignal> signal, std::chrono::milliseconds default_timeout)
+                   std::shared_ptr<GroupSignal> signal, std::chrono::milliseconds default_timeout, bool has_future)
     : work_(std::move(work)), what_(std::move(what)), finish_(std::move(finish)),
       signal_(std::move(signal)), default_timeout_(default_timeout) {
   if (!work_) {
@@ -20,6 +20,7 @@ GlooWork::GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string what, std::f
     backend_->at = Clock::now();
     return;
   }
+  if (!has_future) return;
   c10::intrusive_ptr<c10::ivalue::Future> future;
   try {
     future = work_->getFuture();

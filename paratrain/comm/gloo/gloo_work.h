@@ -33,8 +33,11 @@ class GlooWork final : public Work {
   // `work` may be null for an operation with nothing to exchange (done at
   // once). `finish` runs once, after the c10d work completed (e.g. AVG's
   // division or copying the local shard out of a scratch buffer).
+  // `has_future` false: c10d's work has no future (send/recv in 1.13). Asking
+  // such a work for one throws a c10::Error, whose backtrace capture costs
+  // about a millisecond: more than sending a pipeline activation.
   GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string what, std::function<void()> finish,
-           std::shared_ptr<GroupSignal> signal, std::chrono::milliseconds default_timeout);
+           std::shared_ptr<GroupSignal> signal, std::chrono::milliseconds default_timeout, bool has_future = true);
 
   using Work::wait;
   void wait(std::chrono::milliseconds timeout) override;
