@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "paratrain/core/atomic_file.h"
 #include "paratrain/core/error.h"
 #include "paratrain/data/loader.h"
 #include "paratrain/models/model.h"
@@ -219,7 +220,7 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
   check_ranks_agree_on_position(world, s.step, s.loader->state(), s.timeout());
 
   if (s.is_main()) {
-    write_text_atomically(s.run_dir / "config.toml", to_toml(c));
+    write_file_atomically(s.run_dir / "config.toml", to_toml(c));
     // The whole model's count: a pipeline stage or a shard holds only part.
     const int64_t numel = parameter_count(c);
     spdlog::info("run {}: {} ranks = {}, strategy {}, model {} ({} parameters), {} train / {} test items, "
@@ -340,7 +341,11 @@ TrainResult Trainer::fit() {
           auto mem = s.strategy->memory(*s.optimizer);
           spdlog::info("epoch {}/{} step {}/{} loss {:.4f} {:.0f} samples/s ETA {}", epoch + 1, c.train.epochs,
                        s.step, planned_steps, result.last_train_loss, rate, format_duration(eta));
+          // samples and epoch_progress: the x axes of `paratrain plot`.
+          const double progress =
+              epoch + static_cast<double>(s.loader->state().next_batch) / std::max<int64_t>(batches, 1);
           s.metrics.write({{"kind", "train"}, {"epoch", epoch}, {"step", s.step},
+                           {"samples", s.step * global_batch}, {"epoch_progress", progress},
                            {"loss", result.last_train_loss}, {"samples_per_s", rate},
                            {"lr", c.optimizer.lr}, {"comm_ms", st.comm_ms},
                            {"hidden_share", st.hidden_share}, {"param_bytes", mem.params},
@@ -362,7 +367,8 @@ TrainResult Trainer::fit() {
       if (s.is_main()) {
         spdlog::info("epoch {}/{} test loss {:.4f} accuracy {:.2f}% ({} items)", epoch + 1, c.train.epochs,
                      result.test.loss, 100 * result.test.accuracy, result.test.count);
-        s.metrics.write({{"kind", "eval"}, {"epoch", epoch}, {"step", s.step}, {"test_loss", result.test.loss},
+        s.metrics.write({{"kind", "eval"}, {"epoch", epoch}, {"step", s.step},
+                         {"samples", s.step * global_batch}, {"test_loss", result.test.loss},
                          {"test_accuracy", result.test.accuracy}});
       }
     }
