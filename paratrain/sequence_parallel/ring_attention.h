@@ -12,6 +12,12 @@
 //   // positions of this chunk start at chunk_offset(S, cp.rank(), cp.size())
 //   auto q = ..., k = ..., v = ...;                              // [B, H, S/cp, D]
 //   auto y = ring_attention(q, k, v, cp, {.causal = true});       // [B, H, S/cp, D]
+// Everything else in the model (embeddings, MLP, LayerNorm, the loss) runs on
+// the chunk unchanged. Parameters are replicated over cp and each rank's
+// gradient covers its chunk's tokens only: all-reduce them over the cp group
+// after backward (a sum when each rank's loss is its share of the global
+// loss, e.g. its tokens' loss sum / all tokens of the batch; an average when
+// each rank's loss is the mean over its own tokens and chunks are equal).
 //
 // Attention dropout is not supported: the backward rebuilds each block's
 // probabilities from the saved log-sum-exp, and a dropout mask would have to
