@@ -97,7 +97,7 @@ class PipelineStrategy final : public Strategy {
     if (per_rank % config_.pipeline.microbatches != 0) {
       throw ConfigError(fmt::format(
           "pipeline.microbatches = {} does not divide the batch of each pipeline replica ({} = data.batch_size, or "
-          "data.global_batch_size / dp): pick a divisor of {} or change the batch size",
+          "data.global_batch_size / (dp * train.accumulate)): pick a divisor of {} or change the batch size",
           config_.pipeline.microbatches, per_rank, per_rank));
     }
   }
