@@ -52,8 +52,8 @@ struct BlockImpl : torch::nn::Module {
     return x + mlp->forward(ln2->forward(x));
   }
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
-  Attention attn;
-  Mlp mlp;
+  Attention attn{nullptr};
+  Mlp mlp{nullptr};
 };
 
 // The plain model (tp == nullptr) or the tensor-parallel one.
