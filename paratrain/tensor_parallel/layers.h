@@ -5,7 +5,13 @@
 // bias) and says how its shards map to the full tensors (shards.h), so a model
 // can be built plain or tensor-parallel and loaded from the same full weights:
 //
-//   auto fc = ColumnParallelLinear::from_full(plain->weight, plain->bias, {}, ctx);
+//   auto fc = ColumnParallelLinearImpl::from_full(plain->weight, plain->bias, {}, ctx);
+//   load_full_parameters(*tp_model, plain_model->named_parameters(), ctx);  // a whole model
+//
+// The constructors initialize as their single-process twin would (Linear's
+// kaiming-uniform, Embedding's N(0, 1)) on the full tensor and keep this
+// rank's shard, so ranks at the same RNG state hold shards of the weights a
+// plain layer built from that state holds (costs the full tensor once).
 //
 // Not here: the blocks built from them (parallel_mlp.h, parallel_attention.h).
 #pragma once
