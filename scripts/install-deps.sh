@@ -9,6 +9,7 @@ packages=(
   libcli11-dev libtomlplusplus-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev librapidcheck-dev zlib1g-dev
   dataset-fashion-mnist
+  fortunes fortunes-min   # the default text corpus of configs/gpt_fortunes.toml
   python3-torch   # only for the PyTorch-DDP side of the benchmark
 )
 
