@@ -10,6 +10,7 @@ packages=(
   libgtest-dev librapidcheck-dev zlib1g-dev
   dataset-fashion-mnist
   gnuplot-nox     # `paratrain plot` draws PNG curves with it
+  fortunes fortunes-min   # the default text corpus of configs/gpt_fortunes.toml
   python3-torch   # only for the PyTorch-DDP side of the benchmark
 )
 

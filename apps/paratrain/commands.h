@@ -22,5 +22,6 @@ Command add_checkpoint_command(CLI::App& app);  // checkpoint_command.cpp
 Command add_plan_command(CLI::App& app);    // plan_command.cpp
 Command add_trace_command(CLI::App& app);   // trace_command.cpp
 Command add_plot_command(CLI::App& app);    // plot_command.cpp
+Command add_generate_command(CLI::App& app);  // generate_command.cpp
 
 }  // namespace paratrain::cli

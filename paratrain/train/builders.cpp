@@ -13,6 +13,7 @@
 #include "paratrain/data/synthetic.h"
 #include "paratrain/optim/lamb.h"
 #include "paratrain/optim/lars.h"
+#include "paratrain/data/text.h"
 
 namespace paratrain::train {
 
@@ -116,7 +117,15 @@ Datasets load_datasets(const TrainConfig& config) {
     o.seed = static_cast<uint64_t>(config.run.seed) + 2;
     return {std::move(train), data::make_synthetic(o)};
   }
-  throw ConfigError(fmt::format("data.dataset = \"{}\": allowed values are \"fashion_mnist\", \"synthetic\"", d.dataset));
+  if (d.dataset == "text") {
+    // The token cache is shared by every run under output_dir (its name
+    // hashes the corpus); run names cannot start with '.', so no clash.
+    auto text = data::load_text({.source = d.path,
+                                 .cache_dir = std::filesystem::path(config.run.output_dir) / ".cache",
+                                 .seq_len = config.model.seq_len});
+    return {std::move(text.train), std::move(text.validation)};
+  }
+  throw ConfigError(fmt::format("data.dataset = \"{}\": allowed values are \"fashion_mnist\", \"synthetic\", \"text\"", d.dataset));
 }
 
 }  // namespace paratrain::train

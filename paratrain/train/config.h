@@ -33,10 +33,17 @@ struct RunConfig {
 };
 
 struct ModelConfig {
-  std::string kind = "mlp";                 // "mlp" | "cnn"
+  std::string kind = "mlp";                 // "mlp" | "cnn" | "gpt"
   std::vector<int64_t> hidden{256, 128};    // MLP hidden widths
   std::vector<int64_t> channels{32, 64};    // CNN conv block channels
   int64_t cnn_hidden = 128;                 // CNN fully connected width
+  // GPT (data.dataset = "text"): decoder blocks, width, attention heads
+  // (divide d_model), context length in tokens, dropout probability.
+  int64_t layers = 4;
+  int64_t d_model = 256;
+  int64_t heads = 4;
+  int64_t seq_len = 128;
+  double dropout = 0.1;
 
   bool operator==(const ModelConfig&) const = default;
 };
@@ -94,8 +101,11 @@ struct LrConfig {
 };
 
 struct DataConfig {
-  std::string dataset = "fashion_mnist";  // "fashion_mnist" | "synthetic"
+  std::string dataset = "fashion_mnist";  // "fashion_mnist" | "synthetic" | "text"
   std::string dir = "/usr/share/datasets/fashion-mnist";
+  // Text: a file or a folder of text files, tokenized as bytes into
+  // <run.output_dir>/.cache/ once (data/text.h).
+  std::string path = "/usr/share/games/fortunes";
   // Per data-parallel rank and micro-batch: the global batch per optimizer
   // step is batch_size * dp * train.accumulate.
   int64_t batch_size = 64;

@@ -5,12 +5,15 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/models/cnn.h"
+#include "paratrain/models/gpt.h"
 #include "paratrain/models/mlp.h"
 #include "paratrain/train/config.h"
 
 namespace paratrain::train {
 
 std::vector<int64_t> model_input_shape(const TrainConfig& config) {
+  // A GPT reads one window of token ids.
+  if (config.model.kind == "gpt") return {config.model.seq_len};
   // Fashion-MNIST is fixed: 1 x 28 x 28 grey images.
   if (config.data.dataset == "synthetic") {
     return {config.data.synthetic_channels, config.data.synthetic_image_size, config.data.synthetic_image_size};
@@ -20,6 +23,14 @@ std::vector<int64_t> model_input_shape(const TrainConfig& config) {
 
 std::shared_ptr<models::Model> make_model(const TrainConfig& config) {
   validate_config(config);
+  if (config.model.kind == "gpt") {
+    return models::make_gpt({.vocab = 256,  // byte tokens (data/text.h)
+                             .seq_len = config.model.seq_len,
+                             .layers = config.model.layers,
+                             .d_model = config.model.d_model,
+                             .heads = config.model.heads,
+                             .dropout = config.model.dropout});
+  }
   const auto shape = model_input_shape(config);
   const int64_t channels = shape[0];
   const int64_t side = shape[1];
@@ -36,7 +47,7 @@ std::shared_ptr<models::Model> make_model(const TrainConfig& config) {
                              .channels = config.model.channels,
                              .hidden = config.model.cnn_hidden});
   }
-  throw ConfigError(fmt::format("model.kind = \"{}\": allowed values are \"mlp\", \"cnn\"",
+  throw ConfigError(fmt::format("model.kind = \"{}\": allowed values are \"mlp\", \"cnn\", \"gpt\"",
                                 config.model.kind));
 }
 

@@ -146,6 +146,30 @@ Check<std::vector<double>> adam_betas() {
   };
 }
 
+// The GPT and the text data go together: a GPT reads token windows, the
+// image models read pixels.
+std::string gpt_problem(const TrainConfig& c) {
+  const bool gpt = c.model.kind == "gpt", text = c.data.dataset == "text";
+  if (gpt && !text)
+    return fmt::format("model.kind = \"gpt\" reads token windows: set data.dataset = \"text\" (got \"{}\")",
+                       c.data.dataset);
+  if (text && !gpt)
+    return fmt::format("data.dataset = \"text\" gives token windows, which only model.kind = \"gpt\" reads (got \"{}\")",
+                       c.model.kind);
+  if (!gpt) return "";
+  if (c.model.d_model % c.model.heads != 0)
+    return fmt::format("model.d_model ({}) must be a multiple of model.heads ({}): each head gets d_model / heads "
+                       "dimensions",
+                       c.model.d_model, c.model.heads);
+  if (c.data.path.empty()) return "data.path must name a text file or folder (e.g. /usr/share/games/fortunes)";
+  if (c.parallel.pp > 1)
+    return fmt::format("model.kind = \"gpt\" cannot be cut into pipeline stages (parallel.pp = {}): its LM head "
+                       "shares wte's weight with the embedding, whose gradients would have to be summed across the "
+                       "first and last stage; set parallel.pp = 1",
+                       c.parallel.pp);
+  return "";
+}
+
 }  // namespace
 
 // Note [Default hyper-parameters]
@@ -168,10 +192,15 @@ const std::vector<FieldSpec>& schema() {
       field("run.seed", &TC::run, &RunConfig::seed, "seeds model init and data shuffling", at_least<int64_t>(0)),
       field("run.log_every", &TC::run, &RunConfig::log_every, "steps between log lines (0 = per epoch only)", in_range<int64_t>(0, kMaxCount)),
 
-      field("model.kind", &TC::model, &ModelConfig::kind, "\"mlp\" or \"cnn\"", one_of({"mlp", "cnn"})),
+      field("model.kind", &TC::model, &ModelConfig::kind, "\"mlp\", \"cnn\" or \"gpt\" (gpt needs data.dataset = \"text\")", one_of({"mlp", "cnn", "gpt"})),
       field("model.hidden", &TC::model, &ModelConfig::hidden, "MLP hidden layer widths", widths(0)),
       field("model.channels", &TC::model, &ModelConfig::channels, "CNN channels per conv block", widths(1)),
       field("model.cnn_hidden", &TC::model, &ModelConfig::cnn_hidden, "CNN fully connected width", in_range<int64_t>(1, kMaxWidth)),
+      field("model.layers", &TC::model, &ModelConfig::layers, "GPT decoder blocks", in_range<int64_t>(1, 1024)),
+      field("model.d_model", &TC::model, &ModelConfig::d_model, "GPT width (a multiple of model.heads)", in_range<int64_t>(1, kMaxWidth)),
+      field("model.heads", &TC::model, &ModelConfig::heads, "GPT attention heads", in_range<int64_t>(1, kMaxWidth)),
+      field("model.seq_len", &TC::model, &ModelConfig::seq_len, "GPT context length in tokens", in_range<int64_t>(1, kMaxWidth)),
+      field("model.dropout", &TC::model, &ModelConfig::dropout, "GPT dropout on embeddings, attention and residuals", in_range_finite(0.0, 0.999)),
 
       field("optimizer.kind", &TC::optimizer, &OptimizerConfig::kind, "\"sgd\", \"adam\", \"adamw\", \"lars\" or \"lamb\"", one_of({"sgd", "adam", "adamw", "lars", "lamb"})),
       field("optimizer.lr", &TC::optimizer, &OptimizerConfig::lr, "learning rate; the base rate that the [lr] schedule scales, warms up and decays", positive()),
@@ -196,8 +225,9 @@ const std::vector<FieldSpec>& schema() {
       field("lr.step_epochs", &TC::lr, &LrConfig::step_epochs, "step decay: period in epochs instead (rounded to whole steps)", in_range_finite(0.0, static_cast<double>(kMaxCount))),
       field("lr.gamma", &TC::lr, &LrConfig::gamma, "step decay: factor per period, in (0, 1]", Check<double>([](const double& v) { return v > 0 && v <= 1 ? "" : "must be a number in (0, 1]"; })),
 
-      field("data.dataset", &TC::data, &DataConfig::dataset, "\"fashion_mnist\" or \"synthetic\"", one_of({"fashion_mnist", "synthetic"})),
+      field("data.dataset", &TC::data, &DataConfig::dataset, "\"fashion_mnist\", \"synthetic\" or \"text\"", one_of({"fashion_mnist", "synthetic", "text"})),
       field("data.dir", &TC::data, &DataConfig::dir, "folder of the *-ubyte.gz files"),
+      field("data.path", &TC::data, &DataConfig::path, "text: a file or folder of text files (byte tokens, the last 5% for validation)"),
       field("data.batch_size", &TC::data, &DataConfig::batch_size, "examples per rank per micro-batch (global = batch_size * dp * train.accumulate)", in_range<int64_t>(1, kMaxCount)),
       field("data.global_batch_size", &TC::data, &DataConfig::global_batch_size, "examples per optimizer step over all ranks (0 = batch_size * dp * train.accumulate); overrides batch_size", in_range<int64_t>(0, kMaxCount)),
       field("data.shuffle", &TC::data, &DataConfig::shuffle, "reshuffle the training set every epoch"),
@@ -329,6 +359,7 @@ std::string cross_key_problem(const TrainConfig& c) {
     return fmt::format(
         "model.kind = \"cnn\" with {} conv blocks needs data.synthetic_image_size >= {} (got {})",
         c.model.channels.size(), int64_t{1} << c.model.channels.size(), c.data.synthetic_image_size);
+  if (auto problem = gpt_problem(c); !problem.empty()) return problem;
   if (c.data.dataset == "fashion_mnist" && c.data.dir.empty())
     return "data.dir must name the folder with Fashion-MNIST's *-ubyte.gz files";
   return "";

@@ -27,6 +27,7 @@
 #include "paratrain/train/checkpointing.h"
 #include "paratrain/train/memory_plan.h"
 #include "paratrain/train/metrics.h"
+#include "paratrain/train/objective.h"
 #include "paratrain/train/strategy_registry.h"
 
 namespace paratrain::train {
@@ -269,8 +270,9 @@ EvalResult Trainer::evaluate() {
   const DataShard shard = s.strategy->data_shard();
   // Strided share without padding, so every test item counts exactly once.
   auto rows = torch::arange(shard.rank, test.size(), shard.size, torch::kLong);
-  double loss_sum = 0, correct = 0;
-  const int64_t chunk = 1000;
+  const Objective objective = Objective::for_config(s.config);
+  EvalSums sums;
+  const int64_t chunk = objective.eval_rows_per_chunk();
   // Every rank runs the same number of forwards: FSDP's forward is
   // collective, and strided shares differ by at most one row.
   const int64_t most_rows = (test.size() + shard.size - 1) / shard.size;
@@ -281,18 +283,19 @@ EvalResult Trainer::evaluate() {
     auto batch = data::gather(test, idx);
     auto logits = s.strategy->eval_forward(batch.inputs);
     if (idx.numel() == 0) continue;
-    loss_sum += torch::nn::functional::cross_entropy(
-                    logits, batch.targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                    .item<double>();
-    correct += logits.argmax(1).eq(batch.targets).sum().item<double>();
+    const EvalSums part = objective.eval_sums(logits, batch.targets);
+    sums.loss += part.loss;
+    sums.correct += part.correct;
+    sums.count += part.count;
   }
-  auto totals = torch::tensor({loss_sum, correct, static_cast<double>(rows.numel())}, torch::kDouble);
+  auto totals = torch::tensor({sums.loss, sums.correct, sums.count}, torch::kDouble);
   s.dp().all_reduce(totals, comm::ReduceOp::kSum)->wait(s.timeout());
   module->train();
   EvalResult r;
   r.count = static_cast<int64_t>(totals[2].item<double>());
   r.loss = totals[0].item<double>() / std::max<int64_t>(r.count, 1);
   r.accuracy = totals[1].item<double>() / std::max<int64_t>(r.count, 1);
+  if (objective.language_model()) r.perplexity = std::exp(r.loss);
   return r;
 }
 
@@ -316,9 +319,8 @@ TrainResult Trainer::fit() {
       if (c.train.keep_checkpoints > 0) prune_checkpoints(s.run_dir, c.train.keep_checkpoints);
     }
   };
-  const auto loss_fn = [](const at::Tensor& logits, const at::Tensor& targets) {
-    return torch::nn::functional::cross_entropy(logits, targets);
-  };
+  const Objective objective = Objective::for_config(c);
+  const LossFn loss_fn = objective.loss();
 
   // Note [Accumulation]
   // One optimizer step = k = train.accumulate micro-batches from the loader.
@@ -408,9 +410,19 @@ TrainResult Trainer::fit() {
     }
     const bool epoch_done = batches - s.loader->state().next_batch < k;  // a partial step is dropped
     if (epoch_done) result.epochs_completed = epoch + 1;
-    if (c.train.eval_every_epochs > 0 && epoch_done && (epoch + 1) % c.train.eval_every_epochs == 0) {
+    // A run that stops mid-epoch (train.max_steps) is evaluated too, so its
+    // last state has a test figure.
+    if (c.train.eval_every_epochs > 0 &&
+        ((epoch_done && (epoch + 1) % c.train.eval_every_epochs == 0) || (stop && !epoch_done))) {
       result.test = evaluate();
-      if (s.is_main()) {
+      if (s.is_main() && objective.language_model()) {
+        spdlog::info("epoch {}/{} step {} val loss {:.4f} perplexity {:.2f} next-token accuracy {:.2f}% ({} tokens)",
+                     epoch + 1, c.train.epochs, s.step, result.test.loss, result.test.perplexity,
+                     100 * result.test.accuracy, result.test.count);
+        s.metrics.write({{"kind", "eval"}, {"epoch", epoch}, {"step", s.step},
+                         {"samples", s.step * global_batch}, {"test_loss", result.test.loss},
+                         {"test_accuracy", result.test.accuracy}, {"perplexity", result.test.perplexity}});
+      } else if (s.is_main()) {
         spdlog::info("epoch {}/{} test loss {:.4f} accuracy {:.2f}% ({} items)", epoch + 1, c.train.epochs,
                      result.test.loss, 100 * result.test.accuracy, result.test.count);
         s.metrics.write({{"kind", "eval"}, {"epoch", epoch}, {"step", s.step},

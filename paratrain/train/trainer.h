@@ -27,9 +27,10 @@ class Optimizer;
 namespace paratrain::train {
 
 struct EvalResult {
-  double loss = 0;
-  double accuracy = 0;
-  int64_t count = 0;
+  double loss = 0;        // mean cross-entropy per prediction
+  double accuracy = 0;    // argmax == target (next-token accuracy for a language model)
+  int64_t count = 0;      // predictions: test examples, or validation tokens for a language model
+  double perplexity = 0;  // exp(loss) for a language model; 0 otherwise
 };
 
 struct TrainResult {

@@ -1,0 +1,50 @@
+// A GPT (decoder-only transformer language model, GPT-2 layout): token and
+// learned position embeddings, `layers` pre-LayerNorm decoder blocks (causal
+// multi-head self-attention, then an MLP d -> 4d -> d with GELU, each inside
+// a residual), a final LayerNorm, and an LM head that reuses the token
+// embedding's weight (no separate output matrix).
+//
+// Input: token ids [B, S] (any integer dtype; S <= seq_len). Output: logits
+// [B, S, vocab] for the next token at every position; position t only sees
+// tokens 0..t. Parameter names (other parts of paratrain shard from them, so
+// they are part of the interface):
+//   wte.weight [vocab, d]          wpe.weight [seq_len, d]
+//   blocks.<i>.ln1.{weight,bias}   blocks.<i>.attn.qkv.{weight [3d, d], bias}
+//   blocks.<i>.attn.proj.{weight [d, d], bias}
+//   blocks.<i>.ln2.{weight,bias}   blocks.<i>.mlp.fc.{weight [4d, d], bias}
+//   blocks.<i>.mlp.proj.{weight [d, 4d], bias}
+//   ln_f.{weight,bias}
+// qkv's output rows are [q; k; v], each d rows laid out heads x head_dim.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "paratrain/models/model.h"
+
+namespace paratrain::models {
+
+struct GptOptions {
+  int64_t vocab = 256;   // byte-level tokens
+  int64_t seq_len = 128; // longest context (rows of wpe)
+  int64_t layers = 4;
+  int64_t d_model = 256;
+  int64_t heads = 4;     // must divide d_model
+  // Dropout on the embeddings' sum, the attention probabilities and each
+  // residual branch's output (GPT-2's three places). Active in train() only.
+  double dropout = 0.1;
+};
+
+// Initialisation (GPT-2): weights normal(0, 0.02), biases 0, LayerNorm 1/0,
+// and the two projections that write into the residual stream (attn.proj,
+// mlp.proj) normal(0, 0.02 / sqrt(2 * layers)) so the residual's variance
+// does not grow with depth. Draws from torch's default generator:
+// deterministic after torch::manual_seed. Throws c10::Error on bad sizes.
+//
+// layers() is empty: the LM head uses wte's weight, so an embedding stage and
+// a head stage would each need it and their gradients would have to be
+// summed across stages (Megatron's tied-embedding all-reduce), which the
+// pipeline does not do. The pipeline strategy rejects such a model.
+std::shared_ptr<Model> make_gpt(const GptOptions& options);
+
+}  // namespace paratrain::models
