@@ -24,6 +24,7 @@
 #include "paratrain/train/checkpointing.h"
 #include "paratrain/train/memory_plan.h"
 #include "paratrain/train/metrics.h"
+#include "paratrain/train/precision.h"
 #include "paratrain/train/strategy_registry.h"
 
 namespace paratrain::train {
@@ -38,6 +39,7 @@ struct Trainer::State {
   std::unique_ptr<topology::DeviceMesh> mesh;
   std::unique_ptr<Strategy> strategy;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<optim::GradScaler> scaler;  // precision.loss_scale; null for "none"
   Datasets datasets;
   BatchSizes batch;
   std::unique_ptr<data::Loader> loader;
@@ -181,6 +183,7 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
     return make_model(c);
   });
   s.optimizer = make_optimizer(c.optimizer, s.strategy->optimizer_params());
+  s.scaler = make_grad_scaler(c.precision);
   s.datasets = load_datasets(c);
 
   const DataShard shard = s.strategy->data_shard();
@@ -293,9 +296,11 @@ TrainResult Trainer::fit() {
       if (c.train.keep_checkpoints > 0) prune_checkpoints(s.run_dir, c.train.keep_checkpoints);
     }
   };
-  const auto loss_fn = [](const at::Tensor& logits, const at::Tensor& targets) {
-    return torch::nn::functional::cross_entropy(logits, targets);
-  };
+  const auto loss_fn = scaled_loss(
+      [](const at::Tensor& logits, const at::Tensor& targets) {
+        return torch::nn::functional::cross_entropy(logits, targets);
+      },
+      s.scaler.get());
 
   const int64_t batches = s.loader->num_batches();
   const int64_t global_batch = s.batch.global;
@@ -311,10 +316,14 @@ TrainResult Trainer::fit() {
   for (int64_t epoch = s.loader->state().epoch; epoch < c.train.epochs && !stop; ++epoch) {
     if (epoch != s.loader->state().epoch || s.loader->state().next_batch == 0) s.loader->set_epoch(epoch);
     while (auto batch = s.loader->next()) {
+      // The loss is scaled in backward (precision.loss_scale); logged unscaled.
+      const double loss_scale = s.scaler ? s.scaler->get_scale() : 1.0;
       auto out = s.strategy->forward_backward(*batch, loss_fn, /*sync=*/true);
-      s.strategy->optimizer_step(*s.optimizer, c.optimizer.clip_grad_norm);
+      if (!s.strategy->optimizer_step(*s.optimizer, c.optimizer.clip_grad_norm, s.scaler.get())) {
+        ++result.skipped_steps;
+      }
       ++s.step;
-      window_loss += out.loss.item<double>();
+      window_loss += out.loss.item<double>() / loss_scale;
       ++window_steps;
 
       const bool last = s.step >= planned_steps;
@@ -373,6 +382,7 @@ TrainResult Trainer::fit() {
   result.steps = s.step;
   result.start_step = s.start_step;
   result.samples_per_second = (s.step - first_step) * global_batch / std::max(elapsed, 1e-9);
+  result.loss_scale = s.scaler ? s.scaler->get_scale() : 1.0;
   return result;
 }
 

@@ -14,6 +14,7 @@
 #include "paratrain/core/error.h"
 #include "paratrain/data_parallel/ddp/ddp.h"
 #include "paratrain/data_parallel/ddp/naive.h"
+#include "paratrain/optim/grad_scaler.h"
 #include "paratrain/pipeline/executor.h"
 #include "paratrain/pipeline/partition.h"
 #include "paratrain/pipeline/schedule.h"
@@ -80,6 +81,18 @@ class PipelineStrategy final : public Strategy {
       throw ConfigError(fmt::format("zero.stage = {} with parallel.pp = {}: the pipeline synchronizes replicas "
                                     "with DDP only; set zero.stage = 0",
                                     config_.zero.stage, pp_.size()));
+    }
+    if (config_.precision.compute != "fp32") {
+      throw ConfigError(fmt::format("precision.compute = \"{}\" with parallel.pp = {}: stage boundaries are fp32 "
+                                    "buffers and the pipeline does not autocast yet; set precision.compute = "
+                                    "\"fp32\" (loss scaling works) or parallel.pp = 1",
+                                    config_.precision.compute, pp_.size()));
+    }
+    if (config_.model.sync_batchnorm) {
+      throw ConfigError(fmt::format("model.sync_batchnorm = true with parallel.pp = {}: the pipeline does not "
+                                    "convert BatchNorm layers yet; set model.sync_batchnorm = false or "
+                                    "parallel.pp = 1",
+                                    pp_.size()));
     }
     if (config_.ddp.mode == "none" && dp_.size() != 1) {
       throw ConfigError(fmt::format("ddp.mode = \"none\" with {} pipeline replicas (dp) would train each on its "
@@ -189,11 +202,19 @@ class PipelineStrategy final : public Strategy {
     return {l.reshape({})};
   }
 
-  bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm) override {
-    if (clip_grad_norm > 0) clip_across_stages(clip_grad_norm);
-    optimizer.step();
+  bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm,
+                      optim::GradScaler* scaler) override {
+    // Stages hold different parameters: the inf flag is agreed over pp (and
+    // over dp, as the ddp strategy does, though replicas hold equal
+    // gradients after the reduction).
+    const bool skip = unscale_found_inf(scaler, grads_of(module_->parameters()), {&dp_, &pp_}, timeout_);
+    if (!skip) {
+      if (clip_grad_norm > 0) clip_across_stages(clip_grad_norm);
+      optimizer.step();
+    }
     optimizer.zero_grad();
-    return true;
+    if (scaler) scaler->update();
+    return !skip;
   }
 
   at::Tensor eval_forward(const at::Tensor& inputs) override {
