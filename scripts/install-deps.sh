@@ -9,6 +9,7 @@ packages=(
   libcli11-dev libtomlplusplus-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev librapidcheck-dev zlib1g-dev
   dataset-fashion-mnist
+  gnuplot-nox     # `paratrain plot` draws PNG curves with it
   python3-torch   # only for the PyTorch-DDP side of the benchmark
 )
 

@@ -21,5 +21,6 @@ Command add_train_command(CLI::App& app);   // train_command.cpp
 Command add_checkpoint_command(CLI::App& app);  // checkpoint_command.cpp
 Command add_plan_command(CLI::App& app);    // plan_command.cpp
 Command add_trace_command(CLI::App& app);   // trace_command.cpp
+Command add_plot_command(CLI::App& app);    // plot_command.cpp
 
 }  // namespace paratrain::cli

@@ -1,4 +1,4 @@
-// `paratrain` CLI entry: dispatches to sub-commands (launch, train, checkpoint, plan).
+// `paratrain` CLI entry: dispatches to sub-commands (launch, train, checkpoint, plan, trace, plot).
 // The only place that turns an exception into an exit code.
 #include <cstdio>
 #include <exception>
@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
       paratrain::cli::add_checkpoint_command(app),
       paratrain::cli::add_plan_command(app),
       paratrain::cli::add_trace_command(app),
+      paratrain::cli::add_plot_command(app),
   };
   try {
     app.parse(argc, argv);

@@ -5,14 +5,13 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <limits>
 #include <string>
 #include <system_error>
 
 #include <fmt/format.h>
-#include <unistd.h>
 
+#include "paratrain/core/atomic_file.h"
 #include "paratrain/core/error.h"
 
 namespace paratrain::pipeline {
@@ -38,32 +37,6 @@ json metadata(const char* name, int tid, json args) {
 std::string describe_range(const ChromeTraceOptions& options) {
   auto end = [](const std::optional<int64_t>& v) { return v ? std::to_string(*v) : std::string(); };
   return end(options.first_step) + ":" + end(options.last_step);
-}
-
-// A trace is what a user opens, so it is replaced whole: write a sibling
-// temporary file, then rename over `out` (atomic within one folder). No
-// fsync: a trace is regenerated from the rank files if a power loss eats it.
-void write_replacing(const fs::path& out, const std::string& text) {
-  if (out.has_parent_path()) fs::create_directories(out.parent_path());
-  const fs::path tmp = out.string() + fmt::format(".tmp.{}", ::getpid());
-  {
-    std::ofstream file(tmp, std::ios::binary | std::ios::trunc);
-    file << text;
-    file.flush();
-    if (!file) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw Error(fmt::format("could not write the Chrome trace {} (is the folder writable and the disk not "
-                              "full?); choose another path with -o",
-                              tmp.string()));
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, out, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw Error(fmt::format("could not rename the Chrome trace into place at {}: {}", out.string(), ec.message()));
-  }
 }
 
 }  // namespace
@@ -128,7 +101,8 @@ int64_t write_chrome_trace(const fs::path& run_dir, const fs::path& out, const C
                             describe_range(options),
                             steps.empty() ? std::string("none") : fmt::format("{}..{}", steps.front(), steps.back())));
   }
-  write_replacing(out, trace.dump() + "\n");
+  // No fsync: a trace is regenerated from the rank files if a power loss eats it.
+  write_file_atomically(out, trace.dump() + "\n", {.sync = false});
   return complete;
 }
 

@@ -1,6 +1,7 @@
-// Batch sizes from the config and the data-parallel size: the per-rank batch
-// (data.batch_size) or the global batch (data.global_batch_size, divided over
-// dp ranks), and the check that an epoch has at least one step.
+// Batch sizes from the config and the data-parallel size: the per-rank
+// micro-batch (data.batch_size) or the global batch (data.global_batch_size,
+// divided over dp ranks and train.accumulate micro-batches), and the check
+// that an epoch has at least one optimizer step.
 #pragma once
 
 #include <cstdint>
@@ -10,16 +11,19 @@
 namespace paratrain::train {
 
 struct BatchSizes {
-  int64_t per_rank = 0;  // examples each dp rank computes per step
-  int64_t global = 0;    // examples per optimizer step over all dp ranks
+  int64_t per_rank = 0;    // examples each dp rank computes per micro-batch (one forward/backward)
+  int64_t accumulate = 1;  // micro-batches per optimizer step (train.accumulate)
+  int64_t global = 0;      // examples per optimizer step over all dp ranks: per_rank * dp * accumulate
 };
 
-// Throws ConfigError when data.global_batch_size does not divide by `dp`.
+// Throws ConfigError when data.global_batch_size does not divide by
+// dp * train.accumulate.
 BatchSizes resolve_batch_sizes(const TrainConfig& config, int dp);
 
-// Throws ConfigError when the loader yields no step per epoch (a batch larger
-// than the dataset with drop_last), naming the sizes and what to change.
+// Throws ConfigError when an epoch has no optimizer step (a global batch
+// larger than the dataset with drop_last, or fewer loader batches than
+// train.accumulate), naming the sizes and what to change.
 void check_batches_fit(const TrainConfig& config, const BatchSizes& sizes, int64_t train_items,
-                       int64_t batches_per_epoch);
+                       int64_t steps_per_epoch);
 
 }  // namespace paratrain::train

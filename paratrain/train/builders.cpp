@@ -1,18 +1,25 @@
-// Optimizer and dataset factories from the config.
+// Optimizer, learning-rate schedule and dataset factories from the config.
 #include "paratrain/train/builders.h"
 
 #include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
 #include "paratrain/data/fashion_mnist.h"
 #include "paratrain/data/synthetic.h"
+#include "paratrain/optim/lamb.h"
+#include "paratrain/optim/lars.h"
 
 namespace paratrain::train {
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c,
-                                                        const std::vector<at::Tensor>& params) {
+                                                        const std::vector<at::Tensor>& params,
+                                                        const std::vector<int64_t>& full_dims,
+                                                        optim::NormReducer norm_reducer) {
   if (c.kind == "sgd") {
     return std::make_unique<torch::optim::SGD>(
         params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay).nesterov(c.nesterov));
@@ -26,7 +33,70 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c
     return std::make_unique<torch::optim::AdamW>(
         params, torch::optim::AdamWOptions(c.lr).betas(betas).eps(c.eps).weight_decay(c.weight_decay));
   }
-  throw ConfigError(fmt::format("optimizer.kind = \"{}\": allowed values are \"sgd\", \"adam\", \"adamw\"", c.kind));
+  if (c.kind == "lars" || c.kind == "lamb") {
+    // Two param groups (adapted, excluded), both always present, so every
+    // rank and every checkpoint has the same group layout.
+    optim::ParamSplit split;
+    if (c.exclude_from_adaptation) {
+      split = optim::split_for_adaptation(params, full_dims);
+    } else {
+      split.adapted = params;
+    }
+    if (c.kind == "lars") {
+      const auto o = optim::LarsOptions(c.lr)
+                         .momentum(c.momentum)
+                         .weight_decay(c.weight_decay)
+                         .trust_coefficient(c.trust_coefficient)
+                         .eps(c.eps);
+      auto lars = std::make_unique<optim::Lars>(optim::lars_param_groups(split, o), o);
+      lars->set_norm_reducer(std::move(norm_reducer));
+      return lars;
+    }
+    const auto o = optim::LambOptions(c.lr).betas(betas).eps(c.eps).weight_decay(c.weight_decay);
+    auto lamb = std::make_unique<optim::Lamb>(optim::lamb_param_groups(split, o), o);
+    lamb->set_norm_reducer(std::move(norm_reducer));
+    return lamb;
+  }
+  throw ConfigError(fmt::format(
+      "optimizer.kind = \"{}\": allowed values are \"sgd\", \"adam\", \"adamw\", \"lars\", \"lamb\"", c.kind));
+}
+
+namespace {
+
+// Epochs as whole optimizer steps: rounded, at least 1 when epochs > 0.
+int64_t epochs_to_steps(double epochs, int64_t steps_per_epoch) {
+  if (epochs <= 0) return 0;
+  return std::max<int64_t>(1, std::llround(epochs * static_cast<double>(steps_per_epoch)));
+}
+
+}  // namespace
+
+optim::LrSchedule make_lr_schedule(const TrainConfig& config, const BatchSizes& batch, int64_t steps_per_epoch,
+                                   int64_t total_steps) {
+  const LrConfig& l = config.lr;
+  optim::LrScheduleOptions o;
+  o.base_lr = config.optimizer.lr;
+  o.base_batch = l.base_batch;
+  o.global_batch = batch.global;
+  o.scaling = optim::parse_lr_scaling(l.scaling);
+  o.warmup_steps = l.warmup_steps > 0 ? l.warmup_steps : epochs_to_steps(l.warmup_epochs, steps_per_epoch);
+  o.warmup_start_factor = l.warmup_start_factor;
+  o.decay = optim::parse_lr_decay(l.decay);
+  o.total_steps = total_steps;
+  o.min_lr = l.min_lr;
+  o.step_size = l.step_size > 0 ? l.step_size : epochs_to_steps(l.step_epochs, steps_per_epoch);
+  o.gamma = l.gamma;
+  if (o.decay == optim::LrScheduleOptions::Decay::kCosine && total_steps <= o.warmup_steps) {
+    throw ConfigError(fmt::format(
+        "lr.decay = \"cosine\" decays after warmup until the run's last step, but the warmup ({} steps{}) is not "
+        "shorter than the run ({} steps, from train.epochs / train.max_steps): lower lr.warmup_steps or "
+        "lr.warmup_epochs, or train longer",
+        o.warmup_steps, l.warmup_epochs > 0 ? fmt::format(" = lr.warmup_epochs {} x {} steps per epoch",
+                                                          l.warmup_epochs, steps_per_epoch)
+                                            : "",
+        total_steps));
+  }
+  return optim::LrSchedule(o);  // validates the rest (lr.min_lr <= peak, ...)
 }
 
 Datasets load_datasets(const TrainConfig& config) {

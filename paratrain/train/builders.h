@@ -1,5 +1,5 @@
-// Turns config sections into LibTorch objects: the optimizer and the
-// train/test datasets. The Trainer composes them; tests reuse them to build
+// Turns config sections into LibTorch objects: the optimizer, the
+// learning-rate schedule and the train/test datasets. The Trainer composes them; tests reuse them to build
 // single-process oracles from the same config.
 #pragma once
 
@@ -7,6 +7,9 @@
 #include <vector>
 
 #include "paratrain/data/dataset.h"
+#include "paratrain/optim/layer_norms.h"
+#include "paratrain/optim/lr_schedule.h"
+#include "paratrain/train/batch_size.h"
 #include "paratrain/train/config.h"
 
 namespace torch::optim {
@@ -18,8 +21,22 @@ class Tensor;
 
 namespace paratrain::train {
 
+// optimizer.kind over `params`. LARS and LAMB also use `full_dims` (the
+// dim() of the full tensor each param is a piece of, for
+// optimizer.exclude_from_adaptation; empty = the params' own) and
+// `norm_reducer` (completes per-tensor norms across shards; empty = whole
+// tensors): Strategy::layerwise_params() gives both.
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& config,
-                                                        const std::vector<at::Tensor>& params);
+                                                        const std::vector<at::Tensor>& params,
+                                                        const std::vector<int64_t>& full_dims = {},
+                                                        optim::NormReducer norm_reducer = {});
+
+// The [lr] schedule of a run: optimizer.lr is the base rate, scaled for
+// `batch.global`; epoch-valued keys are converted with `steps_per_epoch`,
+// cosine decay ends at `total_steps` (the run's last optimizer step).
+// Throws ConfigError naming the lr.* key (or train.* key) to change.
+optim::LrSchedule make_lr_schedule(const TrainConfig& config, const BatchSizes& batch, int64_t steps_per_epoch,
+                                   int64_t total_steps);
 
 struct Datasets {
   data::TensorDataset train;

@@ -1,12 +1,6 @@
 // The Trainer's checkpoint policy over train/checkpoint/ (format, tensors).
 #include "paratrain/train/checkpointing.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <torch/optim/optimizer.h>
@@ -17,19 +11,6 @@
 #include "paratrain/train/checkpoint/sharded.h"
 
 namespace paratrain::train {
-namespace {
-
-void fsync_path(const std::filesystem::path& path, int flags) {
-  const int fd = ::open(path.c_str(), flags);
-  if (fd < 0) throw Error(fmt::format("cannot open {} to sync it: {}", path.string(), std::strerror(errno)));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) throw Error(fmt::format("fsync({}) failed: {}; check the disk", path.string(), std::strerror(err)));
-}
-
-}  // namespace
-
 std::vector<std::pair<std::string, std::string>> preprocessing_metadata(const TrainConfig& config) {
   if (config.data.dataset == "fashion_mnist") {
     return {{"data.input_shape", "[1, 28, 28]"},
@@ -101,38 +82,6 @@ void quarantine_checkpoint(const std::filesystem::path& path) {
                                       path.string(), target.string(), ec.message()));
   }
   spdlog::warn("moved the unreadable checkpoint {} to {}", path.string(), target.string());
-}
-
-void write_text_atomically(const std::filesystem::path& path, const std::string& text) {
-  auto tmp = path;
-  tmp += fmt::format(".tmp.{}", getpid());
-  try {
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) throw Error(fmt::format("cannot create {}: {}", tmp.string(), std::strerror(errno)));
-    size_t done = 0;
-    while (done < text.size()) {
-      const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        const int err = errno;
-        ::close(fd);
-        throw Error(fmt::format("cannot write {}: {}; check free space", tmp.string(), std::strerror(err)));
-      }
-      done += static_cast<size_t>(n);
-    }
-    const int rc = ::fsync(fd);
-    const int err = errno;
-    ::close(fd);
-    if (rc != 0) throw Error(fmt::format("fsync({}) failed: {}", tmp.string(), std::strerror(err)));
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) throw Error(fmt::format("cannot replace {}: {}", path.string(), ec.message()));
-    fsync_path(path.parent_path().empty() ? "." : path.parent_path(), O_RDONLY | O_DIRECTORY);
-  } catch (...) {
-    std::error_code ec;
-    std::filesystem::remove(tmp, ec);
-    throw;
-  }
 }
 
 }  // namespace paratrain::train

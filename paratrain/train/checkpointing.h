@@ -51,10 +51,6 @@ std::vector<std::filesystem::path> resume_candidates(const TrainConfig& config, 
 // `.unreadable.<n>`), so no listing picks it and no later save overwrites it.
 void quarantine_checkpoint(const std::filesystem::path& path);
 
-// Writes text through a temporary file, fsync and rename (then fsyncs the
-// folder), so readers never see a half-written file and a power loss never
-// leaves an empty one.
-void write_text_atomically(const std::filesystem::path& path, const std::string& text);
 
 // Data preprocessing the model expects, recorded in checkpoints so weights
 // used elsewhere see the same inputs ("data.normalize" -> "(x/255 - 0.286) / 0.353").

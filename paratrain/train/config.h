@@ -46,13 +46,21 @@ struct ModelConfig {
 };
 
 struct OptimizerConfig {
-  std::string kind = "sgd";  // "sgd" | "adam" | "adamw"
-  double lr = 0.05;
-  double momentum = 0.9;     // SGD only
+  std::string kind = "sgd";  // "sgd" | "adam" | "adamw" | "lars" | "lamb"
+  double lr = 0.05;          // the base rate of the [lr] schedule
+  double momentum = 0.9;     // SGD and LARS
   double weight_decay = 0.0;
   bool nesterov = false;     // SGD only; needs momentum > 0
-  std::vector<double> betas{0.9, 0.999};  // Adam/AdamW only
-  double eps = 1e-8;                      // Adam/AdamW only
+  std::vector<double> betas{0.9, 0.999};  // Adam/AdamW/LAMB
+  // Adam/AdamW/LAMB: added to sqrt(v) (the LAMB paper uses 1e-6); LARS:
+  // added to the trust ratio's denominator.
+  double eps = 1e-8;
+  // LARS (arXiv 1708.03888): eta in the trust ratio eta ||w|| / (||g|| + wd ||w||).
+  double trust_coefficient = 0.001;
+  // LARS/LAMB: biases and norm weights (tensors whose full shape has <= 1
+  // dim) skip the trust ratio and weight decay, as Goyal et al. and BERT's
+  // LAMB recipe do; false adapts (and decays) every tensor.
+  bool exclude_from_adaptation = true;
   // 0 = off. Else gradients are scaled so their global L2 norm (over every
   // parameter, across shards) is at most this, before each step.
   double clip_grad_norm = 0.0;
@@ -60,10 +68,41 @@ struct OptimizerConfig {
   bool operator==(const OptimizerConfig&) const = default;
 };
 
+// The learning-rate schedule (optim/lr_schedule.h): optimizer.lr is the
+// base rate; these keys scale it with the global batch, warm it up and decay
+// it per optimizer step. The defaults keep optimizer.lr constant.
+struct LrConfig {
+  // The global batch optimizer.lr was tuned for; 0 = none (lr.scaling must
+  // then be "none").
+  int64_t base_batch = 0;
+  // "none" | "linear" | "sqrt": the peak rate is optimizer.lr * k or
+  // optimizer.lr * sqrt(k), k = global batch / base_batch (Goyal et al.,
+  // arXiv 1706.02677: linear for SGD; sqrt for Adam-type optimizers).
+  std::string scaling = "none";
+  // Linear warmup to the peak over this many steps (0 = none); or over
+  // warmup_epochs epochs, rounded to whole steps (set one of the two).
+  int64_t warmup_steps = 0;
+  double warmup_epochs = 0.0;
+  // Warmup starts at peak * factor, in [0, 1]. Goyal et al. start at the
+  // unscaled rate: factor = base_batch / global batch with linear scaling.
+  double warmup_start_factor = 0.0;
+  // "constant" | "cosine" (to min_lr at the run's last step) | "step"
+  // (times gamma every step_size steps or step_epochs epochs).
+  std::string decay = "constant";
+  double min_lr = 0.0;
+  int64_t step_size = 0;
+  double step_epochs = 0.0;
+  double gamma = 0.1;
+
+  bool operator==(const LrConfig&) const = default;
+};
+
 struct DataConfig {
   std::string dataset = "fashion_mnist";  // "fashion_mnist" | "synthetic"
   std::string dir = "/usr/share/datasets/fashion-mnist";
-  int64_t batch_size = 64;  // per data-parallel rank: the global batch is batch_size * dp
+  // Per data-parallel rank and micro-batch: the global batch per optimizer
+  // step is batch_size * dp * train.accumulate.
+  int64_t batch_size = 64;
   // 0 = unset. Else the global batch per optimizer step; the per-rank batch is
   // derived from it (global / (dp * train.accumulate)) and must divide evenly.
   // Overrides batch_size.
@@ -89,6 +128,13 @@ struct TrainLoopConfig {
   int64_t checkpoint_every_steps = 0;  // 0 = only at the end of each epoch
   std::string resume;                  // "" = fresh start, "auto" = latest in the run dir, or a path
   int64_t keep_checkpoints = 0;        // 0 = keep all; else only the newest N
+  // Micro-batches per optimizer step (gradient accumulation): the first
+  // accumulate - 1 backwards accumulate locally (no_sync), the last reduces
+  // the sum; each micro-batch loss is divided by accumulate, so one step
+  // equals one step on the accumulate-times larger batch. Steps, max_steps
+  // and checkpoint_every_steps count optimizer steps; the last batches of an
+  // epoch that do not fill a whole step are dropped.
+  int64_t accumulate = 1;
 
   bool operator==(const TrainLoopConfig&) const = default;
 };
@@ -188,6 +234,7 @@ struct TrainConfig {
   RunConfig run;
   ModelConfig model;
   OptimizerConfig optimizer;
+  LrConfig lr;
   DataConfig data;
   TrainLoopConfig train;
   WorldConfig world;

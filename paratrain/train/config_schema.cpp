@@ -190,20 +190,33 @@ const std::vector<FieldSpec>& schema() {
       field("model.batchnorm", &TC::model, &ModelConfig::batchnorm, "CNN: BatchNorm2d after each conv"),
       field("model.sync_batchnorm", &TC::model, &ModelConfig::sync_batchnorm, "BatchNorm statistics over the whole dp batch (needs batchnorm = true)"),
 
-      field("optimizer.kind", &TC::optimizer, &OptimizerConfig::kind, "\"sgd\", \"adam\" or \"adamw\"", one_of({"sgd", "adam", "adamw"})),
-      field("optimizer.lr", &TC::optimizer, &OptimizerConfig::lr, "learning rate", positive()),
-      field("optimizer.momentum", &TC::optimizer, &OptimizerConfig::momentum, "SGD momentum (0 = plain SGD)", in_range_finite(0.0, 1.0)),
+      field("optimizer.kind", &TC::optimizer, &OptimizerConfig::kind, "\"sgd\", \"adam\", \"adamw\", \"lars\" or \"lamb\"", one_of({"sgd", "adam", "adamw", "lars", "lamb"})),
+      field("optimizer.lr", &TC::optimizer, &OptimizerConfig::lr, "learning rate; the base rate that the [lr] schedule scales, warms up and decays", positive()),
+      field("optimizer.momentum", &TC::optimizer, &OptimizerConfig::momentum, "SGD and LARS momentum (0 = plain SGD; LARS needs < 1)", in_range_finite(0.0, 1.0)),
       field("optimizer.weight_decay", &TC::optimizer, &OptimizerConfig::weight_decay, "L2 penalty (decoupled for adamw)", non_negative()),
       field("optimizer.nesterov", &TC::optimizer, &OptimizerConfig::nesterov, "SGD Nesterov momentum (needs momentum > 0)"),
-      field("optimizer.betas", &TC::optimizer, &OptimizerConfig::betas, "Adam [beta1, beta2]", adam_betas()),
-      field("optimizer.eps", &TC::optimizer, &OptimizerConfig::eps, "Adam denominator epsilon", positive()),
+      field("optimizer.betas", &TC::optimizer, &OptimizerConfig::betas, "Adam, AdamW and LAMB [beta1, beta2]", adam_betas()),
+      field("optimizer.eps", &TC::optimizer, &OptimizerConfig::eps, "Adam/AdamW/LAMB denominator epsilon (LAMB paper: 1e-6); LARS: added to the trust ratio's denominator", positive()),
+      field("optimizer.trust_coefficient", &TC::optimizer, &OptimizerConfig::trust_coefficient, "LARS trust coefficient eta (paper: 0.001)", in_range_finite(0.0, 1e6)),
+      field("optimizer.exclude_from_adaptation", &TC::optimizer, &OptimizerConfig::exclude_from_adaptation, "LARS/LAMB: biases and norm weights (<= 1-D) skip the trust ratio and weight decay"),
 
       field("optimizer.clip_grad_norm", &TC::optimizer, &OptimizerConfig::clip_grad_norm, "max global gradient L2 norm (0 = no clipping)", non_negative()),
 
+      field("lr.base_batch", &TC::lr, &LrConfig::base_batch, "global batch optimizer.lr was tuned for (0 = none; needs lr.scaling = \"none\")", in_range<int64_t>(0, kMaxCount)),
+      field("lr.scaling", &TC::lr, &LrConfig::scaling, "\"none\", \"linear\" or \"sqrt\": peak = optimizer.lr x (global batch / lr.base_batch), or x its square root", one_of({"none", "linear", "sqrt"})),
+      field("lr.warmup_steps", &TC::lr, &LrConfig::warmup_steps, "linear warmup to the peak over this many optimizer steps (0 = none)", in_range<int64_t>(0, kMaxCount)),
+      field("lr.warmup_epochs", &TC::lr, &LrConfig::warmup_epochs, "warmup in epochs instead (rounded to whole steps; 0 = use warmup_steps)", in_range_finite(0.0, static_cast<double>(kMaxCount))),
+      field("lr.warmup_start_factor", &TC::lr, &LrConfig::warmup_start_factor, "warmup starts at peak x this (Goyal et al.: lr.base_batch / global batch)", in_range_finite(0.0, 1.0)),
+      field("lr.decay", &TC::lr, &LrConfig::decay, "after warmup: \"constant\", \"cosine\" (to lr.min_lr at the last step) or \"step\"", one_of({"constant", "cosine", "step"})),
+      field("lr.min_lr", &TC::lr, &LrConfig::min_lr, "cosine: the rate at the last step", non_negative()),
+      field("lr.step_size", &TC::lr, &LrConfig::step_size, "step decay: multiply by lr.gamma every this many steps (or use lr.step_epochs)", in_range<int64_t>(0, kMaxCount)),
+      field("lr.step_epochs", &TC::lr, &LrConfig::step_epochs, "step decay: period in epochs instead (rounded to whole steps)", in_range_finite(0.0, static_cast<double>(kMaxCount))),
+      field("lr.gamma", &TC::lr, &LrConfig::gamma, "step decay: factor per period, in (0, 1]", Check<double>([](const double& v) { return v > 0 && v <= 1 ? "" : "must be a number in (0, 1]"; })),
+
       field("data.dataset", &TC::data, &DataConfig::dataset, "\"fashion_mnist\" or \"synthetic\"", one_of({"fashion_mnist", "synthetic"})),
       field("data.dir", &TC::data, &DataConfig::dir, "folder of the *-ubyte.gz files"),
-      field("data.batch_size", &TC::data, &DataConfig::batch_size, "examples per rank per step (global = x world size)", in_range<int64_t>(1, kMaxCount)),
-      field("data.global_batch_size", &TC::data, &DataConfig::global_batch_size, "examples per optimizer step over all ranks (0 = batch_size * dp); overrides batch_size", in_range<int64_t>(0, kMaxCount)),
+      field("data.batch_size", &TC::data, &DataConfig::batch_size, "examples per rank per micro-batch (global = batch_size * dp * train.accumulate)", in_range<int64_t>(1, kMaxCount)),
+      field("data.global_batch_size", &TC::data, &DataConfig::global_batch_size, "examples per optimizer step over all ranks (0 = batch_size * dp * train.accumulate); overrides batch_size", in_range<int64_t>(0, kMaxCount)),
       field("data.shuffle", &TC::data, &DataConfig::shuffle, "reshuffle the training set every epoch"),
       field("data.drop_last", &TC::data, &DataConfig::drop_last, "drop the last incomplete batch"),
       field("data.prefetch", &TC::data, &DataConfig::prefetch, "batches prepared ahead (0 = none)", in_range<int64_t>(0, 1024)),
@@ -214,11 +227,12 @@ const std::vector<FieldSpec>& schema() {
       field("data.synthetic_classes", &TC::data, &DataConfig::synthetic_classes, "synthetic label classes", in_range<int64_t>(2, kMaxWidth)),
 
       field("train.epochs", &TC::train, &TrainLoopConfig::epochs, "passes over the training set", in_range<int64_t>(1, kMaxCount)),
-      field("train.max_steps", &TC::train, &TrainLoopConfig::max_steps, "stop after this many steps (0 = no limit)", in_range<int64_t>(0, kMaxCount)),
+      field("train.max_steps", &TC::train, &TrainLoopConfig::max_steps, "stop after this many optimizer steps (0 = no limit)", in_range<int64_t>(0, kMaxCount)),
       field("train.eval_every_epochs", &TC::train, &TrainLoopConfig::eval_every_epochs, "test-set evaluation period (0 = never)", in_range<int64_t>(0, kMaxCount)),
       field("train.checkpoint_every_steps", &TC::train, &TrainLoopConfig::checkpoint_every_steps, "0 = checkpoint at epoch ends only", in_range<int64_t>(0, kMaxCount)),
       field("train.resume", &TC::train, &TrainLoopConfig::resume, "\"\" = fresh, \"auto\" = latest in the run dir, or a checkpoint path"),
       field("train.keep_checkpoints", &TC::train, &TrainLoopConfig::keep_checkpoints, "keep only the newest N checkpoints (0 = all)", in_range<int64_t>(0, kMaxCount)),
+      field("train.accumulate", &TC::train, &TrainLoopConfig::accumulate, "micro-batches per optimizer step (gradient accumulation; an epoch's incomplete last step is dropped)", in_range<int64_t>(1, kMaxRanks)),
 
       field("world.backend", &TC::world, &WorldConfig::backend, "collective backend", one_of({"gloo"})),
       field("world.timeout_s", &TC::world, &WorldConfig::timeout_s, "seconds before a stalled collective fails", in_range<int64_t>(1, kMaxTimeoutS)),
@@ -271,7 +285,48 @@ std::vector<std::string> section_names() {
   return out;
 }
 
+namespace {
+
+// The [lr] rules that involve several keys; the ones that need the global
+// batch and step counts (lr.min_lr <= peak, cosine longer than warmup) are
+// checked where the Trainer builds the schedule.
+std::string layerwise_problem(const TrainConfig& c) {
+  if (c.optimizer.kind == "lars" && c.optimizer.momentum >= 1)
+    return fmt::format("optimizer.kind = \"lars\" needs optimizer.momentum < 1 (got {})", c.optimizer.momentum);
+  return "";
+}
+
+std::string lr_problem(const TrainConfig& c) {
+  const LrConfig& l = c.lr;
+  if (l.scaling != "none" && l.base_batch == 0)
+    return fmt::format("lr.scaling = \"{}\" needs lr.base_batch > 0 (the global batch optimizer.lr was tuned "
+                       "for); set it, or lr.scaling = \"none\"",
+                       l.scaling);
+  if (l.warmup_steps > 0 && l.warmup_epochs > 0)
+    return fmt::format("lr.warmup_steps = {} and lr.warmup_epochs = {} are both set; set one of them to 0",
+                       l.warmup_steps, l.warmup_epochs);
+  if (l.decay == "step") {
+    if ((l.step_size > 0) == (l.step_epochs > 0))
+      return fmt::format("lr.decay = \"step\" needs exactly one of lr.step_size (steps) and lr.step_epochs "
+                         "(epochs) > 0 (got {} and {})",
+                         l.step_size, l.step_epochs);
+  } else if (l.step_size > 0 || l.step_epochs > 0) {
+    return fmt::format("lr.step_size / lr.step_epochs only apply to lr.decay = \"step\" (got \"{}\"): set "
+                       "lr.decay = \"step\" or both to 0",
+                       l.decay);
+  }
+  if (l.decay != "cosine" && l.min_lr > 0)
+    return fmt::format("lr.min_lr = {} only applies to lr.decay = \"cosine\" (got \"{}\"): set lr.decay = "
+                       "\"cosine\" or lr.min_lr = 0",
+                       l.min_lr, l.decay);
+  return "";
+}
+
+}  // namespace
+
 std::string cross_key_problem(const TrainConfig& c) {
+  if (std::string problem = lr_problem(c); !problem.empty()) return problem;
+  if (std::string problem = layerwise_problem(c); !problem.empty()) return problem;
   if (c.optimizer.nesterov && (c.optimizer.kind != "sgd" || c.optimizer.momentum <= 0))
     return fmt::format(
         "optimizer.nesterov = true needs optimizer.kind = \"sgd\" and optimizer.momentum > 0 "

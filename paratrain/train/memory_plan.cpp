@@ -85,7 +85,9 @@ MemoryPlan plan_memory(const TrainConfig& config, const PlanOptions& options) {
                                   "pass --world {} or leave parallel.dp = 0",
                                   config.parallel.dp, world, split, dp, checked_mul(config.parallel.dp, split)));
   const auto& o = config.optimizer;
-  const int64_t k = o.kind == "sgd" ? (o.momentum > 0 ? 4 : 0) : 8;
+  // Bytes of optimizer state per parameter: SGD's momentum buffer (LARS
+  // always keeps its velocity), Adam's, AdamW's and LAMB's two moments.
+  const int64_t k = o.kind == "lars" ? 4 : o.kind == "sgd" ? (o.momentum > 0 ? 4 : 0) : 8;
   MemoryPlan plan = plan_memory(parameter_count(config), dp, k, options.memory_gib);
   plan.model = model_name(config);
   plan.optimizer = o.kind == "sgd" ? fmt::format("sgd (momentum {})", o.momentum) : o.kind;

@@ -18,6 +18,7 @@
 #include "paratrain/core/model_state.h"
 #include "paratrain/core/tensor_slot.h"
 #include "paratrain/data/dataset.h"
+#include "paratrain/optim/layer_norms.h"
 #include "paratrain/train/checkpoint/sharded.h"
 
 namespace torch::optim {
@@ -54,6 +55,17 @@ using ModelFactory = std::function<std::shared_ptr<models::Model>()>;
 // Mean loss of a micro-batch from the model's output and the targets.
 using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& targets)>;
 
+// What a layer-wise optimizer (LARS, LAMB: optim/lars.h, lamb.h) needs to
+// know about the tensors it steps, parallel to optimizer_params().
+struct LayerwiseParams {
+  // dim() of the full tensor each optimizer param is a piece of: biases and
+  // norm weights are excluded by it (ZeRO and FSDP pieces are flat).
+  std::vector<int64_t> full_dims;
+  // Completes per-tensor norms across the ranks holding pieces of a tensor
+  // (optim::sharded_norm_reducer); empty when each param is a whole tensor.
+  optim::NormReducer norm_reducer;
+};
+
 struct StepOutput {
   at::Tensor loss;  // detached scalar: this rank's mean loss on its micro-batch
 };
@@ -75,6 +87,12 @@ class Strategy {
   // shard pieces (ZeRO, FSDP). Called once, after build_model.
   virtual std::vector<at::Tensor> optimizer_params() = 0;
   virtual DataShard data_shard() const = 0;
+  // Called once, after optimizer_params(). The default: whole tensors.
+  virtual LayerwiseParams layerwise_params() {
+    LayerwiseParams out;
+    for (const auto& p : optimizer_params()) out.full_dims.push_back(p.dim());
+    return out;
+  }
 
   // Forward, loss and backward of this rank's micro-batch. With `sync`
   // false gradients accumulate locally (no_sync); the next synchronized

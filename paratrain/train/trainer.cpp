@@ -1,7 +1,8 @@
-// The training loop. Per step: strategy.forward_backward (forward, loss,
-// backward with the strategy's gradient reduction), strategy.optimizer_step
-// (clip, step, re-gather). Per epoch: evaluate, log, checkpoint. Everything
-// about data and metrics goes over the data-parallel group.
+// The training loop. Per step: train.accumulate micro-batches of
+// strategy.forward_backward (forward, loss, backward; the last one with the
+// strategy's gradient reduction), strategy.optimizer_step (clip, step,
+// re-gather). Per epoch: evaluate, log, checkpoint. Everything about data and
+// metrics goes over the data-parallel group.
 #include "paratrain/train/trainer.h"
 
 #include <torch/torch.h>
@@ -13,9 +14,11 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "paratrain/core/atomic_file.h"
 #include "paratrain/core/error.h"
 #include "paratrain/data/loader.h"
 #include "paratrain/models/model.h"
+#include "paratrain/optim/lr_schedule.h"
 #include "paratrain/topology/device_mesh.h"
 #include "paratrain/train/batch_size.h"
 #include "paratrain/train/builders.h"
@@ -43,6 +46,7 @@ struct Trainer::State {
   Datasets datasets;
   BatchSizes batch;
   std::unique_ptr<data::Loader> loader;
+  std::optional<optim::LrSchedule> lr_schedule;  // [lr]: the rate of every optimizer step
   MetricsLog metrics;
   int64_t step = 0;
   int64_t start_step = 0;  // where this process started (after a resume)
@@ -96,6 +100,14 @@ bool all_ranks(comm::ProcessGroup& world, bool ok, std::chrono::milliseconds tim
   auto flag = torch::tensor({ok ? 1 : 0}, torch::kInt);
   world.all_reduce(flag, comm::ReduceOp::kMin)->wait(timeout);
   return flag.item<int>() == 1;
+}
+
+// Optimizer steps of the whole run: whole steps per epoch (an incomplete
+// accumulation group is dropped, Note [Accumulation]) over train.epochs,
+// capped by train.max_steps.
+int64_t planned_steps(const TrainConfig& c, int64_t steps_per_epoch) {
+  const int64_t all = steps_per_epoch * c.train.epochs;
+  return c.train.max_steps > 0 ? std::min(c.train.max_steps, all) : all;
 }
 
 bool parameters_finite(Strategy& strategy) {
@@ -182,7 +194,11 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
     torch::manual_seed(static_cast<uint64_t>(c.run.seed));
     return make_model(c);
   });
-  s.optimizer = make_optimizer(c.optimizer, s.strategy->optimizer_params());
+  // LARS/LAMB: the full dims of sharded pieces and the reducer of their norms.
+  const bool layerwise_kind = c.optimizer.kind == "lars" || c.optimizer.kind == "lamb";
+  const LayerwiseParams layerwise = layerwise_kind ? s.strategy->layerwise_params() : LayerwiseParams{};
+  s.optimizer = make_optimizer(c.optimizer, s.strategy->optimizer_params(), layerwise.full_dims,
+                               layerwise.norm_reducer);
   s.scaler = make_grad_scaler(c.precision);
   s.datasets = load_datasets(c);
 
@@ -200,7 +216,9 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
   loader.prefetch_depth = static_cast<int>(c.data.prefetch);
   s.loader = std::make_unique<data::Loader>(
       s.datasets.train, data::DistributedSampler(s.datasets.train.size(), sampler), loader);
-  check_batches_fit(c, s.batch, s.datasets.train.size(), s.loader->num_batches());
+  const int64_t steps_per_epoch = s.loader->num_batches() / s.batch.accumulate;
+  check_batches_fit(c, s.batch, s.datasets.train.size(), steps_per_epoch);
+  s.lr_schedule.emplace(make_lr_schedule(c, s.batch, steps_per_epoch, planned_steps(c, steps_per_epoch)));
 
   // Resume before writing anything: a bad checkpoint must fail the run
   // without touching the run directory.
@@ -222,13 +240,16 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
   check_ranks_agree_on_position(world, s.step, s.loader->state(), s.timeout());
 
   if (s.is_main()) {
-    write_text_atomically(s.run_dir / "config.toml", to_toml(c));
+    write_file_atomically(s.run_dir / "config.toml", to_toml(c));
     // The whole model's count: a pipeline stage or a shard holds only part.
     const int64_t numel = parameter_count(c);
     spdlog::info("run {}: {} ranks = {}, strategy {}, model {} ({} parameters), {} train / {} test items, "
-                 "global batch {} ({} per dp rank)",
+                 "global batch {} ({} per dp rank x {} dp x {} accumulated micro-batches)",
                  s.run_dir.string(), world.size(), dims.describe(), s.strategy->name(), c.model.kind, numel,
-                 s.datasets.train.size(), s.datasets.test.size(), s.batch.global, s.batch.per_rank);
+                 s.datasets.train.size(), s.datasets.test.size(), s.batch.global, s.batch.per_rank, shard.size,
+                 s.batch.accumulate);
+    spdlog::info("{} (optimizer.lr = {:g} is the base rate; {} steps, {} per epoch)", s.lr_schedule->describe(),
+                 c.optimizer.lr, planned_steps(c, steps_per_epoch), steps_per_epoch);
   }
 }
 
@@ -239,6 +260,8 @@ std::shared_ptr<torch::nn::Module> Trainer::model() const { return s_->strategy-
 std::vector<std::pair<std::string, at::Tensor>> Trainer::full_parameters() { return s_->strategy->full_parameters(); }
 
 std::string Trainer::strategy_name() const { return s_->strategy->name(); }
+
+torch::optim::Optimizer& Trainer::optimizer() { return *s_->optimizer; }
 
 EvalResult Trainer::evaluate() {
   auto& s = *s_;
@@ -302,31 +325,55 @@ TrainResult Trainer::fit() {
       },
       s.scaler.get());
 
+  // Note [Accumulation]
+  // One optimizer step = k = train.accumulate micro-batches from the loader.
+  // Each micro-batch loss is divided by k, so the summed gradients are the
+  // mean over the k-times larger batch, and the last backward (sync) reduces
+  // that sum across ranks: the step equals one step on the whole batch. An
+  // epoch's last batches that do not fill a step are dropped, so every step
+  // sees the same number of examples and the loader stands at a multiple of
+  // k at every step boundary, where checkpoints are taken.
+  const int64_t k = s.batch.accumulate;
+  const LossFn micro_loss = k == 1 ? LossFn(loss_fn) : LossFn([&loss_fn, k](const at::Tensor& o, const at::Tensor& t) {
+    return loss_fn(o, t) / static_cast<double>(k);
+  });
   const int64_t batches = s.loader->num_batches();
+  const int64_t steps_per_epoch = batches / k;
   const int64_t global_batch = s.batch.global;
-  const int64_t planned_steps =
-      c.train.max_steps > 0 ? std::min(c.train.max_steps, batches * c.train.epochs) : batches * c.train.epochs;
+  const int64_t total_steps = planned_steps(c, steps_per_epoch);
   const auto start = Clock::now();
   const int64_t first_step = s.step;
   double window_loss = 0;
   int64_t window_steps = 0;
-  bool stop = s.step >= planned_steps;
+  bool stop = s.step >= total_steps;
+  double applied_lr = s.lr_schedule->lr(s.step);
   s.strategy->module()->train();
 
   for (int64_t epoch = s.loader->state().epoch; epoch < c.train.epochs && !stop; ++epoch) {
     if (epoch != s.loader->state().epoch || s.loader->state().next_batch == 0) s.loader->set_epoch(epoch);
-    while (auto batch = s.loader->next()) {
+    while (batches - s.loader->state().next_batch >= k) {
+      double step_loss = 0;  // the micro-batch losses are divided by k: their sum is the step's mean
       // The loss is scaled in backward (precision.loss_scale); logged unscaled.
       const double loss_scale = s.scaler ? s.scaler->get_scale() : 1.0;
-      auto out = s.strategy->forward_backward(*batch, loss_fn, /*sync=*/true);
+      for (int64_t i = 0; i < k; ++i) {
+        auto batch = s.loader->next();
+        if (!batch) {
+          throw Error(fmt::format("rank {}: the loader ended epoch {} at batch {} of {}", s.world.rank(), epoch + 1,
+                                  s.loader->state().next_batch, batches));
+        }
+        auto out = s.strategy->forward_backward(*batch, micro_loss, /*sync=*/i == k - 1);
+        step_loss += out.loss.item<double>();
+      }
+      applied_lr = s.lr_schedule->lr(s.step);  // steps count from 0
+      optim::set_learning_rate(*s.optimizer, applied_lr);
       if (!s.strategy->optimizer_step(*s.optimizer, c.optimizer.clip_grad_norm, s.scaler.get())) {
         ++result.skipped_steps;
       }
       ++s.step;
-      window_loss += out.loss.item<double>() / loss_scale;
+      window_loss += step_loss / loss_scale;
       ++window_steps;
 
-      const bool last = s.step >= planned_steps;
+      const bool last = s.step >= total_steps;
       const bool checkpoint_now = c.train.checkpoint_every_steps > 0 && s.step % c.train.checkpoint_every_steps == 0;
       if ((c.run.log_every > 0 && s.step % c.run.log_every == 0) || last || checkpoint_now) {
         // A collective on every dp rank: all ranks log at the same steps and
@@ -343,15 +390,19 @@ TrainResult Trainer::fit() {
         }
         const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
         const double rate = (s.step - first_step) * global_batch / std::max(elapsed, 1e-9);
-        const double eta = (planned_steps - s.step) * global_batch / std::max(rate, 1e-9);
+        const double eta = (total_steps - s.step) * global_batch / std::max(rate, 1e-9);
         if (s.is_main()) {
           auto st = s.strategy->last_stats();
           auto mem = s.strategy->memory(*s.optimizer);
           spdlog::info("epoch {}/{} step {}/{} loss {:.4f} {:.0f} samples/s ETA {}", epoch + 1, c.train.epochs,
-                       s.step, planned_steps, result.last_train_loss, rate, format_duration(eta));
+                       s.step, total_steps, result.last_train_loss, rate, format_duration(eta));
+          // samples and epoch_progress: the x axes of `paratrain plot`.
+          const double progress =
+              epoch + static_cast<double>(s.loader->state().next_batch) / std::max<int64_t>(batches, 1);
           s.metrics.write({{"kind", "train"}, {"epoch", epoch}, {"step", s.step},
+                           {"samples", s.step * global_batch}, {"epoch_progress", progress},
                            {"loss", result.last_train_loss}, {"samples_per_s", rate},
-                           {"lr", c.optimizer.lr}, {"comm_ms", st.comm_ms},
+                           {"lr", applied_lr}, {"comm_ms", st.comm_ms},
                            {"hidden_share", st.hidden_share}, {"param_bytes", mem.params},
                            {"grad_bytes", mem.grads}, {"optimizer_bytes", mem.optimizer_state}});
         }
@@ -364,14 +415,15 @@ TrainResult Trainer::fit() {
         break;
       }
     }
-    const bool epoch_done = s.loader->state().next_batch >= batches;
+    const bool epoch_done = batches - s.loader->state().next_batch < k;  // a partial step is dropped
     if (epoch_done) result.epochs_completed = epoch + 1;
     if (c.train.eval_every_epochs > 0 && epoch_done && (epoch + 1) % c.train.eval_every_epochs == 0) {
       result.test = evaluate();
       if (s.is_main()) {
         spdlog::info("epoch {}/{} test loss {:.4f} accuracy {:.2f}% ({} items)", epoch + 1, c.train.epochs,
                      result.test.loss, 100 * result.test.accuracy, result.test.count);
-        s.metrics.write({{"kind", "eval"}, {"epoch", epoch}, {"step", s.step}, {"test_loss", result.test.loss},
+        s.metrics.write({{"kind", "eval"}, {"epoch", epoch}, {"step", s.step},
+                         {"samples", s.step * global_batch}, {"test_loss", result.test.loss},
                          {"test_accuracy", result.test.accuracy}});
       }
     }

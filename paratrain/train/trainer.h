@@ -20,6 +20,9 @@
 namespace torch::nn {
 class Module;
 }
+namespace torch::optim {
+class Optimizer;
+}
 
 namespace paratrain::train {
 
@@ -65,6 +68,9 @@ class Trainer {
   std::vector<std::pair<std::string, at::Tensor>> full_parameters();
   // "ddp (bucketed)", "zero (stage 2)", ...
   std::string strategy_name() const;
+  // The optimizer over the strategy's optimizer_params() (shard pieces under
+  // ZeRO): its rate is the [lr] schedule's for the last step taken.
+  torch::optim::Optimizer& optimizer();
 
   struct State;
 

@@ -169,6 +169,50 @@ TEST(PipelineDataParallel, TwoStagesTimesTwoReplicasEqualsOneProcess) {
   }
 }
 
+// ZeRO-1/2 on the dp axis of each stage: every chunk's optimizer state (and
+// with stage 2 its gradients) sharded over the stage's replicas. Also with
+// interleaving (two ZeRO instances under one optimizer) and with clipping
+// (the norm summed over shards and stages).
+TEST(PipelineZero, StagesOneAndTwoOverReplicasEqualOneProcess) {
+  auto dir = paratrain::testing::temp_dir("pp_zero");
+  for (int stage : {1, 2}) {
+    auto cfg = pipelined(deep_config(dir + "/z" + std::to_string(stage), "adam"), 2, "1f1b", 3);
+    cfg.zero.stage = stage;
+    const double diff = relative_diff(train(cfg, 4), single_process("adam"));
+    EXPECT_LT(diff, kTolerance) << "zero.stage " << stage;
+    std::printf("[ measured ] pp=2 x dp=2 ZeRO-%d: relative diff to 1 process %.3g\n", stage, diff);
+  }
+  auto clipped_single = deep_config(dir + "/clip1", "adam");
+  clipped_single.ddp.mode = "none";
+  clipped_single.optimizer.clip_grad_norm = 0.05;
+  const auto reference = train(clipped_single, 1);
+  auto clipped = pipelined(deep_config(dir + "/clip4", "adam"), 2, "interleaved_1f1b", 2, 2);
+  clipped.optimizer.clip_grad_norm = 0.05;
+  clipped.zero.stage = 2;
+  const double diff = relative_diff(train(clipped, 4), reference);
+  EXPECT_LT(diff, kTolerance);
+  // Negative control: the clipping really bites at 0.05.
+  EXPECT_GT(relative_diff(reference, single_process("adam")), 1e-3);
+  std::printf("[ measured ] pp=2 x dp=2 interleaved ZeRO-2 clipped: relative diff to 1 process %.3g\n", diff);
+}
+
+// A pp x dp ZeRO-2 checkpoint (each replica writes its shard pieces) resumes
+// as one process and continues like the uninterrupted run.
+TEST(PipelineZero, CheckpointResumesAsOneProcess) {
+  auto dir = paratrain::testing::temp_dir("pp_zero_ckpt");
+  auto first = pipelined(deep_config(dir + "/run", "adam"), 2, "1f1b", 2);
+  first.zero.stage = 2;
+  first.train.max_steps = 4;
+  first.train.checkpoint_every_steps = 4;
+  train(first, 4);
+  auto resumed = deep_config(dir + "/run", "adam");
+  resumed.ddp.mode = "none";
+  resumed.train.resume = (std::filesystem::path(dir) / "run" / "t" / "checkpoints" / "step_00000004").string();
+  const double diff = relative_diff(train(resumed, 1), single_process("adam"));
+  EXPECT_LT(diff, kTolerance);
+  std::printf("[ measured ] pp=2 x dp=2 ZeRO-2 checkpoint resumed as 1 process: %.3g\n", diff);
+}
+
 TEST(PipelineActivationCheckpointing, EqualsWithout) {
   auto dir = paratrain::testing::temp_dir("pp_ckpt");
   for (const std::string schedule : {"1f1b", "interleaved_1f1b"}) {
@@ -239,6 +283,9 @@ TEST(PipelineConfig, InvalidCombinationsNameTheKeys) {
   expect_error(pipelined(deep_config(dir), 4, "interleaved_1f1b", 4, 3), 4, "layers");
   // Interleaving needs m % pp == 0.
   expect_error(pipelined(deep_config(dir), 2, "interleaved_1f1b", 3, 2), 2, "pipeline.microbatches");
+  auto zero3 = pipelined(deep_config(dir), 2, "1f1b", 2);
+  zero3.zero.stage = 3;
+  expect_error(zero3, 2, "zero.stage = 3");
   auto split = pipelined(deep_config(dir), 2, "1f1b", 2);
   split.pipeline.split = {5, 2};
   expect_error(split, 2, "pipeline.split");

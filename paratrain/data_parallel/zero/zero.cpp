@@ -215,15 +215,11 @@ double ZeroDataParallel::clip_grad_norm(double max_norm, double norm_type) {
   const double sum = total.cpu().item<double>();
   const double norm = inf ? sum : std::sqrt(sum);
   const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) {
-    for (at::Tensor& g : piece_grads_) {
-      if (g.defined()) g.mul_(coef);
-    }
-  }
+  if (coef < 1.0) scale_gradients(coef);
   return norm;
 }
 
-void ZeroDataParallel::step(torch::optim::Optimizer& optimizer) {
+void ZeroDataParallel::begin_step() {
   finish_backward();
   if (finished_steps_ == stepped_steps_) {
     throw Error(fmt::format("rank {}: ZeroDataParallel::step() without a synchronized backward since the "
@@ -232,9 +228,34 @@ void ZeroDataParallel::step(torch::optim::Optimizer& optimizer) {
                             group_.rank()));
   }
   stepped_steps_ = finished_steps_;
-  optimizer.step();
+}
+
+void ZeroDataParallel::end_step() {
   clear_full_grads();
   gather_parameters();
+}
+
+void ZeroDataParallel::step(torch::optim::Optimizer& optimizer) {
+  begin_step();
+  optimizer.step();
+  end_step();
+}
+
+double ZeroDataParallel::local_grad_square_sum() {
+  finish_backward();
+  torch::NoGradGuard no_grad;
+  double local = 0;
+  for (const at::Tensor& g : piece_grads_) {
+    if (g.defined() && g.numel() > 0) local += g.to(at::kDouble).square().sum().item<double>();
+  }
+  return local;
+}
+
+void ZeroDataParallel::scale_gradients(double coef) {
+  torch::NoGradGuard no_grad;
+  for (at::Tensor& g : piece_grads_) {
+    if (g.defined()) g.mul_(coef);
+  }
 }
 
 // The pieces live inside the full parameters, so each bucket's shard is

@@ -117,6 +117,21 @@ class ZeroDataParallel {
   // synchronized backward ran since the last step (e.g. still in no_sync()).
   void step(torch::optim::Optimizer& optimizer);
 
+  // step() in two halves, for one optimizer over the shards of several
+  // ZeroDataParallel instances (a pipeline rank's model chunks): begin_step()
+  // on each, optimizer.step() once, end_step() on each (collective: the
+  // all-gather). begin_step() throws as step() does without a synchronized
+  // backward.
+  void begin_step();
+  void end_step();
+
+  // This rank's sum of squared shard gradients (the padding is zero): summed
+  // over the group (and over the pipeline's stages) it is the squared global
+  // norm, for clipping across several instances; scale_gradients(c) then
+  // multiplies every shard gradient by c. clip_grad_norm() is both in one.
+  double local_grad_square_sum();
+  void scale_gradients(double coef);
+
   // Collective. All-gathers every rank's parameter shard into the full
   // parameters of the module, bucket by bucket (after step() or after
   // loading a checkpoint into the pieces).

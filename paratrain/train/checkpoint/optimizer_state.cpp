@@ -1,5 +1,6 @@
-// Per-optimizer state adapters for checkpoints: SGD (momentum_buffer) and
-// Adam/AdamW (step, exp_avg, exp_avg_sq, max_exp_avg_sq with amsgrad).
+// Per-optimizer state adapters for checkpoints: SGD and LARS (momentum_buffer),
+// Adam/AdamW (step, exp_avg, exp_avg_sq, max_exp_avg_sq with amsgrad) and
+// LAMB (step, exp_avg, exp_avg_sq).
 // torch::optim keys state by TensorImpl address, which means nothing in
 // another process; checkpoint.cpp re-keys it by parameter name.
 #include "paratrain/train/checkpoint/optimizer_state.h"
@@ -9,6 +10,8 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/optim/lamb.h"
+#include "paratrain/optim/lars.h"
 
 namespace paratrain::train {
 namespace {
@@ -112,6 +115,63 @@ OptimizerStateIo adam_like(std::string kind) {
       {"step"}};
 }
 
+// LARS keeps SGD's state (its velocity in momentum_buffer), LAMB AdamW's
+// without max_exp_avg_sq (lars.h, lamb.h). Group options are rebuilt from
+// the config, not the checkpoint; they are recorded for the reader.
+const OptimizerStateIo kLars{
+    "lars", kSgd.save,
+    [](const Fields& f, const at::Tensor& p, const torch::optim::OptimizerOptions&, const std::string& prefix,
+       const std::string& file) -> std::unique_ptr<OptimizerParamState> {
+      check_fields(f, {"momentum_buffer"}, {}, p, prefix, file);
+      auto s = std::make_unique<optim::LarsParamState>();
+      s->momentum_buffer(like_param(f.at("momentum_buffer"), p));
+      return s;
+    },
+    [](const torch::optim::Optimizer& o) {
+      nlohmann::json groups = nlohmann::json::array();
+      for (const auto& g : o.param_groups()) {
+        const auto& x = static_cast<const optim::LarsOptions&>(g.options());
+        groups.push_back({{"lr", x.lr()}, {"momentum", x.momentum()}, {"weight_decay", x.weight_decay()},
+                          {"trust_coefficient", x.trust_coefficient()}, {"eps", x.eps()}, {"exclude", x.exclude()},
+                          {"params", g.params().size()}});
+      }
+      return groups;
+    }};
+
+const OptimizerStateIo kLamb{
+    "lamb",
+    [](const OptimizerParamState& s) {
+      const auto& state = static_cast<const optim::LambParamState&>(s);
+      return std::vector<std::pair<std::string, at::Tensor>>{{"step", at::scalar_tensor(state.step(), at::kLong)},
+                                                             {"exp_avg", state.exp_avg()},
+                                                             {"exp_avg_sq", state.exp_avg_sq()}};
+    },
+    [](const Fields& f, const at::Tensor& p, const torch::optim::OptimizerOptions&, const std::string& prefix,
+       const std::string& file) -> std::unique_ptr<OptimizerParamState> {
+      check_fields(f, {"step", "exp_avg", "exp_avg_sq"}, {}, p, prefix, file);
+      auto s = std::make_unique<optim::LambParamState>();
+      s->step(f.at("step").item<int64_t>());
+      s->exp_avg(like_param(f.at("exp_avg"), p));
+      s->exp_avg_sq(like_param(f.at("exp_avg_sq"), p));
+      return s;
+    },
+    [](const torch::optim::Optimizer& o) {
+      nlohmann::json groups = nlohmann::json::array();
+      for (const auto& g : o.param_groups()) {
+        const auto& x = static_cast<const optim::LambOptions&>(g.options());
+        groups.push_back({{"lr", x.lr()},
+                          {"betas", {std::get<0>(x.betas()), std::get<1>(x.betas())}},
+                          {"eps", x.eps()},
+                          {"weight_decay", x.weight_decay()},
+                          {"min_weight_norm", x.min_weight_norm()},
+                          {"max_weight_norm", x.max_weight_norm()},
+                          {"exclude", x.exclude()},
+                          {"params", g.params().size()}});
+      }
+      return groups;
+    },
+    {"step"}};
+
 }  // namespace
 
 const OptimizerStateIo& optimizer_state_io(const torch::optim::Optimizer& optimizer, const std::string& file) {
@@ -121,8 +181,10 @@ const OptimizerStateIo& optimizer_state_io(const torch::optim::Optimizer& optimi
   if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return kSgd;
   if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return adam;
   if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return adamw;
+  if (dynamic_cast<const optim::Lars*>(&optimizer)) return kLars;
+  if (dynamic_cast<const optim::Lamb*>(&optimizer)) return kLamb;
   throw CheckpointError(fmt::format(
-      "checkpoint '{}': this optimizer type has no checkpoint support (supported: SGD, Adam, AdamW); "
+      "checkpoint '{}': this optimizer type has no checkpoint support (supported: SGD, Adam, AdamW, LARS, LAMB); "
       "add an OptimizerStateIo in paratrain/train/checkpoint/optimizer_state.cpp",
       file));
 }

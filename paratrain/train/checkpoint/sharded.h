@@ -88,8 +88,8 @@ void save_sharded_checkpoint(const std::filesystem::path& dir, comm::ProcessGrou
                              const CheckpointContents& contents, const ShardedSaveOptions& options = {});
 
 // Not collective: each rank reads what it needs. Fills every model slot's
-// local in place (copy_) from the chunks covering [flat_offset, flat_offset +
-// numel) of its global tensor, written or not; rebuilds the optimizer state of
+// local in place (copy_) from the chunks covering its runs of its global
+// tensor ([flat_offset, flat_offset + numel), or its segments), written or not; rebuilds the optimizer state of
 // every OptimizerSlot (element-wise fields by range, scalar fields whole) and
 // drops state of params not listed; restores the RNG if saved and
 // options.restore_rng. Everything is read and validated (file sizes and

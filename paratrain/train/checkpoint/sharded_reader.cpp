@@ -21,10 +21,11 @@ namespace {
 
 std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
-// The slot's elements of global tensor `name`, shaped like `like`, after
-// checking that the checkpoint's tensor is the one the slot expects.
+// The slot's elements of global tensor `name` (its runs, see TensorSlot),
+// shaped like `like`, after checking that the checkpoint's tensor is the one
+// the slot expects.
 at::Tensor read_slot(ShardedReader& reader, const std::string& name, const std::vector<int64_t>& global_shape,
-                     int64_t flat_offset, const at::Tensor& like) {
+                     const std::vector<SlotSegment>& runs, const at::Tensor& like) {
   if (!reader.index().tensors.count(name))
     throw CheckpointError(fmt::format("checkpoint '{}' has no tensor '{}' that the model needs: was it saved from a "
                                       "different model? (check the [model] section of the config)",
@@ -34,10 +35,21 @@ at::Tensor read_slot(ShardedReader& reader, const std::string& name, const std::
     throw CheckpointError(fmt::format("checkpoint '{}': tensor '{}' is {} {} in the checkpoint but {} {} here",
                                       reader.where(), name, c10::toString(t.dtype), shape_str(t.shape),
                                       c10::toString(like.scalar_type()), shape_str(global_shape)));
-  TORCH_CHECK(flat_offset >= 0 && flat_offset + like.numel() <= numel_of(global_shape), "load_sharded_checkpoint: slot of '",
-              name, "' holds elements [", flat_offset, ", ", flat_offset + like.numel(), ") of ",
-              numel_of(global_shape));
-  return reader.read_range(name, flat_offset, like.numel()).reshape(like.sizes());
+  for (const SlotSegment& run : runs) {
+    TORCH_CHECK(run.global_offset >= 0 && run.global_offset + run.numel <= numel_of(global_shape) &&
+                    run.local_offset >= 0 && run.local_offset + run.numel <= like.numel(),
+                "load_sharded_checkpoint: slot of '", name, "' maps local elements [", run.local_offset, ", ",
+                run.local_offset + run.numel, ") of ", like.numel(), " to [", run.global_offset, ", ",
+                run.global_offset + run.numel, ") of ", numel_of(global_shape));
+  }
+  if (runs.size() == 1 && runs[0].local_offset == 0 && runs[0].numel == like.numel()) {
+    return reader.read_range(name, runs[0].global_offset, like.numel()).reshape(like.sizes());
+  }
+  at::Tensor out = at::empty({like.numel()}, like.options().device(at::kCPU));
+  for (const SlotSegment& run : runs) {
+    if (run.numel > 0) out.narrow(0, run.local_offset, run.numel).copy_(reader.read_range(name, run.global_offset, run.numel));
+  }
+  return out.reshape(like.sizes());
 }
 
 const torch::optim::OptimizerOptions& group_options_of(const torch::optim::Optimizer& optimizer,
@@ -60,7 +72,7 @@ TrainingState load_sharded_checkpoint(const std::filesystem::path& checkpoint, c
   // Read and check everything before touching the caller's tensors.
   std::vector<at::Tensor> model_values;
   for (const TensorSlot& s : contents.model)
-    model_values.push_back(read_slot(reader, std::string(kModelPrefix) + s.name, s.global_shape, s.flat_offset, s.local));
+    model_values.push_back(read_slot(reader, std::string(kModelPrefix) + s.name, s.global_shape, slot_segments(s), s.local));
 
   std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> new_states;
   if (contents.optimizer != nullptr && !contents.optimizer_slots.empty()) {
@@ -77,8 +89,8 @@ TrainingState load_sharded_checkpoint(const std::filesystem::path& checkpoint, c
         const std::string field = it->first.substr(prefix.size());
         fields.emplace(field, io.is_scalar_field(field)
                                   ? reader.read_whole(it->first)
-                                  : read_slot(reader, it->first, os.slot.global_shape, os.slot.flat_offset,
-                                              os.param));
+                                  : read_slot(reader, it->first, os.slot.global_shape,
+                                              slot_segments(os.slot), os.param));
       }
       if (fields.empty()) continue;  // saved before this parameter's first step
       new_states.emplace_back(optimizer_state_key(os.param),

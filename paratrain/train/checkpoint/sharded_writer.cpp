@@ -41,27 +41,50 @@ struct RankReport {
 std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
 // Declares `name` (every rank holding a piece does, so rank 0 can tell a tensor
-// nobody wrote from one that does not exist) and, when `write`, adds the chunk.
-void add_piece(RankReport& r, const std::string& name, const std::vector<int64_t>& global_shape, int64_t offset,
-               const at::Tensor& local, bool write) {
+// nobody wrote from one that does not exist) and, when `write`, adds one chunk
+// per run of the slot.
+void add_piece(RankReport& r, const std::string& name, const std::vector<int64_t>& global_shape,
+               const std::vector<SlotSegment>& runs, const at::Tensor& local, bool write) {
   const auto dtype = safetensors_dtype_name(local.scalar_type());
   TORCH_CHECK(dtype.has_value(), "save_sharded_checkpoint: tensor '", name, "' has dtype ", local.scalar_type(),
               ", which safetensors cannot store");
   const int64_t numel = numel_of(global_shape);
-  TORCH_CHECK(offset >= 0 && offset + local.numel() <= numel, "save_sharded_checkpoint: slot of '", name,
-              "' holds elements [", offset, ", ", offset + local.numel(), ") but the global shape ",
-              shape_str(global_shape), " has ", numel);
+  int64_t covered = 0;
+  for (const SlotSegment& run : runs) {
+    TORCH_CHECK(run.global_offset >= 0 && run.global_offset + run.numel <= numel && run.local_offset >= 0 &&
+                    run.local_offset + run.numel <= local.numel(),
+                "save_sharded_checkpoint: slot of '", name, "' maps local elements [", run.local_offset, ", ",
+                run.local_offset + run.numel, ") of ", local.numel(), " to [", run.global_offset, ", ",
+                run.global_offset + run.numel, ") but the global shape ", shape_str(global_shape), " has ", numel);
+    covered += run.numel;
+  }
+  TORCH_CHECK(covered == local.numel(), "save_sharded_checkpoint: the runs of the slot of '", name, "' cover ",
+              covered, " elements, its tensor has ", local.numel());
   r.declared[name] = {{"dtype", *dtype}, {"shape", global_shape}};
   if (!write || local.numel() == 0) return;
-  const std::string key = fmt::format("{}@{}", name, offset);
-  r.contents.tensors.emplace(key, local.detach().reshape(-1));
-  r.chunks.push_back({{"tensor", name}, {"key", key}, {"offset", offset}, {"numel", local.numel()}});
+  const at::Tensor flat = local.detach().reshape(-1);
+  for (const SlotSegment& run : runs) {
+    if (run.numel == 0) continue;
+    const std::string key = fmt::format("{}@{}", name, run.global_offset);
+    r.contents.tensors.emplace(key, flat.narrow(0, run.local_offset, run.numel));
+    r.chunks.push_back({{"tensor", name}, {"key", key}, {"offset", run.global_offset}, {"numel", run.numel}});
+  }
+}
+
+// Scalar optimizer state (Adam's step) is one value per parameter: the rank
+// holding global element 0 writes it (an empty slot holds no element 0).
+bool holds_first_element(const TensorSlot& slot) {
+  if (numel_of(slot.global_shape) == 0) return true;
+  for (const SlotSegment& run : slot_segments(slot)) {
+    if (run.global_offset == 0 && run.numel > 0) return true;
+  }
+  return false;
 }
 
 RankReport build_report(const CheckpointContents& c, int rank, const std::string& where) {
   RankReport r;
   for (const TensorSlot& s : c.model)
-    add_piece(r, std::string(kModelPrefix) + s.name, s.global_shape, s.flat_offset, s.local, s.write);
+    add_piece(r, std::string(kModelPrefix) + s.name, s.global_shape, slot_segments(s), s.local, s.write);
   if (c.optimizer != nullptr) {
     const OptimizerStateIo& io = optimizer_state_io(*c.optimizer, where);
     for (const OptimizerSlot& os : c.optimizer_slots) {
@@ -75,13 +98,12 @@ RankReport build_report(const CheckpointContents& c, int rank, const std::string
         if (io.is_scalar_field(field)) {
           // One value per parameter: the rank writing element 0 writes it (an
           // empty slot at offset 0 holds no element 0).
-          const bool holds_first = os.slot.flat_offset == 0 &&
-                                   (os.slot.local.numel() > 0 || numel_of(os.slot.global_shape) == 0);
-          add_piece(r, name, t.sizes().vec(), 0, t, os.slot.write && holds_first);
+          add_piece(r, name, t.sizes().vec(), {SlotSegment{0, 0, t.numel()}}, t,
+                    os.slot.write && holds_first_element(os.slot));
         } else {
           TORCH_CHECK(t.numel() == os.param.numel(), "save_sharded_checkpoint: optimizer state '", name, "' has ",
                       t.numel(), " elements, its param ", os.param.numel());
-          add_piece(r, name, os.slot.global_shape, os.slot.flat_offset, t, os.slot.write);
+          add_piece(r, name, os.slot.global_shape, slot_segments(os.slot), t, os.slot.write);
         }
       }
     }
@@ -90,7 +112,7 @@ RankReport build_report(const CheckpointContents& c, int rank, const std::string
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     const at::Tensor state = gen.get_state();
-    add_piece(r, std::string(kRngKey), state.sizes().vec(), 0, state, true);
+    add_piece(r, std::string(kRngKey), state.sizes().vec(), {SlotSegment{0, 0, state.numel()}}, state, true);
   }
   return r;
 }

@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <map>
 #include <set>
 
 #include <fmt/format.h>
@@ -79,6 +80,24 @@ void require_data_parallel_only(const topology::DeviceMesh& mesh, const std::str
         "axis is built yet; set parallel.{} = 1",
         topology::to_string(axis), mesh.size(axis), strategy, topology::to_string(axis), topology::to_string(axis)));
   }
+}
+
+LayerwiseParams sharded_layerwise_params(comm::ProcessGroup& dp, torch::nn::Module& module,
+                                         const std::vector<std::pair<at::Tensor, TensorSlot>>& pieces) {
+  std::map<std::string, int64_t> index;  // a tied weight keeps its first name, as the slots do
+  const auto named = module.named_parameters();
+  for (const auto& item : named) index.emplace(item.key(), static_cast<int64_t>(index.size()));
+  LayerwiseParams out;
+  std::vector<std::pair<at::Tensor, int64_t>> owners;
+  for (const auto& [param, slot] : pieces) {
+    auto it = index.find(slot.name);
+    TORCH_CHECK(it != index.end(), "sharded_layerwise_params: optimizer piece of '", slot.name,
+                "' is not a parameter of the module");
+    out.full_dims.push_back(static_cast<int64_t>(slot.global_shape.size()));
+    owners.emplace_back(param, it->second);
+  }
+  out.norm_reducer = optim::sharded_norm_reducer(dp, owners, static_cast<int64_t>(index.size()));
+  return out;
 }
 
 SyncStats sync_stats(const ddp::StepStats& s) { return {s.backward_ms, s.comm_ms(), s.hidden_share(), s.wait_ms}; }

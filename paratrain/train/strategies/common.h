@@ -37,6 +37,13 @@ void check_bucketed_mode(const TrainConfig& config, const std::string& strategy)
 // ConfigError naming the axis and the strategy otherwise.
 void require_data_parallel_only(const topology::DeviceMesh& mesh, const std::string& strategy);
 
+// LayerwiseParams for optimizer params that are pieces of the module's
+// parameters: `pieces` pairs each with its slot (name, global shape), in
+// optimizer_params() order. Norms are summed over `dp`, each tensor indexed
+// by its name's place in module.named_parameters() (the same on every rank).
+LayerwiseParams sharded_layerwise_params(comm::ProcessGroup& dp, torch::nn::Module& module,
+                                         const std::vector<std::pair<at::Tensor, TensorSlot>>& pieces);
+
 // The reducer's per-step timings as the Trainer reports them.
 SyncStats sync_stats(const ddp::StepStats& stats);
 

@@ -53,7 +53,6 @@ class DdpStrategy final : public DataParallelStrategy {
   std::vector<at::Tensor> optimizer_params() override { return model_->parameters(); }
 
   StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {
-    TORCH_CHECK(sync || ddp_, "no_sync accumulation needs ddp.mode = \"bucketed\"");
     std::optional<ddp::DistributedDataParallel::NoSyncGuard> no_sync;
     if (ddp_) {
       ddp_->prepare_forward();
@@ -67,7 +66,9 @@ class DdpStrategy final : public DataParallelStrategy {
     }
     loss.backward();
     if (ddp_ && sync) ddp_->finish_backward();
-    if (naive_) naive_->sync_gradients();
+    // The naive twin all-reduces whatever .grad holds: after unsynchronized
+    // backwards, the accumulated sum (mode "none": nothing to reduce).
+    if (naive_ && sync) naive_->sync_gradients();
     return {loss.detach()};
   }
 

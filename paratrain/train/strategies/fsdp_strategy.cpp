@@ -54,6 +54,11 @@ class FsdpStrategy final : public DataParallelStrategy {
   }
 
   std::vector<at::Tensor> optimizer_params() override { return fsdp_->optimizer_params(); }
+  LayerwiseParams layerwise_params() override {
+    std::vector<std::pair<at::Tensor, TensorSlot>> pieces;
+    for (const auto& slot : optimizer_slots()) pieces.emplace_back(slot.param, slot.slot);
+    return sharded_layerwise_params(dp_, *model_, pieces);
+  }
 
   StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {
     std::optional<fsdp::FullyShardedDataParallel::NoSyncGuard> no_sync;

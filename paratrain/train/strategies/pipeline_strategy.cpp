@@ -1,8 +1,8 @@
 // The "pipeline" strategy (parallel.pp > 1): the model's layers are cut into
 // pp * virtual_stages chunks, each rank builds only its own, and a schedule
 // (pipeline.schedule) runs micro-batches through them. With dp > 1 each chunk
-// is wrapped in DDP over the dp axis, reducing only in the chunk's last
-// backward of the step. Loss and evaluation logits are broadcast from the
+// is wrapped in DDP (or ZeRO-1/2: zero.stage) over the dp axis, reducing only
+// in the chunk's last backward of the step. Loss and evaluation logits are broadcast from the
 // last stage, so the Trainer's logging and evaluation see them on every rank.
 #include <torch/torch.h>
 
@@ -14,6 +14,7 @@
 #include "paratrain/core/error.h"
 #include "paratrain/data_parallel/ddp/ddp.h"
 #include "paratrain/data_parallel/ddp/naive.h"
+#include "paratrain/data_parallel/zero/zero.h"
 #include "paratrain/optim/grad_scaler.h"
 #include "paratrain/pipeline/executor.h"
 #include "paratrain/pipeline/partition.h"
@@ -77,10 +78,11 @@ class PipelineStrategy final : public Strategy {
                                       topology::to_string(axis), mesh_.size(axis), topology::to_string(axis)));
       }
     }
-    if (config_.zero.stage != 0) {
-      throw ConfigError(fmt::format("zero.stage = {} with parallel.pp = {}: the pipeline synchronizes replicas "
-                                    "with DDP only; set zero.stage = 0",
-                                    config_.zero.stage, pp_.size()));
+    if (config_.zero.stage == 3) {
+      throw ConfigError(fmt::format("zero.stage = 3 with parallel.pp = {}: stage 3 gathers parameters around "
+                                    "each forward, which a pipeline stage keeps whole; use zero.stage = 1 or 2 "
+                                    "(optimizer state and gradients sharded over the dp replicas of each stage)",
+                                    pp_.size()));
     }
     if (config_.precision.compute != "fp32") {
       throw ConfigError(fmt::format("precision.compute = \"{}\" with parallel.pp = {}: stage boundaries are fp32 "
@@ -94,6 +96,7 @@ class PipelineStrategy final : public Strategy {
                                     "parallel.pp = 1",
                                     pp_.size()));
     }
+    if (config_.zero.stage > 0) check_bucketed_mode(config_, "zero");
     if (config_.ddp.mode == "none" && dp_.size() != 1) {
       throw ConfigError(fmt::format("ddp.mode = \"none\" with {} pipeline replicas (dp) would train each on its "
                                     "own; use \"bucketed\" or \"naive\"",
@@ -107,16 +110,17 @@ class PipelineStrategy final : public Strategy {
     if (per_rank % config_.pipeline.microbatches != 0) {
       throw ConfigError(fmt::format(
           "pipeline.microbatches = {} does not divide the batch of each pipeline replica ({} = data.batch_size, or "
-          "data.global_batch_size / dp): pick a divisor of {} or change the batch size",
+          "data.global_batch_size / (dp * train.accumulate)): pick a divisor of {} or change the batch size",
           config_.pipeline.microbatches, per_rank, per_rank));
     }
   }
 
   std::string name() const override {
-    return fmt::format("pipeline ({}, {} stages, {} micro-batches{}{})", pipeline::schedule_name(kind_),
+    return fmt::format("pipeline ({}, {} stages, {} micro-batches{}{}{})", pipeline::schedule_name(kind_),
                        shape_.stages, shape_.microbatches,
                        shape_.virtual_stages > 1 ? fmt::format(", {} chunks per rank", shape_.virtual_stages) : "",
-                       config_.pipeline.checkpoint_activations ? ", recomputing activations" : "");
+                       config_.pipeline.checkpoint_activations ? ", recomputing activations" : "",
+                       config_.zero.stage > 0 ? fmt::format(", ZeRO-{} over dp", config_.zero.stage) : "");
   }
 
   void build_model(const ModelFactory& factory) override {
@@ -174,7 +178,13 @@ class PipelineStrategy final : public Strategy {
   }
 
   std::shared_ptr<torch::nn::Module> module() const override { return module_; }
-  std::vector<at::Tensor> optimizer_params() override { return module_->parameters(); }
+  // ZeRO: this rank's shard pieces of every local chunk, chunk by chunk.
+  std::vector<at::Tensor> optimizer_params() override {
+    if (zero_.empty()) return module_->parameters();
+    std::vector<at::Tensor> out;
+    for (const auto& z : zero_) out.insert(out.end(), z->optimizer_params().begin(), z->optimizer_params().end());
+    return out;
+  }
   DataShard data_shard() const override { return {dp_.rank(), dp_.size()}; }
 
   StepOutput forward_backward(const data::Batch& batch, const LossFn& loss, bool sync) override {
@@ -182,16 +192,19 @@ class PipelineStrategy final : public Strategy {
     hooks.before_forward = [this](int chunk) {
       if (!ddp_.empty()) ddp_[chunk]->prepare_forward();
       if (!naive_.empty()) naive_[chunk]->prepare_forward();
+      if (!zero_.empty()) zero_[chunk]->prepare_forward();
     };
     // Replicas reduce a chunk's gradients once, in its last backward of the
     // step: the earlier micro-batches accumulate locally (no_sync).
     hooks.before_backward = [this, sync](int chunk, bool last) {
       if (!ddp_.empty()) ddp_[chunk]->reducer().set_sync_enabled(sync && last);
+      if (!zero_.empty()) zero_[chunk]->reducer().set_sync_enabled(sync && last);
     };
     hooks.after_backward = [this, sync](int chunk, bool last) {
       if (!(sync && last)) return;
       if (!ddp_.empty()) ddp_[chunk]->finish_backward();
       if (!naive_.empty()) naive_[chunk]->sync_gradients();
+      if (!zero_.empty()) zero_[chunk]->finish_backward();
     };
     const auto report = executor_->train_step(batch.inputs, batch.targets, loss, hooks, timeline_.get(), steps_++);
     peak_in_flight_ = report.peak_in_flight;
@@ -204,15 +217,26 @@ class PipelineStrategy final : public Strategy {
 
   bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm,
                       optim::GradScaler* scaler) override {
-    // Stages hold different parameters: the inf flag is agreed over pp (and
-    // over dp, as the ddp strategy does, though replicas hold equal
-    // gradients after the reduction).
-    const bool skip = unscale_found_inf(scaler, grads_of(module_->parameters()), {&dp_, &pp_}, timeout_);
+    // Stages hold different parameters and ZeRO replicas different shards:
+    // the inf flag is agreed over dp and pp (over dp also without ZeRO, as
+    // the ddp strategy does, though replicas then hold equal gradients).
+    for (auto& z : zero_) z->finish_backward();
+    const bool skip = unscale_found_inf(scaler, grads_of(optimizer_params()), {&dp_, &pp_}, timeout_);
     if (!skip) {
       if (clip_grad_norm > 0) clip_across_stages(clip_grad_norm);
-      optimizer.step();
+      if (zero_.empty()) {
+        optimizer.step();
+      } else {
+        // One optimizer over every chunk's shard: step it once, then each
+        // chunk all-gathers its updated parameters.
+        for (auto& z : zero_) z->begin_step();
+        optimizer.step();
+        for (auto& z : zero_) z->end_step();
+      }
     }
-    optimizer.zero_grad();
+    // A skipped ZeRO step needs no all-gather (parameters are unchanged);
+    // the next prepare_forward() clears what the backward left.
+    if (zero_.empty()) optimizer.zero_grad();
     if (scaler) scaler->update();
     return !skip;
   }
@@ -220,6 +244,7 @@ class PipelineStrategy final : public Strategy {
   at::Tensor eval_forward(const at::Tensor& inputs) override {
     for (auto& d : ddp_) d->sync_buffers();
     for (auto& n : naive_) n->prepare_forward();
+    for (auto& z : zero_) z->prepare_forward();
     at::Tensor out = executor_->forward_only(inputs);
     std::vector<int64_t> shape{inputs.size(0)};
     shape.insert(shape.end(), output_shape_.begin(), output_shape_.end());
@@ -229,14 +254,35 @@ class PipelineStrategy final : public Strategy {
     return out;
   }
 
-  std::vector<TensorSlot> model_slots() override { return replicated_slots(*module_, dp_.rank() == 0); }
+  // ZeRO: each dp rank writes its shard pieces of this stage's parameters
+  // (disjoint), dp rank 0 the buffers; otherwise dp rank 0 writes all.
+  std::vector<TensorSlot> model_slots() override {
+    if (zero_.empty()) return replicated_slots(*module_, dp_.rank() == 0);
+    std::vector<TensorSlot> out;
+    for (const auto& z : zero_) {
+      auto pieces = z->parameter_slots();
+      out.insert(out.end(), std::make_move_iterator(pieces.begin()), std::make_move_iterator(pieces.end()));
+    }
+    auto buffers = buffer_slots(*module_, dp_.rank() == 0);
+    out.insert(out.end(), std::make_move_iterator(buffers.begin()), std::make_move_iterator(buffers.end()));
+    return out;
+  }
   std::vector<OptimizerSlot> optimizer_slots() override {
-    return replicated_optimizer_slots(*module_, dp_.rank() == 0);
+    if (zero_.empty()) return replicated_optimizer_slots(*module_, dp_.rank() == 0);
+    std::vector<OptimizerSlot> out;
+    for (const auto& z : zero_) {
+      for (auto& [param, slot] : z->optimizer_param_slots()) out.push_back(OptimizerSlot{param, slot});
+    }
+    return out;
+  }
+  void after_load() override {
+    for (auto& z : zero_) z->gather_parameters();
   }
 
   std::vector<std::pair<std::string, std::string>> checkpoint_metadata() const override {
     return {{"pipeline.stages", std::to_string(shape_.stages)},
             {"pipeline.schedule", pipeline::schedule_name(kind_)},
+            {"zero.stage", std::to_string(config_.zero.stage)},
             {"pipeline.layer_bounds", fmt::format("{}", fmt::join(bounds_, ","))}};
   }
 
@@ -254,9 +300,23 @@ class PipelineStrategy final : public Strategy {
     return out;
   }
 
-  SyncStats last_stats() const override { return ddp_.empty() ? SyncStats{} : sync_stats(ddp_[0]->last_step_stats()); }
+  SyncStats last_stats() const override {
+    if (!zero_.empty()) return sync_stats(zero_[0]->reducer().last_step());
+    return ddp_.empty() ? SyncStats{} : sync_stats(ddp_[0]->last_step_stats());
+  }
 
   ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const override {
+    if (!zero_.empty()) {
+      ModelStateBytes m;
+      for (const auto& z : zero_) {
+        const auto b = z->model_state_bytes(nullptr);
+        m.params += b.params;
+        m.grads += b.grads;
+        m.comm_buffers += b.comm_buffers;
+      }
+      m.optimizer_state = tensor_bytes(optimizer_state_tensors(optimizer));
+      return m;
+    }
     std::vector<at::Tensor> grads;
     for (const auto& p : module_->parameters()) grads.push_back(p.grad());
     ModelStateBytes m;
@@ -294,6 +354,20 @@ class PipelineStrategy final : public Strategy {
   }
 
   void wrap_replicas() {
+    if (config_.zero.stage > 0) {
+      // Even at dp = 1: the optimizer state and checkpoint layout are the
+      // ZeRO ones, as for the zero strategy on one rank.
+      for (auto& chunk : modules_) {
+        zero::ZeroOptions options;
+        options.stage = static_cast<int>(config_.zero.stage);
+        options.buckets = bucket_options(config_);
+        options.find_unused_parameters = config_.ddp.find_unused_parameters;
+        options.broadcast_buffers = config_.ddp.broadcast_buffers;
+        options.timeout = timeout_;
+        zero_.push_back(std::make_unique<zero::ZeroDataParallel>(chunk, dp_, std::move(options)));
+      }
+      return;
+    }
     if (dp_.size() == 1 || config_.ddp.mode == "none") return;
     for (auto& chunk : modules_) {
       if (config_.ddp.mode == "bucketed") {
@@ -313,9 +387,22 @@ class PipelineStrategy final : public Strategy {
   }
 
   // torch::nn::utils::clip_grad_norm_ over the whole model: the norm sums
-  // every stage's squares (replicas hold equal gradients after the reduction).
+  // every stage's squares (replicas hold equal gradients after the
+  // reduction; ZeRO replicas hold disjoint shards, summed over dp too).
   void clip_across_stages(double max_norm) {
     torch::NoGradGuard no_grad;
+    if (!zero_.empty()) {
+      double local = 0;
+      for (auto& z : zero_) local += z->local_grad_square_sum();
+      at::Tensor total = torch::full({1}, local, torch::kDouble);
+      dp_.all_reduce(total, comm::ReduceOp::kSum)->wait(timeout_);
+      pp_.all_reduce(total, comm::ReduceOp::kSum)->wait(timeout_);
+      const double coef = max_norm / (std::sqrt(total.item<double>()) + 1e-6);
+      if (coef < 1) {
+        for (auto& z : zero_) z->scale_gradients(coef);
+      }
+      return;
+    }
     at::Tensor sq = torch::zeros({1}, torch::kDouble);
     for (const auto& p : module_->parameters()) {
       if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum();
@@ -344,6 +431,7 @@ class PipelineStrategy final : public Strategy {
   at::ScalarType output_dtype_ = at::kFloat;
   std::vector<std::unique_ptr<ddp::DistributedDataParallel>> ddp_;
   std::vector<std::unique_ptr<ddp::NaiveDataParallel>> naive_;
+  std::vector<std::unique_ptr<zero::ZeroDataParallel>> zero_;
   std::unique_ptr<pipeline::Executor> executor_;
   std::unique_ptr<pipeline::Timeline> timeline_;
   int64_t steps_ = 0;

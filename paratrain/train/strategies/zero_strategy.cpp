@@ -36,6 +36,9 @@ class ZeroStrategy final : public DataParallelStrategy {
   }
 
   std::vector<at::Tensor> optimizer_params() override { return zero_->optimizer_params(); }
+  LayerwiseParams layerwise_params() override {
+    return sharded_layerwise_params(dp_, *model_, zero_->optimizer_param_slots());
+  }
 
   StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {
     zero_->prepare_forward();
