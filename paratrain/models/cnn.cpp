@@ -23,6 +23,10 @@ class Cnn final : public Model {
       convs_.push_back(register_module(
           "conv" + std::to_string(i),
           torch::nn::Conv2d(torch::nn::Conv2dOptions(c, o.channels[i], 3).padding(1))));
+      if (o.batchnorm) {
+        norms_.push_back(register_module("bn" + std::to_string(i),
+                                         torch::nn::Sequential(torch::nn::BatchNorm2d(o.channels[i]))));
+      }
       c = o.channels[i];
       side /= 2;  // max_pool2d(2) floors odd sizes
     }
@@ -48,7 +52,11 @@ class Cnn final : public Model {
       torch::nn::Conv2d conv = convs_[i];
       const bool first = i == 0;
       const std::string name = "conv" + std::to_string(i);
-      out.push_back({name, {{name, conv.ptr()}}, [conv, first, o](const at::Tensor& x) mutable {
+      torch::nn::Sequential norm = norms_.empty() ? torch::nn::Sequential(nullptr) : norms_[i];
+      std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules;
+      modules.emplace_back(name, conv.ptr());
+      if (norm) modules.emplace_back("bn" + std::to_string(i), norm.ptr());
+      out.push_back({name, std::move(modules), [conv, norm, first, o](const at::Tensor& x) mutable {
                        at::Tensor h = x;
                        if (first) {
                          const int64_t per_example = o.in_channels * o.image_size * o.image_size;
@@ -57,7 +65,9 @@ class Cnn final : public Model {
                                      "] input, got shape ", x.sizes());
                          h = x.reshape({x.size(0), o.in_channels, o.image_size, o.image_size});
                        }
-                       return torch::max_pool2d(torch::relu(conv->forward(h)), 2);
+                       h = conv->forward(h);
+                       if (norm) h = norm->forward(h);
+                       return torch::max_pool2d(torch::relu(h), 2);
                      }});
     }
     torch::nn::Linear fc0 = fc0_, fc1 = fc1_;
@@ -72,6 +82,7 @@ class Cnn final : public Model {
  private:
   CnnOptions options_;
   std::vector<torch::nn::Conv2d> convs_;
+  std::vector<torch::nn::Sequential> norms_;  // empty without batchnorm
   torch::nn::Linear fc0_{nullptr}, fc1_{nullptr};
   int64_t flat_ = 0;
 };

@@ -1,7 +1,8 @@
 // A small convolutional classifier for images:
-//   conv3x3(c0)-relu-maxpool2, conv3x3(c1)-relu-maxpool2, fc(hidden)-relu, fc(classes).
+//   conv3x3(c0)-[bn]-relu-maxpool2, conv3x3(c1)-[bn]-relu-maxpool2, fc(hidden)-relu, fc(classes).
 // Convolutions are zero-padded so only the pooling shrinks the image.
-// Parameters: conv0.*, conv1.*, fc0.*, fc1.* (see make_cnn).
+// Parameters: conv0.*, conv1.*, fc0.*, fc1.*, with batchnorm also bn0.0.*,
+// bn1.0.* (see make_cnn).
 #pragma once
 
 #include <cstdint>
@@ -22,6 +23,11 @@ struct CnnOptions {
   std::vector<int64_t> channels{32, 64};
   // Width of the fully connected layer between the convs and the logits.
   int64_t hidden = 128;
+  // BatchNorm2d after each conv (before the ReLU). Each sits alone in a
+  // Sequential named bn<i> (parameters bn0.0.weight, ...), so
+  // convert_sync_batchnorm can swap it for a SyncBatchNorm: the forward
+  // calls it through the container, which a conversion can update.
+  bool batchnorm = false;
 };
 
 // Accepts [B, C, H, W] or flattened [B, C*H*W] input (what an IDX loader

@@ -44,6 +44,10 @@ struct ModelConfig {
   int64_t heads = 4;
   int64_t seq_len = 128;
   double dropout = 0.1;
+  bool batchnorm = false;                   // CNN: BatchNorm2d after each conv
+  // BatchNorm statistics over the whole dp batch (SyncBatchNorm); needs
+  // batchnorm = true. Costs two small all-reduces per BatchNorm layer.
+  bool sync_batchnorm = false;
 
   bool operator==(const ModelConfig&) const = default;
 };
@@ -218,6 +222,24 @@ struct PipelineConfig {
   bool operator==(const PipelineConfig&) const = default;
 };
 
+// Mixed precision (see docs/notes/precision.md). bf16 has fp32's exponent
+// range, so it trains without loss scaling; fp16 underflows small gradients
+// and needs loss_scale = "dynamic" (or a static number).
+struct PrecisionConfig {
+  // "fp32", "bf16" (CPU autocast) or "fp16" (CUDA builds only). Autocast
+  // covers forward and loss; parameters, gradients and optimizer state stay
+  // fp32.
+  std::string compute = "fp32";
+  // "dynamic", "none", or a number string ("1024": a static scale).
+  std::string loss_scale = "none";
+  double init_scale = 65536.0;     // dynamic: first scale (static: the number itself)
+  double growth_factor = 2.0;      // dynamic: x this after growth_interval good steps
+  double backoff_factor = 0.5;     // dynamic: x this on an inf/nan step (skipped)
+  int64_t growth_interval = 2000;  // dynamic: good steps in a row before growing
+
+  bool operator==(const PrecisionConfig&) const = default;
+};
+
 struct TrainConfig {
   RunConfig run;
   ModelConfig model;
@@ -230,6 +252,7 @@ struct TrainConfig {
   ParallelConfig parallel;
   ZeroConfig zero;
   PipelineConfig pipeline;
+  PrecisionConfig precision;
 
   bool operator==(const TrainConfig&) const = default;
 };

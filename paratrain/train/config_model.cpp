@@ -45,7 +45,8 @@ std::shared_ptr<models::Model> make_model(const TrainConfig& config) {
                              .image_size = side,
                              .num_classes = classes,
                              .channels = config.model.channels,
-                             .hidden = config.model.cnn_hidden});
+                             .hidden = config.model.cnn_hidden,
+                             .batchnorm = config.model.batchnorm});
   }
   throw ConfigError(fmt::format("model.kind = \"{}\": allowed values are \"mlp\", \"cnn\", \"gpt\"",
                                 config.model.kind));

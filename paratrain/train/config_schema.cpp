@@ -8,7 +8,11 @@
 #include <cmath>
 #include <type_traits>
 
+#include <ATen/Context.h>
 #include <fmt/format.h>
+
+#include "paratrain/core/error.h"
+#include "paratrain/optim/grad_scaler.h"
 
 namespace paratrain::train::detail {
 namespace {
@@ -137,6 +141,17 @@ Check<std::vector<int64_t>> widths(size_t min_size) {
     return "";
   };
 }
+// precision.loss_scale: whatever optim::parse_loss_scale accepts.
+Check<std::string> loss_scale_form() {
+  return [](const std::string& v) -> std::string {
+    try {
+      optim::parse_loss_scale(v);
+    } catch (const ConfigError&) {
+      return "must be \"dynamic\", \"none\", or a positive number such as \"1024\" (a static scale)";
+    }
+    return "";
+  };
+}
 Check<std::vector<double>> adam_betas() {
   return [](const std::vector<double>& v) -> std::string {
     if (v.size() != 2) return "needs exactly 2 entries [beta1, beta2]";
@@ -201,6 +216,8 @@ const std::vector<FieldSpec>& schema() {
       field("model.heads", &TC::model, &ModelConfig::heads, "GPT attention heads", in_range<int64_t>(1, kMaxWidth)),
       field("model.seq_len", &TC::model, &ModelConfig::seq_len, "GPT context length in tokens", in_range<int64_t>(1, kMaxWidth)),
       field("model.dropout", &TC::model, &ModelConfig::dropout, "GPT dropout on embeddings, attention and residuals", in_range_finite(0.0, 0.999)),
+      field("model.batchnorm", &TC::model, &ModelConfig::batchnorm, "CNN: BatchNorm2d after each conv"),
+      field("model.sync_batchnorm", &TC::model, &ModelConfig::sync_batchnorm, "BatchNorm statistics over the whole dp batch (needs batchnorm = true)"),
 
       field("optimizer.kind", &TC::optimizer, &OptimizerConfig::kind, "\"sgd\", \"adam\", \"adamw\", \"lars\" or \"lamb\"", one_of({"sgd", "adam", "adamw", "lars", "lamb"})),
       field("optimizer.lr", &TC::optimizer, &OptimizerConfig::lr, "learning rate; the base rate that the [lr] schedule scales, warms up and decays", positive()),
@@ -274,6 +291,13 @@ const std::vector<FieldSpec>& schema() {
       field("pipeline.balance", &TC::pipeline, &PipelineConfig::balance, "\"parameters\" or \"time\": how an empty split balances chunks", one_of({"parameters", "time"})),
       field("pipeline.checkpoint_activations", &TC::pipeline, &PipelineConfig::checkpoint_activations, "recompute each chunk's forward during backward"),
       field("pipeline.trace_steps", &TC::pipeline, &PipelineConfig::trace_steps, "steps recorded for `paratrain trace` (0 = none)", in_range<int64_t>(0, kMaxCount)),
+
+      field("precision.compute", &TC::precision, &PrecisionConfig::compute, "\"fp32\", \"bf16\" (autocast; no loss scaling needed) or \"fp16\" (CUDA builds; needs loss_scale)", one_of({"fp32", "bf16", "fp16"})),
+      field("precision.loss_scale", &TC::precision, &PrecisionConfig::loss_scale, "\"dynamic\", \"none\", or a number string for a static scale", loss_scale_form()),
+      field("precision.init_scale", &TC::precision, &PrecisionConfig::init_scale, "dynamic loss scaling: first scale", in_range_finite(1e-30, 1e30)),
+      field("precision.growth_factor", &TC::precision, &PrecisionConfig::growth_factor, "dynamic: scale x this after growth_interval good steps", in_range_finite(1.0 + 1e-9, 1e6, "> 1")),
+      field("precision.backoff_factor", &TC::precision, &PrecisionConfig::backoff_factor, "dynamic: scale x this on an inf/nan step", in_range_finite(1e-9, 1.0 - 1e-9, "in (0, 1)")),
+      field("precision.growth_interval", &TC::precision, &PrecisionConfig::growth_interval, "dynamic: good steps in a row before growing", in_range<int64_t>(1, kMaxCount)),
   };
   return fields;
 }
@@ -360,6 +384,16 @@ std::string cross_key_problem(const TrainConfig& c) {
         "model.kind = \"cnn\" with {} conv blocks needs data.synthetic_image_size >= {} (got {})",
         c.model.channels.size(), int64_t{1} << c.model.channels.size(), c.data.synthetic_image_size);
   if (auto problem = gpt_problem(c); !problem.empty()) return problem;
+  if (c.model.batchnorm && c.model.kind != "cnn")
+    return fmt::format("model.batchnorm = true applies to model.kind = \"cnn\" (got \"{}\"); set "
+                       "model.batchnorm = false or use the CNN",
+                       c.model.kind);
+  if (c.model.sync_batchnorm && !c.model.batchnorm)
+    return "model.sync_batchnorm = true converts the model's BatchNorm layers, but model.batchnorm = false: "
+           "set model.batchnorm = true (or sync_batchnorm = false)";
+  if (c.precision.compute == "fp16" && !at::hasCUDA())
+    return "precision.compute = \"fp16\" needs a CUDA build (LibTorch autocasts CPU ops to bf16 only); this "
+           "build is CPU-only: use precision.compute = \"bf16\" (no loss scaling needed) or \"fp32\"";
   if (c.data.dataset == "fashion_mnist" && c.data.dir.empty())
     return "data.dir must name the folder with Fashion-MNIST's *-ubyte.gz files";
   return "";

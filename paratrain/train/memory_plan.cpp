@@ -69,6 +69,7 @@ int64_t parameter_count(const TrainConfig& c) {
     int64_t in = channels, s = side;
     for (int64_t out : c.model.channels) {
       total = checked_add(total, checked_add(checked_mul(checked_mul(in, out), 9), out));
+      if (c.model.batchnorm) total = checked_add(total, checked_mul(2, out));  // BatchNorm weight, bias
       in = out;
       s /= 2;
     }

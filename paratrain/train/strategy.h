@@ -27,6 +27,9 @@ class Optimizer;
 namespace paratrain::models {
 class Model;
 }
+namespace paratrain::optim {
+class GradScaler;
+}
 
 namespace paratrain::train {
 
@@ -99,7 +102,14 @@ class Strategy {
   // is over every parameter, across shards), steps, and makes parameters
   // ready for the next forward (ZeRO-1/2: all-gather). Returns false when
   // the step was skipped. Collective.
-  virtual bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm) = 0;
+  // With a `scaler` (mixed precision; the LossFn multiplied the loss by
+  // scaler->get_scale()): gradients are unscaled before clipping, and if any
+  // rank or shard holds inf/nan (the flag agreed over every axis whose ranks
+  // hold different gradients) every rank skips the step and returns false;
+  // then scaler->update(). The default argument lives here only: call
+  // through Strategy.
+  virtual bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm,
+                              optim::GradScaler* scaler = nullptr) = 0;
 
   // Forward for evaluation (under NoGradGuard, model in eval mode): DDP
   // brings buffers in line first, FSDP gathers units. Collective.

@@ -28,6 +28,7 @@
 #include "paratrain/train/memory_plan.h"
 #include "paratrain/train/metrics.h"
 #include "paratrain/train/objective.h"
+#include "paratrain/train/precision.h"
 #include "paratrain/train/strategy_registry.h"
 
 namespace paratrain::train {
@@ -42,6 +43,7 @@ struct Trainer::State {
   std::unique_ptr<topology::DeviceMesh> mesh;
   std::unique_ptr<Strategy> strategy;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<optim::GradScaler> scaler;  // precision.loss_scale; null for "none"
   Datasets datasets;
   BatchSizes batch;
   std::unique_ptr<data::Loader> loader;
@@ -198,6 +200,7 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
   const LayerwiseParams layerwise = layerwise_kind ? s.strategy->layerwise_params() : LayerwiseParams{};
   s.optimizer = make_optimizer(c.optimizer, s.strategy->optimizer_params(), layerwise.full_dims,
                                layerwise.norm_reducer);
+  s.scaler = make_grad_scaler(c.precision);
   s.datasets = load_datasets(c);
 
   const DataShard shard = s.strategy->data_shard();
@@ -320,7 +323,7 @@ TrainResult Trainer::fit() {
     }
   };
   const Objective objective = Objective::for_config(c);
-  const LossFn loss_fn = objective.loss();
+  const LossFn loss_fn = scaled_loss(objective.loss(), s.scaler.get());
 
   // Note [Accumulation]
   // One optimizer step = k = train.accumulate micro-batches from the loader.
@@ -350,6 +353,8 @@ TrainResult Trainer::fit() {
     if (epoch != s.loader->state().epoch || s.loader->state().next_batch == 0) s.loader->set_epoch(epoch);
     while (batches - s.loader->state().next_batch >= k) {
       double step_loss = 0;  // the micro-batch losses are divided by k: their sum is the step's mean
+      // The loss is scaled in backward (precision.loss_scale); logged unscaled.
+      const double loss_scale = s.scaler ? s.scaler->get_scale() : 1.0;
       for (int64_t i = 0; i < k; ++i) {
         auto batch = s.loader->next();
         if (!batch) {
@@ -361,9 +366,11 @@ TrainResult Trainer::fit() {
       }
       applied_lr = s.lr_schedule->lr(s.step);  // steps count from 0
       optim::set_learning_rate(*s.optimizer, applied_lr);
-      s.strategy->optimizer_step(*s.optimizer, c.optimizer.clip_grad_norm);
+      if (!s.strategy->optimizer_step(*s.optimizer, c.optimizer.clip_grad_norm, s.scaler.get())) {
+        ++result.skipped_steps;
+      }
       ++s.step;
-      window_loss += step_loss;
+      window_loss += step_loss / loss_scale;
       ++window_steps;
 
       const bool last = s.step >= total_steps;
@@ -437,6 +444,7 @@ TrainResult Trainer::fit() {
   result.steps = s.step;
   result.start_step = s.start_step;
   result.samples_per_second = (s.step - first_step) * global_batch / std::max(elapsed, 1e-9);
+  result.loss_scale = s.scaler ? s.scaler->get_scale() : 1.0;
   return result;
 }
 

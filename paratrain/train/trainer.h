@@ -43,6 +43,8 @@ struct TrainResult {
   int64_t global_batch = 0;      // examples per optimizer step over all dp ranks
   std::filesystem::path run_dir;
   std::filesystem::path last_checkpoint;
+  int64_t skipped_steps = 0;     // steps the loss scaler skipped (inf/nan gradients) in this process
+  double loss_scale = 1.0;       // the loss scaler's scale at the end (1 without one)
 };
 
 class Trainer {

@@ -8,8 +8,11 @@
 
 #include <fmt/format.h>
 
+#include "paratrain/core/autocast.h"
 #include "paratrain/core/error.h"
+#include "paratrain/data_parallel/sync_batchnorm/convert_sync_batchnorm.h"
 #include "paratrain/models/model.h"
+#include "paratrain/optim/grad_scaler.h"
 
 namespace paratrain::train::strategies {
 namespace {
@@ -99,8 +102,33 @@ LayerwiseParams sharded_layerwise_params(comm::ProcessGroup& dp, torch::nn::Modu
 
 SyncStats sync_stats(const ddp::StepStats& s) { return {s.backward_ms, s.comm_ms(), s.hidden_share(), s.wait_ms}; }
 
+std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : params) out.push_back(p.grad());
+  return out;
+}
+
+bool unscale_found_inf(optim::GradScaler* scaler, const std::vector<at::Tensor>& grads,
+                       const std::vector<comm::ProcessGroup*>& groups, std::chrono::milliseconds timeout) {
+  if (scaler == nullptr) return false;
+  return scaler->unscale_(grads, groups, timeout);
+}
+
+at::ScalarType compute_dtype(const TrainConfig& config) { return core::parse_compute_dtype(config.precision.compute); }
+
+void convert_batchnorm(const TrainConfig& config, models::Model& model, comm::ProcessGroup& dp,
+                       std::chrono::milliseconds timeout) {
+  if (!config.model.sync_batchnorm) return;
+  sync_batchnorm::ConvertOptions options;
+  options.timeout = timeout;
+  // The models keep BatchNorm layers in containers (see models/cnn.cpp), so
+  // the model itself is never replaced.
+  auto converted = sync_batchnorm::convert_sync_batchnorm(model.shared_from_this(), dp, options);
+  TORCH_CHECK(converted.get() == &model, "convert_batchnorm: the model itself was replaced");
+}
+
 DataParallelStrategy::DataParallelStrategy(const StrategyContext& context, const std::string& strategy)
-    : config_(context.config), dp_(context.mesh.group(topology::Axis::kDp)), timeout_(context.timeout) {
+    : config_(context.config), compute_(compute_dtype(context.config)), dp_(context.mesh.group(topology::Axis::kDp)), timeout_(context.timeout) {
   require_data_parallel_only(context.mesh, strategy);
 }
 

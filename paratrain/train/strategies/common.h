@@ -47,6 +47,20 @@ LayerwiseParams sharded_layerwise_params(comm::ProcessGroup& dp, torch::nn::Modu
 // The reducer's per-step timings as the Trainer reports them.
 SyncStats sync_stats(const ddp::StepStats& stats);
 
+// The .grad of each tensor (undefined ones included; unscale skips them).
+std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params);
+// Mixed precision: unscales `grads` (this rank's whole gradients or shards)
+// and agrees on inf/nan over `groups`. True when every rank must skip the
+// step. No scaler: false, no communication.
+bool unscale_found_inf(optim::GradScaler* scaler, const std::vector<at::Tensor>& grads,
+                       const std::vector<comm::ProcessGroup*>& groups, std::chrono::milliseconds timeout);
+// precision.compute as the dtype an AutocastGuard takes (kFloat = off).
+at::ScalarType compute_dtype(const TrainConfig& config);
+// model.sync_batchnorm: replaces the model's BatchNorm layers by
+// SyncBatchNorm over `dp` (before DDP/ZeRO/FSDP wrap it). No-op when off.
+void convert_batchnorm(const TrainConfig& config, models::Model& model, comm::ProcessGroup& dp,
+                       std::chrono::milliseconds timeout);
+
 // What the ddp, zero and fsdp adapters hold and answer alike: the config, the
 // dp group, the model, the data shard, and buffers (replicated, rank 0 writes).
 class DataParallelStrategy : public Strategy {
@@ -61,6 +75,7 @@ class DataParallelStrategy : public Strategy {
   std::vector<TensorSlot> with_buffer_slots(std::vector<TensorSlot> params) const;
 
   TrainConfig config_;
+  at::ScalarType compute_;  // precision.compute: autocast dtype of forward and loss
   comm::ProcessGroup& dp_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<models::Model> model_;

@@ -6,10 +6,12 @@
 
 #include <fmt/format.h>
 
+#include "paratrain/core/autocast.h"
 #include "paratrain/core/error.h"
 #include "paratrain/data_parallel/ddp/ddp.h"
 #include "paratrain/data_parallel/ddp/naive.h"
 #include "paratrain/models/model.h"
+#include "paratrain/optim/grad_scaler.h"
 #include "paratrain/train/strategies/builtin.h"
 #include "paratrain/train/strategies/common.h"
 
@@ -31,6 +33,7 @@ class DdpStrategy final : public DataParallelStrategy {
 
   void build_model(const ModelFactory& factory) override {
     model_ = factory();
+    convert_batchnorm(config_, *model_, dp_, timeout_);
     const auto& d = config_.ddp;
     if (d.mode == "bucketed") {
       ddp::DdpOptions options;
@@ -56,7 +59,11 @@ class DdpStrategy final : public DataParallelStrategy {
       if (!sync) no_sync.emplace(ddp_->reducer());
     }
     if (naive_) naive_->prepare_forward();
-    auto loss = loss_fn(model_->forward(batch.inputs), batch.targets);
+    at::Tensor loss;
+    {
+      core::AutocastGuard autocast(compute_);
+      loss = loss_fn(model_->forward(batch.inputs), batch.targets);
+    }
     loss.backward();
     if (ddp_ && sync) ddp_->finish_backward();
     // The naive twin all-reduces whatever .grad holds: after unsynchronized
@@ -65,13 +72,21 @@ class DdpStrategy final : public DataParallelStrategy {
     return {loss.detach()};
   }
 
-  bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm) override {
-    // Gradients are the same on every rank after the reduction, so the local
-    // norm is the global one.
-    if (clip_grad_norm > 0) torch::nn::utils::clip_grad_norm_(model_->parameters(), clip_grad_norm);
-    optimizer.step();
+  bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm,
+                      optim::GradScaler* scaler) override {
+    // The reduced gradients are the same on every rank, so an inf anywhere
+    // before the reduction is seen everywhere; agreeing over dp anyway (4
+    // bytes) keeps ranks in step if a rank's gradient changed after it.
+    const bool skip = unscale_found_inf(scaler, grads_of(model_->parameters()), {&dp_}, timeout_);
+    if (!skip) {
+      // Gradients are the same on every rank after the reduction, so the
+      // local norm is the global one.
+      if (clip_grad_norm > 0) torch::nn::utils::clip_grad_norm_(model_->parameters(), clip_grad_norm);
+      optimizer.step();
+    }
     optimizer.zero_grad();
-    return true;
+    if (scaler) scaler->update();
+    return !skip;
   }
 
   at::Tensor eval_forward(const at::Tensor& inputs) override {

@@ -5,8 +5,10 @@
 
 #include <fmt/format.h>
 
+#include "paratrain/core/autocast.h"
 #include "paratrain/data_parallel/fsdp/fsdp.h"
 #include "paratrain/models/model.h"
+#include "paratrain/optim/grad_scaler.h"
 #include "paratrain/train/strategies/builtin.h"
 #include "paratrain/train/strategies/common.h"
 
@@ -40,6 +42,7 @@ class FsdpStrategy final : public DataParallelStrategy {
 
   void build_model(const ModelFactory& factory) override {
     model_ = factory();
+    convert_batchnorm(config_, *model_, dp_, timeout_);
     fsdp::FsdpOptions options;
     options.unit_min_params = config_.zero.unit_min_params;
     options.unit_modules = split_names(config_.zero.unit_modules);
@@ -60,18 +63,30 @@ class FsdpStrategy final : public DataParallelStrategy {
   StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {
     std::optional<fsdp::FullyShardedDataParallel::NoSyncGuard> no_sync;
     if (!sync) no_sync.emplace(*fsdp_);
-    auto output = fsdp_->forward([&] { return model_->forward(batch.inputs); });
-    auto loss = loss_fn(output, batch.targets);
+    at::Tensor loss;
+    {
+      core::AutocastGuard autocast(compute_);
+      auto output = fsdp_->forward([&] { return model_->forward(batch.inputs); });
+      loss = loss_fn(output, batch.targets);
+    }
     loss.backward();
     fsdp_->finish_backward();
     return {loss.detach()};
   }
 
-  bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm) override {
-    if (clip_grad_norm > 0) fsdp_->clip_grad_norm(clip_grad_norm);
-    fsdp_->step(optimizer);
+  bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm,
+                      optim::GradScaler* scaler) override {
+    // Gradients are shards: the inf flag is agreed over dp.
+    const bool skip = unscale_found_inf(scaler, grads_of(fsdp_->optimizer_params()), {&dp_}, timeout_);
+    if (!skip) {
+      if (clip_grad_norm > 0) fsdp_->clip_grad_norm(clip_grad_norm);
+      fsdp_->step(optimizer);
+    } else {
+      fsdp_->reshard();  // as step() would: free units gathered for backward
+    }
     optimizer.zero_grad();
-    return true;
+    if (scaler) scaler->update();
+    return !skip;
   }
 
   at::Tensor eval_forward(const at::Tensor& inputs) override {

@@ -15,6 +15,7 @@
 #include "paratrain/data_parallel/ddp/ddp.h"
 #include "paratrain/data_parallel/ddp/naive.h"
 #include "paratrain/data_parallel/zero/zero.h"
+#include "paratrain/optim/grad_scaler.h"
 #include "paratrain/pipeline/executor.h"
 #include "paratrain/pipeline/partition.h"
 #include "paratrain/pipeline/schedule.h"
@@ -81,6 +82,18 @@ class PipelineStrategy final : public Strategy {
       throw ConfigError(fmt::format("zero.stage = 3 with parallel.pp = {}: stage 3 gathers parameters around "
                                     "each forward, which a pipeline stage keeps whole; use zero.stage = 1 or 2 "
                                     "(optimizer state and gradients sharded over the dp replicas of each stage)",
+                                    pp_.size()));
+    }
+    if (config_.precision.compute != "fp32") {
+      throw ConfigError(fmt::format("precision.compute = \"{}\" with parallel.pp = {}: stage boundaries are fp32 "
+                                    "buffers and the pipeline does not autocast yet; set precision.compute = "
+                                    "\"fp32\" (loss scaling works) or parallel.pp = 1",
+                                    config_.precision.compute, pp_.size()));
+    }
+    if (config_.model.sync_batchnorm) {
+      throw ConfigError(fmt::format("model.sync_batchnorm = true with parallel.pp = {}: the pipeline does not "
+                                    "convert BatchNorm layers yet; set model.sync_batchnorm = false or "
+                                    "parallel.pp = 1",
                                     pp_.size()));
     }
     if (config_.zero.stage > 0) check_bucketed_mode(config_, "zero");
@@ -202,19 +215,30 @@ class PipelineStrategy final : public Strategy {
     return {l.reshape({})};
   }
 
-  bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm) override {
-    if (clip_grad_norm > 0) clip_across_stages(clip_grad_norm);
-    if (zero_.empty()) {
-      optimizer.step();
-      optimizer.zero_grad();
-      return true;
+  bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm,
+                      optim::GradScaler* scaler) override {
+    // Stages hold different parameters and ZeRO replicas different shards:
+    // the inf flag is agreed over dp and pp (over dp also without ZeRO, as
+    // the ddp strategy does, though replicas then hold equal gradients).
+    for (auto& z : zero_) z->finish_backward();
+    const bool skip = unscale_found_inf(scaler, grads_of(optimizer_params()), {&dp_, &pp_}, timeout_);
+    if (!skip) {
+      if (clip_grad_norm > 0) clip_across_stages(clip_grad_norm);
+      if (zero_.empty()) {
+        optimizer.step();
+      } else {
+        // One optimizer over every chunk's shard: step it once, then each
+        // chunk all-gathers its updated parameters.
+        for (auto& z : zero_) z->begin_step();
+        optimizer.step();
+        for (auto& z : zero_) z->end_step();
+      }
     }
-    // One optimizer over every chunk's shard: step it once, then each chunk
-    // all-gathers its updated parameters.
-    for (auto& z : zero_) z->begin_step();
-    optimizer.step();
-    for (auto& z : zero_) z->end_step();
-    return true;
+    // A skipped ZeRO step needs no all-gather (parameters are unchanged);
+    // the next prepare_forward() clears what the backward left.
+    if (zero_.empty()) optimizer.zero_grad();
+    if (scaler) scaler->update();
+    return !skip;
   }
 
   at::Tensor eval_forward(const at::Tensor& inputs) override {

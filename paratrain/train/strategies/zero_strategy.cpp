@@ -5,8 +5,10 @@
 
 #include <fmt/format.h>
 
+#include "paratrain/core/autocast.h"
 #include "paratrain/data_parallel/zero/zero.h"
 #include "paratrain/models/model.h"
+#include "paratrain/optim/grad_scaler.h"
 #include "paratrain/train/strategies/builtin.h"
 #include "paratrain/train/strategies/common.h"
 
@@ -23,6 +25,7 @@ class ZeroStrategy final : public DataParallelStrategy {
 
   void build_model(const ModelFactory& factory) override {
     model_ = factory();
+    convert_batchnorm(config_, *model_, dp_, timeout_);
     zero::ZeroOptions options;
     options.stage = static_cast<int>(config_.zero.stage);
     options.buckets = bucket_options(config_);
@@ -41,16 +44,31 @@ class ZeroStrategy final : public DataParallelStrategy {
     zero_->prepare_forward();
     std::optional<zero::ZeroDataParallel::NoSyncGuard> no_sync;
     if (!sync) no_sync.emplace(zero_->reducer());
-    auto loss = loss_fn(model_->forward(batch.inputs), batch.targets);
+    at::Tensor loss;
+    {
+      core::AutocastGuard autocast(compute_);
+      loss = loss_fn(model_->forward(batch.inputs), batch.targets);
+    }
     loss.backward();
     if (sync) zero_->finish_backward();
     return {loss.detach()};
   }
 
-  bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm) override {
-    if (clip_grad_norm > 0) zero_->clip_grad_norm(clip_grad_norm);
-    zero_->step(optimizer);  // steps the shard, then all-gathers parameters
-    return true;
+  bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm,
+                      optim::GradScaler* scaler) override {
+    // Each rank holds only its shard's gradients (stage 2; stage 1 reads its
+    // slice of the full .grad), so the inf flag is agreed over dp.
+    zero_->finish_backward();
+    const bool skip = unscale_found_inf(scaler, grads_of(zero_->optimizer_params()), {&dp_}, timeout_);
+    if (!skip) {
+      if (clip_grad_norm > 0) zero_->clip_grad_norm(clip_grad_norm);
+      zero_->step(optimizer);  // steps the shard, then all-gathers parameters
+    }
+    // A skipped step leaves parameters as they are (no all-gather needed);
+    // the next prepare_forward() clears stage 1's full .grad and stage 2's
+    // reduce-scatter overwrites the shards.
+    if (scaler) scaler->update();
+    return !skip;
   }
 
   at::Tensor eval_forward(const at::Tensor& inputs) override {
