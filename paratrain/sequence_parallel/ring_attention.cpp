@@ -74,6 +74,7 @@ class Ring {
     // Never let the backend touch freed buffers: drain quietly (an error is
     // already on its way up when we get here early).
     for (auto& p : pending_) {
+      if (!p.work) continue;  // waited already
       try {
         p.work->wait(p.is_send ? args_.timeout : std::chrono::milliseconds(1));
       } catch (...) {
@@ -118,9 +119,12 @@ class Ring {
     pending_.push_back({std::move(buffer), std::move(work), src, kind, chunk, false});
     return pending_.size() - 1;
   }
-  // Waits for transfer `id`; returns its tensor (a receive's data).
+  // Waits for transfer `id` and lets go of its tensor (returned: a
+  // receive's data), so a finished step's buffers are freed as soon as the
+  // caller drops them: two key/value chunks alive per rank, not all of them.
   at::Tensor wait(size_t id) {
     Pending& p = pending_.at(id);
+    TORCH_INTERNAL_ASSERT(p.work, "ring attention: transfer ", id, " waited twice");
     try {
       p.work->wait(args_.timeout);
     } catch (const Error& e) {
@@ -130,7 +134,8 @@ class Ring {
           rank_, p.is_send ? "sending" : "receiving", describe(p.kind), p.chunk, p.is_send ? "to" : "from", p.peer,
           args_.group->global_ranks().at(p.peer), e.what()));
     }
-    return p.tensor;
+    p.work.reset();
+    return std::move(p.tensor);
   }
 
  private:
