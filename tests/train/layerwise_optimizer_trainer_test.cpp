@@ -47,15 +47,15 @@ TrainConfig small_config(const std::string& dir, const std::string& kind) {
   return c;
 }
 
-struct TrainedRun {
+struct Trajectory {
   Params before;
   Params after;
 };
 
 // Trains on `world` thread-ranks; `tweak` runs on each rank's Trainer
 // before fit (negative controls). Rank 0's parameters before and after.
-TrainedRun train(const TrainConfig& cfg, int world, const std::function<void(Trainer&)>& tweak = {}) {
-  TrainedRun run;
+Trajectory train(const TrainConfig& cfg, int world, const std::function<void(Trainer&)>& tweak = {}) {
+  Trajectory run;
   paratrain::testing::run_ranks(world, [&](paratrain::comm::ProcessGroup& g) {
     Trainer t(cfg, g);
     auto before = t.full_parameters();
@@ -69,7 +69,7 @@ TrainedRun train(const TrainConfig& cfg, int world, const std::function<void(Tra
 
 // max over tensors of max|update_a - update_b| / max|update_b|, update =
 // after - before: scale-free in the step, not in the weights.
-double update_diff(const TrainedRun& a, const TrainedRun& b) {
+double update_diff(const Trajectory& a, const Trajectory& b) {
   EXPECT_EQ(a.after.size(), b.after.size());
   double worst = 0;
   for (size_t i = 0; i < a.after.size() && i < b.after.size(); ++i) {
@@ -82,7 +82,7 @@ double update_diff(const TrainedRun& a, const TrainedRun& b) {
   return worst;
 }
 
-TrainedRun oracle(const std::string& dir, const std::string& kind) {
+Trajectory oracle(const std::string& dir, const std::string& kind) {
   auto cfg = small_config(dir, kind);
   cfg.ddp.mode = "none";
   return train(cfg, 1);
@@ -101,7 +101,7 @@ class LayerwiseOracle : public ::testing::TestWithParam<std::tuple<std::string, 
 TEST_P(LayerwiseOracle, ThreeRanksEqualOneUnshardedProcess) {
   const auto [kind, stage] = GetParam();
   auto dir = paratrain::testing::temp_dir("layerwise");
-  const TrainedRun single = oracle(dir + "/single", kind);
+  const Trajectory single = oracle(dir + "/single", kind);
   auto cfg = small_config(dir + "/sharded", kind);
   cfg.zero.stage = stage;
   const double diff = update_diff(train(cfg, 3), single);
@@ -117,7 +117,7 @@ INSTANTIATE_TEST_SUITE_P(KindsAndStages, LayerwiseOracle,
 TEST(LayerwiseOracle, NegativeControlsAreFarFromTheOracle) {
   auto dir = paratrain::testing::temp_dir("layerwise_neg");
   for (std::string kind : {"lars", "lamb"}) {
-    const TrainedRun single = oracle(dir + "/single_" + kind, kind);
+    const Trajectory single = oracle(dir + "/single_" + kind, kind);
     auto cfg = small_config(dir + "/local_" + kind, kind);
     cfg.zero.stage = 1;
     const double local = update_diff(train(cfg, 3,
@@ -147,7 +147,7 @@ TEST(LayerwiseCheckpoint, ResumedRunEqualsUninterrupted) {
   for (std::string kind : {"lars", "lamb"}) {
     auto full = small_config(dir + "/full_" + kind, kind);
     full.zero.stage = 1;
-    const TrainedRun uninterrupted = train(full, 2);
+    const Trajectory uninterrupted = train(full, 2);
 
     auto first = small_config(dir + "/split_" + kind, kind);
     first.zero.stage = 1;
@@ -160,7 +160,7 @@ TEST(LayerwiseCheckpoint, ResumedRunEqualsUninterrupted) {
       auto resumed = small_config(dir + "/resumed_" + kind + (drop_state ? "_drop" : ""), kind);
       resumed.train.resume = ckpt.string();
       resumed.zero.stage = 1;
-      TrainedRun r = train(resumed, 2, [&](Trainer& t) {
+      Trajectory r = train(resumed, 2, [&](Trainer& t) {
         if (drop_state) t.optimizer().state().clear();
       });
       r.before = uninterrupted.before;  // compare whole trajectories from step 0
