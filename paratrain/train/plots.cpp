@@ -85,7 +85,9 @@ RunSeries read_run_series(const std::filesystem::path& run_dir) {
       run.train.push_back({number_or(row, "epoch_progress", -1), step, number_or(row, "samples", -1),
                            number_or(row, "loss", 0)});
     } else if (kind == "eval") {
-      run.eval.push_back({number_or(row, "epoch", 0) + 1, step, number_or(row, "samples", -1),
+      // epoch_progress: an evaluation when a run stops mid-epoch sits there.
+      run.eval.push_back({number_or(row, "epoch_progress", number_or(row, "epoch", 0) + 1), step,
+                          number_or(row, "samples", -1),
                           number_or(row, "test_loss", 0), number_or(row, "test_accuracy", 0),
                           number_or(row, "perplexity", 0)});
     }

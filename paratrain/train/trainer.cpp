@@ -422,18 +422,22 @@ TrainResult Trainer::fit() {
     if (c.train.eval_every_epochs > 0 &&
         ((epoch_done && (epoch + 1) % c.train.eval_every_epochs == 0) || (stop && !epoch_done))) {
       result.test = evaluate();
+      const double eval_progress =
+          epoch + static_cast<double>(s.loader->state().next_batch) / std::max<int64_t>(batches, 1);
       if (s.is_main() && objective.language_model()) {
         spdlog::info("epoch {}/{} step {} val loss {:.4f} perplexity {:.2f} next-token accuracy {:.2f}% ({} tokens)",
                      epoch + 1, c.train.epochs, s.step, result.test.loss, result.test.perplexity,
                      100 * result.test.accuracy, result.test.count);
         s.metrics.write({{"kind", "eval"}, {"epoch", epoch}, {"step", s.step},
-                         {"samples", s.step * global_batch}, {"test_loss", result.test.loss},
+                         {"samples", s.step * global_batch}, {"epoch_progress", eval_progress},
+                         {"test_loss", result.test.loss},
                          {"test_accuracy", result.test.accuracy}, {"perplexity", result.test.perplexity}});
       } else if (s.is_main()) {
         spdlog::info("epoch {}/{} test loss {:.4f} accuracy {:.2f}% ({} items)", epoch + 1, c.train.epochs,
                      result.test.loss, 100 * result.test.accuracy, result.test.count);
         s.metrics.write({{"kind", "eval"}, {"epoch", epoch}, {"step", s.step},
-                         {"samples", s.step * global_batch}, {"test_loss", result.test.loss},
+                         {"samples", s.step * global_batch}, {"epoch_progress", eval_progress},
+                         {"test_loss", result.test.loss},
                          {"test_accuracy", result.test.accuracy}});
       }
     }
