@@ -5,6 +5,7 @@
 // Negative controls: the rank without the inf sees finite gradients of its
 // own (only the agreement tells it); clipping still-scaled gradients differs.
 #include <gtest/gtest.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <limits>
@@ -42,10 +43,12 @@ TrainConfig small_config(int64_t zero_stage) {
 // The global batch of step `step`: 8 rows, the same on every rank; rank r of
 // n reads rows [r * 8/n, (r+1) * 8/n).
 data::Batch batch_of(int step, int rank, int world) {
-  torch::manual_seed(500 + step);
+  // A generator of its own: ranks are threads, and two threads drawing from
+  // the global one would each get part of the other's stream.
+  auto gen = at::detail::createCPUGenerator(500 + step);
   data::Batch b;
-  b.inputs = torch::randn({8, 25});
-  b.targets = torch::randint(0, 4, {8}, torch::kLong);
+  b.inputs = at::randn({8, 25}, gen);
+  b.targets = at::randint(0, 4, {8}, gen, at::TensorOptions().dtype(at::kLong));
   const int64_t rows = 8 / world;
   b.inputs = b.inputs.slice(0, rank * rows, (rank + 1) * rows);
   b.targets = b.targets.slice(0, rank * rows, (rank + 1) * rows);
