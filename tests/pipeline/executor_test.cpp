@@ -3,6 +3,7 @@
 // activation checkpointing saves, and the timeline it records. Ranks are
 // threads; the model is a small MLP cut into stages by hand.
 #include <gtest/gtest.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <mutex>
@@ -55,9 +56,11 @@ RunResult run(int p, pl::ScheduleKind kind, int m, int v, bool recompute) {
     options.checkpoint_activations = recompute;
     pl::Executor executor(pp, local, options);
     pl::Timeline timeline(pp.rank(), {});
-    torch::manual_seed(4);
-    auto x = torch::randn({8 * m, 12});
-    auto y = torch::randint(0, 4, {8 * m}, torch::kLong);
+    // A generator of its own: the ranks are threads, and two threads drawing
+    // from the global one would each get part of the other's stream.
+    auto gen = at::detail::createCPUGenerator(4);
+    auto x = at::randn({8 * m, 12}, gen);
+    auto y = at::randint(0, 4, {8 * m}, gen, at::TensorOptions().dtype(at::kLong));
     auto loss = [](const at::Tensor& out, const at::Tensor& t) { return torch::nn::functional::cross_entropy(out, t); };
     out.reports[pp.rank()] = executor.train_step(x, y, loss, {}, &timeline, 0);
     out.events[pp.rank()] = timeline.events();
