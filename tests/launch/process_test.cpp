@@ -172,7 +172,10 @@ TEST(Launch, AFailingRankStopsTheOthersAndNamesItsExitCode) {
 TEST(Launch, TheRankThatFailedOnItsOwnIsNamedNotThePeerThatSawItGo) {
   const auto dir = testing::temp_dir("launch-peer");
   const std::string ready = dir + "/ready";
-  auto o = options(2, {"on-rank", "1", "ignore-term", "on-rank", "1", "pidfile", ready,
+  // Rank 0 ignores SIGTERM too: rank 1 may see both lines and exit before
+  // rank 0 has run its exit, and the launcher's SIGTERM must not pre-empt
+  // rank 0's own exit code (it did, rarely, on a loaded machine).
+  auto o = options(2, {"on-rank", "0", "ignore-term", "on-rank", "1", "ignore-term", "on-rank", "1", "pidfile", ready,
                        "on-rank", "0", "wait-lines", ready, "1",
                        "on-rank", "0", "partial", "RuntimeError: Connection reset by peer\n",
                        "on-rank", "0", "pidfile", ready, "fail-rank", "0", "1",
