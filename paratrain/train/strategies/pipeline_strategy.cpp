@@ -4,6 +4,7 @@
 // is wrapped in DDP (or ZeRO-1/2: zero.stage) over the dp axis, reducing only
 // in the chunk's last backward of the step. Loss and evaluation logits are broadcast from the
 // last stage, so the Trainer's logging and evaluation see them on every rank.
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -34,13 +35,16 @@ using topology::Axis;
 // seconds (best of a few runs: the least disturbed by the other ranks).
 std::vector<double> measure_layer_times(const std::vector<models::Layer>& layers,
                                         const pipeline::BoundaryShapes& shapes, int64_t rows) {
+  // A generator of the probe's own: drawing from the global one would shift
+  // every later draw on rank 0 only (and, with ranks as threads, race them).
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(0);
   std::vector<double> out;
   for (size_t j = 0; j < layers.size(); ++j) {
     std::vector<int64_t> shape{rows};
     shape.insert(shape.end(), shapes.shapes[j].begin(), shapes.shapes[j].end());
     double best = 1e30;
     for (int rep = 0; rep < 3; ++rep) {
-      auto x = torch::randn(shape).requires_grad_(true);
+      auto x = torch::randn(shape, generator).requires_grad_(true);
       const auto start = std::chrono::steady_clock::now();
       layers[j].forward(x).sum().backward();
       best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
