@@ -45,6 +45,7 @@ struct BenchOptions {
   int warmup = 3;       // unmeasured steps first (allocator, sockets)
   bool recompute = false;
   std::string out;      // also append the JSON line here (rank 0)
+  std::string events;   // write every measured event here (rank 0), one JSON line each
 };
 
 // Every rank's events, gathered on every rank (8 int64 fields per event).
@@ -141,8 +142,35 @@ int run(const BenchOptions& o) {
   group->all_gather(all_stats, stats)->wait();
   if (group->rank() != 0) return 0;
 
+  if (!o.events.empty()) {
+    // Raw events, so where the idle time goes can be read off one step.
+    std::ofstream f(o.events);
+    for (int r = 0; r < p; ++r) {
+      for (const auto& e : per_rank[r]) {
+        if (e.step < o.warmup) continue;
+        f << nlohmann::json{{"rank", r}, {"kind", pl::to_string(e.kind)}, {"step", e.step}, {"mb", e.microbatch},
+                            {"chunk", e.chunk}, {"peer", e.peer}, {"bytes", e.bytes}, {"start_us", e.start_us},
+                            {"end_us", e.end_us}}
+                 .dump()
+          << "\n";
+      }
+    }
+  }
   std::vector<double> bubbles;
   for (int s = o.warmup; s < o.warmup + o.steps; ++s) bubbles.push_back(pl::measure_bubble(per_rank, s).bubble);
+  // The whole loop's view: idle share of the mean step period (elapsed /
+  // steps), which also holds what lies between steps (zero_grad, the rank
+  // that finishes first waiting for the next step).
+  double busy_us = 0;
+  for (int r = 0; r < p; ++r) {
+    for (const auto& e : per_rank[r]) {
+      if (e.step >= o.warmup && (e.kind == pl::EventKind::kForward || e.kind == pl::EventKind::kBackward ||
+                                 e.kind == pl::EventKind::kRecompute)) {
+        busy_us += static_cast<double>(e.end_us - e.start_us);
+      }
+    }
+  }
+  const double bubble_period = 1.0 - busy_us / p / o.steps / (elapsed * 1e6 / o.steps);
   std::vector<double> sorted = bubbles;
   std::sort(sorted.begin(), sorted.end());
   nlohmann::json in_flight = nlohmann::json::array(), act_bytes = nlohmann::json::array();
@@ -164,6 +192,7 @@ int run(const BenchOptions& o) {
       {"bubble_measured_median", sorted[sorted.size() / 2]},
       {"bubble_measured_min", sorted.front()},
       {"bubble_measured", bubbles},
+      {"bubble_period", bubble_period},
       {"peak_in_flight", in_flight},
       {"peak_activation_bytes", act_bytes},
       {"samples_per_s", static_cast<double>(batch) * o.steps / elapsed},
@@ -184,6 +213,7 @@ int main(int argc, char** argv) {
   app.add_option("--virtual-stages", o.virtual_stages, "chunks per rank (interleaved)")->check(CLI::PositiveNumber);
   app.add_option("--layers", o.layers, "hidden layers")->check(CLI::PositiveNumber);
   app.add_option("--width", o.width, "hidden width")->check(CLI::PositiveNumber);
+  app.add_option("--events", o.events, "write the measured steps' events here, one JSON line each");
   app.add_option("--rows", o.rows, "rows per micro-batch")->check(CLI::PositiveNumber);
   app.add_option("--steps", o.steps, "measured steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "unmeasured steps first")->check(CLI::NonNegativeNumber);

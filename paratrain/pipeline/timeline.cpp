@@ -245,8 +245,12 @@ std::vector<RankTimeline> read_run_timelines(const fs::path& run_dir) {
 // ---- the measured bubble
 
 BubbleReport measure_bubble(const std::vector<std::vector<TimelineEvent>>& per_rank, int64_t step) {
-  int64_t first = 0, last = 0;
-  bool any = false;
+  // The span starts at the step's first compute, not its first event: a rank
+  // done with the previous step posts its first receive of this one while
+  // earlier stages still run the previous step's backward, so event-bounded
+  // spans of back-to-back steps overlap and count that wait in both.
+  int64_t first = 0, first_compute = 0, last = 0;
+  bool any = false, any_compute = false;
   std::vector<double> busy(per_rank.size(), 0.0);
   for (size_t r = 0; r < per_rank.size(); ++r) {
     for (const auto& e : per_rank[r]) {
@@ -256,9 +260,14 @@ BubbleReport measure_bubble(const std::vector<std::vector<TimelineEvent>>& per_r
       any = true;
       // One thread per rank runs compute, so compute events never overlap
       // and their durations add up to the busy time.
-      if (is_compute(e.kind)) busy[r] += static_cast<double>(e.end_us - e.start_us);
+      if (is_compute(e.kind)) {
+        busy[r] += static_cast<double>(e.end_us - e.start_us);
+        first_compute = any_compute ? std::min(first_compute, e.start_us) : e.start_us;
+        any_compute = true;
+      }
     }
   }
+  if (any_compute) first = first_compute;
   if (!any) throw Error(fmt::format("measure_bubble: no rank recorded an event of step {}", step));
   BubbleReport report;
   report.step = step;

@@ -129,7 +129,10 @@ std::vector<TimelineEvent> read_timeline(const std::filesystem::path& file);
 std::vector<RankTimeline> read_run_timelines(const std::filesystem::path& run_dir);
 
 // The measured bubble of one step across ranks:
-//   span   = latest end - earliest start over all ranks' events of the step
+//   span   = latest end over all ranks' events of the step - earliest start
+//            of a compute event (of any event when the step has no compute):
+//            a receive posted before the step's first forward overlaps the
+//            previous step, whose span already holds it
 //   busy_r = time rank r spent in forward, backward and recompute events
 //   idle_share[r] = 1 - busy_r / span;  bubble = 1 - mean(busy) / span = mean(idle_share)
 // A rank without events in the step counts as idle throughout. Sends,

@@ -197,6 +197,21 @@ TEST(MeasureBubble, GPipeScheduleGivesThePaperFormula) {
   EXPECT_DOUBLE_EQ(measure_bubble(per_rank, 3).idle_share.back(), 1.0);
 }
 
+// Back-to-back steps: stage 1 posts step 1's receive (at 80) while stage 0
+// still runs step 0's last backward (to 100). Step 1's span starts at its
+// first forward (100), so the 20 us of waiting count once, in step 0.
+TEST(MeasureBubble, AReceivePostedDuringThePreviousStepDoesNotWidenTheSpan) {
+  const std::vector<std::vector<TimelineEvent>> per_rank = {
+      {ev(EventKind::kForward, 1, 0, 100, 110), ev(EventKind::kBackward, 1, 0, 140, 160)},
+      {ev(EventKind::kRecv, 1, 0, 80, 110, 0), ev(EventKind::kForward, 1, 0, 110, 120),
+       ev(EventKind::kBackward, 1, 0, 120, 140)},
+  };
+  const auto r = measure_bubble(per_rank, 1);
+  EXPECT_DOUBLE_EQ(r.span_us, 60.0);
+  EXPECT_NEAR(r.idle_share[0], 0.5, 1e-12);
+  EXPECT_NEAR(r.idle_share[1], 0.5, 1e-12);
+}
+
 class ChromeTrace : public ::testing::Test {
  protected:
   void SetUp() override {
