@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "paratrain/core/allocator.h"
 #include "paratrain/comm/rendezvous.h"
 #include "paratrain/models/mlp.h"
 #include "paratrain/pipeline/executor.h"
@@ -208,6 +209,7 @@ int run(const BenchOptions& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  paratrain::core::retain_freed_memory();
   BenchOptions o;
   CLI::App app{"pipeline bubble benchmark (one rank; run under paratrain launch)"};
   app.add_option("--schedule", o.schedule, "gpipe | 1f1b | interleaved_1f1b");

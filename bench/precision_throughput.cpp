@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "paratrain/core/allocator.h"
 #include "paratrain/core/autocast.h"
 #include "paratrain/models/cnn.h"
 #include "paratrain/models/mlp.h"
@@ -68,6 +69,7 @@ nlohmann::json bench_model(const std::string& name, std::shared_ptr<paratrain::m
 }  // namespace
 
 int main(int argc, char** argv) {
+  paratrain::core::retain_freed_memory();
   BenchOptions o;
   CLI::App app{"bf16 autocast vs fp32 training throughput (one process)"};
   app.add_option("--steps", o.steps, "timed steps per round and dtype")->check(CLI::PositiveNumber);

@@ -51,7 +51,7 @@ function(paratrain_test name)
     return()
   endif()
   add_executable(test_${name} ${srcs})
-  target_link_libraries(test_${name} PRIVATE ${T_DEPS} paratrain_test_support GTest::gtest GTest::gtest_main)
+  target_link_libraries(test_${name} PRIVATE ${T_DEPS} paratrain_test_support GTest::gtest)
   paratrain_use_pch(test_${name})
   # Each test gets its own process: multi-rank tests spawn threads/processes
   # and must not share global state with the next test.

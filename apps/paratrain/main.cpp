@@ -6,9 +6,11 @@
 #include <CLI/CLI.hpp>
 
 #include "apps/paratrain/commands.h"
+#include "paratrain/core/allocator.h"
 #include "paratrain/core/error.h"
 
 int main(int argc, char** argv) {
+  paratrain::core::retain_freed_memory();  // see allocator.h: ~1.2x samples/s on CPU
   CLI::App app{"paratrain: distributed training for LibTorch"};
   app.require_subcommand(1);
   const paratrain::cli::Command commands[] = {
