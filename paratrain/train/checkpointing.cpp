@@ -7,10 +7,42 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/data/fashion_mnist.h"
+#include "paratrain/optim/grad_scaler.h"
 #include "paratrain/train/checkpoint/checkpoint_files.h"
 #include "paratrain/train/checkpoint/sharded.h"
 
 namespace paratrain::train {
+namespace {
+
+// The scaler's state rides in the checkpoint's string metadata: two numbers,
+// the same on every rank, printed so they parse back exactly.
+constexpr const char* kScaleKey = "loss_scaler.scale";
+constexpr const char* kGrowthKey = "loss_scaler.growth_tracker";
+
+void restore_scaler(const std::filesystem::path& path, const TrainingState& state, optim::GradScaler& scaler) {
+  const auto scale = state.extra.find(kScaleKey);
+  const auto growth = state.extra.find(kGrowthKey);
+  if (scale == state.extra.end() || growth == state.extra.end()) {
+    spdlog::info("checkpoint {} has no loss-scaler state (saved without one); the scale starts at {}",
+                 path.string(), scaler.get_scale());
+    return;
+  }
+  double value = 0;
+  int64_t tracker = 0;
+  try {
+    value = std::stod(scale->second);
+    tracker = std::stoll(growth->second);
+  } catch (const std::exception&) {
+    throw CheckpointError(fmt::format("checkpoint {}: {} = \"{}\" / {} = \"{}\" are not numbers; the metadata is "
+                                      "damaged: resume from another checkpoint",
+                                      path.string(), kScaleKey, scale->second, kGrowthKey, growth->second));
+  }
+  scaler.load_state({{"scale", torch::tensor({value}, torch::kDouble)},
+                     {"growth_tracker", torch::tensor({tracker}, torch::kLong)}});
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, std::string>> preprocessing_metadata(const TrainConfig& config) {
   if (config.data.dataset == "fashion_mnist") {
     return {{"data.input_shape", "[1, 28, 28]"},
@@ -25,7 +57,8 @@ std::vector<std::pair<std::string, std::string>> preprocessing_metadata(const Tr
 
 std::filesystem::path save_training_checkpoint(const std::filesystem::path& run_dir, const TrainConfig& config,
                                                comm::ProcessGroup& world, Strategy& strategy,
-                                               torch::optim::Optimizer& optimizer, const LoopPosition& position) {
+                                               torch::optim::Optimizer& optimizer, const LoopPosition& position,
+                                               const optim::GradScaler* scaler) {
   CheckpointContents contents;
   contents.model = strategy.model_slots();
   contents.optimizer = &optimizer;
@@ -39,19 +72,24 @@ std::filesystem::path save_training_checkpoint(const std::filesystem::path& run_
   state.extra["strategy"] = strategy.name();
   for (auto& [k, v] : strategy.checkpoint_metadata()) state.extra[k] = v;
   for (auto& [k, v] : preprocessing_metadata(config)) state.extra[k] = v;
+  if (scaler != nullptr) {
+    state.extra[kScaleKey] = fmt::format("{:.17g}", scaler->get_scale());
+    state.extra[kGrowthKey] = fmt::format("{}", scaler->growth_tracker());
+  }
   auto dir = checkpoint_dir(run_dir, position.step);
   save_sharded_checkpoint(dir, world, contents);
   return dir;
 }
 
 LoopPosition load_training_checkpoint(const std::filesystem::path& path, Strategy& strategy,
-                                      torch::optim::Optimizer& optimizer) {
+                                      torch::optim::Optimizer& optimizer, optim::GradScaler* scaler) {
   CheckpointContents contents;
   contents.model = strategy.model_slots();
   contents.optimizer = &optimizer;
   contents.optimizer_slots = strategy.optimizer_slots();
   auto state = load_sharded_checkpoint(path, contents);
   strategy.after_load();
+  if (scaler != nullptr) restore_scaler(path, state, *scaler);
   return {state.step, state.epoch, state.batch_in_epoch};
 }
 

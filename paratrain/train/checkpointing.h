@@ -17,6 +17,9 @@
 namespace torch::optim {
 class Optimizer;
 }
+namespace paratrain::optim {
+class GradScaler;
+}
 
 namespace paratrain::train {
 
@@ -31,16 +34,20 @@ struct LoopPosition {
 // Collective over `world`: writes <run_dir>/checkpoints/step_<step>/ (a file
 // per rank, index.json last) and returns its path. Model and optimizer state
 // as the strategy holds them, the position, RNG state, the config, the
-// strategy's layout and the data preprocessing.
+// strategy's layout and the data preprocessing, and the loss scaler's scale
+// and growth count when there is one (the same on every rank).
 std::filesystem::path save_training_checkpoint(const std::filesystem::path& run_dir, const TrainConfig& config,
                                                comm::ProcessGroup& world, Strategy& strategy,
-                                               torch::optim::Optimizer& optimizer, const LoopPosition& position);
+                                               torch::optim::Optimizer& optimizer, const LoopPosition& position,
+                                               const optim::GradScaler* scaler = nullptr);
 
 // Fills the strategy's slots and the optimizer state from `path` (saved at
-// any layout), calls strategy.after_load(), returns the position. Throws
-// CheckpointError naming the file and what does not match.
+// any layout), calls strategy.after_load(), restores `scaler` when the
+// checkpoint has its state (one saved without a scaler leaves it at its
+// configured initial scale), returns the position. Throws CheckpointError
+// naming the file and what does not match.
 LoopPosition load_training_checkpoint(const std::filesystem::path& path, Strategy& strategy,
-                                      torch::optim::Optimizer& optimizer);
+                                      torch::optim::Optimizer& optimizer, optim::GradScaler* scaler = nullptr);
 
 // train.resume: "" -> none; "auto" -> every complete checkpoint of the run
 // dir, newest first (the caller falls back to older ones when one fails to

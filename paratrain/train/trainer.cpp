@@ -136,7 +136,7 @@ std::optional<LoopPosition> resume(Trainer::State& s) {
   for (const auto& path : candidates) {
     std::optional<LoopPosition> position;
     try {
-      position = load_training_checkpoint(path, *s.strategy, *s.optimizer);
+      position = load_training_checkpoint(path, *s.strategy, *s.optimizer, s.scaler.get());
     } catch (const CheckpointError& e) {
       last_error = e.what();
     }
@@ -316,7 +316,8 @@ TrainResult Trainer::fit() {
     saved_step = s.step;
     auto st = s.loader->state();
     result.last_checkpoint = save_training_checkpoint(s.run_dir, c, s.world, *s.strategy, *s.optimizer,
-                                                      {.step = s.step, .epoch = st.epoch, .next_batch = st.next_batch});
+                                                      {.step = s.step, .epoch = st.epoch, .next_batch = st.next_batch},
+                                                      s.scaler.get());
     if (s.is_main()) {
       spdlog::info("checkpoint {} ({})", result.last_checkpoint.string(), why);
       if (c.train.keep_checkpoints > 0) prune_checkpoints(s.run_dir, c.train.keep_checkpoints);

@@ -133,6 +133,33 @@ TEST(Bf16, DynamicLossScaleIsTransparentWithoutOverflow) {
   EXPECT_NEAR(b.result.last_train_loss, a.result.last_train_loss, 1e-6);
 }
 
+// The scale and the count of good steps travel in the checkpoint: a run
+// stopped at step 15 and resumed to 20 grows the scale at step 20 like the
+// uninterrupted run (1024). Restarting from the initial scale would end at
+// 256 (5 good steps since the resume, below the interval of 10).
+TEST(Bf16, LossScalerStateResumesFromTheCheckpoint) {
+  const auto dir = testing::temp_dir("bf16_scaler_resume");
+  TrainConfig whole = mlp_config(dir, "whole");
+  whole.precision.compute = "bf16";
+  whole.precision.loss_scale = "dynamic";
+  whole.precision.init_scale = 256;
+  whole.precision.growth_interval = 10;
+  whole.train.max_steps = 20;
+  TrainConfig first = whole;
+  first.run.name = "stopped";
+  first.train.max_steps = 15;
+  TrainConfig resumed = first;
+  resumed.train.max_steps = 20;
+  resumed.train.resume = "auto";
+  const RunOutcome a = train(whole, 2);
+  const RunOutcome b1 = train(first, 2);
+  EXPECT_EQ(b1.result.loss_scale, 512);
+  const RunOutcome b = train(resumed, 2);
+  EXPECT_EQ(a.result.loss_scale, 1024);
+  EXPECT_EQ(b.result.loss_scale, 1024);
+  EXPECT_LT(relative_diff(b.params, a.params), 1e-6);
+}
+
 TEST(Bf16, AutocastStateIsPerThread) {
   // Ranks are threads: one rank's region must not leak into another's.
   const auto x = torch::randn({4, 4});
