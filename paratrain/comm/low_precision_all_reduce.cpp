@@ -1,0 +1,106 @@
+#include "paratrain/comm/low_precision_all_reduce.h"
+
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "paratrain/core/error.h"
+
+namespace paratrain::comm {
+namespace {
+
+// Two collectives and the fp32 sum between them, as one Work. The state
+// machine advances under a lock, from whichever thread polls or waits.
+class LowPrecisionAllReduce final : public Work {
+ public:
+  LowPrecisionAllReduce(ProcessGroup& group, at::Tensor& buffer, at::ScalarType wire)
+      : group_(group), buffer_(buffer), wire_(wire) {
+    const int64_t p = group.size();
+    const int64_t n = buffer.numel();
+    chunk_ = (n + p - 1) / p;
+    // The padded 16-bit copy, cut into p slices of `chunk_`; slice j goes to
+    // rank j. Sent as bytes: the backend needs no 16-bit kernels.
+    auto send = at::zeros({p * chunk_}, buffer.options().dtype(wire));
+    send.narrow(0, 0, n).copy_(buffer.reshape({-1}));
+    send_bytes_ = send.view(at::kByte).reshape({p, chunk_ * 2});
+    recv_bytes_ = at::empty_like(send_bytes_);
+    stage_ = group.all_to_all(recv_bytes_, send_bytes_);
+  }
+
+  void wait(std::chrono::milliseconds timeout) override {
+    std::lock_guard lock(mutex_);
+    if (phase_ == Phase::kScatter) {
+      stage_->wait(timeout);
+      start_gather();
+    }
+    if (phase_ == Phase::kGather) {
+      stage_->wait(timeout);
+      finish();
+    }
+  }
+
+  bool is_completed() override {
+    std::lock_guard lock(mutex_);
+    if (phase_ == Phase::kScatter && stage_->is_completed()) {
+      stage_->wait(std::chrono::milliseconds(0));
+      start_gather();
+    }
+    if (phase_ == Phase::kGather && stage_->is_completed()) {
+      stage_->wait(std::chrono::milliseconds(0));
+      finish();
+    }
+    return phase_ == Phase::kDone;
+  }
+
+  std::optional<Clock::time_point> completed_at() override {
+    std::lock_guard lock(mutex_);
+    return done_at_;
+  }
+
+ private:
+  enum class Phase { kScatter, kGather, kDone };
+
+  void start_gather() {
+    // Row s holds rank s's copy of this rank's slice: add in fp32.
+    const auto mine = recv_bytes_.view(wire_).reshape({group_.size(), chunk_}).to(at::kFloat).sum(0);
+    slice_bytes_ = mine.to(wire_).view(at::kByte);
+    gathered_bytes_ = at::empty({group_.size() * chunk_ * 2}, slice_bytes_.options());
+    stage_ = group_.all_gather(gathered_bytes_, slice_bytes_);
+    phase_ = Phase::kGather;
+  }
+
+  void finish() {
+    const auto sum = gathered_bytes_.view(wire_).narrow(0, 0, buffer_.numel());
+    buffer_.view({-1}).copy_(sum);
+    phase_ = Phase::kDone;
+    done_at_ = Clock::now();
+    stage_.reset();
+  }
+
+  ProcessGroup& group_;
+  at::Tensor buffer_;
+  at::ScalarType wire_;
+  int64_t chunk_ = 0;
+  at::Tensor send_bytes_, recv_bytes_, slice_bytes_, gathered_bytes_;
+  WorkHandle stage_;
+  Phase phase_ = Phase::kScatter;
+  std::optional<Clock::time_point> done_at_;
+  std::mutex mutex_;
+};
+
+}  // namespace
+
+WorkHandle all_reduce_low_precision(ProcessGroup& group, at::Tensor& buffer, at::ScalarType wire) {
+  if (wire != at::kBFloat16 && wire != at::kHalf) {
+    throw Error(fmt::format("all_reduce_low_precision: the wire dtype must be bf16 or fp16, not {}",
+                            c10::toString(wire)));
+  }
+  if (!buffer.is_contiguous() || !at::isFloatingType(buffer.scalar_type())) {
+    throw Error(fmt::format("all_reduce_low_precision: the buffer must be a contiguous floating-point tensor "
+                            "(got {}, {})",
+                            c10::toString(buffer.scalar_type()), buffer.is_contiguous() ? "contiguous" : "strided"));
+  }
+  return std::make_shared<LowPrecisionAllReduce>(group, buffer, wire);
+}
+
+}  // namespace paratrain::comm
