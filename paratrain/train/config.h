@@ -236,6 +236,9 @@ struct PrecisionConfig {
   double growth_factor = 2.0;      // dynamic: x this after growth_interval good steps
   double backoff_factor = 0.5;     // dynamic: x this on an inf/nan step (skipped)
   int64_t growth_interval = 2000;  // dynamic: good steps in a row before growing
+  // DDP's gradient all-reduce on the wire: "fp32", or "bf16" / "fp16" (half
+  // the bytes, added in fp32: comm/low_precision_all_reduce.h).
+  std::string comm_dtype = "fp32";
 
   bool operator==(const PrecisionConfig&) const = default;
 };

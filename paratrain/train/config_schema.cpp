@@ -298,6 +298,7 @@ const std::vector<FieldSpec>& schema() {
       field("precision.growth_factor", &TC::precision, &PrecisionConfig::growth_factor, "dynamic: scale x this after growth_interval good steps", in_range_finite(1.0 + 1e-9, 1e6, "> 1")),
       field("precision.backoff_factor", &TC::precision, &PrecisionConfig::backoff_factor, "dynamic: scale x this on an inf/nan step", in_range_finite(1e-9, 1.0 - 1e-9, "in (0, 1)")),
       field("precision.growth_interval", &TC::precision, &PrecisionConfig::growth_interval, "dynamic: good steps in a row before growing", in_range<int64_t>(1, kMaxCount)),
+      field("precision.comm_dtype", &TC::precision, &PrecisionConfig::comm_dtype, "DDP gradient all-reduce on the wire: \"fp32\", or \"bf16\" / \"fp16\" (half the bytes, summed in fp32)", one_of({"fp32", "bf16", "fp16"})),
   };
   return fields;
 }
@@ -394,6 +395,12 @@ std::string cross_key_problem(const TrainConfig& c) {
   if (c.precision.compute == "fp16" && !at::hasCUDA())
     return "precision.compute = \"fp16\" needs a CUDA build (LibTorch autocasts CPU ops to bf16 only); this "
            "build is CPU-only: use precision.compute = \"bf16\" (no loss scaling needed) or \"fp32\"";
+  if (c.precision.comm_dtype != "fp32" &&
+      (c.zero.stage != 0 || c.ddp.mode != "bucketed" || c.parallel.pp != 1 || c.parallel.tp != 1 || c.parallel.cp != 1))
+    return fmt::format("precision.comm_dtype = \"{}\" compresses the bucketed DDP all-reduce only (zero.stage = 0, "
+                       "ddp.mode = \"bucketed\", parallel.pp = tp = cp = 1); got zero.stage = {}, ddp.mode = \"{}\", "
+                       "pp = {}, tp = {}, cp = {}: set precision.comm_dtype = \"fp32\" or change those keys",
+                       c.precision.comm_dtype, c.zero.stage, c.ddp.mode, c.parallel.pp, c.parallel.tp, c.parallel.cp);
   if (c.data.dataset == "fashion_mnist" && c.data.dir.empty())
     return "data.dir must name the folder with Fashion-MNIST's *-ubyte.gz files";
   return "";

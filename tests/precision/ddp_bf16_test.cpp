@@ -29,11 +29,10 @@ at::Tensor loss_of(torch::nn::Sequential& net, int rank, int step) {
   return torch::nn::functional::cross_entropy(net->forward(x).to(at::kFloat), y);
 }
 
-// Disabled: Debian's Gloo (LibTorch 1.13) has no bfloat16 kernels, so DDP's
-// initial broadcast of bf16 parameters fails ("Invalid scalar type"). Needs
-// the comm layer to carry bf16 as fp32 (all-reduce) or as raw 16-bit words
-// (broadcast); see the note on issue 8.
-TEST(DdpBf16, DISABLED_ConvertedBeforeWrappingKeepsGradientsSynchronized) {
+// Debian's Gloo (LibTorch 1.13) has no bfloat16 kernels: the initial
+// broadcast sends bf16 as fp16 words and the buckets are all-reduced as bytes
+// with an fp32 sum (comm/low_precision_all_reduce.h).
+TEST(DdpBf16, ConvertedBeforeWrappingKeepsGradientsSynchronized) {
   constexpr int kWorld = 2, kSteps = 3;
   // Oracle: each rank's bf16 gradients of the same weights, without DDP.
   std::vector<std::vector<std::vector<at::Tensor>>> local(kSteps, std::vector<std::vector<at::Tensor>>(kWorld));
@@ -67,8 +66,8 @@ TEST(DdpBf16, DISABLED_ConvertedBeforeWrappingKeepsGradientsSynchronized) {
       EXPECT_TRUE(torch::equal(synced[step][0][i], synced[step][1][i])) << "step " << step << " param " << i;
       const at::Tensor mean = (local[step][0][i].to(at::kFloat) + local[step][1][i].to(at::kFloat)) / 2;
       const double ref = std::max(mean.abs().max().item<double>(), 1e-6);
-      // The reducer sums bf16 values in bf16: one rounding (2^-8 relative)
-      // of the sum, plus the division by 2 (exact).
+      // The pre-division by 2 is exact; the fp32 sum is rounded once to
+      // bf16 (2^-8 relative).
       EXPECT_LT((synced[step][0][i].to(at::kFloat) - mean).abs().max().item<double>() / ref, 1e-2)
           << "step " << step << " param " << i;
       // Negative control: the two ranks' own gradients differ, so equality

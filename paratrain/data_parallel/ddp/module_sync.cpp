@@ -92,7 +92,10 @@ void broadcast_coalesced(comm::ProcessGroup& group, const std::vector<at::Tensor
     std::vector<at::Tensor> flat_parts;
     for (const at::Tensor& t : part) flat_parts.push_back(t.detach().reshape({-1}));
     at::Tensor flat = at::cat(flat_parts);
-    group.broadcast(flat, root)->wait(timeout);
+    // A broadcast only copies bits, and Gloo has no bf16 kernels: send bf16
+    // as fp16 words of the same storage.
+    at::Tensor wire = flat.scalar_type() == at::kBFloat16 ? flat.view(at::kHalf) : flat;
+    group.broadcast(wire, root)->wait(timeout);
     int64_t offset = 0;
     for (const at::Tensor& t : part) {
       const int64_t n = t.numel();

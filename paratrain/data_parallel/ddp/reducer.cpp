@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "paratrain/comm/low_precision_all_reduce.h"
 #include "paratrain/core/error.h"
 
 namespace paratrain::ddp {
@@ -59,11 +60,17 @@ std::string list_names(const std::vector<NamedParameter>& params, const std::vec
 
 // DDP's sink: all-reduce sum of the pre-divided buffer (or the user's comm
 // hook); the buffer then holds the average and the reducer writes it back.
+// Gloo has no bf16 all-reduce, so bf16 buckets (a model converted to bf16)
+// go as bytes and are added in fp32 (comm/low_precision_all_reduce.h).
 class AllReduceSink final : public BucketSink {
  public:
   explicit AllReduceSink(BucketCommHook hook) : hook_(std::move(hook)) {}
   comm::WorkHandle launch(comm::ProcessGroup& group, std::size_t index, at::Tensor& buffer) override {
-    return hook_ ? hook_(group, index, buffer) : group.all_reduce(buffer, comm::ReduceOp::kSum);
+    if (hook_) return hook_(group, index, buffer);
+    if (buffer.scalar_type() == at::kBFloat16 && group.backend() == "gloo") {
+      return comm::all_reduce_low_precision(group, buffer, at::kBFloat16);
+    }
+    return group.all_reduce(buffer, comm::ReduceOp::kSum);
   }
 
  private:

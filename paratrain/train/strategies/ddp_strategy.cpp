@@ -8,6 +8,7 @@
 
 #include "paratrain/core/autocast.h"
 #include "paratrain/core/error.h"
+#include "paratrain/comm/low_precision_all_reduce.h"
 #include "paratrain/data_parallel/ddp/ddp.h"
 #include "paratrain/data_parallel/ddp/naive.h"
 #include "paratrain/models/model.h"
@@ -41,6 +42,13 @@ class DdpStrategy final : public DataParallelStrategy {
       options.reducer.buckets = bucket_options(config_);
       options.reducer.find_unused_parameters = d.find_unused_parameters;
       options.reducer.timeout = timeout_;
+      if (config_.precision.comm_dtype != "fp32") {
+        // Buckets are fp32 and pre-divided; only the wire is 16-bit.
+        const auto wire = config_.precision.comm_dtype == "bf16" ? at::kBFloat16 : at::kHalf;
+        options.reducer.comm_hook = [wire](comm::ProcessGroup& group, std::size_t, at::Tensor& buffer) {
+          return comm::all_reduce_low_precision(group, buffer, wire);
+        };
+      }
       ddp_ = std::make_unique<ddp::DistributedDataParallel>(model_, dp_, std::move(options));
     } else if (d.mode == "naive") {
       ddp::NaiveOptions options;
