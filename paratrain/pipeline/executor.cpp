@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "paratrain/core/autocast.h"
 #include "paratrain/core/error.h"
 
 namespace paratrain::pipeline {
@@ -33,6 +34,16 @@ std::vector<int64_t> with_rows(int64_t rows, const std::vector<int64_t>& per_exa
   std::vector<int64_t> shape{rows};
   shape.insert(shape.end(), per_example.begin(), per_example.end());
   return shape;
+}
+
+// Stage boundaries carry fp32 (the receive buffers are fp32): a chunk that
+// ran under bf16 autocast widens its output before sending it; the cast is
+// part of the graph, so the fp32 gradient that comes back narrows again.
+// The last chunk's output feeds the loss under autocast, as in the other
+// strategies, and is kept as it is.
+at::Tensor boundary(const at::Tensor& out, int model_chunk, int last_model_chunk) {
+  if (model_chunk == last_model_chunk || out.scalar_type() == at::kFloat || !out.is_floating_point()) return out;
+  return out.to(at::kFloat);
 }
 
 int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
@@ -126,12 +137,13 @@ StepReport Executor::train_step(const at::Tensor& inputs, const at::Tensor& targ
       at::Tensor out;
       {
         Timeline::Scope s(rec, {EventKind::kForward, step, mb, a.chunk});
+        core::AutocastGuard autocast(options_.autocast);
         if (options_.checkpoint_activations) {
           torch::NoGradGuard no_grad;
-          out = c.module->forward(x);
+          out = boundary(c.module->forward(x), mc, last_model_chunk);
           h.bytes = bytes_of(x);
         } else {
-          out = c.module->forward(x, &h.bytes);
+          out = boundary(c.module->forward(x, &h.bytes), mc, last_model_chunk);
         }
         if (mc == last_model_chunk) {
           at::Tensor loss = weighted_loss(out, mb);
@@ -161,7 +173,8 @@ StepReport Executor::train_step(const at::Tensor& inputs, const at::Tensor& targ
     if (hooks.before_backward) hooks.before_backward(a.chunk, last_backward);
     if (options_.checkpoint_activations) {
       Timeline::Scope s(rec, {EventKind::kRecompute, step, mb, a.chunk});
-      at::Tensor out = c.module->forward(h.input);
+      core::AutocastGuard autocast(options_.autocast);
+      at::Tensor out = boundary(c.module->forward(h.input), mc, last_model_chunk);
       if (mc == last_model_chunk) {
         h.loss = weighted_loss(out, mb);
       } else {
@@ -215,7 +228,12 @@ at::Tensor Executor::forward_only(const at::Tensor& inputs) {
       p2p_.post_recv((c.model_chunk - 1) % p, tag, with_rows(rows, c.input_shape), c.input_dtype);
       x = p2p_.wait_recv(tag, fmt::format("evaluation activation for model chunk {}", c.model_chunk));
     }
-    at::Tensor y = c.module->forward(x);
+    at::Tensor y;
+    {
+      core::AutocastGuard autocast(options_.autocast);
+      // Evaluation logits too are widened: they are broadcast as fp32.
+      y = boundary(c.module->forward(x), c.model_chunk, /*last_model_chunk=*/-1);
+    }
     if (c.model_chunk == last_model_chunk) {
       out = y;
     } else {

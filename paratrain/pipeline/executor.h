@@ -38,6 +38,10 @@ struct ExecutorOptions {
   // Recompute each chunk's forward in its backward: a micro-batch keeps only
   // its chunk input alive between forward and backward (one more forward).
   bool checkpoint_activations = false;
+  // Autocast dtype of every chunk's forward and the last chunk's loss
+  // (kFloat = off; see core/autocast.h). Stage boundaries stay fp32: a chunk's
+  // output is widened before it is sent, so the gradient coming back is fp32.
+  at::ScalarType autocast = at::kFloat;
   std::chrono::milliseconds timeout = comm::kDefaultTimeout;
 };
 

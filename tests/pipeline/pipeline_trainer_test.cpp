@@ -332,3 +332,32 @@ TEST(PipelineModels, CnnStagesEqualOneProcess) {
 }
 
 }  // namespace
+
+namespace {
+
+// precision.compute = "bf16" through the pipeline. Oracle: one process with
+// the same micro-batch arithmetic (train.accumulate = m, batch / m each) under
+// the same autocast (global batch 180 either way). Widening a bf16 activation to fp32 at a stage boundary
+// and narrowing it in the next chunk is exact, and so is the gradient's way
+// back, so the pipeline computes the one-process numbers; the tolerance is
+// the summation-order one of the fp32 tests. Negative control: the fp32
+// pipeline is far from the bf16 oracle (autocast really ran).
+TEST(PipelinePrecision, Bf16StagesEqualOneProcessBf16) {
+  auto dir = paratrain::testing::temp_dir("pp_bf16");
+  auto one = deep_config(dir + "/one");
+  one.ddp.mode = "none";
+  one.precision.compute = "bf16";
+  one.train.accumulate = 4;
+  auto pp = pipelined(deep_config(dir + "/pp"), 2, "1f1b", 4);
+  pp.precision.compute = "bf16";
+  auto pp_fp32 = pipelined(deep_config(dir + "/pp32"), 2, "1f1b", 4);
+  const auto oracle = train(one, 1);
+  const double d = relative_diff(train(pp, 2), oracle);
+  const double control = relative_diff(train(pp_fp32, 2), oracle);
+  std::printf("[ measured ] bf16 pp=2 1f1b m=4 vs 1 process bf16 (accumulate 4): %.3g; fp32 pipeline: %.3g\n", d,
+              control);
+  EXPECT_LT(d, kTolerance);
+  EXPECT_GT(control, 1e-4);
+}
+
+}  // namespace

@@ -88,12 +88,6 @@ class PipelineStrategy final : public Strategy {
                                     "(optimizer state and gradients sharded over the dp replicas of each stage)",
                                     pp_.size()));
     }
-    if (config_.precision.compute != "fp32") {
-      throw ConfigError(fmt::format("precision.compute = \"{}\" with parallel.pp = {}: stage boundaries are fp32 "
-                                    "buffers and the pipeline does not autocast yet; set precision.compute = "
-                                    "\"fp32\" (loss scaling works) or parallel.pp = 1",
-                                    config_.precision.compute, pp_.size()));
-    }
     if (config_.model.sync_batchnorm) {
       throw ConfigError(fmt::format("model.sync_batchnorm = true with parallel.pp = {}: the pipeline does not "
                                     "convert BatchNorm layers yet; set model.sync_batchnorm = false or "
@@ -167,6 +161,7 @@ class PipelineStrategy final : public Strategy {
     options.schedule = kind_;
     options.shape = shape_;
     options.checkpoint_activations = config_.pipeline.checkpoint_activations;
+    options.autocast = compute_dtype(config_);
     options.timeout = timeout_;
     executor_ = std::make_unique<pipeline::Executor>(pp_, std::move(local), options);
     if (config_.pipeline.trace_steps > 0) {
