@@ -221,6 +221,24 @@ TEST_F(MegatronTrainer, ConsolidatedCheckpointEqualsOneProcessAndGenerates) {
   EXPECT_EQ(generate(*model, config.model.seq_len, "the ", sampling).size(), 20u);
 }
 
+TEST_F(MegatronTrainer, ResumedRunEqualsOneProcess) {
+  // Stopped after half the steps, resumed from its sharded checkpoint (model
+  // shards and momentum through the slots' segments): the same weights as
+  // one uninterrupted process.
+  auto cfg = gpt_config(*dir_ + "/resumed", *corpus_);
+  cfg.parallel.tp = 2;
+  cfg.parallel.megatron_sp = true;
+  cfg.train.max_steps = kSteps / 2;
+  run_training(cfg, 2);
+  cfg.train.max_steps = kSteps;
+  cfg.train.resume = "auto";
+  const RunOutput resumed = run_training(cfg, 2);
+  EXPECT_EQ(resumed.result.steps, kSteps);  // counted from the start
+  const double diff = max_rel_diff(resumed.params, single_->params);
+  std::printf("[ resumed tp2_sp ] worst relative diff %.3g\n", diff);
+  EXPECT_LE(diff, kTolerance);
+}
+
 TEST_F(MegatronTrainer, AdamWEqualsOneProcessAsCloselyAsDdp) {
   auto single_cfg = adamw(gpt_config(*dir_ + "/adam_single", *corpus_));
   const RunOutput single = run_training(single_cfg, 1);

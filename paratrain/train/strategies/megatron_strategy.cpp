@@ -228,10 +228,10 @@ class MegatronStrategy final : public Strategy {
   }
 
   std::vector<std::pair<std::string, std::string>> checkpoint_metadata() const override {
-    return {{"strategy", "megatron"},
-            {"tp", std::to_string(tp_.size())},
-            {"cp", std::to_string(cp_.size())},
-            {"megatron_sp", config_.parallel.megatron_sp ? "true" : "false"}};
+    return {{"parallel.tp", std::to_string(tp_.size())},
+            {"parallel.cp", std::to_string(cp_.size())},
+            {"parallel.megatron_sp", config_.parallel.megatron_sp ? "true" : "false"},
+            {"dp", std::to_string(dp_.size())}};
   }
 
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
