@@ -18,7 +18,9 @@ namespace {
 // bias uniform in +-1/sqrt(in)) of the full tensors, so that a layer built
 // from the same seed on every rank holds shards of the very weights a
 // single-process Linear built from that seed would hold.
-std::pair<at::Tensor, at::Tensor> linear_init(int64_t in, int64_t out, bool bias) {
+// initialize = false: zeros, no draw.
+std::pair<at::Tensor, at::Tensor> linear_init(int64_t in, int64_t out, bool bias, bool initialize) {
+  if (!initialize) return {at::zeros({out, in}), bias ? at::zeros({out}) : at::Tensor()};
   at::Tensor w = at::empty({out, in});
   torch::nn::init::kaiming_uniform_(w, std::sqrt(5.0));
   at::Tensor b;
@@ -66,7 +68,7 @@ std::shared_ptr<ColumnParallelLinearImpl> ColumnParallelLinearImpl::from_full(co
 }
 
 void ColumnParallelLinearImpl::reset() {
-  auto [w, b] = linear_init(options.in_features, options.out_features, options.bias);
+  auto [w, b] = linear_init(options.in_features, options.out_features, options.bias, options.initialize);
   std::vector<std::pair<std::string, ShardSpec>> specs = shard_specs();
   weight = register_parameter("weight", shard_of(w, specs[0].second, ctx.rank(), ctx.size()));
   if (options.bias) bias = register_parameter("bias", shard_of(b, specs[1].second, ctx.rank(), ctx.size()));
@@ -110,7 +112,7 @@ std::shared_ptr<RowParallelLinearImpl> RowParallelLinearImpl::from_full(const at
 }
 
 void RowParallelLinearImpl::reset() {
-  auto [w, b] = linear_init(options.in_features, options.out_features, options.bias);
+  auto [w, b] = linear_init(options.in_features, options.out_features, options.bias, options.initialize);
   weight = register_parameter("weight", shard_of(w, shard_specs()[0].second, ctx.rank(), ctx.size()));
   if (options.bias) bias = register_parameter("bias", b);
 }
@@ -149,7 +151,8 @@ std::shared_ptr<VocabParallelEmbeddingImpl> VocabParallelEmbeddingImpl::from_ful
 
 void VocabParallelEmbeddingImpl::reset() {
   // torch::nn::Embedding's initialization: N(0, 1) on the full table.
-  const at::Tensor w = at::randn({options.num_embeddings, options.embedding_dim});
+  const at::Tensor w = options.initialize ? at::randn({options.num_embeddings, options.embedding_dim})
+                                         : at::zeros({options.num_embeddings, options.embedding_dim});
   weight = register_parameter("weight", shard_of(w, shard_specs()[0].second, ctx.rank(), ctx.size()));
 }
 

@@ -38,6 +38,11 @@ struct ColumnParallelOptions {
   // Equal parts of the output that are each split over the ranks (shards.h);
   // 3 for a fused [q; k; v] projection, so a rank holds the same heads of each.
   int64_t groups = 1;
+  // false: parameters start as zeros and nothing is drawn from torch's
+  // default generator; for a layer that is loaded from full weights next
+  // (load_full_parameters). Ranks that are threads of one process share that
+  // generator, so a draw here would shift another rank's model init.
+  bool initialize = true;
 };
 
 // y = x W^T + b with W's rows (outputs) split over the ranks: rank r holds
@@ -69,6 +74,7 @@ struct RowParallelOptions {
   // of a ColumnParallelLinear without gather_output). Otherwise the input is
   // replicated and scattered first.
   bool input_is_parallel = true;
+  bool initialize = true;  // as ColumnParallelOptions::initialize
 };
 
 // y = x W^T + b with W's columns (inputs) split over the ranks: rank r
@@ -94,6 +100,7 @@ TORCH_MODULE(RowParallelLinear);
 struct VocabParallelEmbeddingOptions {
   int64_t num_embeddings = 0;  // full vocabulary; divisible by tp
   int64_t embedding_dim = 0;
+  bool initialize = true;  // as ColumnParallelOptions::initialize
 };
 
 // An embedding whose vocabulary rows are split over the ranks: rank r holds

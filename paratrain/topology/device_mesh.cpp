@@ -1,6 +1,7 @@
 // DeviceMesh: see device_mesh.h.
 #include "paratrain/topology/device_mesh.h"
 
+#include <algorithm>
 #include <vector>
 
 #include <fmt/format.h>
@@ -45,6 +46,36 @@ DeviceMesh::DeviceMesh(comm::ProcessGroup& world, ParallelDims dims)
 }
 
 comm::ProcessGroup& DeviceMesh::group(Axis axis) const { return *groups_[static_cast<int>(axis)]; }
+
+std::shared_ptr<comm::ProcessGroup> DeviceMesh::new_joint_group(const std::vector<Axis>& axes) const {
+  int span = 1;
+  for (Axis a : axes) span *= dims_.size(a);
+  if (span == world_.size()) return std::shared_ptr<comm::ProcessGroup>(&world_, [](comm::ProcessGroup*) {});
+  // As in the constructor: every rank creates every such group, in the order
+  // of their lowest rank, and keeps the one it is in.
+  std::shared_ptr<comm::ProcessGroup> mine;
+  std::vector<bool> done(world_.size(), false);
+  for (int r = 0; r < world_.size(); ++r) {
+    if (done[r]) continue;
+    std::vector<int> members;
+    for (int m = 0; m < world_.size(); ++m) {
+      const MeshCoords a = coords_of(dims_, r), b = coords_of(dims_, m);
+      bool same = true;
+      for (Axis axis : kAxes) {
+        const bool joined = std::find(axes.begin(), axes.end(), axis) != axes.end();
+        if (!joined && a[axis] != b[axis]) same = false;
+      }
+      if (same) {
+        members.push_back(m);
+        done[m] = true;
+      }
+    }
+    auto group = world_.new_subgroup(members);
+    if (group) mine = std::move(group);
+  }
+  if (!mine) throw Error(fmt::format("rank {}: device mesh: no joint group contains this rank; this is a bug", world_.rank()));
+  return mine;
+}
 
 std::string DeviceMesh::describe() const {
   std::string out = fmt::format("rank {}:", world_.rank());

@@ -8,6 +8,7 @@
 #include <array>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "paratrain/comm/process_group.h"
 #include "paratrain/topology/parallel_dims.h"
@@ -30,6 +31,14 @@ class DeviceMesh {
   const MeshCoords& coords() const { return coords_; }
   // "rank 5: pp 1/2, dp 0/2, cp 0/1, tp 1/2"
   std::string describe() const;
+
+  // A group over several axes at once: the ranks that share every coordinate
+  // except those of `axes` (e.g. {kDp, kCp}: every replica of a tensor-
+  // parallel shard, which a strategy averages gradients over). Collective
+  // over the world: every rank calls it with the same axes, in the same
+  // order as its other group creations. A group spanning the whole world is
+  // the world itself (not owned). Members are listed in rank order.
+  std::shared_ptr<comm::ProcessGroup> new_joint_group(const std::vector<Axis>& axes) const;
 
  private:
   comm::ProcessGroup& world_;

@@ -171,7 +171,10 @@ struct ParallelConfig {
   int64_t dp = 0;  // data-parallel replicas; 0 = world / (tp * pp * cp)
   int64_t tp = 1;  // tensor parallel
   int64_t pp = 1;  // pipeline stages
-  int64_t cp = 1;  // context (sequence) parallel
+  int64_t cp = 1;  // context (sequence) parallel: ring self-attention over cp ranks
+  // Megatron sequence parallelism inside the tp group: LayerNorm, dropout and
+  // residuals run on 1/tp of the sequence (needs tp > 1). GPT only.
+  bool megatron_sp = false;
 
   bool operator==(const ParallelConfig&) const = default;
 };

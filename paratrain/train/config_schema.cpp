@@ -178,10 +178,68 @@ std::string gpt_problem(const TrainConfig& c) {
                        c.model.d_model, c.model.heads);
   if (c.data.path.empty()) return "data.path must name a text file or folder (e.g. /usr/share/games/fortunes)";
   if (c.parallel.pp > 1)
-    return fmt::format("model.kind = \"gpt\" cannot be cut into pipeline stages (parallel.pp = {}): its LM head "
-                       "shares wte's weight with the embedding, whose gradients would have to be summed across the "
-                       "first and last stage; set parallel.pp = 1",
+    return fmt::format("model.kind = \"gpt\" cannot be cut into pipeline stages yet (parallel.pp = {}): its LM "
+                       "head shares wte's weight with the embedding, whose gradients would have to be summed across "
+                       "the first and last stage; set parallel.pp = 1 (parallel.tp, parallel.cp and parallel.dp "
+                       "do apply to the GPT)",
                        c.parallel.pp);
+  return "";
+}
+
+// Tensor and context parallelism (the "megatron" strategy) split the GPT's
+// heads and vocabulary over tp and its sequence over cp; every split must be
+// even. The product of the axes with the world size is checked where the
+// world is known (topology::ParallelDims::resolve).
+std::string megatron_problem(const TrainConfig& c) {
+  const auto& p = c.parallel;
+  if (p.megatron_sp && p.tp < 2)
+    return fmt::format("parallel.megatron_sp = true shards the sequence inside the tensor-parallel group, but "
+                       "parallel.tp = {}: set parallel.tp >= 2 or parallel.megatron_sp = false",
+                       p.tp);
+  if (p.tp == 1 && p.cp == 1) return "";
+  if (c.model.kind != "gpt")
+    return fmt::format("parallel.tp = {} and parallel.cp = {} split a transformer's heads and sequence; only "
+                       "model.kind = \"gpt\" supports them (got \"{}\"): set parallel.tp = 1 and parallel.cp = 1",
+                       p.tp, p.cp, c.model.kind);
+  constexpr int64_t kVocab = 256;  // byte tokens (train/config_model.cpp)
+  if (c.model.heads % p.tp != 0)
+    return fmt::format("model.heads ({}) is not divisible by parallel.tp ({}): each tensor-parallel rank computes "
+                       "heads / tp whole heads; pick a tp that divides {}",
+                       c.model.heads, p.tp, c.model.heads);
+  if (kVocab % p.tp != 0)
+    return fmt::format("the vocabulary ({} byte tokens) is not divisible by parallel.tp ({}): each rank holds "
+                       "vocab / tp embedding rows; use a power of two for tp",
+                       kVocab, p.tp);
+  if (c.model.seq_len % p.cp != 0)
+    return fmt::format("model.seq_len ({}) is not divisible by parallel.cp ({}): ring attention gives each cp rank "
+                       "an equal chunk of the sequence; pick a cp that divides {}",
+                       c.model.seq_len, p.cp, c.model.seq_len);
+  if (p.megatron_sp && (c.model.seq_len / p.cp) % p.tp != 0)
+    return fmt::format("model.seq_len ({}) / parallel.cp ({}) = {} is not divisible by parallel.tp ({}): "
+                       "parallel.megatron_sp gives each tp rank an equal part of its sequence chunk; pick seq_len a "
+                       "multiple of cp * tp = {}",
+                       c.model.seq_len, p.cp, c.model.seq_len / p.cp, p.tp, p.cp * p.tp);
+  if (p.cp > 1 && c.model.dropout > 0)
+    return fmt::format("model.dropout = {} with parallel.cp = {}: ring attention has no attention dropout (its "
+                       "backward rebuilds the probabilities block by block); set model.dropout = 0",
+                       c.model.dropout, p.cp);
+  if (c.precision.compute != "fp32")
+    return fmt::format("precision.compute = \"{}\" with parallel.tp = {} / parallel.cp = {}: the tensor- and "
+                       "context-parallel collectives run in fp32 only (Gloo has no bf16 kernels); set "
+                       "precision.compute = \"fp32\"",
+                       c.precision.compute, p.tp, p.cp);
+  if (c.zero.stage != 0)
+    return fmt::format("zero.stage = {} with parallel.tp = {} / parallel.cp = {}: the megatron strategy runs DDP "
+                       "on the data-parallel axis only; set zero.stage = 0",
+                       c.zero.stage, p.tp, p.cp);
+  if (c.optimizer.kind == "lars" || c.optimizer.kind == "lamb")
+    return fmt::format("optimizer.kind = \"{}\" with parallel.tp = {} / parallel.cp = {}: its per-tensor norms "
+                       "across tensor-parallel shards are not computed yet; use sgd, adam or adamw",
+                       c.optimizer.kind, p.tp, p.cp);
+  if (c.ddp.mode != "bucketed")
+    return fmt::format("ddp.mode = \"{}\" with parallel.tp = {} / parallel.cp = {}: the megatron strategy "
+                       "reduces gradients with the bucketed reducer; set ddp.mode = \"bucketed\"",
+                       c.ddp.mode, p.tp, p.cp);
   return "";
 }
 
@@ -276,7 +334,8 @@ const std::vector<FieldSpec>& schema() {
       field("parallel.dp", &TC::parallel, &ParallelConfig::dp, "data-parallel size (0 = world / (tp * pp * cp))", in_range<int64_t>(0, kMaxRanks)),
       field("parallel.tp", &TC::parallel, &ParallelConfig::tp, "tensor-parallel size", in_range<int64_t>(1, kMaxRanks)),
       field("parallel.pp", &TC::parallel, &ParallelConfig::pp, "pipeline-parallel stages", in_range<int64_t>(1, kMaxRanks)),
-      field("parallel.cp", &TC::parallel, &ParallelConfig::cp, "context (sequence) parallel size", in_range<int64_t>(1, kMaxRanks)),
+      field("parallel.cp", &TC::parallel, &ParallelConfig::cp, "context (sequence) parallel size: ring self-attention over cp ranks (GPT)", in_range<int64_t>(1, kMaxRanks)),
+      field("parallel.megatron_sp", &TC::parallel, &ParallelConfig::megatron_sp, "Megatron sequence parallelism inside the tp group (GPT, needs parallel.tp > 1)"),
 
       field("zero.stage", &TC::zero, &ZeroConfig::stage, "0 = DDP, 1 = shard optimizer state, 2 = + gradients, 3 = + parameters (FSDP)", in_range<int64_t>(0, 3)),
       field("zero.unit_min_params", &TC::zero, &ZeroConfig::unit_min_params, "stage 3: parameter elements per wrapping unit", in_range<int64_t>(1, kMaxCount)),
@@ -385,6 +444,7 @@ std::string cross_key_problem(const TrainConfig& c) {
         "model.kind = \"cnn\" with {} conv blocks needs data.synthetic_image_size >= {} (got {})",
         c.model.channels.size(), int64_t{1} << c.model.channels.size(), c.data.synthetic_image_size);
   if (auto problem = gpt_problem(c); !problem.empty()) return problem;
+  if (auto problem = megatron_problem(c); !problem.empty()) return problem;
   if (c.model.batchnorm && c.model.kind != "cnn")
     return fmt::format("model.batchnorm = true applies to model.kind = \"cnn\" (got \"{}\"); set "
                        "model.batchnorm = false or use the CNN",

@@ -28,6 +28,7 @@ Registry& registry() {
     reg->factories["zero"] = strategies::make_zero_strategy;
     reg->factories["fsdp"] = strategies::make_fsdp_strategy;
     reg->factories["pipeline"] = strategies::make_pipeline_strategy;
+    reg->factories["megatron"] = strategies::make_megatron_strategy;
     return reg;
   }();
   return *r;
@@ -65,6 +66,7 @@ std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyC
 }
 
 std::string strategy_name(const TrainConfig& config) {
+  if (config.model.kind == "gpt" && (config.parallel.tp > 1 || config.parallel.cp > 1)) return "megatron";
   if (config.parallel.pp > 1) return "pipeline";
   if (config.zero.stage == 0) return "ddp";
   if (config.zero.stage <= 2) return "zero";

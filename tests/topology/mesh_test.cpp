@@ -69,6 +69,26 @@ TEST(DeviceMesh, AxisGroupsHoldRanksDifferingOnlyInThatAxis) {
   });
 }
 
+// dp x cp over 8 ranks (dp 2, cp 2, tp 2): the group of the ranks that share
+// the tp coordinate, i.e. every replica of a tensor-parallel shard.
+TEST(DeviceMesh, JointGroupHoldsRanksDifferingOnlyInTheJoinedAxes) {
+  const ParallelDims dims{.dp = 2, .tp = 2, .pp = 1, .cp = 2};
+  testing::run_ranks(8, [&](comm::ProcessGroup& world) {
+    DeviceMesh mesh(world, dims);
+    auto g = mesh.new_joint_group({Axis::kDp, Axis::kCp});
+    ASSERT_EQ(g->size(), 4);
+    auto bits = torch::tensor({int64_t{1} << world.rank()}, torch::kLong);
+    g->all_reduce(bits, comm::ReduceOp::kSum)->wait();
+    int64_t expected = 0;
+    for (int r = 0; r < 8; ++r) {
+      if (coords_of(dims, r)[Axis::kTp] == mesh.rank(Axis::kTp)) expected |= int64_t{1} << r;
+    }
+    EXPECT_EQ(bits.item<int64_t>(), expected) << "rank " << world.rank();
+    // Spanning the whole world: the world itself.
+    EXPECT_EQ(mesh.new_joint_group({Axis::kDp, Axis::kCp, Axis::kTp}).get(), &world);
+  });
+}
+
 TEST(DeviceMesh, WholeWorldAxisReusesTheWorldGroup) {
   testing::run_ranks(2, [&](comm::ProcessGroup& world) {
     DeviceMesh mesh(world, ParallelDims{.dp = 2});

@@ -16,5 +16,8 @@ std::unique_ptr<Strategy> make_zero_strategy(const StrategyContext& context);
 std::unique_ptr<Strategy> make_fsdp_strategy(const StrategyContext& context);
 // parallel.pp > 1: pipeline stages (DDP across pipeline replicas).
 std::unique_ptr<Strategy> make_pipeline_strategy(const StrategyContext& context);
+// model.kind = "gpt" with parallel.tp > 1 or parallel.cp > 1: tensor, context
+// and Megatron sequence parallelism, DDP over the replicas.
+std::unique_ptr<Strategy> make_megatron_strategy(const StrategyContext& context);
 
 }  // namespace paratrain::train::strategies

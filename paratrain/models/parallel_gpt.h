@@ -1,0 +1,71 @@
+// The GPT of gpt.h under tensor parallelism (heads, MLP width and vocabulary
+// split over a tp group, Megatron-LM), ring self-attention over a cp group
+// (each rank holds one chunk of the sequence) and optionally Megatron
+// sequence parallelism (LayerNorm, dropout and residuals on 1/tp of the
+// chunk). Not here: gradient reduction across replicas, the loss, data
+// slicing (train/strategies/megatron_strategy.cpp does those).
+//
+// Parameter names equal the single-process GPT's (wte.weight, wpe.weight,
+// blocks.<i>.attn.qkv.weight, ...), so load_full_parameters and
+// gather_full_parameters (tensor_parallel/shards.h) convert between the two.
+//
+// Input: token ids of this cp rank's chunk, [B, S/cp] (positions
+// [cp_rank * S/cp, (cp_rank + 1) * S/cp) of the full sequence). Output: this
+// tp rank's vocabulary columns of the logits, [B, S/cp, vocab/tp]; feed them
+// to tensor_parallel::vocab_parallel_cross_entropy, or gather them.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <vector>
+
+#include "paratrain/comm/process_group.h"
+#include "paratrain/models/gpt.h"
+#include "paratrain/models/model.h"
+#include "paratrain/tensor_parallel/context.h"
+
+namespace paratrain::models {
+
+struct ParallelGptOptions {
+  GptOptions gpt;
+  // The tensor-parallel group (size 1: no tensor parallelism) and the
+  // timeout of every collective of the model, forward and backward.
+  tensor_parallel::TpContext tp;
+  // The ring of context parallelism; nullptr or size 1: the whole sequence
+  // on every rank. Must outlive the model and every backward.
+  comm::ProcessGroup* cp = nullptr;
+  // Megatron-SP inside the tp group (needs tp > 1; (S/cp) % tp == 0).
+  bool megatron_sp = false;
+  // Base seed of the per-tp-rank stream for attention dropout
+  // (tensor_parallel/random.h).
+  uint64_t seed = 0;
+};
+
+class ParallelGpt : public Model {
+ public:
+  // Parameters start as zeros (nothing is drawn from torch's generator):
+  // load them with tensor_parallel::load_full_parameters from a single-process
+  // GPT. Throws Error when heads or vocab are not divisible by tp, or cp > 1
+  // with dropout > 0 (ring attention has no attention dropout).
+  explicit ParallelGpt(ParallelGptOptions options);
+
+  // tokens: [B, S/cp] this rank's chunk -> logits shard [B, S/cp, vocab/tp].
+  at::Tensor forward(const at::Tensor& tokens) override;
+
+  // Parameters replicated over tp whose gradient each tp rank computes from
+  // its sequence part only under megatron_sp (LayerNorms, row-parallel
+  // biases): sum their gradients over tp after backward. Empty without SP.
+  std::vector<at::Tensor> sequence_parallel_params() const;
+
+  const ParallelGptOptions& options() const { return options_; }
+  int cp_rank() const { return options_.cp ? options_.cp->rank() : 0; }
+  int cp_size() const { return options_.cp ? options_.cp->size() : 1; }
+
+ private:
+  struct Parts;
+  ParallelGptOptions options_;
+  std::shared_ptr<Parts> parts_;
+};
+
+}  // namespace paratrain::models

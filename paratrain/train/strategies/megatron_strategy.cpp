@@ -1,0 +1,296 @@
+// The "megatron" strategy (model.kind = "gpt" with parallel.tp > 1 or
+// parallel.cp > 1): the GPT with tensor parallelism over the tp group, ring
+// self-attention over the cp group, optionally Megatron-SP, and DDP over
+// every replica of a rank's shards (the dp x cp ranks with its tp
+// coordinate). docs/notes/megatron.md explains which gradient is reduced over
+// which group and why the update equals one process on the global batch.
+// Not here: the model (models/parallel_gpt.h), the layers and collectives
+// (tensor_parallel/, sequence_parallel/).
+#include <torch/torch.h>
+
+#include <cmath>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "paratrain/core/error.h"
+#include "paratrain/data_parallel/ddp/ddp.h"
+#include "paratrain/models/parallel_gpt.h"
+#include "paratrain/optim/grad_scaler.h"
+#include "paratrain/sequence_parallel/megatron_sp.h"
+#include "paratrain/sequence_parallel/ring_attention.h"
+#include "paratrain/tensor_parallel/layers.h"
+#include "paratrain/tensor_parallel/mappings.h"
+#include "paratrain/tensor_parallel/shards.h"
+#include "paratrain/train/objective.h"
+#include "paratrain/train/strategies/builtin.h"
+#include "paratrain/train/strategies/common.h"
+
+namespace paratrain::train::strategies {
+namespace {
+
+namespace tpl = tensor_parallel;
+using topology::Axis;
+
+constexpr int64_t kVocab = 256;  // byte tokens, as make_model builds the GPT
+
+// The runs of the global tensor's row-major flattening that a shard holds
+// (TensorSlot::segments), in local order: for each index of the dimensions
+// before the split one, the shard's pieces along it.
+std::vector<SlotSegment> shard_segments(const tpl::ShardSpec& spec, int rank, int tp) {
+  const auto& shape = spec.full_shape;
+  int64_t outer = 1, inner = 1;
+  for (int64_t i = 0; i < spec.dim; ++i) outer *= shape[i];
+  for (size_t i = spec.dim + 1; i < shape.size(); ++i) inner *= shape[i];
+  const int64_t full_dim = shape[spec.dim], local_dim = full_dim / tp;
+  std::vector<SlotSegment> out;
+  for (int64_t o = 0; o < outer; ++o) {
+    for (const tpl::ShardPiece& p : tpl::pieces(spec, rank, tp)) {
+      out.push_back({(o * local_dim + p.local_offset) * inner, (o * full_dim + p.full_offset) * inner,
+                     p.length * inner});
+    }
+  }
+  return out;
+}
+
+// Note [The Trainer's loss under tensor parallelism]
+// The Trainer hands every strategy a LossFn of (full logits, targets): the
+// objective's mean cross-entropy times what the Trainer wraps around it (the
+// loss scaler's scale, 1/k for accumulation). Here no rank holds full logits,
+// so the strategy computes the mean cross-entropy itself
+// (vocab_parallel_cross_entropy) and asks the LossFn for its factor by
+// evaluating it on a probe whose plain cross-entropy is known (uniform logits
+// of one token: log(vocab)). Every wrapper the Trainer applies is a
+// multiplication, so factor = LossFn(probe) / CE(probe); with no scaler and
+// k = 1 it is exactly 1.
+double loss_factor(const LossFn& loss_fn) {
+  at::NoGradGuard no_grad;
+  const at::Tensor logits = at::zeros({1, 1, kVocab});
+  const at::Tensor targets = at::zeros({1, 1}, at::kLong);
+  const double plain = Objective(Objective::Kind::kLanguageModel).loss()(logits, targets).item<double>();
+  return loss_fn(logits, targets).item<double>() / plain;
+}
+
+class MegatronStrategy final : public Strategy {
+ public:
+  explicit MegatronStrategy(const StrategyContext& ctx)
+      : config_(ctx.config),
+        tp_(ctx.mesh.group(Axis::kTp)),
+        cp_(ctx.mesh.group(Axis::kCp)),
+        dp_(ctx.mesh.group(Axis::kDp)),
+        timeout_(ctx.timeout) {
+    if (config_.model.kind != "gpt") {
+      throw ConfigError(fmt::format("the megatron strategy (parallel.tp / parallel.cp) trains model.kind = "
+                                    "\"gpt\"; got \"{}\"",
+                                    config_.model.kind));
+    }
+    if (ctx.mesh.size(Axis::kPp) > 1) {
+      throw ConfigError(fmt::format("parallel.pp = {} with parallel.tp = {} / parallel.cp = {}: the GPT cannot be "
+                                    "cut into pipeline stages yet; set parallel.pp = 1",
+                                    ctx.mesh.size(Axis::kPp), tp_.size(), cp_.size()));
+    }
+    // Collective over the world, like the mesh's own groups.
+    replicas_ = ctx.mesh.new_joint_group({Axis::kDp, Axis::kCp});
+  }
+
+  std::string name() const override {
+    return fmt::format("megatron (tp {}, cp {}, dp {}{})", tp_.size(), cp_.size(), dp_.size(),
+                       config_.parallel.megatron_sp ? ", megatron_sp" : "");
+  }
+
+  void build_model(const ModelFactory& factory) override {
+    // The single-process GPT from the run's seed, then this rank's shards of
+    // it: the same initial weights as one process.
+    const auto full = factory();
+    models::ParallelGptOptions o;
+    o.gpt = {.vocab = kVocab,
+             .seq_len = config_.model.seq_len,
+             .layers = config_.model.layers,
+             .d_model = config_.model.d_model,
+             .heads = config_.model.heads,
+             .dropout = config_.model.dropout};
+    o.tp = tp_context();
+    o.cp = &cp_;
+    o.megatron_sp = config_.parallel.megatron_sp;
+    o.seed = static_cast<uint64_t>(config_.run.seed);
+    model_ = std::make_shared<models::ParallelGpt>(o);
+    tpl::load_full_parameters(*model_, full->named_parameters(), o.tp);
+    layout_ = tpl::parameter_layout(*model_);
+    if (replicas_->size() > 1) {
+      ddp::DdpOptions options;
+      options.broadcast_buffers = config_.ddp.broadcast_buffers;
+      options.reducer.buckets = bucket_options(config_);
+      options.reducer.find_unused_parameters = config_.ddp.find_unused_parameters;
+      options.reducer.timeout = timeout_;
+      ddp_ = std::make_unique<ddp::DistributedDataParallel>(model_, *replicas_, std::move(options));
+    }
+  }
+
+  std::shared_ptr<torch::nn::Module> module() const override { return model_; }
+  std::vector<at::Tensor> optimizer_params() override { return model_->parameters(); }
+  // tp and cp peers read the same sequences: the sampler shards over dp only.
+  DataShard data_shard() const override { return {dp_.rank(), dp_.size()}; }
+
+  LayerwiseParams layerwise_params() override {
+    throw ConfigError("optimizer.kind = \"lars\" / \"lamb\" needs per-tensor norms across tensor-parallel shards, "
+                      "which the megatron strategy does not compute yet; use sgd, adam or adamw");
+  }
+
+  StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {
+    std::optional<ddp::DistributedDataParallel::NoSyncGuard> no_sync;
+    if (ddp_) {
+      ddp_->prepare_forward();
+      if (!sync) no_sync.emplace(ddp_->reducer());
+    }
+    // This cp rank's chunk of every sequence; the model adds the chunk's
+    // positions. Each rank's loss is the mean over its chunk's tokens: the
+    // mean of the cp ranks' losses is the batch mean (equal chunks), which is
+    // why DDP's average over dp x cp gives the single-process gradient.
+    const at::Tensor inputs = sequence_parallel::sequence_chunk(batch.inputs, 1, cp_);
+    const at::Tensor targets = sequence_parallel::sequence_chunk(batch.targets, 1, cp_).to(at::kLong);
+    const at::Tensor logits = model_->forward(inputs);
+    const at::Tensor ce = tpl::vocab_parallel_cross_entropy(logits, targets, tp_context());
+    const at::Tensor loss = ce * loss_factor(loss_fn);
+    loss.backward();
+    if (ddp_ && sync) ddp_->finish_backward();
+    // Megatron-SP: LayerNorms and row-parallel biases saw a part of the
+    // sequence on each tp rank: their gradient is the sum over tp (after the
+    // average over replicas; both are linear, so the order does not matter).
+    if (sync && config_.parallel.megatron_sp) {
+      sequence_parallel::sync_sequence_parallel_grads(model_->sequence_parallel_params(),
+                                                      {.group = &tp_, .seq_dim = 1, .timeout = timeout_});
+    }
+    // Reported: the mean over the whole sequences, as one process reports.
+    at::Tensor reported = loss.detach().clone().reshape({1});
+    if (cp_.size() > 1) {
+      cp_.all_reduce(reported, comm::ReduceOp::kSum)->wait(timeout_);
+      reported.div_(cp_.size());
+    }
+    return {reported.reshape({})};
+  }
+
+  bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm,
+                      optim::GradScaler* scaler) override {
+    // After the reductions gradients differ only across tp (different shards).
+    const bool skip = unscale_found_inf(scaler, grads_of(model_->parameters()), {&tp_, replicas_.get()}, timeout_);
+    if (!skip) {
+      if (clip_grad_norm > 0) clip_global_norm(clip_grad_norm);
+      optimizer.step();
+    }
+    optimizer.zero_grad();
+    if (scaler) scaler->update();
+    return !skip;
+  }
+
+  at::Tensor eval_forward(const at::Tensor& inputs) override {
+    // Full logits on every rank of the replica, for the Trainer's sums: the
+    // vocabulary columns gathered over tp, the sequence chunks over cp.
+    // An empty share (the Trainer's last round) is empty on every rank of
+    // this replica's tp and cp groups alike (they share the dp rank): skip
+    // the collectives together.
+    if (inputs.size(0) == 0) return at::zeros({0, inputs.size(1), kVocab});
+    at::Tensor logits = model_->forward(sequence_parallel::sequence_chunk(inputs, 1, cp_));
+    logits = tpl::all_gather_last_dim(logits.contiguous(), tp_context());
+    if (cp_.size() == 1) return logits;
+    at::Tensor stacked = at::empty({cp_.size(), logits.size(0), logits.size(1), logits.size(2)}, logits.options());
+    cp_.all_gather(stacked, logits.contiguous())->wait(timeout_);
+    // [cp, B, S/cp, V] -> [B, S, V]
+    return stacked.permute({1, 0, 2, 3}).reshape({logits.size(0), -1, logits.size(2)});
+  }
+
+  std::vector<TensorSlot> model_slots() override {
+    std::vector<TensorSlot> out;
+    // One rank of the replicas writes each shard, and tp rank 0 the tensors
+    // every tp rank holds in full.
+    const bool replica_writer = replicas_->rank() == 0;
+    for (const auto& item : model_->named_parameters()) {
+      const tpl::ShardSpec& spec = layout_[item.key()];
+      TensorSlot slot{item.key(), spec.full_shape, 0, item.value(), replica_writer};
+      if (spec.replicated()) {
+        slot.write = replica_writer && tp_.rank() == 0;
+      } else {
+        slot.segments = shard_segments(spec, tp_.rank(), tp_.size());
+      }
+      out.push_back(std::move(slot));
+    }
+    auto buffers = buffer_slots(*model_, replica_writer && tp_.rank() == 0);
+    out.insert(out.end(), buffers.begin(), buffers.end());
+    return out;
+  }
+
+  std::vector<OptimizerSlot> optimizer_slots() override {
+    std::vector<OptimizerSlot> out;
+    for (auto& slot : model_slots()) {
+      if (!slot.local.requires_grad()) continue;  // buffers
+      out.push_back(OptimizerSlot{slot.local, slot});
+    }
+    return out;
+  }
+
+  std::vector<std::pair<std::string, std::string>> checkpoint_metadata() const override {
+    return {{"parallel.tp", std::to_string(tp_.size())},
+            {"parallel.cp", std::to_string(cp_.size())},
+            {"parallel.megatron_sp", config_.parallel.megatron_sp ? "true" : "false"},
+            {"dp", std::to_string(dp_.size())}};
+  }
+
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (const auto& item : tpl::gather_full_parameters(*model_, tp_context())) out.emplace_back(item.key(), item.value());
+    return out;
+  }
+
+  SyncStats last_stats() const override { return ddp_ ? sync_stats(ddp_->last_step_stats()) : SyncStats{}; }
+
+  ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const override {
+    ModelStateBytes m;
+    m.params = tensor_bytes(model_->parameters());
+    m.grads = tensor_bytes(grads_of(model_->parameters()));
+    m.optimizer_state = tensor_bytes(optimizer_state_tensors(optimizer));
+    return m;
+  }
+
+ private:
+  tpl::TpContext tp_context() const { return {&tp_, timeout_}; }
+
+  // clip_grad_norm_ over the whole model: squared norms of sharded gradients
+  // are summed over tp, those of tensors every tp rank holds in full counted
+  // once; gradients are the same on every replica after the reduction.
+  void clip_global_norm(double max_norm) {
+    at::NoGradGuard no_grad;
+    double sharded = 0, replicated = 0;
+    for (const auto& item : model_->named_parameters()) {
+      const at::Tensor& g = item.value().grad();
+      if (!g.defined()) continue;
+      const double sq = g.to(at::kDouble).pow(2).sum().item<double>();
+      (layout_[item.key()].replicated() ? replicated : sharded) += sq;
+    }
+    at::Tensor total = torch::tensor({sharded}, torch::kDouble);
+    if (tp_.size() > 1) tp_.all_reduce(total, comm::ReduceOp::kSum)->wait(timeout_);
+    const double norm = std::sqrt(total.item<double>() + replicated);
+    // As torch::nn::utils::clip_grad_norm_: scale only when above the bound.
+    const double coef = max_norm / (norm + 1e-6);
+    if (coef >= 1) return;
+    for (const auto& p : model_->parameters()) {
+      if (p.grad().defined()) p.grad().mul_(coef);
+    }
+  }
+
+  TrainConfig config_;
+  comm::ProcessGroup& tp_;
+  comm::ProcessGroup& cp_;
+  comm::ProcessGroup& dp_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<comm::ProcessGroup> replicas_;  // dp x cp: the ranks holding this rank's shards
+  std::shared_ptr<models::ParallelGpt> model_;
+  torch::OrderedDict<std::string, tpl::ShardSpec> layout_;
+  std::unique_ptr<ddp::DistributedDataParallel> ddp_;
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_megatron_strategy(const StrategyContext& context) {
+  return std::make_unique<MegatronStrategy>(context);
+}
+
+}  // namespace paratrain::train::strategies
