@@ -4,6 +4,7 @@
 // after wrapping is refused (the reducer's hooks and buckets were built for
 // the old tensors and would silently stop synchronizing).
 #include <gtest/gtest.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <mutex>
@@ -23,9 +24,10 @@ torch::nn::Sequential make_net() {
 }
 
 at::Tensor loss_of(torch::nn::Sequential& net, int rank, int step) {
-  torch::manual_seed(100 + 10 * rank + step);
-  at::Tensor x = torch::randn({6, 12}).to(at::kBFloat16);
-  at::Tensor y = torch::randint(0, 3, {6}, torch::kLong);
+  // A generator of its own: ranks are threads, the global one would race.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + 10 * rank + step);
+  at::Tensor x = torch::randn({6, 12}, gen).to(at::kBFloat16);
+  at::Tensor y = torch::randint(0, 3, {6}, gen, torch::kLong);
   return torch::nn::functional::cross_entropy(net->forward(x).to(at::kFloat), y);
 }
 
