@@ -6,6 +6,7 @@
 // the still-scaled gradients differs from the oracle.
 #include <gtest/gtest.h>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -23,16 +24,19 @@ using Mode = GradScalerOptions::Mode;
 constexpr double kTolerance = 1e-6;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
+// Ranks are threads sharing the global generator: build one model at a time.
 torch::nn::Linear make_model(int64_t seed = 0) {
+  static std::mutex m;
+  std::lock_guard<std::mutex> lock(m);
   torch::manual_seed(seed);
   return torch::nn::Linear(6, 3);
 }
 
 // A fixed batch per (rank, step): the loss depends on both.
 at::Tensor loss_of(torch::nn::Linear& model, int rank, int step) {
-  torch::manual_seed(1000 + 17 * rank + step);
-  at::Tensor x = torch::randn({5, 6});
-  at::Tensor y = torch::randn({5, 3});
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + 17 * rank + step);  // not the shared global one
+  at::Tensor x = torch::randn({5, 6}, gen);
+  at::Tensor y = torch::randn({5, 3}, gen);
   return torch::mse_loss(model->forward(x), y);
 }
 
