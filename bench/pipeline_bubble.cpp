@@ -173,7 +173,7 @@ int run(const BenchOptions& o) {
       }
     }
   }
-  const double bubble_period = 1.0 - busy_us / p / o.steps / (elapsed * 1e6 / o.steps);
+  const double bubble_period = 1.0 - busy_us / p / (elapsed * 1e6);  // mean busy share of the elapsed time
   std::vector<double> sorted = bubbles;
   std::sort(sorted.begin(), sorted.end());
   nlohmann::json in_flight = nlohmann::json::array(), act_bytes = nlohmann::json::array();
