@@ -25,7 +25,7 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 cd "$root"
 # shellcheck disable=SC2206
 common=(-c configs/gpt_fortunes.toml --set model.dropout=0 --set train.max_steps="$steps" --set run.output_dir="$out" ${EXTRA:-})
-ckpt=$(printf 'checkpoints/step_%08d' "$steps")
+ckpt=$(printf 'version_0/checkpoints/step_%08d' "$steps")  # $out is fresh: every run is its version_0
 
 "$build/paratrain" train "${common[@]}" --set run.name=single > "$out/single.log" 2>&1
 layouts=("tp2:--set parallel.tp=2" "cp2:--set parallel.cp=2" "tp2_sp:--set parallel.tp=2 --set parallel.megatron_sp=true")

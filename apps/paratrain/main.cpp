@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
       paratrain::cli::add_trace_command(app),
       paratrain::cli::add_plot_command(app),
       paratrain::cli::add_generate_command(app),
+      paratrain::cli::add_runs_command(app),
   };
   try {
     app.parse(argc, argv);

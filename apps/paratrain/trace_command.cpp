@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "apps/paratrain/commands.h"
+#include "paratrain/train/run_dir.h"
 #include "paratrain/pipeline/chrome_trace.h"
 #include "paratrain/pipeline/timeline.h"
 
@@ -61,6 +62,7 @@ Command add_trace_command(CLI::App& app) {
       });
 
   auto run = [args]() -> int {
+    args->run_dir = train::resolve_run_dir(args->run_dir).string();  // runs/<name>: its newest version
     const auto options = args->steps.empty() ? pipeline::ChromeTraceOptions{} : *parse_steps(args->steps);
     const std::string out = args->output.empty() ? args->run_dir + "/trace.json" : args->output;
     const int64_t count = pipeline::write_chrome_trace(args->run_dir, out, options);

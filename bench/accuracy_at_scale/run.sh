@@ -61,7 +61,11 @@ for name in $runs; do
 done
 
 dirs=()
-for name in $all; do [[ -f $out/runs/$name/metrics.jsonl ]] && dirs+=("$out/runs/$name"); done
+for name in $all; do
+  # each run's newest version (runs/<name>/version_N)
+  latest=$(find "$out/runs/$name" -maxdepth 1 -name 'version_*' 2>/dev/null | sort -V | tail -1)
+  [[ -n $latest && -f $latest/metrics.jsonl ]] && dirs+=("$latest")
+done
 (( ${#dirs[@]} > 0 )) || { echo "no run finished: nothing to tabulate" >&2; exit 1; }
 python3 "$root/bench/accuracy_at_scale/table.py" "${dirs[@]}" | tee "$out/table.md"
 "$build/paratrain" plot -o "$out/plots" "${dirs[@]}"

@@ -18,7 +18,10 @@ for d in sys.argv[1:]:
     batch = round(first["samples"] / first["step"]) if first and first.get("step") else 0
     acc = [e["test_accuracy"] for e in evals]
     reach = next((e.get("epoch_progress", e["epoch"] + 1) for e in evals if e["test_accuracy"] >= 0.88), None)
-    rows.append((os.path.basename(d.rstrip("/")), batch, acc[-1], max(acc), reach, len(evals)))
+    name = os.path.basename(d.rstrip("/"))
+    if name.startswith("version_"):  # runs/<name>/version_N: the run's name
+        name = os.path.basename(os.path.dirname(d.rstrip("/")))
+    rows.append((name, batch, acc[-1], max(acc), reach, len(evals)))
 
 base = next((r[2] for r in rows if r[0] == "b64"), None)
 print("| run | global batch | test accuracy (final) | best | epochs to 88% | vs b64 (points) | epochs run |")

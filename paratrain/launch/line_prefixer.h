@@ -16,7 +16,12 @@ class LinePrefixer {
   // runaway line cannot grow the launcher's memory without bound.
   static constexpr std::size_t kMaxLine = 64 * 1024;
 
-  LinePrefixer(std::string prefix, int out_fd) : prefix_(std::move(prefix)), fd_(out_fd) {}
+  // `terminal`: out_fd shows on a terminal, where a worker may keep a status
+  // line (a progress bar, core/logging.h: "\r\x1b[K" + text, no newline).
+  // Then every line starts by clearing the terminal's current line (another
+  // rank's bar), and a worker's status line is drawn, prefixed, as it comes.
+  LinePrefixer(std::string prefix, int out_fd, bool terminal = false)
+      : prefix_(std::move(prefix)), fd_(out_fd), terminal_(terminal) {}
 
   // Writes every complete line in pending + bytes; keeps the rest.
   void feed(std::string_view bytes);
@@ -25,9 +30,11 @@ class LinePrefixer {
 
  private:
   void emit(std::string_view line);  // prefix + line + '\n' in one write
+  void draw_status();                // terminal: the text after pending_'s last '\r'
 
   std::string prefix_;
   int fd_;
+  bool terminal_;
   std::string pending_;
   std::string scratch_;
 };

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -81,6 +82,10 @@ void Supervisor::start() {
     spec.path = program_;
     spec.argv = options_.command;
     spec.env = worker_environment(options_, local, environ);
+    // Workers write into pipes; tell them the launcher's stderr is a
+    // terminal, where rank 0 may draw a progress bar (train/progress.h).
+    const bool terminal_err = options_.prefix_output && isatty(options_.err_fd);
+    if (terminal_err && !getenv("PARATRAIN_PROGRESS")) spec.env.emplace_back("PARATRAIN_PROGRESS=1");
     spec.ignored_signals = ignored;
     spec.stdout_fd = options_.out_fd;
     spec.stderr_fd = options_.err_fd;
@@ -94,7 +99,8 @@ void Supervisor::start() {
           throw Error(fmt::format("launcher: pipe for rank {} failed: {}", w.outcome.rank, std::strerror(errno)));
         }
         fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
-        w.streams.push_back(Stream{fds[0], LinePrefixer(fmt::format("[{}]: ", w.outcome.rank), sinks[i])});
+        w.streams.push_back(
+            Stream{fds[0], LinePrefixer(fmt::format("[{}]: ", w.outcome.rank), sinks[i], isatty(sinks[i]) == 1)});
         child_ends[i] = fds[1];
       }
       spec.stdout_fd = child_ends[0];

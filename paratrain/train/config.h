@@ -25,7 +25,10 @@ namespace paratrain::train {
 
 struct RunConfig {
   std::string name = "fashion_mnist_mlp";
-  std::string output_dir = "runs";  // the run writes into <output_dir>/<name>/
+  std::string output_dir = "runs";  // the run writes into <output_dir>/<name>/version_<N>/ (run_dir.h)
+  // -1 = a new version per run (the newest one with train.resume = "auto");
+  // N >= 0 = exactly version_N, e.g. to resume or compare a known run.
+  int64_t version = -1;
   int64_t seed = 0;                 // model init, sampler shuffles, dropout: one seed for all
   int64_t log_every = 50;           // steps between log lines (0 = only per epoch)
 
@@ -145,6 +148,15 @@ struct TrainLoopConfig {
   // and checkpoint_every_steps count optimizer steps; the last batches of an
   // epoch that do not fill a whole step are dropped.
   int64_t accumulate = 1;
+  // A metric of the evaluation ("test_loss", "test_accuracy", "perplexity",
+  // "train_loss"); "" = none. When set, checkpoints/best links to the
+  // checkpoint with its best value (callbacks.h).
+  std::string monitor;
+  std::string mode = "auto";  // "min" | "max" | "auto" (max for accuracies)
+  // Early stopping: stop after this many evaluations without an improvement
+  // of the monitored metric by more than min_delta; 0 = never.
+  int64_t patience = 0;
+  double min_delta = 0.0;
 
   bool operator==(const TrainLoopConfig&) const = default;
 };
@@ -246,6 +258,17 @@ struct PrecisionConfig {
   bool operator==(const PrecisionConfig&) const = default;
 };
 
+// What the run reports besides metrics.jsonl and the log lines.
+struct LogConfig {
+  // TensorBoard scalar event files in <run_dir>/tensorboard/ (tensorboard.h).
+  bool tensorboard = false;
+  // "auto" = an updating progress bar when rank 0 writes to a terminal
+  // (also through `paratrain launch` on one), log lines otherwise; "on"; "off".
+  std::string progress = "auto";
+
+  bool operator==(const LogConfig&) const = default;
+};
+
 struct TrainConfig {
   RunConfig run;
   ModelConfig model;
@@ -259,6 +282,7 @@ struct TrainConfig {
   ZeroConfig zero;
   PipelineConfig pipeline;
   PrecisionConfig precision;
+  LogConfig log;
 
   bool operator==(const TrainConfig&) const = default;
 };

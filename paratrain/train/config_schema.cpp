@@ -260,7 +260,8 @@ std::string megatron_problem(const TrainConfig& c) {
 const std::vector<FieldSpec>& schema() {
   using TC = TrainConfig;
   static const std::vector<FieldSpec> fields = {
-      field("run.name", &TC::run, &RunConfig::name, "outputs go to <output_dir>/<name>/", path_component()),
+      field("run.name", &TC::run, &RunConfig::name, "outputs go to <output_dir>/<name>/version_<N>/", path_component()),
+      field("run.version", &TC::run, &RunConfig::version, "-1 = a new version_N per run (the newest with train.resume = \"auto\"); N = exactly version_N", in_range<int64_t>(-1, 999999999)),
       field("run.output_dir", &TC::run, &RunConfig::output_dir, "parent folder of all runs", non_empty()),
       field("run.seed", &TC::run, &RunConfig::seed, "seeds model init and data shuffling", at_least<int64_t>(0)),
       field("run.log_every", &TC::run, &RunConfig::log_every, "steps between log lines (0 = per epoch only)", in_range<int64_t>(0, kMaxCount)),
@@ -321,6 +322,14 @@ const std::vector<FieldSpec>& schema() {
       field("train.resume", &TC::train, &TrainLoopConfig::resume, "\"\" = fresh, \"auto\" = latest in the run dir, or a checkpoint path"),
       field("train.keep_checkpoints", &TC::train, &TrainLoopConfig::keep_checkpoints, "keep only the newest N checkpoints (0 = all)", in_range<int64_t>(0, kMaxCount)),
       field("train.accumulate", &TC::train, &TrainLoopConfig::accumulate, "micro-batches per optimizer step (gradient accumulation; an epoch's incomplete last step is dropped)", in_range<int64_t>(1, kMaxRanks)),
+
+      field("train.monitor", &TC::train, &TrainLoopConfig::monitor, "metric that picks checkpoints/best and drives early stopping: \"test_loss\", \"test_accuracy\", \"perplexity\", \"train_loss\" or \"\" (none)", one_of({"", "test_loss", "test_accuracy", "perplexity", "train_loss"})),
+      field("train.mode", &TC::train, &TrainLoopConfig::mode, "\"min\", \"max\" or \"auto\" (max for accuracies): which way train.monitor improves", one_of({"auto", "min", "max"})),
+      field("train.patience", &TC::train, &TrainLoopConfig::patience, "early stopping: evaluations without improvement of train.monitor before stopping (0 = never stop early)", in_range<int64_t>(0, kMaxCount)),
+      field("train.min_delta", &TC::train, &TrainLoopConfig::min_delta, "smallest change of train.monitor that counts as an improvement", in_range_finite(0.0, 1e30, "a non-negative number")),
+
+      field("log.tensorboard", &TC::log, &LogConfig::tensorboard, "also write TensorBoard scalar event files to <run_dir>/tensorboard/"),
+      field("log.progress", &TC::log, &LogConfig::progress, "\"auto\" (a progress bar on a terminal, log lines otherwise), \"on\" or \"off\"", one_of({"auto", "on", "off"})),
 
       field("world.backend", &TC::world, &WorldConfig::backend, "collective backend", one_of({"gloo"})),
       field("world.timeout_s", &TC::world, &WorldConfig::timeout_s, "seconds before a stalled collective fails", in_range<int64_t>(1, kMaxTimeoutS)),
@@ -445,6 +454,18 @@ std::string cross_key_problem(const TrainConfig& c) {
         c.model.channels.size(), int64_t{1} << c.model.channels.size(), c.data.synthetic_image_size);
   if (auto problem = gpt_problem(c); !problem.empty()) return problem;
   if (auto problem = megatron_problem(c); !problem.empty()) return problem;
+  if (c.train.patience > 0 && c.train.monitor.empty())
+    return fmt::format("train.patience = {} stops on a monitored metric, but train.monitor is empty: set "
+                       "train.monitor (e.g. \"test_loss\"), or train.patience = 0",
+                       c.train.patience);
+  if (!c.train.monitor.empty() && c.train.eval_every_epochs == 0)
+    return fmt::format("train.monitor = \"{}\" is read at evaluations, but train.eval_every_epochs = 0 never "
+                       "evaluates: set train.eval_every_epochs >= 1, or train.monitor = \"\"",
+                       c.train.monitor);
+  if (c.train.monitor == "perplexity" && c.model.kind != "gpt")
+    return fmt::format("train.monitor = \"perplexity\" is logged for language models only (model.kind = \"{}\"): "
+                       "monitor \"test_loss\" or \"test_accuracy\"",
+                       c.model.kind);
   if (c.model.batchnorm && c.model.kind != "cnn")
     return fmt::format("model.batchnorm = true applies to model.kind = \"cnn\" (got \"{}\"); set "
                        "model.batchnorm = false or use the CNN",

@@ -18,7 +18,8 @@ MetricsLog::MetricsLog(const std::filesystem::path& path) {
 
 void MetricsLog::write(nlohmann::json record) {
   if (!out_.is_open()) return;
-  record["time"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  if (!record.contains("time"))
+    record["time"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   out_ << record.dump() << '\n';
   out_.flush();
 }

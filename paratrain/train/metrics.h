@@ -16,7 +16,7 @@ class MetricsLog {
   // Appends to `path` (a resumed run continues the same file). An empty
   // path makes a log that drops everything (ranks other than 0).
   explicit MetricsLog(const std::filesystem::path& path);
-  // Adds "time" (seconds since the epoch) and writes one line, flushed so a
+  // Adds "time" (seconds since the epoch) unless the record has it, and writes one line, flushed so a
   // crash loses at most the line being written.
   void write(nlohmann::json record);
 

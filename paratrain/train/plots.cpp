@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "paratrain/core/atomic_file.h"
+#include "paratrain/train/run_dir.h"
 #include "paratrain/core/error.h"
 
 namespace paratrain::train {
@@ -59,7 +60,9 @@ std::string quoted(const std::string& text) {
 
 }  // namespace
 
-RunSeries read_run_series(const std::filesystem::path& run_dir) {
+RunSeries read_run_series(const std::filesystem::path& given) {
+  // runs/<name> means its newest version_N.
+  const auto run_dir = resolve_run_dir(given);
   const auto path = run_dir / "metrics.jsonl";
   std::ifstream in(path);
   if (!in) {
@@ -68,8 +71,11 @@ RunSeries read_run_series(const std::filesystem::path& run_dir) {
                             path.string(), run_dir.string()));
   }
   RunSeries run;
-  run.label = std::filesystem::absolute(run_dir).lexically_normal().filename().string();
-  if (run.label.empty()) run.label = std::filesystem::absolute(run_dir).lexically_normal().parent_path().filename().string();
+  auto normal = std::filesystem::absolute(run_dir).lexically_normal();
+  if (normal.filename().empty()) normal = normal.parent_path();
+  run.label = normal.filename().string();
+  // "job/version_1", not a column of "version_0" labels.
+  if (parse_version_name(run.label)) run.label = normal.parent_path().filename().string() + "/" + run.label;
   std::vector<json> rows;
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {

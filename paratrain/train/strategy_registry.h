@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -20,6 +21,7 @@ struct StrategyContext {
   const TrainConfig& config;
   topology::DeviceMesh& mesh;
   std::chrono::milliseconds timeout;  // for every collective the strategy issues
+  std::filesystem::path run_dir = {};  // the run's version folder (run_dir.h), for files a strategy writes
 };
 
 using StrategyFactory = std::function<std::unique_ptr<Strategy>(const StrategyContext&)>;

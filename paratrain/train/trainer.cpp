@@ -11,6 +11,8 @@
 #include <cmath>
 #include <mutex>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -22,6 +24,7 @@
 #include "paratrain/topology/device_mesh.h"
 #include "paratrain/train/batch_size.h"
 #include "paratrain/train/builders.h"
+#include "paratrain/train/callbacks.h"
 #include "paratrain/train/checkpoint/checkpoint_files.h"
 #include "paratrain/train/checkpoint/sharded.h"
 #include "paratrain/train/checkpointing.h"
@@ -29,7 +32,10 @@
 #include "paratrain/train/metrics.h"
 #include "paratrain/train/objective.h"
 #include "paratrain/train/precision.h"
+#include "paratrain/train/progress.h"
+#include "paratrain/train/run_dir.h"
 #include "paratrain/train/strategy_registry.h"
+#include "paratrain/train/tensorboard.h"
 
 namespace paratrain::train {
 
@@ -49,6 +55,8 @@ struct Trainer::State {
   std::unique_ptr<data::Loader> loader;
   std::optional<optim::LrSchedule> lr_schedule;  // [lr]: the rate of every optimizer step
   MetricsLog metrics;
+  std::vector<CallbackPtr> callbacks;  // built-ins from the config, then the user's
+  bool progress_bar = false;           // a bar replaces the periodic step log lines
   int64_t step = 0;
   int64_t start_step = 0;  // where this process started (after a resume)
 
@@ -56,23 +64,49 @@ struct Trainer::State {
       : config(std::move(c)), world(w), run_dir(std::move(dir)),
         metrics(w.rank() == 0 ? run_dir / "metrics.jsonl" : std::filesystem::path()) {}
   bool is_main() const { return world.rank() == 0; }
+  template <typename F>
+  void each_callback(F&& f) {
+    for (auto& cb : callbacks) f(*cb);
+  }
+  // One metrics.jsonl record (rank 0), also handed to the callbacks.
+  void log_record(nlohmann::json record) {
+    record["time"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    metrics.write(record);
+    each_callback([&](Callback& cb) { cb.on_log(record); });
+  }
   comm::ProcessGroup& dp() const { return mesh->group(Axis::kDp); }
   std::chrono::milliseconds timeout() const { return std::chrono::seconds(config.world.timeout_s); }
 };
 
 namespace {
 
-std::filesystem::path prepare_run_dir(const TrainConfig& config, int rank) {
-  auto dir = std::filesystem::path(config.run.output_dir) / config.run.name;
-  if (rank == 0) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir / "checkpoints", ec);
-    if (ec) {
-      throw ConfigError(fmt::format("cannot create the run directory {}: {}; set run.output_dir to a writable place",
-                                    dir.string(), ec.message()));
+// Rank 0 picks the run's version folder (run_dir.h) and tells the others,
+// so every rank writes into the same one even without a shared filesystem
+// listing. Collective over `world`.
+std::filesystem::path prepare_run_dir(const TrainConfig& config, comm::ProcessGroup& world,
+                                      std::chrono::milliseconds timeout) {
+  std::filesystem::path dir;
+  std::string error;
+  int64_t version = -1;
+  if (world.rank() == 0) {
+    try {
+      dir = create_run_dir(config);
+      version = *parse_version_name(dir.filename().string());
+    } catch (const ConfigError& e) {
+      error = e.what();
     }
   }
-  return dir;
+  if (world.size() > 1) {
+    auto t = torch::tensor({version}, torch::kLong);
+    world.broadcast(t, 0)->wait(timeout);
+    version = t.item<int64_t>();
+  }
+  if (world.rank() == 0 && !error.empty()) throw ConfigError(error);
+  if (version < 0) {
+    throw ConfigError(fmt::format("rank {}: rank 0 could not create the run directory under {}; see its log",
+                                  world.rank(), config.run.output_dir));
+  }
+  return version_dir(std::filesystem::path(config.run.output_dir) / config.run.name, version);
 }
 
 // Every rank must start from the same position, or they would issue
@@ -171,11 +205,33 @@ std::optional<LoopPosition> resume(Trainer::State& s) {
                                     (s.run_dir / "checkpoints").string(), last_error));
 }
 
+// The callbacks the config asks for (callbacks.h), in the order they run.
+void add_builtin_callbacks(Trainer::State& s) {
+  const auto& t = s.config.train;
+  if (!t.monitor.empty()) {
+    s.callbacks.push_back(std::make_shared<BestCheckpoint>(t.monitor, t.mode, t.min_delta));
+    if (t.patience > 0) s.callbacks.push_back(std::make_shared<EarlyStopping>(t.monitor, t.mode, t.patience, t.min_delta));
+  }
+  if (s.config.log.tensorboard) s.callbacks.push_back(std::make_shared<TensorBoardLogger>());
+  s.progress_bar = progress_bar_wanted(s.config.log, s.world.rank());
+  if (s.progress_bar) s.callbacks.push_back(std::make_shared<ProgressBar>());
+}
+
+std::string host_name() {
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+double unix_time() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 }  // namespace
 
 Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
   validate_config(config);
-  auto dir = prepare_run_dir(config, world.rank());
+  auto dir = prepare_run_dir(config, world, std::chrono::seconds(config.world.timeout_s));
   s_ = std::make_unique<State>(std::move(config), world, std::move(dir));
   auto& s = *s_;
   const auto& c = s.config;
@@ -183,7 +239,7 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
   const auto dims = topology::ParallelDims::resolve(c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.cp,
                                                     world.size());
   s.mesh = std::make_unique<topology::DeviceMesh>(world, dims);
-  s.strategy = make_strategy(train::strategy_name(c), StrategyContext{s.config, *s.mesh, s.timeout()});
+  s.strategy = make_strategy(train::strategy_name(c), StrategyContext{s.config, *s.mesh, s.timeout(), s.run_dir});
 
   // The same seed on every rank: each builds the single-process model's
   // initial weights (replicas are also broadcast from rank 0).
@@ -234,7 +290,7 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
     s.loader->load_state({position->epoch, position->next_batch});
   } else if (c.train.resume.empty() && !list_checkpoints(s.run_dir).empty()) {
     throw ConfigError(fmt::format("the run directory {} already holds checkpoints of an earlier run; set "
-                                  "train.resume=auto to continue it, or pick another run.name",
+                                  "train.resume=auto to continue it, or run.version=-1 to start a new version",
                                   s.run_dir.string()));
   }
   s.start_step = s.step;
@@ -252,6 +308,7 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
     spdlog::info("{} (optimizer.lr = {:g} is the base rate; {} steps, {} per epoch)", s.lr_schedule->describe(),
                  c.optimizer.lr, planned_steps(c, steps_per_epoch), steps_per_epoch);
   }
+  add_builtin_callbacks(s);
 }
 
 Trainer::~Trainer() = default;
@@ -263,6 +320,39 @@ std::vector<std::pair<std::string, at::Tensor>> Trainer::full_parameters() { ret
 std::string Trainer::strategy_name() const { return s_->strategy->name(); }
 
 torch::optim::Optimizer& Trainer::optimizer() { return *s_->optimizer; }
+
+void Trainer::add_callback(std::shared_ptr<Callback> callback) { s_->callbacks.push_back(std::move(callback)); }
+
+std::filesystem::path Trainer::run_dir() const { return s_->run_dir; }
+
+TrainResult Trainer::fit() {
+  auto& s = *s_;
+  if (s.is_main()) {
+    update_run_status(s.run_dir, {{"status", "running"}, {"host", host_name()}, {"pid", ::getpid()},
+                                  {"started", unix_time()}, {"world_size", s.world.size()},
+                                  {"strategy", s.strategy->name()}, {"version", s.run_dir.filename().string()}});
+  }
+  try {
+    TrainResult r = fit_loop();
+    if (s.is_main()) {
+      nlohmann::json done = {{"status", "finished"}, {"ended", unix_time()}, {"steps", r.steps},
+                             {"stopped_early", r.stopped_early}};
+      if (r.test.count > 0) done["test"] = {{"loss", r.test.loss}, {"accuracy", r.test.accuracy}};
+      update_run_status(s.run_dir, done);
+    }
+    return r;
+  } catch (const std::exception& e) {
+    if (s.is_main()) {
+      try {
+        update_run_status(s.run_dir, {{"status", "failed"}, {"ended", unix_time()}, {"steps", s.step},
+                                      {"error", e.what()}});
+      } catch (const std::exception&) {
+        // The original error matters more than a status file that failed too.
+      }
+    }
+    throw;
+  }
+}
 
 EvalResult Trainer::evaluate() {
   auto& s = *s_;
@@ -302,7 +392,7 @@ EvalResult Trainer::evaluate() {
   return r;
 }
 
-TrainResult Trainer::fit() {
+TrainResult Trainer::fit_loop() {
   auto& s = *s_;
   const auto& c = s.config;
   TrainResult result;
@@ -318,10 +408,10 @@ TrainResult Trainer::fit() {
     result.last_checkpoint = save_training_checkpoint(s.run_dir, c, s.world, *s.strategy, *s.optimizer,
                                                       {.step = s.step, .epoch = st.epoch, .next_batch = st.next_batch},
                                                       s.scaler.get());
-    if (s.is_main()) {
-      spdlog::info("checkpoint {} ({})", result.last_checkpoint.string(), why);
-      if (c.train.keep_checkpoints > 0) prune_checkpoints(s.run_dir, c.train.keep_checkpoints);
-    }
+    if (s.is_main()) spdlog::info("checkpoint {} ({})", result.last_checkpoint.string(), why);
+    // Before pruning: the best checkpoint's link must be in place to be spared.
+    s.each_callback([&](Callback& cb) { cb.on_checkpoint(s.step, result.last_checkpoint); });
+    if (s.is_main() && c.train.keep_checkpoints > 0) prune_checkpoints(s.run_dir, c.train.keep_checkpoints);
   };
   const Objective objective = Objective::for_config(c);
   const LossFn loss_fn = scaled_loss(objective.loss(), s.scaler.get());
@@ -349,6 +439,10 @@ TrainResult Trainer::fit() {
   bool stop = s.step >= total_steps;
   double applied_lr = s.lr_schedule->lr(s.step);
   s.strategy->module()->train();
+  const FitInfo fit_info{.run_dir = s.run_dir, .start_step = s.start_step, .total_steps = total_steps,
+                         .steps_per_epoch = steps_per_epoch, .epochs = c.train.epochs,
+                         .global_batch = global_batch, .is_main = s.is_main()};
+  s.each_callback([&](Callback& cb) { cb.on_fit_start(fit_info); });
 
   for (int64_t epoch = s.loader->state().epoch; epoch < c.train.epochs && !stop; ++epoch) {
     if (epoch != s.loader->state().epoch || s.loader->state().next_batch == 0) s.loader->set_epoch(epoch);
@@ -376,6 +470,13 @@ TrainResult Trainer::fit() {
 
       const bool last = s.step >= total_steps;
       const bool checkpoint_now = c.train.checkpoint_every_steps > 0 && s.step % c.train.checkpoint_every_steps == 0;
+      StepInfo info{.step = s.step, .total_steps = total_steps, .epoch = epoch, .epochs = c.train.epochs,
+                    .batch = s.loader->state().next_batch, .batches = batches, .lr = applied_lr};
+      {
+        const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+        info.samples_per_s = (s.step - first_step) * global_batch / std::max(elapsed, 1e-9);
+        info.eta_s = (total_steps - s.step) * global_batch / std::max(info.samples_per_s, 1e-9);
+      }
       if ((c.run.log_every > 0 && s.step % c.run.log_every == 0) || last || checkpoint_now) {
         // A collective on every dp rank: all ranks log at the same steps and
         // agree on whether the loss went non-finite.
@@ -389,18 +490,19 @@ TrainResult Trainer::fit() {
               "was written for this state",
               s.world.rank(), result.last_train_loss, s.step, s.step - window_steps + 1, s.step));
         }
-        const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-        const double rate = (s.step - first_step) * global_batch / std::max(elapsed, 1e-9);
-        const double eta = (total_steps - s.step) * global_batch / std::max(rate, 1e-9);
+        info.loss = result.last_train_loss;
+        const double rate = info.samples_per_s;
         if (s.is_main()) {
           auto st = s.strategy->last_stats();
           auto mem = s.strategy->memory(*s.optimizer);
-          spdlog::info("epoch {}/{} step {}/{} loss {:.4f} {:.0f} samples/s ETA {}", epoch + 1, c.train.epochs,
-                       s.step, total_steps, result.last_train_loss, rate, format_duration(eta));
+          if (!s.progress_bar) {
+            spdlog::info("epoch {}/{} step {}/{} loss {:.4f} {:.0f} samples/s ETA {}", epoch + 1, c.train.epochs,
+                         s.step, total_steps, result.last_train_loss, rate, format_duration(info.eta_s));
+          }
           // samples and epoch_progress: the x axes of `paratrain plot`.
           const double progress =
               epoch + static_cast<double>(s.loader->state().next_batch) / std::max<int64_t>(batches, 1);
-          s.metrics.write({{"kind", "train"}, {"epoch", epoch}, {"step", s.step},
+          s.log_record({{"kind", "train"}, {"epoch", epoch}, {"step", s.step},
                            {"samples", s.step * global_batch}, {"epoch_progress", progress},
                            {"loss", result.last_train_loss}, {"samples_per_s", rate},
                            {"lr", applied_lr}, {"comm_ms", st.comm_ms},
@@ -410,6 +512,7 @@ TrainResult Trainer::fit() {
         window_loss = 0;
         window_steps = 0;
       }
+      s.each_callback([&](Callback& cb) { cb.on_train_batch_end(info); });
       if (checkpoint_now) save("periodic");
       if (last) {
         stop = true;
@@ -418,6 +521,8 @@ TrainResult Trainer::fit() {
     }
     const bool epoch_done = batches - s.loader->state().next_batch < k;  // a partial step is dropped
     if (epoch_done) result.epochs_completed = epoch + 1;
+    s.each_callback([&](Callback& cb) { cb.on_train_epoch_end(epoch); });
+    bool evaluated = false;
     // A run that stops mid-epoch (train.max_steps) is evaluated too, so its
     // last state has a test figure.
     if (c.train.eval_every_epochs > 0 &&
@@ -429,22 +534,36 @@ TrainResult Trainer::fit() {
         spdlog::info("epoch {}/{} step {} val loss {:.4f} perplexity {:.2f} next-token accuracy {:.2f}% ({} tokens)",
                      epoch + 1, c.train.epochs, s.step, result.test.loss, result.test.perplexity,
                      100 * result.test.accuracy, result.test.count);
-        s.metrics.write({{"kind", "eval"}, {"epoch", epoch}, {"step", s.step},
-                         {"samples", s.step * global_batch}, {"epoch_progress", eval_progress},
-                         {"test_loss", result.test.loss},
-                         {"test_accuracy", result.test.accuracy}, {"perplexity", result.test.perplexity}});
+        s.log_record({{"kind", "eval"}, {"epoch", epoch}, {"step", s.step},
+                      {"samples", s.step * global_batch}, {"epoch_progress", eval_progress},
+                      {"test_loss", result.test.loss},
+                      {"test_accuracy", result.test.accuracy}, {"perplexity", result.test.perplexity}});
       } else if (s.is_main()) {
         spdlog::info("epoch {}/{} test loss {:.4f} accuracy {:.2f}% ({} items)", epoch + 1, c.train.epochs,
                      result.test.loss, 100 * result.test.accuracy, result.test.count);
-        s.metrics.write({{"kind", "eval"}, {"epoch", epoch}, {"step", s.step},
-                         {"samples", s.step * global_batch}, {"epoch_progress", eval_progress},
-                         {"test_loss", result.test.loss},
-                         {"test_accuracy", result.test.accuracy}});
+        s.log_record({{"kind", "eval"}, {"epoch", epoch}, {"step", s.step},
+                      {"samples", s.step * global_batch}, {"epoch_progress", eval_progress},
+                      {"test_loss", result.test.loss},
+                      {"test_accuracy", result.test.accuracy}});
       }
+      evaluated = true;
+      EvalInfo eval{.step = s.step, .epoch = epoch,
+                    .metrics = {{"test_loss", result.test.loss}, {"test_accuracy", result.test.accuracy},
+                                {"train_loss", result.last_train_loss}}};
+      if (objective.language_model()) eval.metrics.emplace_back("perplexity", result.test.perplexity);
+      s.each_callback([&](Callback& cb) { cb.on_validation_end(eval); });
+    }
+    // Callbacks decide on the same reduced values on every rank: no vote needed.
+    bool stop_early = false;
+    if (evaluated) s.each_callback([&](Callback& cb) { stop_early = stop_early || cb.should_stop(); });
+    if (stop_early && !stop) {
+      stop = true;
+      result.stopped_early = true;
     }
     if (epoch_done && epoch + 1 < c.train.epochs && !stop) s.loader->set_epoch(epoch + 1);
     save(epoch_done ? fmt::format("end of epoch {}", epoch + 1) : "stop");
   }
+  s.each_callback([&](Callback& cb) { cb.on_fit_end(s.step); });
   const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
   result.steps = s.step;
   result.start_step = s.start_step;

@@ -15,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "paratrain/comm/process_group.h"
+#include "paratrain/train/callbacks.h"
 #include "paratrain/train/config.h"
 
 namespace torch::nn {
@@ -45,6 +46,7 @@ struct TrainResult {
   std::filesystem::path last_checkpoint;
   int64_t skipped_steps = 0;     // steps the loss scaler skipped (inf/nan gradients) in this process
   double loss_scale = 1.0;       // the loss scaler's scale at the end (1 without one)
+  bool stopped_early = false;    // a callback (train.patience) ended training
 };
 
 class Trainer {
@@ -56,7 +58,16 @@ class Trainer {
 
   // Trains for train.epochs (or train.max_steps), evaluating and
   // checkpointing as configured; resumes first when train.resume is set.
+  // Records the run's status in <run_dir>/run.json (running, finished, or
+  // failed with the error).
   TrainResult fit();
+
+  // Runs after the config's built-ins (best checkpoint, early stopping,
+  // TensorBoard, progress bar); add on every rank, before fit().
+  void add_callback(std::shared_ptr<Callback> callback);
+
+  // <run.output_dir>/<run.name>/version_<N> (run_dir.h).
+  std::filesystem::path run_dir() const;
 
   // Test-set loss and accuracy of the current model, reduced over ranks
   // (each rank evaluates a strided share). Collective.
@@ -76,6 +87,7 @@ class Trainer {
   struct State;
 
  private:
+  TrainResult fit_loop();
   std::unique_ptr<State> s_;
 };
 

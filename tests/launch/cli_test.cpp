@@ -82,7 +82,7 @@ TEST(LaunchCli, BadOptionsAreConfigurationErrorsNamingEveryValue) {
 TEST(LaunchCli, ExitsWithTheFailingRanksCodeQuickly) {
   const auto r = run_cli(cli_launch({"--nproc-per-node", "2"}, {"fail-rank", "0", "7", "sleep", "60"}));
   EXPECT_EQ(r.exit_code, 7) << r.output;
-  EXPECT_LT(r.seconds, 10.0);
+  EXPECT_LT(r.seconds, 30.0);  // vs the 60 s sleep: loose, the machine may be loaded
   EXPECT_TRUE(contains(r.output, "FAILED with exit code 7: rank 0 (pid ")) << r.output;
 }
 

@@ -185,11 +185,11 @@ TEST(FreePort, ReturnsAPortThatCanBeBoundAndListenedOn) {
 }
 
 // Feeds chunks through a LinePrefixer writing into a pipe; returns what came out.
-std::string prefixed(const std::vector<std::string>& chunks, bool finish) {
+std::string prefixed(const std::vector<std::string>& chunks, bool finish, bool terminal = false) {
   int fds[2];
   EXPECT_EQ(pipe(fds), 0);
   {
-    LinePrefixer p("[3]: ", fds[1]);
+    LinePrefixer p("[3]: ", fds[1], terminal);
     for (const auto& c : chunks) p.feed(c);
     if (finish) p.finish();
   }
@@ -205,6 +205,21 @@ TEST(LinePrefixer, JoinsChunksIntoWholePrefixedLines) {
   EXPECT_EQ(prefixed({"ab", "c\nde\n", "\n", "f"}, false), "[3]: abc\n[3]: de\n[3]: \n");
   EXPECT_EQ(prefixed({"ab", "c\nde\n", "\n", "f"}, true), "[3]: abc\n[3]: de\n[3]: \n[3]: f\n");
   EXPECT_EQ(prefixed({""}, true), "");
+}
+
+// On a terminal a worker's progress bar ("\r\x1b[K" + text, no newline) is
+// drawn with the prefix as it comes, redrawn in place, and each line clears
+// whatever bar is on screen first; ordinary lines are unchanged otherwise.
+TEST(LinePrefixer, DrawsAWorkersStatusLineOnATerminal) {
+  const std::string clear = "\r\x1b[K";
+  EXPECT_EQ(prefixed({"a\n"}, false, true), clear + "[3]: a\n");
+  // Bar 1 drawn; bar 2 arrives in two chunks (drawn at each); a log line
+  // clears the bar; the bar is redrawn; the epoch's end leaves it on screen.
+  EXPECT_EQ(prefixed({clear + "bar 1", clear + "ba", "r 2", clear + "log\n" + clear + "bar 3", "\n"}, true, true),
+            clear + "[3]: bar 1" + clear + "[3]: ba" + clear + "[3]: bar 2" + clear + "[3]: log\n" + clear +
+                "[3]: bar 3" + clear + "[3]: bar 3\n");
+  // Not a terminal: bytes pass through line by line as before.
+  EXPECT_EQ(prefixed({"x\ry\n"}, false, false), "[3]: x\ry\n");
 }
 
 TEST(LinePrefixer, SplitsARunawayLineIntoBoundedPieces) {

@@ -63,7 +63,7 @@ TEST(PipelineProcesses, AStageKilledMidScheduleFailsTheJobFastNamingIt) {
   });
   // The stage's timeline file appears with its first micro-batch: from then
   // on it is inside the schedule.
-  const fs::path trace = fs::path(dir) / "runs" / "job" / "trace" / "rank_1.jsonl";
+  const fs::path trace = fs::path(dir) / "runs" / "job" / "version_0" / "trace" / "rank_1.jsonl";
   pid_t victim = -1;
   for (int i = 0; i < 2400 && victim < 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

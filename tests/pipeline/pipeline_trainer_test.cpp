@@ -207,7 +207,7 @@ TEST(PipelineZero, CheckpointResumesAsOneProcess) {
   train(first, 4);
   auto resumed = deep_config(dir + "/run", "adam");
   resumed.ddp.mode = "none";
-  resumed.train.resume = (std::filesystem::path(dir) / "run" / "t" / "checkpoints" / "step_00000004").string();
+  resumed.train.resume = (std::filesystem::path(dir) / "run" / "t" / "version_0" / "checkpoints" / "step_00000004").string();
   const double diff = relative_diff(train(resumed, 1), single_process("adam"));
   EXPECT_LT(diff, kTolerance);
   std::printf("[ measured ] pp=2 x dp=2 ZeRO-2 checkpoint resumed as 1 process: %.3g\n", diff);
@@ -259,9 +259,9 @@ TEST(PipelineCheckpoints, ResumeAtAnotherPipelineDepthAndAsOneProcess) {
   EXPECT_LT(d_pp, kTolerance);
 
   auto resumed_one = deep_config(dir + "/run");
-  std::filesystem::remove_all(std::filesystem::path(dir) / "run" / "t" / "checkpoints" / "step_00000010");
+  std::filesystem::remove_all(std::filesystem::path(dir) / "run" / "t" / "version_0" / "checkpoints" / "step_00000010");
   resumed_one.ddp.mode = "none";
-  resumed_one.train.resume = (std::filesystem::path(dir) / "run" / "t" / "checkpoints" / "step_00000004").string();
+  resumed_one.train.resume = (std::filesystem::path(dir) / "run" / "t" / "version_0" / "checkpoints" / "step_00000004").string();
   const double d_one = relative_diff(train(resumed_one, 1), single_process());
   EXPECT_LT(d_one, kTolerance);
   std::printf("[ measured ] pp=4 checkpoint resumed at pp=2: %.3g, as 1 process: %.3g\n", d_pp, d_one);

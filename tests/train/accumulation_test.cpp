@@ -184,7 +184,7 @@ TEST(Accumulation, ResumedRunEqualsUninterrupted) {
   auto first = small_config(dir + "/split", 3, 3);
   first.train.max_steps = 4;
   train(first, 2);
-  const auto ckpt = std::filesystem::path(dir) / "split" / "t" / "checkpoints" / "step_00000004";
+  const auto ckpt = std::filesystem::path(dir) / "split" / "t" / "version_0" / "checkpoints" / "step_00000004";
   ASSERT_TRUE(std::filesystem::exists(ckpt / "index.json"));
   auto second = small_config(dir + "/split", 3, 3);
   second.train.max_steps = 8;

@@ -44,9 +44,9 @@ TEST(TrainCli, TwoRanksTrainAndWriteTheRunDirectory) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("test accuracy"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("done: 16 steps"), std::string::npos) << r.output;
-  EXPECT_TRUE(fs::exists(dir + "/runs/job/config.toml"));
-  EXPECT_TRUE(fs::exists(dir + "/runs/job/metrics.jsonl"));
-  EXPECT_TRUE(fs::exists(dir + "/runs/job/checkpoints/step_00000016/index.json"));
+  EXPECT_TRUE(fs::exists(dir + "/runs/job/version_0/config.toml"));
+  EXPECT_TRUE(fs::exists(dir + "/runs/job/version_0/metrics.jsonl"));
+  EXPECT_TRUE(fs::exists(dir + "/runs/job/version_0/checkpoints/step_00000016/index.json"));
 }
 
 // `paratrain checkpoint consolidate` of a run's checkpoint, read back.
@@ -73,8 +73,8 @@ TEST_P(TrainCliStages, TwoProcessesTrainTheSameModelAsOne) {
   auto one = run_cli({"train", "--config", config, "--set", "run.name=one", "--set", "data.batch_size=32",
                       "--set", "ddp.mode=none"});
   ASSERT_EQ(one.exit_code, 0) << one.output;
-  auto two_ckpt = consolidated(dir + "/runs/two", "step_00000016");
-  auto one_ckpt = consolidated(dir + "/runs/one", "step_00000016");
+  auto two_ckpt = consolidated(dir + "/runs/two/version_0", "step_00000016");
+  auto one_ckpt = consolidated(dir + "/runs/one/version_0", "step_00000016");
   int compared = 0;
   for (const auto& [name, t] : one_ckpt.tensors) {
     if (name.rfind("model/", 0) != 0 && name.rfind("optimizer/", 0) != 0) continue;
@@ -89,7 +89,7 @@ TEST_P(TrainCliStages, TwoProcessesTrainTheSameModelAsOne) {
   // every batch) must be far off, or this comparison could not fail.
   auto alone = run_cli({"train", "--config", config, "--set", "run.name=alone", "--set", "ddp.mode=none"});
   ASSERT_EQ(alone.exit_code, 0) << alone.output;
-  auto alone_ckpt = consolidated(dir + "/runs/alone", "step_00000032");
+  auto alone_ckpt = consolidated(dir + "/runs/alone/version_0", "step_00000032");
   const auto& w = one_ckpt.tensors.at("model/fc0.weight");
   EXPECT_GT((w - alone_ckpt.tensors.at("model/fc0.weight")).abs().max().item<double>(), 1e-3);
 }
@@ -123,7 +123,7 @@ TEST(TrainCli, ResumeFromATruncatedCheckpointFailsAndLeavesItAlone) {
   auto dir = paratrain::testing::temp_dir("cli-trunc");
   auto config = write_config(dir);
   ASSERT_EQ(run_cli({"train", "--config", config, "--set", "train.max_steps=8"}).exit_code, 0);
-  auto ckpt = dir + "/runs/job/checkpoints/step_00000008";
+  auto ckpt = dir + "/runs/job/version_0/checkpoints/step_00000008";
   auto file = ckpt + "/rank_0.safetensors";
   ASSERT_TRUE(fs::exists(file));
   fs::resize_file(file, fs::file_size(file) / 2);
@@ -133,7 +133,7 @@ TEST(TrainCli, ResumeFromATruncatedCheckpointFailsAndLeavesItAlone) {
   EXPECT_NE(r.output.find(file), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("truncated"), std::string::npos) << r.output;
   EXPECT_EQ(fs::file_size(file), size);
-  EXPECT_FALSE(fs::exists(dir + "/runs/job/checkpoints/step_00000016"));
+  EXPECT_FALSE(fs::exists(dir + "/runs/job/version_0/checkpoints/step_00000016"));
 }
 
 // resume=auto falls back from a corrupt newest checkpoint to the one before,
@@ -144,7 +144,7 @@ TEST(TrainCli, ResumeAutoFallsBackFromACorruptNewestCheckpoint) {
   auto config = write_config(dir);
   ASSERT_EQ(run_cli(launch2(config, {"--set", "train.max_steps=8", "--set", "train.checkpoint_every_steps=4"}))
                 .exit_code, 0);
-  auto newest = dir + "/runs/job/checkpoints/step_00000008/rank_0.safetensors";
+  auto newest = dir + "/runs/job/version_0/checkpoints/step_00000008/rank_0.safetensors";
   ASSERT_TRUE(fs::exists(newest));
   {
     std::fstream f(newest, std::ios::in | std::ios::out | std::ios::binary);
@@ -156,7 +156,7 @@ TEST(TrainCli, ResumeAutoFallsBackFromACorruptNewestCheckpoint) {
   EXPECT_NE(r.output.find("skipping checkpoint"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step_00000004 at epoch 1, batch 4, step 4"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("done: 16 steps"), std::string::npos) << r.output;
-  EXPECT_TRUE(fs::exists(dir + "/runs/job/checkpoints/step_00000008.unreadable/rank_0.safetensors"));
+  EXPECT_TRUE(fs::exists(dir + "/runs/job/version_0/checkpoints/step_00000008.unreadable/rank_0.safetensors"));
 }
 
 TEST(TrainCli, TwoRanksResumeFromTheLatestCheckpoint) {

@@ -153,7 +153,7 @@ TEST(LayerwiseCheckpoint, ResumedRunEqualsUninterrupted) {
     first.zero.stage = 1;
     first.train.max_steps = 6;
     train(first, 2);
-    const auto ckpt = std::filesystem::path(dir) / ("split_" + kind) / "t" / "checkpoints" / "step_00000006";
+    const auto ckpt = std::filesystem::path(dir) / ("split_" + kind) / "t" / "version_0" / "checkpoints" / "step_00000006";
     ASSERT_TRUE(std::filesystem::exists(ckpt / "index.json"));
 
     for (bool drop_state : {false, true}) {

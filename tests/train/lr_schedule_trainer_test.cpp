@@ -45,7 +45,7 @@ TrainConfig small_config(const std::string& dir) {
 
 // step -> "lr" of the train lines in <run>/metrics.jsonl.
 std::map<int64_t, double> logged_rates(const std::string& dir) {
-  std::ifstream in(std::filesystem::path(dir) / "t" / "metrics.jsonl");
+  std::ifstream in(std::filesystem::path(dir) / "t" / "version_0" / "metrics.jsonl");
   std::map<int64_t, double> out;
   std::string line;
   while (std::getline(in, line)) {

@@ -120,7 +120,7 @@ TEST(ReshardingCheckpoints, Stage3AtFourRanksResumesAtTwoRanksStage1AndOneProces
   first.zero.stage = 3;
   first.train.max_steps = 6;
   train(first, 4);
-  const auto ckpt = std::filesystem::path(dir) / "split" / "t" / "checkpoints" / "step_00000006";
+  const auto ckpt = std::filesystem::path(dir) / "split" / "t" / "version_0" / "checkpoints" / "step_00000006";
   ASSERT_TRUE(std::filesystem::exists(ckpt / "index.json"));
 
   auto stage1 = small_config(dir + "/stage1", "adam");
@@ -173,7 +173,7 @@ TEST(TrainerInputs, DivergingLossStopsTheRunNamingTheStep) {
     }
   });
   // Nothing was checkpointed for the diverged state.
-  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(dir) / "t" / "checkpoints" / "step_00000012"));
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(dir) / "t" / "version_0" / "checkpoints" / "step_00000012"));
 }
 
 TEST(TrainerCheckpoints, KeepCheckpointsPrunesOldOnes) {
@@ -183,7 +183,7 @@ TEST(TrainerCheckpoints, KeepCheckpointsPrunesOldOnes) {
   cfg.train.keep_checkpoints = 2;
   train(cfg, 2);
   std::vector<std::string> left;
-  for (auto& e : std::filesystem::directory_iterator(std::filesystem::path(dir) / "t" / "checkpoints"))
+  for (auto& e : std::filesystem::directory_iterator(std::filesystem::path(dir) / "t" / "version_0" / "checkpoints"))
     left.push_back(e.path().filename().string());
   std::sort(left.begin(), left.end());
   EXPECT_EQ(left, (std::vector<std::string>{"step_00000010", "step_00000012"}));

@@ -102,10 +102,13 @@ TEST(Trainer, TwoRankDdpEqualsOneProcessOnTheGlobalBatch) {
   });
 }
 
-TEST(Trainer, AFreshRunRefusesARunDirectoryWithCheckpoints) {
+// A re-run gets a new version (run_versions_test.cpp); a run pinned to a
+// version that holds checkpoints must not train over them unasked.
+TEST(Trainer, AFreshRunRefusesAPinnedVersionWithCheckpoints) {
   auto dir = paratrain::testing::temp_dir("fresh");
   auto cfg = small_config(dir);
   cfg.train.max_steps = 4;
+  cfg.run.version = 0;
   paratrain::testing::run_ranks(1, [&](paratrain::comm::ProcessGroup& g) { Trainer(cfg, g).fit(); });
   paratrain::testing::run_ranks(1, [&](paratrain::comm::ProcessGroup& g) {
     EXPECT_THROW(Trainer(cfg, g), paratrain::ConfigError);

@@ -139,8 +139,15 @@ int clean_interrupted_checkpoints(const std::filesystem::path& run_dir) {
 int prune_checkpoints(const std::filesystem::path& run_dir, int64_t keep) {
   if (keep <= 0) return 0;
   const auto all = list_checkpoints(run_dir);
+  // The best checkpoint (train.monitor: checkpoints/best links to it) is
+  // kept however old it is.
+  std::error_code ec;
+  const auto best = std::filesystem::read_symlink(run_dir / "checkpoints" / "best", ec).filename();
   int removed = 0;
-  for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) remove_entry(all[i].path, "old checkpoint", removed);
+  for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) {
+    if (!ec && all[i].path.filename() == best) continue;
+    remove_entry(all[i].path, "old checkpoint", removed);
+  }
   return removed;
 }
 

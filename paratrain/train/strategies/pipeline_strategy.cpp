@@ -74,6 +74,7 @@ class PipelineStrategy final : public Strategy {
         pp_(ctx.mesh.group(Axis::kPp)),
         dp_(ctx.mesh.group(Axis::kDp)),
         timeout_(ctx.timeout),
+        run_dir_(ctx.run_dir),
         kind_(pipeline::parse_schedule(config_.pipeline.schedule)) {
     for (Axis axis : {Axis::kTp, Axis::kCp}) {
       if (mesh_.size(axis) != 1) {
@@ -165,10 +166,9 @@ class PipelineStrategy final : public Strategy {
     options.timeout = timeout_;
     executor_ = std::make_unique<pipeline::Executor>(pp_, std::move(local), options);
     if (config_.pipeline.trace_steps > 0) {
-      const auto run_dir = std::filesystem::path(config_.run.output_dir) / config_.run.name;
       const int rank = mesh_.world().rank();
       pipeline::TimelineOptions options;
-      options.path = pipeline::timeline_path(run_dir, rank);
+      options.path = pipeline::timeline_path(run_dir_, rank);
       options.max_steps = config_.pipeline.trace_steps;
       options.stage = pp_.rank();
       options.dp = dp_.rank();
@@ -420,6 +420,7 @@ class PipelineStrategy final : public Strategy {
   comm::ProcessGroup& pp_;
   comm::ProcessGroup& dp_;
   std::chrono::milliseconds timeout_;
+  std::filesystem::path run_dir_;  // the run's version folder: traces go to <run_dir>/trace/
   pipeline::ScheduleKind kind_;
   pipeline::ScheduleOptions shape_;
   std::vector<int> bounds_;
