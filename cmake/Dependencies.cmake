@@ -10,14 +10,17 @@ find_package(CLI11 REQUIRED)
 find_package(tomlplusplus REQUIRED)
 find_package(nlohmann_json REQUIRED)
 
-# Debian's LibTorch 1.13 is built with c10d and Gloo but its CMake config does
-# not add the defines that switch those headers on; CUDA wheels do.
-if(NOT TORCH_CXX_FLAGS MATCHES "USE_C10D_GLOO")
-  set_property(TARGET torch APPEND PROPERTY INTERFACE_COMPILE_DEFINITIONS USE_DISTRIBUTED USE_C10D_GLOO)
-endif()
-# Debian's gloo headers live under /usr/include/gloo; wheels bundle no gloo
-# headers, so a CUDA build needs libgloo-dev too.
-find_path(GLOO_INCLUDE_DIR gloo/config.h)
-if(GLOO_INCLUDE_DIR)
-  set_property(TARGET torch APPEND PROPERTY INTERFACE_INCLUDE_DIRECTORIES ${GLOO_INCLUDE_DIR})
+include(${CMAKE_CURRENT_LIST_DIR}/TorchFixups.cmake)  # c10d/Gloo defines, gloo headers
+
+# Under add_subdirectory the parent's targets link ours, and Torch's imported
+# targets name each other in generator expressions that are evaluated there:
+# make every imported target of this directory visible to the whole build.
+if(NOT PROJECT_IS_TOP_LEVEL)
+  get_directory_property(_paratrain_imported IMPORTED_TARGETS)
+  foreach(t IN LISTS _paratrain_imported)
+    get_target_property(_paratrain_global ${t} IMPORTED_GLOBAL)
+    if(NOT _paratrain_global)
+      set_target_properties(${t} PROPERTIES IMPORTED_GLOBAL TRUE)
+    endif()
+  endforeach()
 endif()

@@ -1,4 +1,4 @@
-// `paratrain` CLI entry: dispatches to sub-commands (launch, train, checkpoint, plan, trace, plot, generate).
+// `paratrain` CLI entry: dispatches to sub-commands (launch, train, checkpoint, plan, trace, plot, generate, config).
 // The only place that turns an exception into an exit code.
 #include <cstdio>
 #include <exception>
@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
       paratrain::cli::add_plot_command(app),
       paratrain::cli::add_generate_command(app),
       paratrain::cli::add_runs_command(app),
+      paratrain::cli::add_config_command(app),
   };
   try {
     app.parse(argc, argv);

@@ -14,6 +14,7 @@
 #include "paratrain/optim/lamb.h"
 #include "paratrain/optim/lars.h"
 #include "paratrain/data/text.h"
+#include "paratrain/train/registry.h"
 
 namespace paratrain::train {
 
@@ -102,6 +103,7 @@ optim::LrSchedule make_lr_schedule(const TrainConfig& config, const BatchSizes& 
 
 Datasets load_datasets(const TrainConfig& config) {
   const auto& d = config.data;
+  if (const auto* factory = find_dataset(d.dataset)) return (*factory)(config);
   if (d.dataset == "fashion_mnist") {
     return {data::load_fashion_mnist(d.dir, data::Split::kTrain), data::load_fashion_mnist(d.dir, data::Split::kTest)};
   }

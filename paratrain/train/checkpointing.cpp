@@ -10,6 +10,7 @@
 #include "paratrain/optim/grad_scaler.h"
 #include "paratrain/train/checkpoint/checkpoint_files.h"
 #include "paratrain/train/checkpoint/sharded.h"
+#include "paratrain/train/registry.h"
 
 namespace paratrain::train {
 namespace {
@@ -49,6 +50,9 @@ std::vector<std::pair<std::string, std::string>> preprocessing_metadata(const Tr
             {"data.normalize", fmt::format("(x / 255 - {}) / {}", data::kFashionMnistMean, data::kFashionMnistStd)},
             {"data.mean", fmt::format("{}", data::kFashionMnistMean)},
             {"data.std", fmt::format("{}", data::kFashionMnistStd)}};
+  }
+  if (find_dataset(config.data.dataset)) {
+    return {{"data.normalize", fmt::format("as the program's registered dataset \"{}\" gives it", config.data.dataset)}};
   }
   return {{"data.input_shape", fmt::format("[{}, {}, {}]", config.data.synthetic_channels,
                                            config.data.synthetic_image_size, config.data.synthetic_image_size)},

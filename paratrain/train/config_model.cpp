@@ -8,6 +8,7 @@
 #include "paratrain/models/gpt.h"
 #include "paratrain/models/mlp.h"
 #include "paratrain/train/config.h"
+#include "paratrain/train/registry.h"
 
 namespace paratrain::train {
 
@@ -23,6 +24,11 @@ std::vector<int64_t> model_input_shape(const TrainConfig& config) {
 
 std::shared_ptr<models::Model> make_model(const TrainConfig& config) {
   validate_config(config);
+  if (const auto* factory = find_model(config.model.kind)) {
+    auto model = (*factory)(config);
+    if (!model) throw ConfigError(fmt::format("the model factory registered as \"{}\" returned no model", config.model.kind));
+    return model;
+  }
   if (config.model.kind == "gpt") {
     return models::make_gpt({.vocab = 256,  // byte tokens (data/text.h)
                              .seq_len = config.model.seq_len,

@@ -13,6 +13,7 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/optim/grad_scaler.h"
+#include "paratrain/train/registry.h"
 
 namespace paratrain::train::detail {
 namespace {
@@ -128,6 +129,11 @@ Check<std::string> one_of(std::vector<std::string> allowed) {
     if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return "";
     return fmt::format("allowed values are \"{}\"", fmt::join(allowed, "\", \""));
   };
+}
+// Like one_of, but the list is read when the value is checked: model.kind and
+// data.dataset also accept names the program registered (registry.h).
+Check<std::string> one_of_now(std::vector<std::string> (*allowed)()) {
+  return [allowed](const std::string& v) { return one_of(allowed())(v); };
 }
 Check<std::string> non_empty() {
   return [](const std::string& v) { return v.empty() ? "must not be empty" : ""; };
@@ -266,7 +272,7 @@ const std::vector<FieldSpec>& schema() {
       field("run.seed", &TC::run, &RunConfig::seed, "seeds model init and data shuffling", at_least<int64_t>(0)),
       field("run.log_every", &TC::run, &RunConfig::log_every, "steps between log lines (0 = per epoch only)", in_range<int64_t>(0, kMaxCount)),
 
-      field("model.kind", &TC::model, &ModelConfig::kind, "\"mlp\", \"cnn\" or \"gpt\" (gpt needs data.dataset = \"text\")", one_of({"mlp", "cnn", "gpt"})),
+      field("model.kind", &TC::model, &ModelConfig::kind, "\"mlp\", \"cnn\" or \"gpt\" (gpt needs data.dataset = \"text\"), or a name the program registered (register_model)", one_of_now(&model_kinds)),
       field("model.hidden", &TC::model, &ModelConfig::hidden, "MLP hidden layer widths", widths(0)),
       field("model.channels", &TC::model, &ModelConfig::channels, "CNN channels per conv block", widths(1)),
       field("model.cnn_hidden", &TC::model, &ModelConfig::cnn_hidden, "CNN fully connected width", in_range<int64_t>(1, kMaxWidth)),
@@ -301,7 +307,7 @@ const std::vector<FieldSpec>& schema() {
       field("lr.step_epochs", &TC::lr, &LrConfig::step_epochs, "step decay: period in epochs instead (rounded to whole steps)", in_range_finite(0.0, static_cast<double>(kMaxCount))),
       field("lr.gamma", &TC::lr, &LrConfig::gamma, "step decay: factor per period, in (0, 1]", Check<double>([](const double& v) { return v > 0 && v <= 1 ? "" : "must be a number in (0, 1]"; })),
 
-      field("data.dataset", &TC::data, &DataConfig::dataset, "\"fashion_mnist\", \"synthetic\" or \"text\"", one_of({"fashion_mnist", "synthetic", "text"})),
+      field("data.dataset", &TC::data, &DataConfig::dataset, "\"fashion_mnist\", \"synthetic\" or \"text\", or a name the program registered (register_dataset)", one_of_now(&dataset_names)),
       field("data.dir", &TC::data, &DataConfig::dir, "folder of the *-ubyte.gz files"),
       field("data.path", &TC::data, &DataConfig::path, "text: a file or folder of text files (byte tokens, the last 5% for validation)"),
       field("data.batch_size", &TC::data, &DataConfig::batch_size, "examples per rank per micro-batch (global = batch_size * dp * train.accumulate)", in_range<int64_t>(1, kMaxCount)),
@@ -452,6 +458,11 @@ std::string cross_key_problem(const TrainConfig& c) {
     return fmt::format(
         "model.kind = \"cnn\" with {} conv blocks needs data.synthetic_image_size >= {} (got {})",
         c.model.channels.size(), int64_t{1} << c.model.channels.size(), c.data.synthetic_image_size);
+  if (c.parallel.pp > 1 && find_model(c.model.kind))
+    return fmt::format("model.kind = \"{}\" is a registered model, which cannot be cut into pipeline stages yet "
+                       "(parallel.pp = {}): stage boundary shapes come from the built-in datasets; set "
+                       "parallel.pp = 1 (DDP and zero.stage = 1, 2, 3 do apply)",
+                       c.model.kind, c.parallel.pp);
   if (auto problem = gpt_problem(c); !problem.empty()) return problem;
   if (auto problem = megatron_problem(c); !problem.empty()) return problem;
   if (c.train.patience > 0 && c.train.monitor.empty())

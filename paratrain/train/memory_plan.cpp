@@ -3,11 +3,17 @@
 #include "paratrain/train/memory_plan.h"
 
 #include <cmath>
+#include <mutex>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "paratrain/core/error.h"
+#include "paratrain/models/model.h"
+#include "paratrain/train/registry.h"
 
 namespace paratrain::train {
 namespace {
@@ -38,9 +44,30 @@ constexpr int64_t kFp32 = 4;
 constexpr int64_t kMixedParam = 2, kMixedGrad = 2, kMixedAdamState = 12;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
+// A registered model has no formula: build one and count. The default
+// generator's state is put back, so counting draws no random numbers that a
+// run on other ranks (or an uninterrupted run) would not draw.
+int64_t registered_parameter_count(const TrainConfig& c) {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  at::Tensor state;
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    state = generator.get_state();
+  }
+  auto model = make_model(c);
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  }
+  int64_t total = 0;
+  for (const auto& p : model->parameters()) total = checked_add(total, p.numel());
+  return total;
+}
+
 }  // namespace
 
 int64_t parameter_count(const TrainConfig& c) {
+  if (find_model(c.model.kind)) return registered_parameter_count(c);
   const bool synthetic = c.data.dataset == "synthetic";
   const int64_t channels = synthetic ? c.data.synthetic_channels : 1;  // as make_model: Fashion-MNIST 1x28x28
   const int64_t side = synthetic ? c.data.synthetic_image_size : 28;

@@ -1,0 +1,69 @@
+// paratrain's public C++ API in one include: join the job
+// (init_from_env), wrap your own torch::nn::Module with DDP, ZeRO-1/2 or
+// FSDP (ZeRO-3), shard your data (DistributedSampler), scale the loss,
+// checkpoint in the sharded format, or hand model and data to the Trainer
+// (register_model / register_dataset). Link paratrain::paratrain.
+// The names below are the stable ones; anything reached only through the
+// headers they include (reducers, bucket plans, ...) may change.
+#pragma once
+
+#include "paratrain/api/checkpoint.h"
+#include "paratrain/api/world.h"
+#include "paratrain/comm/process_group.h"
+#include "paratrain/core/error.h"
+#include "paratrain/data/dataset.h"
+#include "paratrain/data/loader.h"
+#include "paratrain/data/sampler.h"
+#include "paratrain/data_parallel/ddp/ddp.h"
+#include "paratrain/data_parallel/fsdp/fsdp.h"
+#include "paratrain/data_parallel/sync_batchnorm/convert_sync_batchnorm.h"
+#include "paratrain/data_parallel/zero/zero.h"
+#include "paratrain/models/model.h"
+#include "paratrain/optim/grad_scaler.h"
+#include "paratrain/topology/device_mesh.h"
+#include "paratrain/train/config.h"
+#include "paratrain/train/registry.h"
+#include "paratrain/train/trainer.h"
+
+namespace paratrain {
+
+// The job: init_from_env(), World, InitOptions (api/world.h); the collectives.
+using comm::ProcessGroup;
+using comm::ReduceOp;
+// Device mesh: dp x tp x pp x cp groups of the world.
+using topology::DeviceMesh;
+using topology::ParallelDims;
+
+// Wrappers for a user module (each header shows its training loop).
+using ddp::DdpOptions;
+using ddp::DistributedDataParallel;
+using fsdp::FsdpOptions;
+using fsdp::FullyShardedDataParallel;
+using zero::ZeroDataParallel;
+using zero::ZeroOptions;
+
+// Data: in-memory datasets, the strided per-rank sampler, a batch loader.
+using data::Batch;
+using data::DistributedSampler;
+using data::Loader;
+using data::LoaderOptions;
+using data::SamplerOptions;
+using data::TensorDataset;
+
+// Mixed precision: dynamic loss scaling agreed across ranks.
+using optim::GradScaler;
+using optim::GradScalerOptions;
+
+// The Trainer, its TOML config, and names for user models and datasets.
+using models::Model;
+using train::DatasetBuilder;
+using train::Datasets;
+using train::load_config;
+using train::ModelBuilder;
+using train::register_dataset;
+using train::register_model;
+using train::TrainConfig;
+using train::Trainer;
+using train::TrainResult;
+
+}  // namespace paratrain
