@@ -11,7 +11,9 @@
 #   SERVERS="1 2" WORKERS=2 EPOCHS=3 bench/run_param_server.sh
 #
 # Environment: BUILD_DIR (build), PYTHON (/usr/bin/python3), SERVERS ("1"),
-# WORKERS (3), EPOCHS (1), SLOW_MS (20), MODES ("sync async ssp"), OUT_DIR.
+# WORKERS (3), EPOCHS (1), SLOW_MS (20), MODES ("sync async ssp"), LR (0.02:
+# the config's 0.05 with momentum 0.9 diverges under async, where every push
+# is a step), OUT_DIR.
 # Servers and workers share this machine's cores: a server competes with
 # the workers for CPU, which a real deployment would not.
 set -euo pipefail
@@ -24,6 +26,7 @@ servers_list=${SERVERS:-1}
 workers=${WORKERS:-3}
 epochs=${EPOCHS:-1}
 slow_ms=${SLOW_MS:-20}
+lr=${LR:-0.02}
 modes=${MODES:-sync async ssp}
 out_dir=${OUT_DIR:-$(mktemp -d -t paratrain-ps-bench.XXXXXX)}
 exe=$build/paratrain
@@ -43,7 +46,7 @@ run_one() {
   start=$(date +%s.%N)
   if ! "$exe" launch --nproc-per-node "$nproc" -- "$exe" train -c "$root/configs/fashion_mnist_mlp.toml" \
       --set run.output_dir="$out_dir" --set run.name="$name" --set train.epochs="$epochs" \
-      --set data.global_batch_size=$((64 * workers)) "${sets[@]}" >"$out_dir/$name.log" 2>&1; then
+      --set data.global_batch_size=$((64 * workers)) --set optimizer.lr="$lr" "${sets[@]}" >"$out_dir/$name.log" 2>&1; then
     echo "{\"run\": \"$name\", \"error\": \"launch failed, see $out_dir/$name.log\"}" >>"$runs"
     return
   fi
