@@ -49,6 +49,19 @@ TEST_P(PsSyncOracle, OneAndTwoServersTimesTwoAndThreeWorkersEqualOneProcess) {
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, PsSyncOracle, ::testing::Values("sgd", "adam"));
 
+// The project's layer-wise optimizers step server pieces too: LAMB's
+// per-tensor norms are completed across the two servers holding pieces.
+TEST(PsSyncOracle, LambWithTwoServersEqualsOneProcess) {
+  auto dir = paratrain::testing::temp_dir("ps_lamb");
+  auto single_cfg = small_config(dir + "/single", "lamb");
+  single_cfg.optimizer.lr = 0.01;
+  const Params single = train(single_cfg, 1);
+  auto cfg = single_cfg;
+  cfg.run.output_dir = dir + "/ps";
+  cfg.ps.servers = 2;
+  EXPECT_LT(relative_diff(train(cfg, 4), single), kTolerance);
+}
+
 TEST(PsSspOracle, StalenessZeroEqualsOneProcess) {
   auto dir = paratrain::testing::temp_dir("ps_ssp0");
   const Params single = train(small_config(dir + "/single", "adam"), 1);
