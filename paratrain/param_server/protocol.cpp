@@ -23,6 +23,16 @@ std::string_view to_string(Mode mode) {
   return "?";
 }
 
+void rethrow_naming(const std::string& what, const std::string& hint) {
+  try {
+    throw;
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(fmt::format("{}: {}; {}", what, e.what(), hint));
+  } catch (const CommError& e) {
+    throw CommError(fmt::format("{}: {}; {}", what, e.what(), hint));
+  }
+}
+
 Roles Roles::for_world(int world_size, int servers) {
   if (servers < 1 || servers >= world_size) {
     throw ConfigError(fmt::format("ps.servers = {} with {} ranks: the servers are the last ps.servers ranks and at "

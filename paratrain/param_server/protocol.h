@@ -35,6 +35,12 @@ inline constexpr int kPushTag = 0x50530001;     // worker -> server: [clock, ver
 inline constexpr int kReplyTag = 0x50530002;    // server -> worker: [version, staleness] + parameters
 inline constexpr int kRefreshTag = 0x50530003;  // server -> every rank: parameters only
 
+// Rethrows the CommError / TimeoutError in flight (call it inside a catch)
+// as the same type, prefixed with `what` (the role and rank of both ends)
+// and followed by `hint` (what the peer's failure probably means), so a dead
+// server or worker reads as what it is rather than as a Gloo error.
+[[noreturn]] void rethrow_naming(const std::string& what, const std::string& hint);
+
 // Float slots before the payload. Counts travel as float32: exact up to
 // 2^24 steps, far more than any run here takes.
 inline constexpr int64_t kHeader = 2;

@@ -29,17 +29,7 @@ struct Server::Inbox {
 
 namespace {
 
-// Rethrows the CommError / TimeoutError in flight with the server and the
-// worker named, so a worker that died shows up as what it is.
-[[noreturn]] void rethrow_naming(const std::string& what) {
-  try {
-    throw;
-  } catch (const TimeoutError& e) {
-    throw TimeoutError(fmt::format("{}: {}; is that worker process still alive? Check its log", what, e.what()));
-  } catch (const CommError& e) {
-    throw CommError(fmt::format("{}: {}; the worker probably died: check its log", what, e.what()));
-  }
-}
+constexpr const char* kWorkerHint = "the worker process probably died or stalled: check its log";
 
 }  // namespace
 
@@ -117,7 +107,7 @@ void Server::serve_sync(torch::optim::Optimizer& optimizer) {
       works[w]->wait(options_.timeout);
     } catch (const CommError&) {
       rethrow_naming(fmt::format("parameter server {} (rank {}): receiving the gradients of worker {} (rank {})",
-                                 index_, world_.rank(), w, w));
+                                 index_, world_.rank(), w, w), kWorkerHint);
     }
     ++clocks_[w];
     auto grad = messages[w].slice(0, kHeader);
@@ -195,7 +185,7 @@ void Server::serve_unordered(torch::optim::Optimizer& optimizer) {
           std::rethrow_exception(inbox->error);
         } catch (const CommError&) {
           rethrow_naming(fmt::format("parameter server {} (rank {}): receiving a push of worker {} (rank {})",
-                                     index_, world_.rank(), w, w));
+                                     index_, world_.rank(), w, w), kWorkerHint);
         }
       }
       handle_push(w, inbox->buffer, optimizer);
@@ -273,7 +263,7 @@ void Server::drain_replies() {
       s.work->wait(options_.timeout);
     } catch (const CommError&) {
       rethrow_naming(fmt::format("parameter server {} (rank {}): sending parameters to worker {} (rank {})", index_,
-                                 world_.rank(), s.worker, s.worker));
+                                 world_.rank(), s.worker, s.worker), kWorkerHint);
     }
   }
   sends_.clear();

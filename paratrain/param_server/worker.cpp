@@ -11,19 +11,9 @@
 namespace paratrain::param_server {
 namespace {
 
-// Rethrows the CommError / TimeoutError in flight with the role and rank of
-// the peer named: a dead server must read as one, not as a Gloo error.
-[[noreturn]] void rethrow_naming(const std::string& what) {
-  try {
-    throw;
-  } catch (const TimeoutError& e) {
-    throw TimeoutError(fmt::format("{}: {}; is that server process still alive? Check its log", what, e.what()));
-  } catch (const CommError& e) {
-    throw CommError(fmt::format("{}: {}; the parameter server probably died: check its log, then restart the job "
-                                "(train.resume = auto continues from the last checkpoint)",
-                                what, e.what()));
-  }
-}
+constexpr const char* kServerHint =
+    "the parameter server probably died or stalled: check its log, then restart the job (train.resume = auto "
+    "continues from the last checkpoint)";
 
 std::vector<at::Tensor> grads_or_zeros(const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> out;
@@ -71,7 +61,7 @@ int64_t Worker::push_pull() {
       receives[s]->wait(timeout_);
     } catch (const CommError&) {
       rethrow_naming(fmt::format("worker {} (rank {}): push/pull of clock {} with parameter server {} (rank {})",
-                                 world_.rank(), world_.rank(), clock_, s, rank));
+                                 world_.rank(), world_.rank(), clock_, s, rank), kServerHint);
     }
     versions_[s] = static_cast<int64_t>(replies[s][0].item<float>());
     staleness = std::max(staleness, static_cast<int64_t>(replies[s][1].item<float>()));
@@ -103,7 +93,8 @@ void refresh_parameters(comm::ProcessGroup& world, Roles roles, const KeyRangePl
     try {
       world.recv(flat, rank, kRefreshTag)->wait(timeout);
     } catch (const CommError&) {
-      rethrow_naming(fmt::format("rank {}: pulling the parameters of parameter server {} (rank {})", me, s, rank));
+      rethrow_naming(fmt::format("rank {}: pulling the parameters of parameter server {} (rank {})", me, s, rank),
+                     kServerHint);
     }
     unpack_ranges(flat, params, ranges);
   }
