@@ -39,6 +39,9 @@ Command add_launch_command(CLI::App& app) {
                   "host of rank 0's store; default 127.0.0.1, required with --nnodes > 1");
   sub->add_option("--master-port,--master_port", o.master_port,
                   "port of rank 0's store; default: a free port (single node only)");
+  sub->add_option("--num-servers,--num_servers", o.num_servers,
+                  "parameter servers among the ranks (sets ps.servers for `paratrain train`; 0 = none)")
+      ->capture_default_str();
   sub->add_option("--kill-grace", flags->kill_grace_s,
                   "seconds stopped workers get between SIGTERM and SIGKILL")
       ->capture_default_str();

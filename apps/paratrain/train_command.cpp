@@ -38,7 +38,11 @@ Command add_train_command(CLI::App& app) {
     init_logging(world.rank, args->log_level, "--log-level");  // a bad level: ConfigError, exit 2
     // Read the config before meeting the other ranks: a typo fails every
     // rank at once instead of leaving peers waiting at the rendezvous.
-    auto config = train::load_config(args->config, args->overrides);
+    // `paratrain launch --num-servers N` passes ps.servers this way; an
+    // explicit --set ps.servers comes later and wins.
+    auto overrides = args->overrides;
+    if (auto servers = env::get("PARATRAIN_PS_SERVERS")) overrides.insert(overrides.begin(), "ps.servers=" + *servers);
+    auto config = train::load_config(args->config, overrides);
     // Ranks share the machine's cores; one compute thread each unless the
     // user (or the launcher) said otherwise. See design.md.
     if (!env::get("OMP_NUM_THREADS") && world.local_world_size > 1) at::set_num_threads(1);

@@ -92,6 +92,10 @@ void validate(const LaunchOptions& o) {
   if (static_cast<long long>(o.nproc_per_node) * o.nnodes > INT_MAX) {
     bad(fmt::format("--nproc-per-node {} * --nnodes {} ranks is too many", o.nproc_per_node, o.nnodes));
   }
+  if (o.num_servers < 0 || (o.num_servers > 0 && o.num_servers >= o.nproc_per_node * o.nnodes)) {
+    bad(fmt::format("--num-servers {} must be >= 0 and leave at least one of the {} ranks a worker", o.num_servers,
+                    o.nproc_per_node * o.nnodes));
+  }
   check_process_limits(o);
   if (o.master_port < 0 || o.master_port > 65535) {
     bad(fmt::format("--master-port {} must be in 1..65535 (leave it out on a single node to pick a free one)",

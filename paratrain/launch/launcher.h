@@ -49,6 +49,11 @@ struct LaunchOptions {
   // default). Embedders and tests redirect them; the launcher never closes them.
   int out_fd = 1;
   int err_fd = 2;
+  // > 0: every worker gets PARATRAIN_PS_SERVERS=<n>, which `paratrain train`
+  // reads as ps.servers (an explicit --set ps.servers wins): the last n
+  // ranks become parameter servers. The launcher itself treats all ranks
+  // alike.
+  int num_servers = 0;
 };
 
 // How one worker ended.

@@ -52,6 +52,7 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
       {"MASTER_ADDR", o.master_addr},
       {"MASTER_PORT", std::to_string(o.master_port)},
   };
+  if (o.num_servers > 0) vars.emplace_back("PARATRAIN_PS_SERVERS", std::to_string(o.num_servers));
   if (o.nproc_per_node > 1) {
     for (const char* key : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
       if (!base_has(base, key)) vars.emplace_back(key, "1");

@@ -15,7 +15,8 @@ namespace paratrain::launch {
 // NODE_RANK, MASTER_ADDR, MASTER_PORT; plus OMP_NUM_THREADS=1 and
 // OPENBLAS_NUM_THREADS=1 when nproc_per_node > 1 and the launcher's
 // environment does not set them (N ranks with a BLAS thread per core each
-// oversubscribe the machine; an explicit value wins, as with torchrun).
+// oversubscribe the machine; an explicit value wins, as with torchrun);
+// plus PARATRAIN_PS_SERVERS when num_servers > 0.
 // `options` must be resolved: master_addr non-empty and master_port > 0.
 // `base` is a NULL-terminated "KEY=VALUE" array (the launcher's environ);
 // entries for the variables above are replaced, the others kept in order.

@@ -269,6 +269,22 @@ struct LogConfig {
   bool operator==(const LogConfig&) const = default;
 };
 
+// Parameter servers (param_server/): the last `servers` ranks hold the
+// parameters and the optimizer state, the others are workers that push
+// gradients and pull parameters. See Note [Parameter-server modes] in
+// param_server/server.h.
+struct PsConfig {
+  int64_t servers = 0;         // 0 = off (the SPMD strategies); else 1 .. world - 1
+  std::string mode = "sync";   // "sync" | "async" | "ssp"
+  int64_t staleness = 2;       // ssp: clocks a worker may run ahead of the slowest
+  // Straggler knob for experiments: worker `slow_worker` (-1 = none) sleeps
+  // slow_ms before each of its forward passes.
+  int64_t slow_worker = -1;
+  double slow_ms = 0.0;
+
+  bool operator==(const PsConfig&) const = default;
+};
+
 struct TrainConfig {
   RunConfig run;
   ModelConfig model;
@@ -283,6 +299,9 @@ struct TrainConfig {
   PipelineConfig pipeline;
   PrecisionConfig precision;
   LogConfig log;
+};
+
+  PsConfig ps;
 
   bool operator==(const TrainConfig&) const = default;
 };

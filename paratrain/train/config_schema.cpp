@@ -373,6 +373,12 @@ const std::vector<FieldSpec>& schema() {
       field("precision.backoff_factor", &TC::precision, &PrecisionConfig::backoff_factor, "dynamic: scale x this on an inf/nan step", in_range_finite(1e-9, 1.0 - 1e-9, "in (0, 1)")),
       field("precision.growth_interval", &TC::precision, &PrecisionConfig::growth_interval, "dynamic: good steps in a row before growing", in_range<int64_t>(1, kMaxCount)),
       field("precision.comm_dtype", &TC::precision, &PrecisionConfig::comm_dtype, "DDP gradient all-reduce on the wire: \"fp32\", or \"bf16\" / \"fp16\" (half the bytes, summed in fp32)", one_of({"fp32", "bf16", "fp16"})),
+
+      field("ps.servers", &TC::ps, &PsConfig::servers, "parameter servers: the last N ranks (0 = off; the rest are workers)", in_range<int64_t>(0, kMaxRanks)),
+      field("ps.mode", &TC::ps, &PsConfig::mode, "\"sync\" (= one process on the global batch), \"async\" (each push applied as it arrives) or \"ssp\" (bounded staleness)", one_of({"sync", "async", "ssp"})),
+      field("ps.staleness", &TC::ps, &PsConfig::staleness, "ssp: clocks a worker may run ahead of the slowest (0 = sync)", in_range<int64_t>(0, kMaxCount)),
+      field("ps.slow_worker", &TC::ps, &PsConfig::slow_worker, "experiments: this worker sleeps ps.slow_ms before each forward (-1 = none)", in_range<int64_t>(-1, kMaxRanks)),
+      field("ps.slow_ms", &TC::ps, &PsConfig::slow_ms, "experiments: the slowed worker's delay per forward (ms)", in_range_finite(0.0, 3600e3)),
   };
   return fields;
 }
@@ -398,6 +404,41 @@ namespace {
 std::string layerwise_problem(const TrainConfig& c) {
   if (c.optimizer.kind == "lars" && c.optimizer.momentum >= 1)
     return fmt::format("optimizer.kind = \"lars\" needs optimizer.momentum < 1 (got {})", c.optimizer.momentum);
+  return "";
+}
+
+// Parameter servers replace the gradient exchange of the SPMD strategies:
+// the keys that configure another exchange must be at their defaults.
+std::string ps_problem(const TrainConfig& c) {
+  if (c.ps.servers == 0) {
+    if (c.ps.slow_worker >= 0 || c.ps.slow_ms > 0 || c.ps.mode != "sync")
+      return "ps.mode, ps.slow_worker and ps.slow_ms apply to parameter servers: set ps.servers >= 1 (or leave "
+             "them at their defaults)";
+    return "";
+  }
+  const auto& p = c.parallel;
+  if (c.zero.stage != 0 || p.tp != 1 || p.pp != 1 || p.cp != 1 || (p.dp != 0))
+    return fmt::format("ps.servers = {} replaces data parallelism, but zero.stage = {}, parallel.dp = {}, tp = {}, "
+                       "pp = {}, cp = {}: set zero.stage = 0, parallel.dp = 0 and tp = pp = cp = 1",
+                       c.ps.servers, c.zero.stage, p.dp, p.tp, p.pp, p.cp);
+  if (c.precision.compute != "fp32" || c.precision.loss_scale != "none" || c.precision.comm_dtype != "fp32")
+    return fmt::format("ps.servers = {}: parameter servers carry fp32 gradients without loss scaling; set "
+                       "precision.compute = \"fp32\", precision.loss_scale = \"none\", precision.comm_dtype = "
+                       "\"fp32\"",
+                       c.ps.servers);
+  if (c.optimizer.clip_grad_norm > 0)
+    return fmt::format("optimizer.clip_grad_norm = {} with ps.servers = {}: gradient clipping across server "
+                       "shards is not implemented; set optimizer.clip_grad_norm = 0",
+                       c.optimizer.clip_grad_norm, c.ps.servers);
+  if (c.model.batchnorm)
+    return fmt::format("model.batchnorm = true with ps.servers = {}: servers hold parameters only, not running "
+                       "statistics; set model.batchnorm = false",
+                       c.ps.servers);
+  if ((c.optimizer.kind == "lars" || c.optimizer.kind == "lamb") && c.ps.mode == "async" && c.ps.servers > 1)
+    return fmt::format("optimizer.kind = \"{}\" with ps.mode = \"async\" and ps.servers = {}: its per-tensor "
+                       "norms need the servers to step together; use ps.servers = 1, or ps.mode = \"sync\" or "
+                       "\"ssp\"",
+                       c.optimizer.kind, c.ps.servers);
   return "";
 }
 
@@ -493,6 +534,7 @@ std::string cross_key_problem(const TrainConfig& c) {
                        "ddp.mode = \"bucketed\", parallel.pp = tp = cp = 1); got zero.stage = {}, ddp.mode = \"{}\", "
                        "pp = {}, tp = {}, cp = {}: set precision.comm_dtype = \"fp32\" or change those keys",
                        c.precision.comm_dtype, c.zero.stage, c.ddp.mode, c.parallel.pp, c.parallel.tp, c.parallel.cp);
+  if (auto problem = ps_problem(c); !problem.empty()) return problem;
   if (c.data.dataset == "fashion_mnist" && c.data.dir.empty())
     return "data.dir must name the folder with Fashion-MNIST's *-ubyte.gz files";
   return "";

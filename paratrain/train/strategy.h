@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "paratrain/core/model_state.h"
 #include "paratrain/core/tensor_slot.h"
 #include "paratrain/data/dataset.h"
@@ -47,6 +49,10 @@ struct SyncStats {
 struct DataShard {
   int rank = 0;
   int size = 1;
+  // False on a rank that trains no data of its own (a parameter server): it
+  // steps the loop beside the others, but its loss and evaluation share are
+  // empty and not counted.
+  bool computes = true;
 };
 
 // Builds a fresh model; the Trainer seeds torch first, so every call on every
@@ -87,6 +93,10 @@ class Strategy {
   // shard pieces (ZeRO, FSDP). Called once, after build_model.
   virtual std::vector<at::Tensor> optimizer_params() = 0;
   virtual DataShard data_shard() const = 0;
+  // Called by Trainer::fit before its loop: this process will take `steps`
+  // optimizer steps (fewer after a resume). Parameter servers size their
+  // receives by it.
+  virtual void begin_run(int64_t steps) { (void)steps; }
   // Called once, after optimizer_params(). The default: whole tensors.
   virtual LayerwiseParams layerwise_params() {
     LayerwiseParams out;
@@ -129,6 +139,10 @@ class Strategy {
   virtual std::vector<std::pair<std::string, at::Tensor>> full_parameters() = 0;
 
   virtual SyncStats last_stats() const { return {}; }
+  // Records for metrics.jsonl, written at the end of Trainer::fit (objects
+  // with a "kind"; only rank 0's reach the file). Collective: every rank
+  // calls it. Parameter servers: each worker's staleness histogram.
+  virtual std::vector<nlohmann::json> final_metrics() { return {}; }
   virtual ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const = 0;
 };
 

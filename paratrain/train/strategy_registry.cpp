@@ -29,6 +29,7 @@ Registry& registry() {
     reg->factories["fsdp"] = strategies::make_fsdp_strategy;
     reg->factories["pipeline"] = strategies::make_pipeline_strategy;
     reg->factories["megatron"] = strategies::make_megatron_strategy;
+    reg->factories["ps"] = strategies::make_ps_strategy;
     return reg;
   }();
   return *r;
@@ -66,6 +67,7 @@ std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyC
 }
 
 std::string strategy_name(const TrainConfig& config) {
+  if (config.ps.servers > 0) return "ps";
   if (config.model.kind == "gpt" && (config.parallel.tp > 1 || config.parallel.cp > 1)) return "megatron";
   if (config.parallel.pp > 1) return "pipeline";
   if (config.zero.stage == 0) return "ddp";

@@ -32,7 +32,7 @@ void register_strategy(const std::string& name, StrategyFactory factory);
 std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyContext& context);
 std::vector<std::string> registered_strategies();
 
-// The strategy a config asks for: a GPT with parallel.tp > 1 or parallel.cp >
+// The strategy a config asks for: ps.servers > 0 -> "ps"; a GPT with parallel.tp > 1 or parallel.cp >
 // 1 -> "megatron"; parallel.pp > 1 -> "pipeline"; else
 // zero.stage 0 -> "ddp", 1-2 -> "zero", 3 -> "fsdp".
 std::string strategy_name(const TrainConfig& config);

@@ -362,7 +362,9 @@ EvalResult Trainer::evaluate() {
   const auto& test = s.datasets.test;
   const DataShard shard = s.strategy->data_shard();
   // Strided share without padding, so every test item counts exactly once.
-  auto rows = torch::arange(shard.rank, test.size(), shard.size, torch::kLong);
+  // A rank that trains no data (a parameter server) evaluates none either.
+  auto rows = shard.computes ? torch::arange(shard.rank, test.size(), shard.size, torch::kLong)
+                             : torch::empty({0}, torch::kLong);
   const Objective objective = Objective::for_config(s.config);
   EvalSums sums;
   const int64_t chunk = objective.eval_rows_per_chunk();
@@ -439,6 +441,7 @@ TrainResult Trainer::fit_loop() {
   bool stop = s.step >= total_steps;
   double applied_lr = s.lr_schedule->lr(s.step);
   s.strategy->module()->train();
+  s.strategy->begin_run(std::max<int64_t>(total_steps - s.step, 0));
   const FitInfo fit_info{.run_dir = s.run_dir, .start_step = s.start_step, .total_steps = total_steps,
                          .steps_per_epoch = steps_per_epoch, .epochs = c.train.epochs,
                          .global_batch = global_batch, .is_main = s.is_main()};
@@ -480,9 +483,12 @@ TrainResult Trainer::fit_loop() {
       if ((c.run.log_every > 0 && s.step % c.run.log_every == 0) || last || checkpoint_now) {
         // A collective on every dp rank: all ranks log at the same steps and
         // agree on whether the loss went non-finite.
-        auto mean = torch::tensor({window_loss / window_steps}, torch::kDouble);
-        s.dp().all_reduce(mean, comm::ReduceOp::kAvg)->wait(s.timeout());
-        result.last_train_loss = mean[0].item<double>();
+        // Averaged over the ranks that train (not parameter servers).
+        const bool computes = s.strategy->data_shard().computes;
+        auto mean = torch::tensor({computes ? window_loss / window_steps : 0.0, computes ? 1.0 : 0.0},
+                                  torch::kDouble);
+        s.dp().all_reduce(mean, comm::ReduceOp::kSum)->wait(s.timeout());
+        result.last_train_loss = mean[0].item<double>() / mean[1].item<double>();
         if (!std::isfinite(result.last_train_loss)) {
           throw Error(fmt::format(
               "rank {}: the training loss became {} by step {} (mean over steps {}..{}): training diverged. Lower "
@@ -563,6 +569,7 @@ TrainResult Trainer::fit_loop() {
     if (epoch_done && epoch + 1 < c.train.epochs && !stop) s.loader->set_epoch(epoch + 1);
     save(epoch_done ? fmt::format("end of epoch {}", epoch + 1) : "stop");
   }
+  for (auto& record : s.strategy->final_metrics()) s.log_record(std::move(record));
   s.each_callback([&](Callback& cb) { cb.on_fit_end(s.step); });
   const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
   result.steps = s.step;

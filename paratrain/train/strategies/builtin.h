@@ -19,5 +19,7 @@ std::unique_ptr<Strategy> make_pipeline_strategy(const StrategyContext& context)
 // model.kind = "gpt" with parallel.tp > 1 or parallel.cp > 1: tensor, context
 // and Megatron sequence parallelism, DDP over the replicas.
 std::unique_ptr<Strategy> make_megatron_strategy(const StrategyContext& context);
+// ps.servers > 0: parameter servers and workers (param_server/).
+std::unique_ptr<Strategy> make_ps_strategy(const StrategyContext& context);
 
 }  // namespace paratrain::train::strategies

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# The parameter-server benchmark: Fashion-MNIST MLP through `paratrain launch
+# ... paratrain train` in ps.mode sync / async / ssp (staleness 2), with and
+# without one slowed worker (ps.slow_worker = 1, ps.slow_ms), next to DDP
+# on the workers' ranks (same global batch). Prints one JSON line per run
+# (samples/s, test accuracy per epoch with the seconds it was reached, the
+# workers' staleness histograms), then a one-line summary. Builds nothing:
+# build `paratrain` first.
+#
+#   bench/run_param_server.sh                 # 1 server, 3 workers, 1 epoch
+#   SERVERS="1 2" WORKERS=2 EPOCHS=3 bench/run_param_server.sh
+#
+# Environment: BUILD_DIR (build), PYTHON (/usr/bin/python3), SERVERS ("1"),
+# WORKERS (3), EPOCHS (1), SLOW_MS (20), MODES ("sync async ssp"), LR (0.02:
+# the config's 0.05 with momentum 0.9 diverges under async, where every push
+# is a step), OUT_DIR.
+# Servers and workers share this machine's cores: a server competes with
+# the workers for CPU, which a real deployment would not.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${BUILD_DIR:-build}
+[[ $build = /* ]] || build=$root/$build
+python=${PYTHON:-/usr/bin/python3}
+servers_list=${SERVERS:-1}
+workers=${WORKERS:-3}
+epochs=${EPOCHS:-1}
+slow_ms=${SLOW_MS:-20}
+lr=${LR:-0.02}
+modes=${MODES:-sync async ssp}
+out_dir=${OUT_DIR:-$(mktemp -d -t paratrain-ps-bench.XXXXXX)}
+exe=$build/paratrain
+[[ -x $exe ]] || { echo "run_param_server.sh: $exe is missing; build it first" >&2; exit 2; }
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+mkdir -p "$out_dir"
+runs=$out_dir/runs.jsonl
+: >"$runs"
+
+# run_one NAME NPROC KEY=VALUE...: one launch; its summary line goes to runs.jsonl.
+run_one() {
+  local name=$1 nproc=$2
+  shift 2
+  local sets=()
+  for kv in "$@"; do sets+=(--set "$kv"); done
+  local start end
+  start=$(date +%s.%N)
+  if ! "$exe" launch --nproc-per-node "$nproc" -- "$exe" train -c "$root/configs/fashion_mnist_mlp.toml" \
+      --set run.output_dir="$out_dir" --set run.name="$name" --set train.epochs="$epochs" \
+      --set data.global_batch_size=$((64 * workers)) --set optimizer.lr="$lr" "${sets[@]}" >"$out_dir/$name.log" 2>&1; then
+    echo "{\"run\": \"$name\", \"error\": \"launch failed, see $out_dir/$name.log\"}" >>"$runs"
+    return
+  fi
+  end=$(date +%s.%N)
+  "$python" - "$out_dir/$name/metrics.jsonl" "$name" "$start" "$end" >>"$runs" <<'PY'
+import json, sys
+path, name, start, end = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+recs = [json.loads(l) for l in open(path)]
+train = [r for r in recs if r.get("kind") == "train"]
+evals = [r for r in recs if r.get("kind") == "eval"]
+t0 = start
+out = {"run": name, "wall_s": round(end - start, 1),
+       "samples_per_s": round(train[-1]["samples_per_s"], 1) if train else None,
+       "accuracy": [round(e["test_accuracy"], 4) for e in evals],
+       "accuracy_at_s": [round(e["time"] - t0, 1) for e in evals],
+       "staleness": {str(r["worker"]): {"mean": round(r["mean"], 2), "max": r["max"], "histogram": r["histogram"]}
+                     for r in recs if r.get("kind") == "ps_staleness"}}
+print(json.dumps(out))
+PY
+  tail -1 "$runs"
+}
+
+run_one ddp "$workers"
+for servers in $servers_list; do
+  nproc=$((workers + servers))
+  for mode in $modes; do
+    for slow in 0 "$slow_ms"; do
+      extra=(ps.servers="$servers" ps.mode="$mode" ps.staleness=2)
+      [[ $slow != 0 ]] && extra+=(ps.slow_worker=1 ps.slow_ms="$slow")
+      run_one "ps_${mode}_s${servers}_slow${slow}" "$nproc" "${extra[@]}"
+    done
+  done
+done
+"$python" - "$runs" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+parts = [f'{r["run"]}: {r.get("samples_per_s")} samples/s, acc {r.get("accuracy", ["-"])[-1] if r.get("accuracy") else "-"}'
+         for r in rows]
+print("summary: " + "; ".join(parts))
+PY

@@ -1,0 +1,272 @@
+// A parameter server's rounds: see server.h and Note [Parameter-server modes].
+#include "paratrain/param_server/server.h"
+
+#include <torch/optim/optimizer.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <thread>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "paratrain/core/error.h"
+
+namespace paratrain::param_server {
+
+using Clock = std::chrono::steady_clock;
+
+// The comm layer has no receive from any source, and a posted receive only
+// completes inside wait() (c10d's point-to-point work has no future to poll),
+// so each posted push gets a thread that waits on it and signals arrived_.
+struct Server::Inbox {
+  at::Tensor buffer;
+  comm::WorkHandle work;
+  std::thread waiter;
+  bool done = false;  // under Server::mu_
+  std::exception_ptr error;
+};
+
+namespace {
+
+constexpr const char* kWorkerHint = "the worker process probably died or stalled: check its log";
+
+}  // namespace
+
+at::Tensor pack_ranges(const std::vector<at::Tensor>& tensors, const std::vector<KeyRange>& ranges) {
+  std::vector<at::Tensor> parts;
+  parts.reserve(ranges.size());
+  for (const auto& r : ranges) parts.push_back(tensors.at(r.tensor).detach().reshape(-1).slice(0, r.begin, r.end));
+  if (parts.empty()) return torch::empty({0}, torch::kFloat);
+  return torch::cat(parts);
+}
+
+void unpack_ranges(const at::Tensor& flat, const std::vector<at::Tensor>& tensors,
+                   const std::vector<KeyRange>& ranges) {
+  torch::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (const auto& r : ranges) {
+    auto target = tensors.at(r.tensor);
+    TORCH_CHECK(target.is_contiguous(), "unpack_ranges: tensor ", r.tensor, " is not contiguous");
+    target.view(-1).slice(0, r.begin, r.end).copy_(flat.slice(0, offset, offset + r.numel()));
+    offset += r.numel();
+  }
+  TORCH_CHECK(offset == flat.numel(), "unpack_ranges: ", flat.numel(), " elements for ranges of ", offset);
+}
+
+Server::Server(comm::ProcessGroup& world, Roles roles, const KeyRangePlan& plan,
+               const std::vector<at::Tensor>& params, ServerOptions options)
+    : world_(world), roles_(roles), index_(roles.server_index(world.rank())), options_(options),
+      ranges_(plan.ranges_of(roles.server_index(world.rank()))), clocks_(roles.workers, 0),
+      remaining_(roles.workers, 0), inbox_(roles.workers) {
+  TORCH_CHECK(roles.is_server(world.rank()), "Server built on rank ", world.rank(), ", a worker");
+  torch::NoGradGuard no_grad;
+  for (const auto& r : ranges_) {
+    const auto& p = params.at(r.tensor);
+    TORCH_CHECK(p.scalar_type() == at::kFloat, "parameter servers carry float32 parameters; tensor ", r.tensor,
+                " is ", p.scalar_type());
+    pieces_.push_back(p.detach().reshape(-1).slice(0, r.begin, r.end).clone());
+    numel_ += r.numel();
+  }
+}
+
+Server::~Server() {
+  bool pending = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& inbox : inbox_) pending = pending || (inbox && !inbox->done);
+  }
+  if (pending) world_.abort();
+  for (auto& inbox : inbox_) {
+    if (inbox && inbox->waiter.joinable()) inbox->waiter.join();
+  }
+}
+
+void Server::expect_pushes(int64_t pushes) { std::fill(remaining_.begin(), remaining_.end(), pushes); }
+
+void Server::serve_round(torch::optim::Optimizer& optimizer) {
+  if (options_.mode == Mode::kSync) {
+    serve_sync(optimizer);
+  } else {
+    serve_unordered(optimizer);
+  }
+  drain_replies();
+}
+
+void Server::serve_sync(torch::optim::Optimizer& optimizer) {
+  std::vector<at::Tensor> messages(roles_.workers);
+  std::vector<comm::WorkHandle> works(roles_.workers);
+  for (int w = 0; w < roles_.workers; ++w) {
+    messages[w] = torch::empty({kHeader + numel_}, torch::kFloat);
+    works[w] = world_.recv(messages[w], w, kPushTag);
+  }
+  // Summed in worker order: every run adds the same floats the same way.
+  at::Tensor sum;
+  for (int w = 0; w < roles_.workers; ++w) {
+    try {
+      works[w]->wait(options_.timeout);
+    } catch (const CommError&) {
+      rethrow_naming(fmt::format("parameter server {} (rank {}): receiving the gradients of worker {} (rank {})",
+                                 index_, world_.rank(), w, w), kWorkerHint);
+    }
+    ++clocks_[w];
+    auto grad = messages[w].slice(0, kHeader);
+    sum = w == 0 ? grad.clone() : sum.add_(grad);
+  }
+  apply(sum.div_(roles_.workers), optimizer);
+  ++version_;
+  for (int w = 0; w < roles_.workers; ++w) reply(w, 0);
+}
+
+void Server::post(int worker) {
+  auto inbox = std::make_unique<Inbox>();
+  inbox->buffer = torch::empty({kHeader + numel_}, torch::kFloat);
+  inbox->work = world_.recv(inbox->buffer, worker, kPushTag);
+  Inbox* raw = inbox.get();
+  // Fails by itself at the timeout: a waiter never outlives it for long.
+  inbox->waiter = std::thread([this, raw] {
+    std::exception_ptr error;
+    try {
+      raw->work->wait(options_.timeout);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      raw->done = true;
+      raw->error = error;
+    }
+    arrived_.notify_all();
+  });
+  inbox_[worker] = std::move(inbox);
+  --remaining_[worker];
+}
+
+// One posted receive per worker at a time, never beyond its last push (a
+// receive left posted would outlive the run); pushes are handled in the
+// order they are found complete, lowest worker first among those.
+void Server::serve_unordered(torch::optim::Optimizer& optimizer) {
+  int handled = 0;
+  while (handled < roles_.workers) {
+    bool any_posted = false;
+    for (int w = 0; w < roles_.workers; ++w) {
+      if (!inbox_[w] && remaining_[w] > 0) post(w);
+      any_posted = any_posted || inbox_[w] != nullptr;
+    }
+    if (!any_posted) {
+      throw Error(fmt::format("parameter server {} (rank {}): a round needs {} more pushes but every worker has "
+                              "sent all it announced (expect_pushes); the strategy and the servers disagree on "
+                              "the number of steps",
+                              index_, world_.rank(), roles_.workers - handled));
+    }
+    std::vector<int> ready;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      auto collect = [&] {
+        ready.clear();
+        for (int w = 0; w < roles_.workers; ++w)
+          if (inbox_[w] && inbox_[w]->done) ready.push_back(w);
+        return !ready.empty();
+      };
+      // Each waiter gives up at the timeout itself; the margin only covers
+      // its wake-up.
+      if (!arrived_.wait_for(lock, options_.timeout + std::chrono::seconds(5), collect)) {
+        throw TimeoutError(fmt::format("parameter server {} (rank {}): no worker pushed for {} ms (clocks {}); a "
+                                       "worker process may have died: check the workers' logs",
+                                       index_, world_.rank(), options_.timeout.count(), fmt::join(clocks_, ", ")));
+      }
+    }
+    for (int w : ready) {
+      if (handled == roles_.workers) break;  // the rest waits for the next round
+      auto inbox = std::move(inbox_[w]);
+      inbox->waiter.join();
+      if (inbox->error) {
+        try {
+          std::rethrow_exception(inbox->error);
+        } catch (const CommError&) {
+          rethrow_naming(fmt::format("parameter server {} (rank {}): receiving a push of worker {} (rank {})",
+                                     index_, world_.rank(), w, w), kWorkerHint);
+        }
+      }
+      handle_push(w, inbox->buffer, optimizer);
+      ++handled;
+    }
+  }
+}
+
+void Server::handle_push(int worker, const at::Tensor& message, torch::optim::Optimizer& optimizer) {
+  const auto clock = static_cast<int64_t>(message[0].item<float>());
+  const auto read = static_cast<int64_t>(message[1].item<float>());
+  ++clocks_[worker];
+  if (clock != clocks_[worker]) {
+    throw CommError(fmt::format("parameter server {} (rank {}): worker {} sent clock {} where {} was due; workers "
+                                "and servers are out of step",
+                                index_, world_.rank(), worker, clock, clocks_[worker]));
+  }
+  auto grad = message.slice(0, kHeader);
+  if (options_.mode == Mode::kAsync) {
+    const int64_t staleness = version_ - read;
+    apply(grad, optimizer);
+    ++version_;
+    reply(worker, staleness);
+    return;
+  }
+  // ssp: the gradient of clock c will be applied on top of version c - 1.
+  const int64_t staleness = clock - 1 - read;
+  auto& slot = pending_[clock];
+  slot.sum = slot.count == 0 ? grad.clone() : slot.sum.add_(grad);
+  ++slot.count;
+  // Clocks complete in order: clock c needs every worker's c-th push, which
+  // each worker sends after its (c-1)-th.
+  for (auto it = pending_.find(version_ + 1); it != pending_.end() && it->second.count == roles_.workers;
+       it = pending_.find(version_ + 1)) {
+    apply(it->second.sum.div_(roles_.workers), optimizer);
+    ++version_;
+    pending_.erase(it);
+  }
+  held_.push_back({worker, clock, staleness});
+  const int64_t slowest = slowest_clock();
+  std::vector<HeldReply> still;
+  for (const auto& h : held_) {
+    if (slowest >= h.clock - options_.staleness) {
+      reply(h.worker, h.staleness);
+    } else {
+      still.push_back(h);
+    }
+  }
+  held_ = std::move(still);
+}
+
+int64_t Server::slowest_clock() const { return *std::min_element(clocks_.begin(), clocks_.end()); }
+
+void Server::apply(const at::Tensor& flat_grad, torch::optim::Optimizer& optimizer) {
+  int64_t offset = 0;
+  for (auto& piece : pieces_) {
+    piece.mutable_grad() = flat_grad.slice(0, offset, offset + piece.numel());
+    offset += piece.numel();
+  }
+  optimizer.step();
+}
+
+void Server::reply(int worker, int64_t staleness) {
+  auto header = torch::tensor({static_cast<float>(version_), static_cast<float>(staleness)}, torch::kFloat);
+  std::vector<at::Tensor> parts{header};
+  for (const auto& p : pieces_) parts.push_back(p.detach());
+  auto message = torch::cat(parts);
+  auto work = world_.send(message, worker, kReplyTag);
+  sends_.push_back({message, work, worker});
+}
+
+void Server::drain_replies() {
+  for (auto& s : sends_) {
+    try {
+      s.work->wait(options_.timeout);
+    } catch (const CommError&) {
+      rethrow_naming(fmt::format("parameter server {} (rank {}): sending parameters to worker {} (rank {})", index_,
+                                 world_.rank(), s.worker, s.worker), kWorkerHint);
+    }
+  }
+  sends_.clear();
+}
+
+}  // namespace paratrain::param_server

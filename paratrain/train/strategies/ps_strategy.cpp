@@ -1,0 +1,238 @@
+// The "ps" strategy (ps.servers > 0): parameter servers beside the SPMD loop.
+// Every rank runs the Trainer's loop; on workers a step is forward, backward
+// and a push/pull of the whole model, on servers it is one round of serving
+// (param_server/server.h). Servers read no data and evaluate nothing
+// (DataShard::computes), the global batch is split over the workers, and the
+// servers' key ranges and optimizer state are what checkpoints hold.
+#include <torch/torch.h>
+
+#include <chrono>
+#include <set>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "paratrain/core/error.h"
+#include "paratrain/models/model.h"
+#include "paratrain/param_server/server.h"
+#include "paratrain/param_server/worker.h"
+#include "paratrain/train/strategies/builtin.h"
+#include "paratrain/train/strategies/common.h"
+
+namespace paratrain::train::strategies {
+namespace {
+
+namespace ps = paratrain::param_server;
+
+class PsStrategy final : public DataParallelStrategy {
+ public:
+  explicit PsStrategy(const StrategyContext& ctx)
+      : DataParallelStrategy(ctx, "ps"), roles_(ps::Roles::for_world(dp_.size(), static_cast<int>(ctx.config.ps.servers))),
+        mode_(ps::parse_mode(ctx.config.ps.mode)) {
+    const auto& c = config_.ps;
+    if (c.slow_worker >= roles_.workers) {
+      throw ConfigError(fmt::format("ps.slow_worker = {}: there are {} workers (ranks 0 to {}); pick one of them or "
+                                    "-1",
+                                    c.slow_worker, roles_.workers, roles_.workers - 1));
+    }
+  }
+
+  std::string name() const override {
+    return mode_ == ps::Mode::kSsp
+               ? fmt::format("ps (ssp, staleness {}, {} servers, {} workers)", config_.ps.staleness, roles_.servers,
+                             roles_.workers)
+               : fmt::format("ps ({}, {} servers, {} workers)", ps::to_string(mode_), roles_.servers, roles_.workers);
+  }
+
+  void build_model(const ModelFactory& factory) override {
+    model_ = factory();  // the same seed everywhere: every rank holds the same initial weights
+    std::set<const void*> seen;  // a tied weight is one key range, under its first name
+    for (const auto& item : model_->named_parameters()) {
+      if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
+      names_.push_back(item.key());
+      params_.push_back(item.value());
+    }
+    std::vector<int64_t> numel, element_bytes;
+    for (const auto& p : params_) {
+      numel.push_back(p.numel());
+      element_bytes.push_back(static_cast<int64_t>(p.element_size()));
+    }
+    plan_ = ps::plan_key_ranges(numel, element_bytes, roles_.servers);
+    const bool layerwise = config_.optimizer.kind == "lars" || config_.optimizer.kind == "lamb";
+    if (layerwise) {
+      // Collective over the world: every rank names the same members.
+      std::vector<int> servers;
+      for (int s = 0; s < roles_.servers; ++s) servers.push_back(roles_.server_rank(s));
+      server_group_ = dp_.new_subgroup(servers);
+    }
+    if (is_server()) {
+      ps::ServerOptions options;
+      options.mode = mode_;
+      options.staleness = config_.ps.staleness;
+      options.timeout = timeout_;
+      server_ = std::make_unique<ps::Server>(dp_, roles_, plan_, params_, options);
+    } else {
+      worker_ = std::make_unique<ps::Worker>(dp_, roles_, plan_, params_, timeout_);
+    }
+  }
+
+  std::vector<at::Tensor> optimizer_params() override { return server_ ? server_->pieces() : std::vector<at::Tensor>{}; }
+
+  LayerwiseParams layerwise_params() override {
+    if (!server_) return {};
+    return sharded_layerwise_params(*server_group_, *model_, piece_slots());
+  }
+
+  DataShard data_shard() const override {
+    // Servers follow worker 0's sampler but never use its batches.
+    if (is_server()) return {0, roles_.workers, false};
+    return {dp_.rank(), roles_.workers, true};
+  }
+
+  void begin_run(int64_t steps) override {
+    if (server_) server_->expect_pushes(steps);
+  }
+
+  StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool) override {
+    if (server_) return {torch::zeros({})};
+    if (dp_.rank() == config_.ps.slow_worker && config_.ps.slow_ms > 0) {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.ps.slow_ms));
+    }
+    auto loss = loss_fn(model_->forward(batch.inputs), batch.targets);
+    loss.backward();
+    return {loss.detach()};
+  }
+
+  bool optimizer_step(torch::optim::Optimizer& optimizer, double, optim::GradScaler*) override {
+    if (server_) {
+      server_->serve_round(optimizer);
+    } else {
+      worker_->push_pull();
+      model_->zero_grad();
+    }
+    stale_ = true;
+    return true;
+  }
+
+  at::Tensor eval_forward(const at::Tensor& inputs) override {
+    // async / ssp replicas may lag the servers; sync replicas are current.
+    if (stale_ && mode_ != ps::Mode::kSync) refresh();
+    stale_ = false;
+    return model_->forward(inputs);
+  }
+
+  std::vector<TensorSlot> model_slots() override {
+    std::vector<TensorSlot> out;
+    if (server_) {
+      for (auto& [piece, slot] : piece_slots()) out.push_back(slot);
+    } else {
+      // A replica that loading fills; the servers write the parameters.
+      for (size_t i = 0; i < params_.size(); ++i) {
+        out.push_back(TensorSlot{names_[i], params_[i].sizes().vec(), 0, params_[i], false});
+      }
+    }
+    auto buffers = buffer_slots(*model_, dp_.rank() == 0);
+    out.insert(out.end(), buffers.begin(), buffers.end());
+    return out;
+  }
+
+  std::vector<OptimizerSlot> optimizer_slots() override {
+    std::vector<OptimizerSlot> out;
+    if (server_) {
+      for (auto& [piece, slot] : piece_slots()) out.push_back(OptimizerSlot{piece, slot});
+    }
+    return out;
+  }
+
+  std::vector<std::pair<std::string, std::string>> checkpoint_metadata() const override {
+    return {{"ps.servers", std::to_string(roles_.servers)}, {"ps.mode", std::string(ps::to_string(mode_))},
+            {"ps.workers", std::to_string(roles_.workers)}};
+  }
+
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
+    refresh();
+    return clone_parameters(*model_);
+  }
+
+  // Each worker's staleness histogram: how many of its gradients were
+  // computed on parameters that many optimizer steps old when applied.
+  std::vector<nlohmann::json> final_metrics() override {
+    // Fixed buckets so one all-gather carries every rank's (servers: zeros);
+    // the last bucket counts everything at least that stale.
+    constexpr int64_t kBuckets = 64;
+    auto mine = torch::zeros({kBuckets}, torch::kLong);
+    if (worker_) {
+      for (const auto& [staleness, count] : worker_->staleness_histogram()) {
+        mine[std::min(staleness, kBuckets - 1)] += count;
+      }
+    }
+    auto all = torch::empty({dp_.size() * kBuckets}, torch::kLong);
+    dp_.all_gather(all, mine)->wait(timeout_);
+    std::vector<nlohmann::json> out;
+    for (int w = 0; w < roles_.workers; ++w) {
+      auto row = all.slice(0, w * kBuckets, (w + 1) * kBuckets);
+      nlohmann::json histogram = nlohmann::json::object();
+      int64_t n = 0, sum = 0, most = 0;
+      for (int64_t b = 0; b < kBuckets; ++b) {
+        const int64_t count = row[b].item<int64_t>();
+        if (count == 0) continue;
+        histogram[b == kBuckets - 1 ? fmt::format("{}+", b) : std::to_string(b)] = count;
+        n += count;
+        sum += b * count;
+        most = b;
+      }
+      out.push_back({{"kind", "ps_staleness"}, {"worker", w}, {"rank", w}, {"mode", std::string(ps::to_string(mode_))},
+                     {"staleness_bound", mode_ == ps::Mode::kSsp ? config_.ps.staleness : -1},
+                     {"pushes", n}, {"mean", n > 0 ? static_cast<double>(sum) / n : 0.0}, {"max", most},
+                     {"histogram", histogram}});
+    }
+    return out;
+  }
+
+  ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const override {
+    ModelStateBytes m;
+    m.params = tensor_bytes(server_ ? server_->pieces() : params_);
+    m.grads = server_ ? 0 : tensor_bytes(grads_of(params_));
+    m.optimizer_state = tensor_bytes(optimizer_state_tensors(optimizer));
+    return m;
+  }
+
+ private:
+  bool is_server() const { return roles_.is_server(dp_.rank()); }
+
+  // Every rank's model gets the servers' current parameters. Collective.
+  void refresh() {
+    ps::refresh_parameters(dp_, roles_, plan_, params_, server_ ? server_->pieces() : std::vector<at::Tensor>{},
+                           timeout_);
+  }
+
+  // This server's pieces with the global element range each one is.
+  std::vector<std::pair<at::Tensor, TensorSlot>> piece_slots() const {
+    std::vector<std::pair<at::Tensor, TensorSlot>> out;
+    const auto& ranges = server_->ranges();
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const auto& r = ranges[i];
+      const auto& piece = server_->pieces()[i];
+      out.emplace_back(piece, TensorSlot{names_[r.tensor], params_[r.tensor].sizes().vec(), r.begin, piece, true});
+    }
+    return out;
+  }
+
+  ps::Roles roles_;
+  ps::Mode mode_;
+  std::vector<std::string> names_;
+  std::vector<at::Tensor> params_;  // model order, tied weights once
+  ps::KeyRangePlan plan_;
+  std::shared_ptr<comm::ProcessGroup> server_group_;  // LARS/LAMB: per-tensor norms over the servers
+  std::unique_ptr<ps::Server> server_;
+  std::unique_ptr<ps::Worker> worker_;
+  bool stale_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Strategy> make_ps_strategy(const StrategyContext& context) {
+  return std::make_unique<PsStrategy>(context);
+}
+
+}  // namespace paratrain::train::strategies

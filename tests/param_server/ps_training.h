@@ -1,0 +1,29 @@
+// Shared by the parameter-server tests: a tiny Trainer config, training it
+// on thread-ranks, and the relative difference of two parameter lists.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <fmt/format.h>
+
+#include "paratrain/train/config.h"
+
+namespace paratrain::param_server::testing {
+
+using Params = std::vector<std::pair<std::string, at::Tensor>>;
+
+// A 2-layer MLP on synthetic 6x6 images, global batch 24 (divides over 1, 2
+// and 3 workers), 20 steps, no evaluation. ps.servers stays 0 (the oracle).
+train::TrainConfig small_config(const std::string& dir, const std::string& optimizer);
+
+// Trains `cfg` on `world` thread-ranks; returns rank 0's full parameters and
+// checks that every rank holds the same ones.
+Params train(const train::TrainConfig& cfg, int world);
+
+// max over tensors of max|a - b| / max|b|.
+double relative_diff(const Params& a, const Params& b);
+
+}  // namespace paratrain::param_server::testing
