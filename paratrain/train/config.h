@@ -299,8 +299,6 @@ struct TrainConfig {
   PipelineConfig pipeline;
   PrecisionConfig precision;
   LogConfig log;
-};
-
   PsConfig ps;
 
   bool operator==(const TrainConfig&) const = default;
