@@ -51,7 +51,8 @@ run_one() {
     return
   fi
   end=$(date +%s.%N)
-  "$python" - "$out_dir/$name/metrics.jsonl" "$name" "$start" "$end" >>"$runs" <<'PY'
+  # $out_dir is fresh, so each run is its name's version_0 (runs/<name>/version_N)
+  "$python" - "$out_dir/$name/version_0/metrics.jsonl" "$name" "$start" "$end" >>"$runs" <<'PY'
 import json, sys
 path, name, start, end = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
 recs = [json.loads(l) for l in open(path)]

@@ -85,7 +85,7 @@ TEST(PsSspMetrics, EachWorkerHasAStalenessHistogramWithinTheBound) {
   cfg.ps.slow_worker = 0;
   cfg.ps.slow_ms = 10;
   train(cfg, 4);
-  std::ifstream in(dir + "/t/metrics.jsonl");
+  std::ifstream in(dir + "/t/version_0/metrics.jsonl");
   std::string line;
   int records = 0;
   int64_t most = 0;

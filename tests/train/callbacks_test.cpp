@@ -14,6 +14,7 @@
 #include "paratrain/train/progress.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"
+#include "tests/train/tiny_run.h"
 
 namespace {
 
@@ -79,18 +80,8 @@ TEST(BestCheckpoint, PointsAtTheArgminOrArgmax) {
 }
 
 TrainConfig tiny_config(const std::string& dir) {
-  TrainConfig c;
-  c.run.name = "cb";
-  c.run.output_dir = dir;
+  auto c = paratrain::testing::tiny_run_config(dir, "cb", /*epochs=*/5, /*log_every=*/2);
   c.run.seed = 5;
-  c.run.log_every = 2;
-  c.model.hidden = {16};
-  c.data.dataset = "synthetic";
-  c.data.synthetic_train_size = 128;
-  c.data.synthetic_test_size = 64;
-  c.data.synthetic_image_size = 8;
-  c.data.batch_size = 16;
-  c.train.epochs = 5;
   return c;
 }
 

@@ -14,6 +14,7 @@
 #include "paratrain/train/run_list.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"
+#include "tests/train/tiny_run.h"
 
 namespace {
 
@@ -23,19 +24,7 @@ using paratrain::train::Trainer;
 using paratrain::train::TrainResult;
 
 TrainConfig tiny_config(const std::string& dir) {
-  TrainConfig c;
-  c.run.name = "job";
-  c.run.output_dir = dir;
-  c.run.seed = 3;
-  c.run.log_every = 0;
-  c.model.hidden = {16};
-  c.data.dataset = "synthetic";
-  c.data.synthetic_train_size = 128;
-  c.data.synthetic_test_size = 64;
-  c.data.synthetic_image_size = 8;
-  c.data.batch_size = 16;
-  c.train.epochs = 1;
-  return c;
+  return paratrain::testing::tiny_run_config(dir, "job", /*epochs=*/1, /*log_every=*/0);
 }
 
 TrainResult fit(const TrainConfig& c, int world = 2) {

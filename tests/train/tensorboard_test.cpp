@@ -15,6 +15,7 @@
 #include "paratrain/train/tensorboard.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"
+#include "tests/train/tiny_run.h"
 
 namespace {
 
@@ -64,17 +65,7 @@ TEST(TensorBoard, WrittenScalarsReadBackAndDamageIsCaught) {
 
 TEST(TensorBoard, TrainerScalarsEqualMetricsJsonl) {
   const auto dir = paratrain::testing::temp_dir("tb_run");
-  TrainConfig c;
-  c.run.name = "tb";
-  c.run.output_dir = dir;
-  c.run.log_every = 2;
-  c.model.hidden = {16};
-  c.data.dataset = "synthetic";
-  c.data.synthetic_train_size = 128;
-  c.data.synthetic_test_size = 64;
-  c.data.synthetic_image_size = 8;
-  c.data.batch_size = 16;
-  c.train.epochs = 2;
+  auto c = paratrain::testing::tiny_run_config(dir, "tb", /*epochs=*/2, /*log_every=*/2);
   c.log.tensorboard = true;
   std::vector<TrainResult> results(2);
   paratrain::testing::run_ranks(2, [&](paratrain::comm::ProcessGroup& g) {
