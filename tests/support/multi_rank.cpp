@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <iostream>
 #include <mutex>
 #include <thread>
 
@@ -34,9 +35,24 @@ void run_ranks(int world_size, const std::function<void(comm::ProcessGroup&)>& f
         comm::GlooOptions options;
         options.timeout = timeout;
         auto group = comm::make_gloo_group(store, rank, world_size, options);
+        // Gloo's constructor can return on one rank while a peer still reads
+        // the connection handshake; a rank whose fn runs no collective would
+        // then close its sockets under that peer ("Connection closed by
+        // peer"). Leaving this barrier means every rank finished connecting.
+        group->barrier()->wait();
         fn(*group);
       } catch (...) {
+        // Every rank's error goes to stderr: the one rethrown is the first
+        // to reach this lock, which may be a peer's consequence (a closed
+        // connection) rather than the cause.
         std::lock_guard<std::mutex> lock(mu);
+        try {
+          throw;
+        } catch (const std::exception& e) {
+          std::cerr << "run_ranks: rank " << rank << " threw: " << e.what() << "\n";
+        } catch (...) {
+          std::cerr << "run_ranks: rank " << rank << " threw a non-std exception\n";
+        }
         if (!first_error) first_error = std::current_exception();
       }
     });
