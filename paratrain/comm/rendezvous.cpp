@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "paratrain/comm/gloo/gloo_group.h"
+#include "paratrain/comm/mpi/mpi_group.h"
 #include "paratrain/comm/store_checkin.h"
 #include "paratrain/core/env.h"
 #include "paratrain/core/error.h"
@@ -124,8 +126,32 @@ WorldInfo world_from_env() {
 
 std::shared_ptr<ProcessGroup> init_process_group(const WorldInfo& world, const InitOptions& options) {
   validate(world);
-  if (options.backend != "gloo") {
-    throw ConfigError(fmt::format("world.backend '{}' is not available in this build; use \"gloo\"",
+  std::string backend = options.backend;
+  if (backend == "auto") {
+    // CPU tensors: MPI's shared-memory transport beats Gloo's loopback TCP
+    // between processes of one machine, so prefer it whenever mpirun (or
+    // srun --mpi) started us and this build has it.
+    const bool mpi = mpi_compiled() && launched_by_mpi();
+    backend = mpi ? "mpi" : "gloo";
+    if (world.rank == 0)
+      spdlog::info("world.backend = \"auto\" chose {}: {}", backend,
+                   mpi ? "started by an MPI launcher and built with MPI"
+                       : (mpi_compiled() ? "not started by mpirun/srun (MPI needs its launcher)"
+                                         : "this build has no MPI"));
+  }
+  if (backend == "mpi") {
+    MpiOptions mpi;
+    mpi.timeout = options.timeout;
+    auto group = make_mpi_world_group(mpi);
+    if (group->size() != world.world_size || group->rank() != world.rank)
+      throw ConfigError(fmt::format("world.backend = \"mpi\": MPI says rank {} of {}, the environment ({}) says "
+                                    "rank {} of {}; start every rank with mpirun (or unset the other launcher's "
+                                    "RANK/WORLD_SIZE)",
+                                    group->rank(), group->size(), world.source, world.rank, world.world_size));
+    return group;
+  }
+  if (backend != "gloo") {
+    throw ConfigError(fmt::format("world.backend '{}' is not a backend: use \"gloo\", \"mpi\" or \"auto\"",
                                   options.backend));
   }
   const std::string where = fmt::format("TCPStore at {}:{}", world.master_addr, world.master_port);

@@ -32,7 +32,8 @@ struct InitOptions {
   // How long to wait for every rank to arrive, and the default for every
   // collective afterwards. Short values make failures surface sooner.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
-  // "gloo" is the only backend today; "mpi" and "nccl" plug in here later.
+  // "gloo" (TCP), "mpi" (comm/mpi: rank and size from MPI itself, no store)
+  // or "auto" (mpi when started by mpirun and built with MPI, else gloo).
   std::string backend = "gloo";
   // Address this rank's Gloo device binds to. Empty: $PARATRAIN_BIND_ADDR,
   // else loopback when every rank runs on this machine, else this host's

@@ -174,6 +174,12 @@ struct DdpConfig {
   double first_bucket_cap_mb = 1.0;  // small first bucket: its all-reduce starts early
   bool find_unused_parameters = false;
   bool broadcast_buffers = true;
+  // Gradient compression on the bucketed all-reduce: "none", "fp16"/"bf16"
+  // (as precision.comm_dtype: 16-bit wire, fp32 sums) or "powersgd"
+  // (data_parallel/ddp/powersgd.h: rank-r factors with error feedback).
+  std::string compression = "none";
+  int64_t powersgd_rank = 1;
+  int64_t powersgd_start_step = 0;  // synchronized steps sent uncompressed first
 
   bool operator==(const DdpConfig&) const = default;
 };

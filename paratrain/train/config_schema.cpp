@@ -337,7 +337,7 @@ const std::vector<FieldSpec>& schema() {
       field("log.tensorboard", &TC::log, &LogConfig::tensorboard, "also write TensorBoard scalar event files to <run_dir>/tensorboard/"),
       field("log.progress", &TC::log, &LogConfig::progress, "\"auto\" (a progress bar on a terminal, log lines otherwise), \"on\" or \"off\"", one_of({"auto", "on", "off"})),
 
-      field("world.backend", &TC::world, &WorldConfig::backend, "collective backend", one_of({"gloo"})),
+      field("world.backend", &TC::world, &WorldConfig::backend, "collective backend: \"gloo\" (TCP), \"mpi\" (under mpirun; needs the MPI build) or \"auto\" (mpi when started by mpirun, else gloo)", one_of({"gloo", "mpi", "auto"})),
       field("world.timeout_s", &TC::world, &WorldConfig::timeout_s, "seconds before a stalled collective fails", in_range<int64_t>(1, kMaxTimeoutS)),
 
       field("ddp.mode", &TC::ddp, &DdpConfig::mode, "\"bucketed\", \"naive\" or \"none\"", one_of({"bucketed", "naive", "none"})),
@@ -345,6 +345,9 @@ const std::vector<FieldSpec>& schema() {
       field("ddp.first_bucket_cap_mb", &TC::ddp, &DdpConfig::first_bucket_cap_mb, "first bucket size (MiB): small so its all-reduce starts early", in_range_finite(kMinBucketMiB, kMaxBucketMiB, "MiB: 1 byte to 1 TiB")),
       field("ddp.find_unused_parameters", &TC::ddp, &DdpConfig::find_unused_parameters, "tolerate parameters without gradients"),
       field("ddp.broadcast_buffers", &TC::ddp, &DdpConfig::broadcast_buffers, "copy rank 0's buffers before each forward"),
+      field("ddp.compression", &TC::ddp, &DdpConfig::compression, "gradient compression of the bucketed all-reduce: \"none\", \"fp16\" / \"bf16\" (16-bit wire, fp32 sums) or \"powersgd\" (rank-r factors, error feedback)", one_of({"none", "fp16", "bf16", "powersgd"})),
+      field("ddp.powersgd_rank", &TC::ddp, &DdpConfig::powersgd_rank, "PowerSGD: columns of the factors each gradient matrix is sent as (higher: closer to exact, more bytes)", at_least<int64_t>(1)),
+      field("ddp.powersgd_start_step", &TC::ddp, &DdpConfig::powersgd_start_step, "PowerSGD: synchronized steps sent uncompressed before compression starts (PyTorch suggests ~10% of training)", at_least<int64_t>(0)),
 
       field("parallel.dp", &TC::parallel, &ParallelConfig::dp, "data-parallel size (0 = world / (tp * pp * cp))", in_range<int64_t>(0, kMaxRanks)),
       field("parallel.tp", &TC::parallel, &ParallelConfig::tp, "tensor-parallel size", in_range<int64_t>(1, kMaxRanks)),
@@ -528,6 +531,19 @@ std::string cross_key_problem(const TrainConfig& c) {
   if (c.precision.compute == "fp16" && !at::hasCUDA())
     return "precision.compute = \"fp16\" needs a CUDA build (LibTorch autocasts CPU ops to bf16 only); this "
            "build is CPU-only: use precision.compute = \"bf16\" (no loss scaling needed) or \"fp32\"";
+  if (c.ddp.compression != "none" &&
+      (c.zero.stage != 0 || c.ddp.mode != "bucketed" || c.parallel.pp != 1 || c.parallel.tp != 1 || c.parallel.cp != 1 ||
+       c.ps.servers != 0))
+    return fmt::format("ddp.compression = \"{}\" is a comm hook of the bucketed DDP all-reduce (zero.stage = 0, "
+                       "ddp.mode = \"bucketed\", parallel.pp = tp = cp = 1, ps.servers = 0); got zero.stage = {}, "
+                       "ddp.mode = \"{}\", pp = {}, tp = {}, cp = {}, ps.servers = {}: set ddp.compression = \"none\" "
+                       "or change those keys",
+                       c.ddp.compression, c.zero.stage, c.ddp.mode, c.parallel.pp, c.parallel.tp, c.parallel.cp,
+                       c.ps.servers);
+  if (c.ddp.compression != "none" && c.precision.comm_dtype != "fp32" && c.ddp.compression != c.precision.comm_dtype)
+    return fmt::format("ddp.compression = \"{}\" and precision.comm_dtype = \"{}\" both choose the gradient wire "
+                       "format: keep one (precision.comm_dtype = \"fp32\", or ddp.compression = \"none\")",
+                       c.ddp.compression, c.precision.comm_dtype);
   if (c.precision.comm_dtype != "fp32" &&
       (c.zero.stage != 0 || c.ddp.mode != "bucketed" || c.parallel.pp != 1 || c.parallel.tp != 1 || c.parallel.cp != 1))
     return fmt::format("precision.comm_dtype = \"{}\" compresses the bucketed DDP all-reduce only (zero.stage = 0, "

@@ -86,7 +86,13 @@ std::vector<Snapshot> train_ranks(const RankRun& run, const Problem& problem) {
     auto model = make_model(run.model, run.seed + (run.different_seeds ? rank : 0));
     std::unique_ptr<DistributedDataParallel> ddp;
     std::unique_ptr<NaiveDataParallel> naive;
-    if (run.sync == Sync::kDdp) ddp = std::make_unique<DistributedDataParallel>(model, group, run.ddp);
+    if (run.sync == Sync::kDdp) {
+      DdpOptions options = run.ddp;
+      std::function<void(DistributedDataParallel&)> after;
+      if (run.per_rank) after = run.per_rank(options);
+      ddp = std::make_unique<DistributedDataParallel>(model, group, options);
+      if (after) after(*ddp);
+    }
     if (run.sync == Sync::kNaive) naive = std::make_unique<NaiveDataParallel>(model, group);
     torch::optim::SGD opt(model->parameters(),
                           torch::optim::SGDOptions(run.sgd.lr).momentum(run.sgd.momentum));

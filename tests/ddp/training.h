@@ -67,6 +67,10 @@ struct RankRun {
   bool different_seeds = true;
   uint64_t seed = 1234;
   SgdConfig sgd;
+  // Called on each rank before DDP is built (e.g. to give each rank its own
+  // stateful comm hook); the function it returns, if any, runs on the built
+  // DDP (e.g. PowerSgd::attach).
+  std::function<std::function<void(DistributedDataParallel&)>(DdpOptions&)> per_rank;
 };
 // Trains problem.steps steps on `world` ranks (threads), each on its shard.
 // Returns each rank's final parameters, indexed by rank.

@@ -13,18 +13,51 @@
 #include <filesystem>
 #include <iostream>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "paratrain/comm/gloo/gloo_group.h"
+#include "paratrain/comm/mpi/mpi_group.h"
 
 extern char** environ;
 
 namespace paratrain::testing {
 
+namespace {
+
+// Under `mpirun -np N test_X` with PARATRAIN_TEST_BACKEND=mpi, the ranks are
+// the MPI processes: each runs fn for its own rank, over a fresh
+// communicator of the first `world_size` processes (the others skip it), so
+// the same collective suites test the MPI backend. See tests/CMakeLists.txt.
+bool mpi_mode() {
+  const char* backend = std::getenv("PARATRAIN_TEST_BACKEND");
+  return backend != nullptr && std::string(backend) == "mpi";
+}
+
+void run_ranks_mpi(int world_size, const std::function<void(comm::ProcessGroup&)>& fn,
+                   std::chrono::milliseconds timeout) {
+  comm::MpiOptions options;
+  options.timeout = timeout;
+  auto world = comm::make_mpi_world_group(options);
+  if (world_size > world->size())
+    throw std::runtime_error("run_ranks(" + std::to_string(world_size) + "): mpirun started only " +
+                             std::to_string(world->size()) + " processes");
+  std::vector<int> members(world_size);
+  for (int r = 0; r < world_size; ++r) members[r] = r;
+  auto group = world->new_subgroup(members);
+  if (!group) return;
+  group->barrier()->wait();
+  fn(*group);
+}
+
+}  // namespace
+
 void run_ranks(int world_size, const std::function<void(comm::ProcessGroup&)>& fn,
                std::chrono::milliseconds timeout) {
+  if (mpi_mode()) return run_ranks_mpi(world_size, fn, timeout);
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::mutex mu;
   std::exception_ptr first_error;

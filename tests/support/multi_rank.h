@@ -16,6 +16,9 @@ namespace paratrain::testing {
 // a fresh Gloo world group. Rethrows the first exception any rank threw (after
 // all threads finished). Collective timeouts are `timeout`, so a rank that
 // stops participating fails the test instead of hanging it.
+// Under `mpirun` with PARATRAIN_TEST_BACKEND=mpi the ranks are the MPI
+// processes instead: each runs fn once for its own rank over the MPI backend
+// (processes beyond `world_size` skip it), so only checks made inside fn count.
 void run_ranks(int world_size, const std::function<void(comm::ProcessGroup& group)>& fn,
                std::chrono::milliseconds timeout = std::chrono::seconds(60));
 

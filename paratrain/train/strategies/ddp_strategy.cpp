@@ -11,6 +11,8 @@
 #include "paratrain/comm/low_precision_all_reduce.h"
 #include "paratrain/data_parallel/ddp/ddp.h"
 #include "paratrain/data_parallel/ddp/naive.h"
+#include "paratrain/data_parallel/ddp/powersgd.h"
+#include <spdlog/spdlog.h>
 #include "paratrain/models/model.h"
 #include "paratrain/optim/grad_scaler.h"
 #include "paratrain/train/strategies/builtin.h"
@@ -30,7 +32,12 @@ class DdpStrategy final : public DataParallelStrategy {
     }
   }
 
-  std::string name() const override { return fmt::format("ddp ({})", config_.ddp.mode); }
+  std::string name() const override {
+    const auto& d = config_.ddp;
+    if (d.compression == "none") return fmt::format("ddp ({})", d.mode);
+    if (d.compression == "powersgd") return fmt::format("ddp ({}, powersgd rank {})", d.mode, d.powersgd_rank);
+    return fmt::format("ddp ({}, {} gradients)", d.mode, d.compression);
+  }
 
   void build_model(const ModelFactory& factory) override {
     model_ = factory();
@@ -42,14 +49,33 @@ class DdpStrategy final : public DataParallelStrategy {
       options.reducer.buckets = bucket_options(config_);
       options.reducer.find_unused_parameters = d.find_unused_parameters;
       options.reducer.timeout = timeout_;
-      if (config_.precision.comm_dtype != "fp32") {
+      // ddp.compression "fp16"/"bf16" is the same wire as precision.comm_dtype
+      // (the schema rejects the two disagreeing).
+      const std::string wire_name = d.compression == "fp16" || d.compression == "bf16"
+                                        ? d.compression
+                                        : config_.precision.comm_dtype;
+      if (wire_name != "fp32") {
         // Buckets are fp32 and pre-divided; only the wire is 16-bit.
-        const auto wire = config_.precision.comm_dtype == "bf16" ? at::kBFloat16 : at::kHalf;
+        const auto wire = wire_name == "bf16" ? at::kBFloat16 : at::kHalf;
         options.reducer.comm_hook = [wire](comm::ProcessGroup& group, std::size_t, at::Tensor& buffer) {
           return comm::all_reduce_low_precision(group, buffer, wire);
         };
       }
+      if (d.compression == "powersgd") {
+        ddp::PowerSgdOptions p;
+        p.rank = d.powersgd_rank;
+        p.start_step = d.powersgd_start_step;
+        p.seed = static_cast<uint64_t>(config_.run.seed);
+        powersgd_ = std::make_shared<ddp::PowerSgd>(p);
+        options.reducer.comm_hook = powersgd_->hook();
+        // The hook only runs with the reducer: on one rank there is nothing to compress.
+        options.reducer.single_rank_passthrough = true;
+      }
       ddp_ = std::make_unique<ddp::DistributedDataParallel>(model_, dp_, std::move(options));
+      if (powersgd_) {
+        powersgd_->attach(ddp_->reducer());
+        log_powersgd();
+      }
     } else if (d.mode == "naive") {
       ddp::NaiveOptions options;
       options.broadcast_buffers = d.broadcast_buffers;
@@ -126,7 +152,18 @@ class DdpStrategy final : public DataParallelStrategy {
   }
 
  private:
+  void log_powersgd() const {
+    if (dp_.rank() != 0) return;
+    const int64_t sent = powersgd_->floats_sent_per_step(), full = powersgd_->floats_uncompressed_per_step();
+    spdlog::info("PowerSGD rank {}: {} of {} gradient floats sent per step ({:.1f}x less), uncompressed for "
+                 "the first {} steps",
+                 config_.ddp.powersgd_rank, sent, full,
+                 sent > 0 ? static_cast<double>(full) / static_cast<double>(sent) : 1.0,
+                 config_.ddp.powersgd_start_step);
+  }
+
   std::unique_ptr<ddp::DistributedDataParallel> ddp_;
+  std::shared_ptr<ddp::PowerSgd> powersgd_;
   std::unique_ptr<ddp::NaiveDataParallel> naive_;
 };
 

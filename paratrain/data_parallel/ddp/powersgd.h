@@ -1,0 +1,112 @@
+// PowerSGD gradient compression (Vogels et al., NeurIPS 2019, arXiv
+// 1905.13727) as a DDP comm hook: each bucket's matrices are sent as two thin
+// rank-r factors instead of n x m numbers.
+//
+// Per step and bucket, for each compressed gradient G (n x m, the local
+// gradient plus this rank's error from the last step):
+//   P = G Q            all-reduce(sum) P, orthonormalize P's columns
+//   Q = G^T P          all-reduce(sum) Q, divide by the world size
+//   approx = P Q^T     the bucket receives it; error = G - approx stays local
+// Q starts from N(0, 1) drawn from `seed` (the same on every rank, so the sum
+// of G_r Q is the sum of the ranks' projections) and, with warm start, is the
+// last step's Q afterwards: one power iteration per step refines it.
+// Bytes per matrix: r (n + m) instead of n m. 1-D tensors, and matrices whose
+// compression rate n m / (r (n + m)) is under `min_compression_rate`, go in
+// one plain all-reduce beside the factors.
+//
+// Error feedback: what compression dropped is added to the next step's
+// gradient, so nothing is lost, only delayed: after T compressed steps,
+// sum of applied averages + mean over ranks of the errors = sum of the true
+// averages (exact up to rounding; tests/ddp/powersgd_test.cpp checks it).
+// At r = min(n, m) the approximation is exact (P spans G's column space).
+//
+// State (Q and the error per matrix) lives in the hook, on the gradients'
+// device: one extra gradient-sized buffer for the errors. It is not part of
+// checkpoints: a resumed run starts PowerSGD afresh (as PyTorch's hook does
+// unless its state is pickled by hand).
+//
+// Create it with std::make_shared (hook() shares ownership with the reducer).
+//
+//   auto powersgd = std::make_shared<ddp::PowerSgd>(ddp::PowerSgdOptions{.rank = 4});
+//   ddp::DdpOptions options;
+//   options.reducer.comm_hook = powersgd->hook();
+//   ddp::DistributedDataParallel ddp(model, group, options);
+//   powersgd->attach(ddp.reducer());  // learns the buckets' shapes
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "paratrain/data_parallel/ddp/reducer.h"
+
+namespace paratrain::ddp {
+
+struct PowerSgdOptions {
+  // r: columns of the factors. Higher = closer to the full gradient and more
+  // bytes. Clipped to min(n, m) per matrix.
+  int64_t rank = 1;
+  // Synchronized steps (per bucket) sent uncompressed before PowerSGD starts:
+  // the first steps' gradients change fast and compression error hurts most
+  // there (PyTorch's start_powerSGD_iter; its docs suggest ~10% of training).
+  int64_t start_step = 0;
+  bool error_feedback = true;
+  // Reuse the last step's Q (one power iteration per step); off: fresh N(0,1)
+  // every step from the shared stream.
+  bool warm_start = true;
+  // Matrices compressed less than this (n m / (r (n + m))) are sent plain:
+  // the factors would cost about as much as the matrix. 0 compresses all.
+  double min_compression_rate = 2.0;
+  // Seed of Q's initial values; must be the same on every rank.
+  uint64_t seed = 0;
+};
+
+class PowerSgd : public std::enable_shared_from_this<PowerSgd> {
+ public:
+  explicit PowerSgd(PowerSgdOptions options = {});
+
+  // The comm hook for ReducerOptions::comm_hook; it keeps this object alive.
+  BucketCommHook hook();
+  // Reads the reducer's buckets (which parameters at which offsets, their
+  // shapes). Call once, after DDP is built and before the first backward.
+  void attach(const Reducer& reducer);
+
+  const PowerSgdOptions& options() const { return options_; }
+  // Floats sent per rank for one step of every bucket: compressed and plain,
+  // next to what an uncompressed all-reduce would send. Valid after attach().
+  int64_t floats_sent_per_step() const;
+  int64_t floats_uncompressed_per_step() const;
+  // The local error of bucket b (empty before its first compressed step, or
+  // without error feedback), laid out like the bucket buffer.
+  at::Tensor error(std::size_t bucket) const;
+
+ private:
+  struct Matrix {
+    int64_t offset = 0, rows = 0, cols = 0, rank = 0;
+  };
+  struct Plain {
+    int64_t offset = 0, numel = 0;
+  };
+  struct BucketState {
+    std::vector<Matrix> matrices;
+    std::vector<Plain> plain;
+    int64_t numel = 0;
+    int64_t steps = 0;              // hook calls so far
+    std::vector<at::Tensor> qs;     // per matrix, [cols, rank]; empty until first compressed step
+    at::Tensor error;               // [numel]; zero outside compressed matrices
+  };
+  class StepWork;  // one bucket's step: plain + P all-reduce, then Q's
+
+  comm::WorkHandle start(comm::ProcessGroup& group, std::size_t index, at::Tensor& buffer);
+
+  PowerSgdOptions options_;
+  std::vector<BucketState> buckets_;
+  at::Generator generator_;
+  bool attached_ = false;
+  mutable std::mutex mu_;
+};
+
+}  // namespace paratrain::ddp
