@@ -5,6 +5,7 @@
 // the communication cost that DDP's step has to hide or pay.
 //
 //   paratrain launch --nproc-per-node 2 -- allreduce_bandwidth --sizes-mb 1,4,7.1,16
+//   mpirun -np 2 allreduce_bandwidth --backend mpi
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -29,6 +30,7 @@ struct BandwidthOptions {
   std::vector<double> sizes_mb{0.25, 1, 4, 7.1, 16};
   int iters = 30;  // timed all-reduces per size (the median is reported)
   int warmup = 5;
+  std::string backend = "gloo";  // "mpi": run under mpirun instead of paratrain launch
 };
 
 double median_ms(comm::ProcessGroup& group, at::Tensor& buffer, int iters, int warmup);
@@ -40,7 +42,9 @@ int run(const BandwidthOptions& o) {
   }
   at::set_num_threads(1);
   const comm::WorldInfo world = comm::world_from_env();
-  auto group = comm::init_process_group(world);
+  comm::InitOptions init;
+  init.backend = o.backend;
+  auto group = comm::init_process_group(world, init);
   nlohmann::json rows = nlohmann::json::array();
   for (double mb : o.sizes_mb) {
     if (mb <= 0) throw paratrain::ConfigError(fmt::format("--sizes-mb: {} is not positive", mb));
@@ -80,6 +84,8 @@ int main(int argc, char** argv) {
   app.add_option("--sizes-mb", o.sizes_mb, "MiB per all-reduce")->delimiter(',')->capture_default_str();
   app.add_option("--iters", o.iters, "timed all-reduces per size")->capture_default_str();
   app.add_option("--warmup", o.warmup, "untimed all-reduces per size")->capture_default_str();
+  app.add_option("--backend", o.backend, "gloo (under paratrain launch), mpi (under mpirun) or auto")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     return run(o);

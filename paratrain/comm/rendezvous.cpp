@@ -145,9 +145,11 @@ std::shared_ptr<ProcessGroup> init_process_group(const WorldInfo& world, const I
     auto group = make_mpi_world_group(mpi);
     if (group->size() != world.world_size || group->rank() != world.rank)
       throw ConfigError(fmt::format("world.backend = \"mpi\": MPI says rank {} of {}, the environment ({}) says "
-                                    "rank {} of {}; start every rank with mpirun (or unset the other launcher's "
-                                    "RANK/WORLD_SIZE)",
-                                    group->rank(), group->size(), world.source, world.rank, world.world_size));
+                                    "rank {} of {}. The MPI backend needs its ranks started by MPI: run `mpirun -np {} paratrain train ...` "
+                                    "(not paratrain launch or torchrun, which start processes MPI does not know), "
+                                    "or use world.backend = \"gloo\"",
+                                    group->rank(), group->size(), world.source, world.rank, world.world_size,
+                                    world.world_size));
     return group;
   }
   if (backend != "gloo") {
