@@ -21,7 +21,9 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "paratrain/data_parallel/ddp/compress_hook.h"
 #include "paratrain/comm/rendezvous.h"
+#include "paratrain/data_parallel/ddp/powersgd.h"
 #include "paratrain/core/error.h"
 #include "paratrain/data/synthetic.h"
 #include "paratrain/data_parallel/ddp/ddp.h"
@@ -52,7 +54,11 @@ struct BenchOptions {
   uint64_t seed = 0;
   // gloo: the process group's all-reduce (what users get). shm: the bench's
   // prototype shared-memory all-reduce as DDP comm hook (one machine only).
+  // mpi: the MPI backend (run under mpirun instead of paratrain launch).
   std::string comm = "gloo";
+  // none, fp16/bf16 (16-bit wire, fp32 sums) or powersgd (rank-r factors).
+  std::string compression = "none";
+  int64_t powersgd_rank = 1;
   std::string out;  // also append the JSON line to this file (rank 0)
 };
 
@@ -78,7 +84,8 @@ struct Totals {
 
 void validate(const BenchOptions& o);
 ddp::DdpOptions ddp_options(const BenchOptions& o, comm::ProcessGroup& group, const Workload& w,
-                            std::shared_ptr<paratrain_bench::ShmAllReduce>& shm);
+                            std::shared_ptr<paratrain_bench::ShmAllReduce>& shm,
+                            std::shared_ptr<ddp::PowerSgd>& powersgd);
 nlohmann::json result_json(const BenchOptions& o, const comm::WorldInfo& world, const Workload& w,
                            const Totals& t, double elapsed_s, float loss);
 Workload make_workload(const BenchOptions& o, int rank);
@@ -101,15 +108,19 @@ int run(const BenchOptions& o) {
                                   "rank, got WORLD_SIZE={}; use --mode bucketed or naive",
                                   world.world_size));
   }
-  std::shared_ptr<comm::ProcessGroup> group = comm::init_process_group(world);
+  comm::InitOptions init;
+  init.backend = o.comm == "mpi" ? "mpi" : "gloo";
+  std::shared_ptr<comm::ProcessGroup> group = comm::init_process_group(world, init);
 
   Workload w = make_workload(o, world.rank);
   std::unique_ptr<ddp::DistributedDataParallel> bucketed;
   std::unique_ptr<ddp::NaiveDataParallel> naive;
   std::shared_ptr<paratrain_bench::ShmAllReduce> shm;
+  std::shared_ptr<ddp::PowerSgd> powersgd;
   if (o.mode == "bucketed" || o.mode == "nocomm") {
     bucketed = std::make_unique<ddp::DistributedDataParallel>(w.model, *group,
-                                                              ddp_options(o, *group, w, shm));
+                                                              ddp_options(o, *group, w, shm, powersgd));
+    if (powersgd) powersgd->attach(bucketed->reducer());
   } else if (o.mode == "naive") {
     naive = std::make_unique<ddp::NaiveDataParallel>(w.model, *group);
   }
@@ -160,6 +171,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed, "seeds the model and this rank's data (+rank)")->capture_default_str();
   app.add_option("--comm", o.comm, "gloo, or shm (prototype shared-memory all-reduce hook)")
       ->capture_default_str();
+  app.add_option("--compression", o.compression, "none, fp16, bf16 or powersgd (DDP comm hook)")
+      ->capture_default_str();
+  app.add_option("--powersgd-rank", o.powersgd_rank, "PowerSGD's r")->capture_default_str();
   app.add_option("--out", o.out, "also append the JSON line to this file");
   CLI11_PARSE(app, argc, argv);
   try {
@@ -180,8 +194,14 @@ void validate(const BenchOptions& o) {
     throw ConfigError(
         fmt::format("--mode must be bucketed, naive, local or nocomm, got '{}'", o.mode));
   }
-  if (o.comm != "gloo" && o.comm != "shm") {
-    throw ConfigError(fmt::format("--comm must be gloo or shm, got '{}'", o.comm));
+  if (o.comm != "gloo" && o.comm != "shm" && o.comm != "mpi") {
+    throw ConfigError(fmt::format("--comm must be gloo, mpi or shm, got '{}'", o.comm));
+  }
+  if (o.compression != "none" && o.compression != "fp16" && o.compression != "bf16" && o.compression != "powersgd") {
+    throw ConfigError(fmt::format("--compression must be none, fp16, bf16 or powersgd, got '{}'", o.compression));
+  }
+  if (o.compression != "none" && (o.mode != "bucketed" || o.comm == "shm")) {
+    throw ConfigError("--compression is a DDP comm hook: it needs --mode bucketed and --comm gloo or mpi");
   }
   if (o.comm == "shm" && o.mode != "bucketed") {
     throw ConfigError(fmt::format("--comm shm is DDP's comm hook and needs --mode bucketed, got "
@@ -197,7 +217,8 @@ void validate(const BenchOptions& o) {
 // all-reduce through the comm hook (the reducer still buckets, copies and
 // pre-divides as usual). `shm` keeps the shared-memory segment alive.
 ddp::DdpOptions ddp_options(const BenchOptions& o, comm::ProcessGroup& group, const Workload& w,
-                            std::shared_ptr<paratrain_bench::ShmAllReduce>& shm) {
+                            std::shared_ptr<paratrain_bench::ShmAllReduce>& shm,
+                            std::shared_ptr<ddp::PowerSgd>& powersgd) {
   ddp::DdpOptions d;
   d.reducer.buckets.bucket_cap_bytes = static_cast<int64_t>(o.bucket_cap_mb * 1024 * 1024);
   d.reducer.buckets.first_bucket_cap_bytes = static_cast<int64_t>(o.first_bucket_cap_mb * 1024 * 1024);
@@ -209,6 +230,16 @@ ddp::DdpOptions ddp_options(const BenchOptions& o, comm::ProcessGroup& group, co
     d.reducer.comm_hook = [shm](comm::ProcessGroup&, std::size_t, at::Tensor& buffer) {
       return shm->all_reduce_sum(buffer);
     };
+  }
+  if (o.compression == "fp16" || o.compression == "bf16") {
+    const auto wire = o.compression == "bf16" ? at::kBFloat16 : at::kHalf;
+    d.reducer.comm_hook = ddp::low_precision_hook(wire);
+  }
+  if (o.compression == "powersgd") {
+    ddp::PowerSgdOptions p;
+    p.rank = o.powersgd_rank;
+    powersgd = std::make_shared<ddp::PowerSgd>(p);
+    d.reducer.comm_hook = powersgd->hook();
   }
   if (o.mode == "nocomm") {
     d.reducer.comm_hook = [](comm::ProcessGroup&, std::size_t, at::Tensor&) -> comm::WorkHandle {
@@ -227,7 +258,8 @@ nlohmann::json result_json(const BenchOptions& o, const comm::WorldInfo& world, 
       {"impl", "paratrain"},
       {"model", o.model},
       {"mode", o.mode},
-      {"comm_backend", o.mode == "bucketed" ? o.comm : o.mode == "naive" ? "gloo" : "none"},
+      {"comm_backend", o.mode == "bucketed" ? o.comm : o.mode == "naive" ? (o.comm == "mpi" ? "mpi" : "gloo") : "none"},
+      {"compression", o.compression == "powersgd" ? fmt::format("powersgd r{}", o.powersgd_rank) : o.compression},
       {"world", world.world_size},
       {"batch", o.batch},
       {"steps", o.steps},

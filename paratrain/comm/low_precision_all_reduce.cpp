@@ -13,8 +13,8 @@ namespace {
 // machine advances under a lock, from whichever thread polls or waits.
 class LowPrecisionAllReduce final : public Work {
  public:
-  LowPrecisionAllReduce(ProcessGroup& group, at::Tensor& buffer, at::ScalarType wire)
-      : group_(group), buffer_(buffer), wire_(wire) {
+  LowPrecisionAllReduce(ProcessGroup& group, at::Tensor& buffer, at::ScalarType wire, ProcessGroup& gather_group)
+      : group_(group), gather_group_(gather_group), buffer_(buffer), wire_(wire) {
     const int64_t p = group.size();
     const int64_t n = buffer.numel();
     chunk_ = (n + p - 1) / p;
@@ -65,7 +65,7 @@ class LowPrecisionAllReduce final : public Work {
     const auto mine = recv_bytes_.view(wire_).reshape({group_.size(), chunk_}).to(at::kFloat).sum(0);
     slice_bytes_ = mine.to(wire_).view(at::kByte);
     gathered_bytes_ = at::empty({group_.size() * chunk_ * 2}, slice_bytes_.options());
-    stage_ = group_.all_gather(gathered_bytes_, slice_bytes_);
+    stage_ = gather_group_.all_gather(gathered_bytes_, slice_bytes_);
     phase_ = Phase::kGather;
   }
 
@@ -78,6 +78,7 @@ class LowPrecisionAllReduce final : public Work {
   }
 
   ProcessGroup& group_;
+  ProcessGroup& gather_group_;
   at::Tensor buffer_;
   at::ScalarType wire_;
   int64_t chunk_ = 0;
@@ -90,7 +91,8 @@ class LowPrecisionAllReduce final : public Work {
 
 }  // namespace
 
-WorkHandle all_reduce_low_precision(ProcessGroup& group, at::Tensor& buffer, at::ScalarType wire) {
+WorkHandle all_reduce_low_precision(ProcessGroup& group, at::Tensor& buffer, at::ScalarType wire,
+                                    ProcessGroup* gather_group) {
   if (wire != at::kBFloat16 && wire != at::kHalf) {
     throw Error(fmt::format("all_reduce_low_precision: the wire dtype must be bf16 or fp16, not {}",
                             c10::toString(wire)));
@@ -100,7 +102,10 @@ WorkHandle all_reduce_low_precision(ProcessGroup& group, at::Tensor& buffer, at:
                             "(got {}, {})",
                             c10::toString(buffer.scalar_type()), buffer.is_contiguous() ? "contiguous" : "strided"));
   }
-  return std::make_shared<LowPrecisionAllReduce>(group, buffer, wire);
+  if (gather_group && gather_group->size() != group.size())
+    throw Error(fmt::format("all_reduce_low_precision: the gather group has {} ranks, the group {}",
+                            gather_group->size(), group.size()));
+  return std::make_shared<LowPrecisionAllReduce>(group, buffer, wire, gather_group ? *gather_group : group);
 }
 
 }  // namespace paratrain::comm

@@ -26,8 +26,13 @@ namespace paratrain::comm {
 // Starts the reduction of `buffer` (contiguous, floating point, any length)
 // and returns it in flight; `buffer` holds the sum once wait() returns. The
 // second phase (fp32 sum, all-gather) starts when a poll (is_completed) or
-// wait() finds the first one done. `wire` is at::kBFloat16 or at::kHalf;
+// wait() finds the first one done, on `gather_group` when given (same
+// members as `group`): needed when several calls are in flight, whose second
+// phases would otherwise interleave with later first phases in a different
+// order on each rank (see Note [Second phases on their own group] in
+// data_parallel/ddp/compress_hook.h). `wire` is at::kBFloat16 or at::kHalf;
 // anything else throws Error.
-WorkHandle all_reduce_low_precision(ProcessGroup& group, at::Tensor& buffer, at::ScalarType wire);
+WorkHandle all_reduce_low_precision(ProcessGroup& group, at::Tensor& buffer, at::ScalarType wire,
+                                    ProcessGroup* gather_group = nullptr);
 
 }  // namespace paratrain::comm

@@ -69,6 +69,16 @@ TEST(PowerSgd, FullRankEqualsTheSingleProcessOracle) {
     for (int r = 1; r < world; ++r) EXPECT_TRUE(identical(ranks[r], ranks[0])) << "rank " << r;
   }
 
+  // Several buckets in flight at once: each step's Q all-reduces must reach
+  // the wire in the same order on every rank (a dedicated group, issued in
+  // bucket order), or Gloo pairs one rank's Q of bucket 0 with another's P
+  // of bucket 1 and aborts the process.
+  RankRun split = powersgd_run(full);
+  split.ddp = with_caps(/*first_bucket_cap=*/256, /*bucket_cap=*/4096);
+  const auto buckets = train_ranks(split, problem);
+  EXPECT_LE(max_relative_diff(buckets[0], oracle), 1e-4) << "several buckets";
+  EXPECT_TRUE(identical(buckets[1], buckets[0]));
+
   PowerSgdOptions low;
   low.rank = 1;
   low.min_compression_rate = 0;

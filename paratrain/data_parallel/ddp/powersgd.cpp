@@ -15,10 +15,14 @@ namespace paratrain::ddp {
 // plain tensors and the P factors together in flight, phase 2 the Q factors;
 // the orthonormalization and G^T P between them run on whichever thread polls
 // or waits first (as comm/low_precision_all_reduce.cpp chains its phases).
+// Phase 2 goes to the follow-up group (Note [Second phases on their own
+// group], compress_hook.h), which is created here, at launch, in the same
+// order on every rank; never lazily.
 class PowerSgd::StepWork final : public comm::Work {
  public:
   StepWork(std::shared_ptr<PowerSgd> owner, comm::ProcessGroup& group, std::size_t index, at::Tensor& buffer)
-      : owner_(std::move(owner)), group_(group), state_(owner_->buckets_[index]), buffer_(buffer) {
+      : owner_(std::move(owner)), group_(owner_->second_.of(group)), state_(owner_->buckets_[index]),
+        buffer_(buffer) {
     const auto& o = owner_->options_;
     // Compute in fp32 at least: QR has no 16-bit kernels, and the error
     // accumulates small differences.
@@ -134,7 +138,7 @@ class PowerSgd::StepWork final : public comm::Work {
   }
 
   std::shared_ptr<PowerSgd> owner_;
-  comm::ProcessGroup& group_;
+  comm::ProcessGroup& group_;  // the second group: Q's all-reduce, issued lazily
   BucketState& state_;
   at::Tensor buffer_;
   at::ScalarType compute_ = at::kFloat;

@@ -41,6 +41,7 @@
 #include <mutex>
 #include <vector>
 
+#include "paratrain/data_parallel/ddp/compress_hook.h"
 #include "paratrain/data_parallel/ddp/reducer.h"
 
 namespace paratrain::ddp {
@@ -103,6 +104,8 @@ class PowerSgd : public std::enable_shared_from_this<PowerSgd> {
   comm::WorkHandle start(comm::ProcessGroup& group, std::size_t index, at::Tensor& buffer);
 
   PowerSgdOptions options_;
+  // Q's all-reduces: Note [Second phases on their own group] (compress_hook.h).
+  FollowUpGroup second_;
   std::vector<BucketState> buckets_;
   at::Generator generator_;
   bool attached_ = false;

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "paratrain/comm/low_precision_all_reduce.h"
+#include "paratrain/data_parallel/ddp/compress_hook.h"
 #include "paratrain/core/error.h"
 
 namespace paratrain::ddp {
@@ -68,13 +69,14 @@ class AllReduceSink final : public BucketSink {
   comm::WorkHandle launch(comm::ProcessGroup& group, std::size_t index, at::Tensor& buffer) override {
     if (hook_) return hook_(group, index, buffer);
     if (buffer.scalar_type() == at::kBFloat16 && group.backend() == "gloo") {
-      return comm::all_reduce_low_precision(group, buffer, at::kBFloat16);
+      return comm::all_reduce_low_precision(group, buffer, at::kBFloat16, &second_.of(group));
     }
     return group.all_reduce(buffer, comm::ReduceOp::kSum);
   }
 
  private:
   BucketCommHook hook_;
+  FollowUpGroup second_;  // Note [Second phases on their own group] (compress_hook.h)
 };
 
 }  // namespace

@@ -8,7 +8,7 @@
 
 #include "paratrain/core/autocast.h"
 #include "paratrain/core/error.h"
-#include "paratrain/comm/low_precision_all_reduce.h"
+#include "paratrain/data_parallel/ddp/compress_hook.h"
 #include "paratrain/data_parallel/ddp/ddp.h"
 #include "paratrain/data_parallel/ddp/naive.h"
 #include "paratrain/data_parallel/ddp/powersgd.h"
@@ -57,9 +57,7 @@ class DdpStrategy final : public DataParallelStrategy {
       if (wire_name != "fp32") {
         // Buckets are fp32 and pre-divided; only the wire is 16-bit.
         const auto wire = wire_name == "bf16" ? at::kBFloat16 : at::kHalf;
-        options.reducer.comm_hook = [wire](comm::ProcessGroup& group, std::size_t, at::Tensor& buffer) {
-          return comm::all_reduce_low_precision(group, buffer, wire);
-        };
+        options.reducer.comm_hook = ddp::low_precision_hook(wire);
       }
       if (d.compression == "powersgd") {
         ddp::PowerSgdOptions p;
