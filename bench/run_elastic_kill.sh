@@ -5,7 +5,10 @@
 # the run resumes from its latest complete checkpoint S. Each trial is then
 # checked against the issue's oracle: a clean run resumed by hand from the
 # same checkpoint S must end with the same parameters (checkpoint compare,
-# rtol 1e-5), and its test accuracy is put next to an undisturbed run's.
+# rtol 1e-5; a trial killed before the first checkpoint is compared with the
+# undisturbed run, which is the run "resumed" from step 0), and its test
+# accuracy is put next to an undisturbed run's (also compared tensor by
+# tensor: resuming is exact here, so they are expected equal too).
 # Prints one JSON line per trial (rank, kill step, resumed step, recovery
 # seconds = last step before the kill to the first step after the resume,
 # as metrics.jsonl timed them, parameter check, accuracies), then a summary.
@@ -52,6 +55,7 @@ train clean "$out_dir/clean.log" -- || { echo "the undisturbed run failed: $out_
 metrics() { ls "$out_dir/$1"/*/version_0/metrics.jsonl; }
 total=$("$python" -c 'import json,sys; print(max(json.loads(l).get("step",0) for l in open(sys.argv[1])))' "$(metrics clean)")
 
+final_clean=$(ls -d "$out_dir/clean"/*/version_0/checkpoints/step_* | sort | tail -1)
 results=$out_dir/trials.jsonl
 : >"$results"
 for ((i = 0; i < trials; ++i)); do
@@ -60,21 +64,21 @@ for ((i = 0; i < trials; ++i)); do
   a=trial$i
   PARATRAIN_FAULT_KILL=$rank:$step train "$a" "$out_dir/$a.log" --max-restarts 1 -- || true
   resumed=$(grep -o 'resumed from [^ ]* at' "$out_dir/$a.log" | head -1 | cut -d' ' -f3 || true)
-  same=null
+  final_a=$(ls -d "$out_dir/$a"/*/version_0/checkpoints/step_* | sort | tail -1) || true
   if [[ -n $resumed ]]; then
     train "$a-ref" "$out_dir/$a-ref.log" -- --set train.resume="$resumed" || true
-    final_a=$(ls -d "$out_dir/$a"/*/version_0/checkpoints/step_* | sort | tail -1)
-    final_b=$(ls -d "$out_dir/$a-ref"/*/version_0/checkpoints/step_* | sort | tail -1)
-    if "$exe" checkpoint compare "$final_a" "$final_b" --all --rtol 1e-5 >"$out_dir/$a.compare" 2>&1; then
-      same=true
-    else
-      same=false
-    fi
+    final_b=$(ls -d "$out_dir/$a-ref"/*/version_0/checkpoints/step_* | sort | tail -1) || true
+  else
+    final_b=$final_clean  # nothing to resume: the restart began at step 0, as the undisturbed run did
   fi
-  "$python" - "$out_dir/$a.log" "$(metrics "$a")" "$(metrics clean)" "$rank" "$step" "$same" "$resumed" \
+  same=false
+  "$exe" checkpoint compare "$final_a" "$final_b" --all --rtol 1e-5 >"$out_dir/$a.compare" 2>&1 && same=true
+  undisturbed=false
+  "$exe" checkpoint compare "$final_a" "$final_clean" --all --rtol 1e-5 >"$out_dir/$a.compare-clean" 2>&1 && undisturbed=true
+  "$python" - "$out_dir/$a.log" "$(metrics "$a")" "$(metrics clean)" "$rank" "$step" "$same" "$undisturbed" \
     >>"$results" <<'EOF'
 import json, re, sys
-log, metrics, clean, rank, step, same, resumed = sys.argv[1:]
+log, metrics, clean, rank, step, same, undisturbed = sys.argv[1:]
 step = int(step)
 text = open(log).read()
 records = [json.loads(l) for l in open(metrics)]
@@ -90,7 +94,8 @@ acc = lambda rs: next((r.get("test_accuracy") for r in reversed(rs) if "test_acc
 print(json.dumps({"rank": int(rank), "kill_after_step": step, "resumed_step": s,
                   "launch_ok": "all " in text and "succeeded" in text and "(after 1 restart)" in text,
                   "recovery_s": None if recovery is None else round(recovery, 3),
-                  "params_equal_resumed_run": {"true": True, "false": False}.get(same),
+                  "params_equal_resumed_run": same == "true",
+                  "params_equal_undisturbed_run": undisturbed == "true",
                   "test_accuracy": acc(records),
                   "clean_test_accuracy": acc([json.loads(l) for l in open(clean)])}))
 EOF
@@ -101,12 +106,14 @@ done
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 ok = sum(r["launch_ok"] for r in rows)
-same = sum(bool(r["params_equal_resumed_run"]) for r in rows)
+same = sum(r["params_equal_resumed_run"] for r in rows)
+clean = sum(r["params_equal_undisturbed_run"] for r in rows)
 rec = sorted(r["recovery_s"] for r in rows if r["recovery_s"] is not None)
 gap = [abs(r["test_accuracy"] - r["clean_test_accuracy"]) * 100 for r in rows
        if r["test_accuracy"] is not None and r["clean_test_accuracy"] is not None]
 print(f"elastic kill: {ok}/{len(rows)} launches recovered, {same}/{len(rows)} equal to the run resumed from the "
-      f"same checkpoint (rtol 1e-5), recovery median {rec[len(rec)//2] if rec else float('nan'):.2f} s "
+      f"same checkpoint and {clean}/{len(rows)} to the undisturbed run (rtol 1e-5, model, optimizer and rng), "
+      f"recovery median {rec[len(rec)//2] if rec else float('nan'):.2f} s "
       f"(max {max(rec) if rec else float('nan'):.2f} s), max accuracy gap to undisturbed "
       f"{max(gap) if gap else float('nan'):.2f} points")
 EOF

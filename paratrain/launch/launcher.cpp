@@ -94,10 +94,12 @@ int launch(const LaunchOptions& options) {
 //   (comm/rendezvous.cpp), so a stale process that still reached the store
 //   (another node's, or an agent store reused across generations) could not
 //   be counted in the new check-in;
-// - `paratrain train` run with TORCHELASTIC_RESTART_COUNT > 0 forces
-//   train.resume = "auto": the newest run version (the one generation 0
-//   created) and in it the newest checkpoint that has its index.json; a save
-//   interrupted by the failure has none and is never loaded.
+// - every generation gets the same PARATRAIN_LAUNCH_ID; `paratrain train`
+//   records it in the run version's run.json, and with
+//   TORCHELASTIC_RESTART_COUNT > 0 continues that version with
+//   train.resume = "auto" (train/restart_resume.h): the newest checkpoint
+//   that has its index.json. A save interrupted by the failure has none and
+//   is never loaded.
 // A port the launcher picked itself is picked again for each generation: the
 // old store's socket may linger in TIME_WAIT. A port the user gave is kept.
 LaunchReport launch_with_report(const LaunchOptions& options) {
@@ -144,7 +146,7 @@ LaunchReport launch_with_report(const LaunchOptions& options) {
     const WorkerOutcome& cause = report.workers[static_cast<std::size_t>(report.first_failed)];
     failures.push_back(cause);
     say(fmt::format("paratrain launch: generation {} failed: {}; restart {} of {}: starting {} again with "
-                    "TORCHELASTIC_RESTART_COUNT={} (workers resume from the run's latest complete checkpoint)",
+                    "TORCHELASTIC_RESTART_COUNT={} (`paratrain train` resumes from its latest complete checkpoint)",
                     generation, describe(cause), generation + 1, options.max_restarts,
                     resolved.nproc_per_node == 1 ? "the worker" : fmt::format("all {} local workers", resolved.nproc_per_node),
                     generation + 1));

@@ -157,8 +157,8 @@ TEST(WorldFromEnv, MalformedTorchelasticAndSlurmVariablesAreNamed) {
   }
   env.set("SLURM_NTASKS_PER_NODE", "2,1");
   EXPECT_EQ(world_from_env().local_world_size, 2);
-  env.set("SLURM_JOB_NODELIST", "[01-02]");
-  EXPECT_NE(env_error().find("SLURM_JOB_NODELIST='[01-02]' names no first host"), std::string::npos)
+  env.set("SLURM_JOB_NODELIST", ",node2");
+  EXPECT_NE(env_error().find("SLURM_JOB_NODELIST=',node2' names no first host"), std::string::npos)
       << env_error();
   env.set("SLURM_PROCID", "x");
   EXPECT_NE(env_error().find("SLURM_PROCID='x' is not an integer"), std::string::npos) << env_error();
