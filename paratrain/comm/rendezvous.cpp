@@ -186,7 +186,9 @@ void check_master_resolves(const WorldInfo& world) {
   addrinfo* found = nullptr;
   const int rc = getaddrinfo(world.master_addr.c_str(), nullptr, &hints, &found);
   if (found != nullptr) freeaddrinfo(found);
-  if (rc == 0) return;
+  // EAI_AGAIN is the resolver failing for now, not the name: the store's
+  // own retries and timeout handle a name server that comes back.
+  if (rc == 0 || rc == EAI_AGAIN) return;
   throw ConfigError(fmt::format("rank {}: the store host '{}' ({}) does not resolve: {}. Fix the name, or set "
                                 "MASTER_ADDR to an address every rank reaches",
                                 world.rank, world.master_addr, world.master_addr_source, gai_strerror(rc)));
