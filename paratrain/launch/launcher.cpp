@@ -157,6 +157,19 @@ void validate(const LaunchOptions& o) {
   auto bad = [](const std::string& what) { throw ConfigError("paratrain launch: " + what); };
   if (o.nproc_per_node < 1) bad(fmt::format("--nproc-per-node {} must be >= 1", o.nproc_per_node));
   if (o.nnodes < 1) bad(fmt::format("--nnodes {} must be >= 1", o.nnodes));
+  if (o.nnodes_min != 0 || o.nnodes_max != 0) {
+    if (o.nnodes_min < 1 || o.nnodes_max < o.nnodes_min) {
+      bad(fmt::format("--nnodes {}:{} must have 1 <= MIN <= MAX", o.nnodes_min, o.nnodes_max));
+    }
+    // Elastic membership needs agents that meet and agree on who is in; until
+    // then only MIN = 1 runs (this node alone), or a fixed size.
+    if (o.nnodes_min != o.nnodes_max && o.nnodes_min > 1) {
+      bad(fmt::format("--nnodes {}:{}: a job that waits for {} nodes and lets more join needs a multi-agent "
+                      "rendezvous, which paratrain launch does not have yet; run a fixed size (--nnodes {} with "
+                      "--master-addr/--master-port on every node) or --nnodes 1:{} on one node",
+                      o.nnodes_min, o.nnodes_max, o.nnodes_min, o.nnodes_min, o.nnodes_max));
+    }
+  }
   if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
     bad(fmt::format("--node-rank {} must be >= 0 and < --nnodes {}", o.node_rank, o.nnodes));
   }
@@ -184,19 +197,6 @@ void validate(const LaunchOptions& o) {
   if (o.monitor_interval.count() <= 0) {
     bad(fmt::format("--monitor-interval {} s must be > 0 (e.g. 0.1)",
                     static_cast<double>(o.monitor_interval.count()) / 1000.0));
-  }
-  if (o.nnodes_min != 0 || o.nnodes_max != 0) {
-    if (o.nnodes_min < 1 || o.nnodes_max < o.nnodes_min) {
-      bad(fmt::format("--nnodes {}:{} must have 1 <= MIN <= MAX", o.nnodes_min, o.nnodes_max));
-    }
-    // Elastic membership needs agents that meet and agree on who is in; until
-    // then only MIN = 1 runs (this node alone), or a fixed size.
-    if (o.nnodes_min != o.nnodes_max && o.nnodes_min > 1) {
-      bad(fmt::format("--nnodes {}:{}: a job that waits for {} nodes and lets more join needs a multi-agent "
-                      "rendezvous, which paratrain launch does not have yet; run a fixed size (--nnodes {} with "
-                      "--master-addr/--master-port on every node) or --nnodes 1:{} on one node",
-                      o.nnodes_min, o.nnodes_max, o.nnodes_min, o.nnodes_min, o.nnodes_max));
-    }
   }
   for (char c : o.rdzv_id) {
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) {
