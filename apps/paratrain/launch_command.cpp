@@ -5,10 +5,13 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <tuple>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include "apps/paratrain/commands.h"
+#include "paratrain/core/error.h"
 #include "paratrain/launch/launcher.h"
 
 namespace paratrain::cli {
@@ -17,6 +20,9 @@ Command add_launch_command(CLI::App& app) {
   struct Flags {
     launch::LaunchOptions options;
     double kill_grace_s = 5.0;
+    double monitor_interval_s = 0.05;
+    std::string nnodes = "1";
+    std::string rdzv_endpoint;
     bool no_prefix = false;
   };
   auto flags = std::make_shared<Flags>();
@@ -26,12 +32,14 @@ Command add_launch_command(CLI::App& app) {
       "launch",
       "Start worker processes with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, ...), "
       "prefix their output with the rank, and stop them all when one fails.\n"
-      "  paratrain launch --nproc-per-node N [--nnodes M --node-rank R --master-addr A "
+      "  paratrain launch --nproc-per-node N [--max-restarts K] [--nnodes M --node-rank R --master-addr A "
       "--master-port P] -- PROGRAM ARGS...");
   sub->add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node,
                   "worker processes (ranks) on this node")
       ->capture_default_str();
-  sub->add_option("--nnodes", o.nnodes, "nodes in the job (each runs its own launcher)")
+  sub->add_option("--nnodes", flags->nnodes,
+                  "nodes in the job (each runs its own launcher): N, or MIN:MAX as torchrun has it (only "
+                  "1:MAX runs today, as this node alone)")
       ->capture_default_str();
   sub->add_option("--node-rank,--node_rank", o.node_rank, "this node's index in [0, nnodes)")
       ->capture_default_str();
@@ -42,6 +50,18 @@ Command add_launch_command(CLI::App& app) {
   sub->add_option("--num-servers,--num_servers", o.num_servers,
                   "parameter servers among the ranks (sets ps.servers for `paratrain train`; 0 = none)")
       ->capture_default_str();
+  sub->add_option("--max-restarts,--max_restarts", o.max_restarts,
+                  "restart all local workers up to this many times when one fails; `paratrain train` then "
+                  "resumes from the latest complete checkpoint (0 = fail fast)")
+      ->capture_default_str();
+  sub->add_option("--monitor-interval,--monitor_interval", flags->monitor_interval_s,
+                  "seconds between checks of the workers for exits")
+      ->capture_default_str();
+  sub->add_option("--rdzv-endpoint,--rdzv_endpoint", flags->rdzv_endpoint,
+                  "HOST[:PORT] of the rendezvous store (port 29400 if left out); the same as --master-addr "
+                  "and --master-port");
+  sub->add_option("--rdzv-id,--rdzv_id", o.rdzv_id,
+                  "job id: workers get it as TORCHELASTIC_RUN_ID and it prefixes every rendezvous key");
   sub->add_option("--kill-grace", flags->kill_grace_s,
                   "seconds stopped workers get between SIGTERM and SIGKILL")
       ->capture_default_str();
@@ -52,7 +72,9 @@ Command add_launch_command(CLI::App& app) {
       "Put `--` before PROGRAM so that its own flags are not read as the launcher's. Each worker "
       "leads its own process group; the first worker that fails (or a SIGINT/SIGTERM/SIGHUP to the "
       "launcher) stops all of them: SIGTERM, then SIGKILL after --kill-grace seconds. The exit "
-      "code is the first failing worker's (128 + signal when killed by one).");
+      "code is the first failing worker's (128 + signal when killed by one). With --max-restarts N "
+      "the workers are instead started again, up to N times, as a new generation "
+      "(TORCHELASTIC_RESTART_COUNT), and `paratrain train` resumes from its latest complete checkpoint.");
 
   auto run = [flags]() {
     launch::LaunchOptions options = flags->options;
@@ -60,6 +82,20 @@ Command add_launch_command(CLI::App& app) {
     // Negative or NaN stays visible to validate(), which names the value.
     const double ms = std::isfinite(flags->kill_grace_s) ? flags->kill_grace_s * 1000.0 : -1.0;
     options.kill_grace = std::chrono::milliseconds(static_cast<long long>(std::llround(ms)));
+    const double monitor_ms =
+        std::isfinite(flags->monitor_interval_s) ? flags->monitor_interval_s * 1000.0 : -1.0;
+    options.monitor_interval = std::chrono::milliseconds(static_cast<long long>(std::llround(monitor_ms)));
+    std::tie(options.nnodes_min, options.nnodes_max) = launch::parse_nnodes(flags->nnodes);
+    // The job runs on the nodes there are; with MIN:MAX that is MIN (see launcher.h).
+    options.nnodes = options.nnodes_min;
+    if (!flags->rdzv_endpoint.empty()) {
+      if (!options.master_addr.empty() || options.master_port != 0) {
+        throw ConfigError(fmt::format("paratrain launch: --rdzv-endpoint {} and --master-addr/--master-port "
+                                      "name the same store; give one of them",
+                                      flags->rdzv_endpoint));
+      }
+      std::tie(options.master_addr, options.master_port) = launch::parse_endpoint(flags->rdzv_endpoint);
+    }
     return launch::launch(options);
   };
   return Command{sub, run};

@@ -3,7 +3,10 @@
 // process reads its rank from the environment; alone it trains on one process.
 #include <ATen/Parallel.h>
 
+#include <csignal>
+#include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,11 +17,51 @@
 #include "apps/paratrain/commands.h"
 #include "paratrain/comm/rendezvous.h"
 #include "paratrain/core/env.h"
+#include "paratrain/core/error.h"
 #include "paratrain/core/logging.h"
 #include "paratrain/train/config.h"
+#include "paratrain/train/restart_resume.h"
 #include "paratrain/train/trainer.h"
 
 namespace paratrain::cli {
+namespace {
+
+// PARATRAIN_FAULT_KILL=RANK:STEP makes rank RANK SIGKILL itself after
+// optimizer step STEP, in generation 0 only (TORCHELASTIC_RESTART_COUNT
+// unset or 0) so the restarted run goes through. Fault injection for trying
+// and testing `paratrain launch --max-restarts`: a kill -9 at a known step,
+// with no timing race between a test and the worker.
+class FaultKill : public train::Callback {
+ public:
+  FaultKill(int64_t step) : step_(step) {}
+  void on_train_batch_end(const train::StepInfo& info) override {
+    if (info.step != step_) return;
+    spdlog::warn("PARATRAIN_FAULT_KILL: killing this rank with SIGKILL after step {}", step_);
+    spdlog::default_logger()->flush();
+    std::raise(SIGKILL);
+  }
+
+ private:
+  int64_t step_;
+};
+
+// The step at which this rank kills itself, if PARATRAIN_FAULT_KILL says so.
+std::optional<int64_t> fault_kill_step(const comm::WorldInfo& world) {
+  const auto spec = env::get("PARATRAIN_FAULT_KILL");
+  if (!spec || world.restart_count > 0) return std::nullopt;
+  int rank = -1;
+  long long step = -1;
+  char tail = 0;
+  if (std::sscanf(spec->c_str(), "%d:%lld%c", &rank, &step, &tail) != 2 || rank < 0 || step < 1) {
+    throw ConfigError(fmt::format("environment variable PARATRAIN_FAULT_KILL='{}' must be RANK:STEP (e.g. 1:5: "
+                                  "rank 1 kills itself after step 5); unset it to train normally",
+                                  *spec));
+  }
+  if (rank != world.rank) return std::nullopt;
+  return step;
+}
+
+}  // namespace
 
 Command add_train_command(CLI::App& app) {
   struct Args {
@@ -43,6 +86,21 @@ Command add_train_command(CLI::App& app) {
     auto overrides = args->overrides;
     if (auto servers = env::get("PARATRAIN_PS_SERVERS")) overrides.insert(overrides.begin(), "ps.servers=" + *servers);
     auto config = train::load_config(args->config, overrides);
+    // A restarted worker (`paratrain launch --max-restarts`, torchrun)
+    // continues the run its first generation began: that run version, from
+    // its latest complete checkpoint (restart_resume.h). Its overrides come
+    // last, so they win over --set. Every rank decides before any rank can
+    // write (they meet only later, in init_process_group), so all agree.
+    const std::string launch_id = env::get_or("PARATRAIN_LAUNCH_ID", world.run_id);
+    if (world.restart_count > 0) {
+      const auto plan = train::restart_resume(config, launch_id, world.restart_count);
+      if (world.rank == 0) spdlog::info("{}", plan.message);
+      if (!plan.overrides.empty()) {
+        overrides.insert(overrides.end(), plan.overrides.begin(), plan.overrides.end());
+        config = train::load_config(args->config, overrides);
+      }
+    }
+    const auto kill_step = fault_kill_step(world);
     // Ranks share the machine's cores; one compute thread each unless the
     // user (or the launcher) said otherwise. See design.md.
     if (!env::get("OMP_NUM_THREADS") && world.local_world_size > 1) at::set_num_threads(1);
@@ -53,6 +111,9 @@ Command add_train_command(CLI::App& app) {
     auto group = comm::init_process_group(world, init);
 
     train::Trainer trainer(config, *group);
+    // Lets a later generation of this launch find the version (run.json).
+    if (world.rank == 0) train::record_launch_id(trainer.run_dir(), launch_id);
+    if (kill_step) trainer.add_callback(std::make_shared<FaultKill>(*kill_step));
     auto result = trainer.fit();
     if (world.rank == 0) {
       std::string acc = result.test.count > 0 ? fmt::format("test accuracy {:.2f}% (loss {:.4f})",

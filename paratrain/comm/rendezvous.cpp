@@ -1,7 +1,11 @@
 // Rendezvous from the environment: torchrun / paratrain launch, OpenMPI, Slurm.
 #include "paratrain/comm/rendezvous.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <cctype>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -31,6 +35,31 @@ std::string first_slurm_host(const std::string& list) {
   return prefix + rest.substr(0, end);
 }
 
+// SLURM_NTASKS_PER_NODE reads "4", "4(x2)" (4 on each of 2 nodes) or "2,1"
+// (per node, heterogeneous); the leading count is this job's tasks per node
+// on the first nodes. Anything else is named, not passed to a bare stoi.
+int slurm_tasks_per_node(const std::string& value) {
+  std::size_t digits = 0;
+  while (digits < value.size() && std::isdigit(static_cast<unsigned char>(value[digits]))) ++digits;
+  const bool rest_ok = digits == value.size() || value[digits] == '(' || value[digits] == ',';
+  if (digits == 0 || digits > 6 || !rest_ok) {
+    throw ConfigError(fmt::format("environment variable SLURM_NTASKS_PER_NODE='{}' is not a task count such as "
+                                  "4, 4(x2) or 2,1; unset it or run under srun, which sets it",
+                                  value));
+  }
+  return std::stoi(value.substr(0, digits));
+}
+
+// TORCHELASTIC_USE_AGENT_STORE: torchrun writes "True" or "False".
+bool agent_store_flag() {
+  const auto v = env::get_or("TORCHELASTIC_USE_AGENT_STORE", "");
+  if (v.empty() || v == "False" || v == "false" || v == "0") return false;
+  if (v == "True" || v == "true" || v == "1") return true;
+  throw ConfigError(fmt::format("environment variable TORCHELASTIC_USE_AGENT_STORE='{}' is not True or False "
+                                "(torchrun sets it); unset it or set True/False",
+                                v));
+}
+
 bool is_local_address(const std::string& addr) {
   if (addr == "127.0.0.1" || addr == "localhost" || addr == "::1") return true;
   char host[256] = {0};
@@ -55,7 +84,7 @@ c10::intrusive_ptr<c10d::Store> connect_store(const WorldInfo& world, const Init
                                               const std::string& where) {
   c10d::TCPStoreOptions store_opts;
   store_opts.port = static_cast<std::uint16_t>(world.master_port);
-  store_opts.isServer = world.rank == 0;
+  store_opts.isServer = world.rank == 0 && !world.use_agent_store;
   store_opts.numWorkers = world.world_size;
   // We check arrival ourselves (check_in) so the error can name the missing
   // ranks; the store's own wait would only say "timed out".
@@ -66,6 +95,13 @@ c10::intrusive_ptr<c10d::Store> connect_store(const WorldInfo& world, const Init
   } catch (const std::exception& e) {
     std::string msg = e.what();
     if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+    if (world.use_agent_store) {
+      throw TimeoutError(fmt::format("rank {}: could not reach torchrun's agent store ({}; "
+                                     "TORCHELASTIC_USE_AGENT_STORE is set) within {} s: {}. Is this process "
+                                     "running under torchrun, with its MASTER_ADDR/MASTER_PORT?",
+                                     world.rank, where, std::chrono::duration<double>(options.timeout).count(),
+                                     msg));
+    }
     if (world.rank == 0) {
       throw CommError(fmt::format("rank 0: could not serve the {}: {}. Is the port already in use? "
                                   "Pick another MASTER_PORT", where, msg));
@@ -96,6 +132,16 @@ WorldInfo world_from_env() {
   const auto port = static_cast<int>(env::get_int_or("MASTER_PORT", 29500));
   w.master_port = port;
   w.master_addr = env::get_or("MASTER_ADDR", "127.0.0.1");
+  if (env::get("MASTER_ADDR")) w.master_addr_source = "MASTER_ADDR";
+  const long restarts = env::get_int_or("TORCHELASTIC_RESTART_COUNT", 0);
+  if (restarts < 0 || restarts > 1000000) {
+    throw ConfigError(fmt::format("environment variable TORCHELASTIC_RESTART_COUNT={} must be a restart count >= 0",
+                                  restarts));
+  }
+  w.restart_count = static_cast<int>(restarts);
+  w.run_id = env::get_or("TORCHELASTIC_RUN_ID", "none");
+  if (w.run_id.empty()) w.run_id = "none";
+  w.use_agent_store = agent_store_flag();
   if (env::get("RANK") || env::get("WORLD_SIZE")) {
     w.source = "torchrun";
     w.rank = static_cast<int>(env::get_int_or("RANK", 0));
@@ -113,15 +159,41 @@ WorldInfo world_from_env() {
     w.rank = static_cast<int>(*env::get_int("SLURM_PROCID"));
     w.world_size = static_cast<int>(env::get_int_or("SLURM_NTASKS", 1));
     w.local_rank = static_cast<int>(env::get_int_or("SLURM_LOCALID", 0));
-    // SLURM_NTASKS_PER_NODE may read "4(x2)"; strtol stops at '(' so parse by hand.
     auto per_node = env::get_or("SLURM_NTASKS_PER_NODE", "");
-    w.local_world_size = per_node.empty() ? w.world_size : std::stoi(per_node);
+    w.local_world_size = per_node.empty() ? w.world_size : slurm_tasks_per_node(per_node);
     if (!env::get("MASTER_ADDR")) {
-      if (auto nodes = env::get("SLURM_JOB_NODELIST")) w.master_addr = first_slurm_host(*nodes);
+      if (auto nodes = env::get("SLURM_JOB_NODELIST")) {
+        w.master_addr = first_slurm_host(*nodes);
+        w.master_addr_source = fmt::format("the first host of SLURM_JOB_NODELIST='{}'", *nodes);
+        if (w.master_addr.empty()) {
+          throw ConfigError(fmt::format("environment variable SLURM_JOB_NODELIST='{}' names no first host; run "
+                                        "under srun/sbatch, which set it, or set MASTER_ADDR",
+                                        *nodes));
+        }
+      }
     }
   }
   validate(w);
   return w;
+}
+
+std::string rendezvous_prefix(const WorldInfo& world) {
+  return fmt::format("paratrain/{}/gen{}", world.run_id, world.restart_count);
+}
+
+void check_master_resolves(const WorldInfo& world) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(world.master_addr.c_str(), nullptr, &hints, &found);
+  if (found != nullptr) freeaddrinfo(found);
+  // EAI_AGAIN is the resolver failing for now, not the name: the store's
+  // own retries and timeout handle a name server that comes back.
+  if (rc == 0 || rc == EAI_AGAIN) return;
+  throw ConfigError(fmt::format("rank {}: the store host '{}' ({}) does not resolve: {}. Fix the name, or set "
+                                "MASTER_ADDR to an address every rank reaches",
+                                world.rank, world.master_addr, world.master_addr_source, gai_strerror(rc)));
 }
 
 std::shared_ptr<ProcessGroup> init_process_group(const WorldInfo& world, const InitOptions& options) {
@@ -163,14 +235,20 @@ std::shared_ptr<ProcessGroup> init_process_group(const WorldInfo& world, const I
     // compete for MASTER_PORT with each other or with other jobs.
     store = c10::make_intrusive<c10d::HashStore>();
   } else {
+    check_master_resolves(world);
     store = connect_store(world, options, where);
   }
-  check_in(*store, world.rank, world.world_size, options.timeout, where);
+  // Every key of this rendezvous lives under the job's id and generation:
+  // see Note [Restarting workers] in launch/launcher.cpp. torchrun's agent
+  // store outlives generations, so without the generation a restarted rank
+  // would find the old check-ins and go on before its peers arrived.
+  auto job_store = c10::make_intrusive<c10d::PrefixStore>(rendezvous_prefix(world), store);
+  check_in(*job_store, world.rank, world.world_size, options.timeout, where);
 
   GlooOptions gloo;
   gloo.timeout = options.timeout;
   gloo.bind_address = bind_address_for(world, options);
-  auto world_store = c10::make_intrusive<c10d::PrefixStore>("world", store);
+  auto world_store = c10::make_intrusive<c10d::PrefixStore>("world", job_store);
   return make_gloo_group(world_store, world.rank, world.world_size, gloo);
 }
 

@@ -21,12 +21,37 @@ struct WorldInfo {
   int master_port = 29500;
   // Where the values came from: "torchrun", "openmpi", "slurm" or "default".
   std::string source = "default";
+  // Where master_addr came from, for errors: "MASTER_ADDR", "SLURM_JOB_NODELIST" or "default".
+  std::string master_addr_source = "default";
+  // torchelastic's restart environment (torchrun, `paratrain launch`):
+  // TORCHELASTIC_RESTART_COUNT is this worker's generation (> 0 after a
+  // restart: `paratrain train` then resumes), TORCHELASTIC_RUN_ID the job id.
+  // Both go into every rendezvous key, so workers of an earlier generation or
+  // another job that reach the same store are never counted.
+  int restart_count = 0;
+  std::string run_id = "none";
+  // TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent already serves a
+  // TCPStore at master_addr:master_port, so rank 0 connects to it as a client
+  // instead of serving one (which would fail: the port is taken).
+  bool use_agent_store = false;
 };
 
 // torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT) win; then OMPI_COMM_WORLD_*; then SLURM_*; else a
-// single process. Throws ConfigError on inconsistent values (rank >= size...).
+// single process. TORCHELASTIC_* are read whatever the source. Throws
+// ConfigError naming the variable on a malformed value, and on inconsistent
+// values (rank >= size...).
 WorldInfo world_from_env();
+
+// The store namespace of one generation of one job:
+// "paratrain/<run_id>/gen<restart_count>". Every rendezvous key lives under it.
+std::string rendezvous_prefix(const WorldInfo& world);
+
+// Throws ConfigError when master_addr does not resolve to an address (a typo,
+// or a SLURM_JOB_NODELIST host this node cannot resolve), naming the host and
+// where it came from. Called by init_process_group before it meets the store,
+// instead of letting the store retry a name that can never connect.
+void check_master_resolves(const WorldInfo& world);
 
 struct InitOptions {
   // How long to wait for every rank to arrive, and the default for every

@@ -3,7 +3,9 @@
 #include "paratrain/launch/launcher.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
+#include <cctype>
 #include <climits>
 #include <cstdlib>
 
@@ -11,6 +13,8 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/launch/free_port.h"
+#include "paratrain/launch/line_prefixer.h"
+#include "paratrain/launch/report.h"
 #include "paratrain/launch/signal_capture.h"
 #include "paratrain/launch/supervisor.h"
 #include "paratrain/launch/worker_env.h"
@@ -60,32 +64,112 @@ void check_process_limits(const LaunchOptions& o) {
   }
 }
 
+// The job id when the user named one (the same on every node); else unique
+// enough to tell this launch's run version from any other's: host, pid and
+// the start time in milliseconds.
+std::string make_launch_id(const std::string& rdzv_id) {
+  if (!rdzv_id.empty()) return rdzv_id;
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  return fmt::format("{}-{}-{}", host, static_cast<long long>(getpid()), static_cast<long long>(ms));
+}
+
 }  // namespace
 
 int launch(const LaunchOptions& options) {
   return launch_with_report(options).exit_code;
 }
 
+// Note [Restarting workers]
+// Restarts are torchelastic's: on a worker failure every local worker is
+// stopped (as for fail-fast) and, while restarts remain, all of them are
+// started again as generation k (TORCHELASTIC_RESTART_COUNT=k). Three things
+// make the new generation safe and continue the same run:
+// - the launcher returns from a generation only when every worker and its
+//   process group are gone, so no stale worker survives into the next one;
+// - workers prefix every store key with the run id and the generation
+//   (comm/rendezvous.cpp), so a stale process that still reached the store
+//   (another node's, or an agent store reused across generations) could not
+//   be counted in the new check-in;
+// - every generation gets the same PARATRAIN_LAUNCH_ID; `paratrain train`
+//   records it in the run version's run.json, and with
+//   TORCHELASTIC_RESTART_COUNT > 0 continues that version with
+//   train.resume = "auto" (train/restart_resume.h): the newest checkpoint
+//   that has its index.json. A save interrupted by the failure has none and
+//   is never loaded.
+// A port the launcher picked itself is picked again for each generation: the
+// old store's socket may linger in TIME_WAIT. A port the user gave is kept.
 LaunchReport launch_with_report(const LaunchOptions& options) {
   validate(options);
   // Only the exec path is resolved; argv[0] stays as the user wrote it.
-  std::string program = resolve_program(options.command[0], std::getenv("PATH"));
+  const std::string program = resolve_program(options.command[0], std::getenv("PATH"));
   LaunchOptions resolved = options;
   if (resolved.master_addr.empty()) resolved.master_addr = "127.0.0.1";
   if (resolved.master_port == 0) resolved.master_port = find_free_port();
+  if (resolved.nnodes_min == 0) resolved.nnodes_min = resolved.nnodes_max = resolved.nnodes;
+  if (resolved.launch_id.empty()) resolved.launch_id = make_launch_id(resolved.rdzv_id);
+  auto say = [&](const std::string& line) { write_all(options.err_fd, line + "\n"); };
+  if (resolved.nnodes_min != resolved.nnodes_max) {
+    say(fmt::format("paratrain launch: --nnodes {}:{}: nodes cannot join a running job yet (no multi-agent "
+                    "rendezvous); this node runs the job alone with its {} rank{}",
+                    resolved.nnodes_min, resolved.nnodes_max, resolved.nproc_per_node,
+                    resolved.nproc_per_node == 1 ? "" : "s"));
+  }
 
   // Capture signals before the first worker starts: a Ctrl-C during start-up
   // must reach the workers already running, not kill the launcher alone.
   SignalCapture signals;
-  Supervisor supervisor(resolved, std::move(program), signals);
-  supervisor.start();
-  return supervisor.run();
+  std::vector<WorkerOutcome> failures;
+  for (int generation = 0;; ++generation) {
+    resolved.restart_count = generation;
+    if (generation > 0 && options.master_port == 0) resolved.master_port = find_free_port();
+    LaunchReport report;
+    {
+      Supervisor supervisor(resolved, program, signals);
+      supervisor.start();
+      report = supervisor.run();
+    }
+    report.restarts = generation;
+    report.failures = failures;
+    const bool restart = report.exit_code != 0 && report.received_signal == 0 && report.first_failed >= 0 &&
+                         generation < options.max_restarts;
+    if (!restart) {
+      if (generation > 0) {
+        report.summary += fmt::format(" (after {} restart{})", generation, generation == 1 ? "" : "s");
+      }
+      say(report.summary);
+      return report;
+    }
+    const WorkerOutcome& cause = report.workers[static_cast<std::size_t>(report.first_failed)];
+    failures.push_back(cause);
+    say(fmt::format("paratrain launch: generation {} failed: {}; restart {} of {}: starting {} again with "
+                    "TORCHELASTIC_RESTART_COUNT={} (`paratrain train` resumes from its latest complete checkpoint)",
+                    generation, describe(cause), generation + 1, options.max_restarts,
+                    resolved.nproc_per_node == 1 ? "the worker" : fmt::format("all {} local workers", resolved.nproc_per_node),
+                    generation + 1));
+  }
 }
 
 void validate(const LaunchOptions& o) {
   auto bad = [](const std::string& what) { throw ConfigError("paratrain launch: " + what); };
   if (o.nproc_per_node < 1) bad(fmt::format("--nproc-per-node {} must be >= 1", o.nproc_per_node));
   if (o.nnodes < 1) bad(fmt::format("--nnodes {} must be >= 1", o.nnodes));
+  if (o.nnodes_min != 0 || o.nnodes_max != 0) {
+    if (o.nnodes_min < 1 || o.nnodes_max < o.nnodes_min) {
+      bad(fmt::format("--nnodes {}:{} must have 1 <= MIN <= MAX", o.nnodes_min, o.nnodes_max));
+    }
+    // Elastic membership needs agents that meet and agree on who is in; until
+    // then only MIN = 1 runs (this node alone), or a fixed size.
+    if (o.nnodes_min != o.nnodes_max && o.nnodes_min > 1) {
+      bad(fmt::format("--nnodes {}:{}: a job that waits for {} nodes and lets more join needs a multi-agent "
+                      "rendezvous, which paratrain launch does not have yet; run a fixed size (--nnodes {} with "
+                      "--master-addr/--master-port on every node) or --nnodes 1:{} on one node",
+                      o.nnodes_min, o.nnodes_max, o.nnodes_min, o.nnodes_min, o.nnodes_max));
+    }
+  }
   if (o.node_rank < 0 || o.node_rank >= o.nnodes) {
     bad(fmt::format("--node-rank {} must be >= 0 and < --nnodes {}", o.node_rank, o.nnodes));
   }
@@ -108,6 +192,17 @@ void validate(const LaunchOptions& o) {
   if (o.nnodes > 1 && o.master_addr.empty()) {
     bad(fmt::format("--nnodes {} needs --master-addr: the address of node 0 (where rank 0 runs) that "
                     "every node can reach", o.nnodes));
+  }
+  if (o.max_restarts < 0) bad(fmt::format("--max-restarts {} must be >= 0", o.max_restarts));
+  if (o.monitor_interval.count() <= 0) {
+    bad(fmt::format("--monitor-interval {} s must be > 0 (e.g. 0.1)",
+                    static_cast<double>(o.monitor_interval.count()) / 1000.0));
+  }
+  for (char c : o.rdzv_id) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) {
+      bad(fmt::format("--rdzv-id '{}' may hold only letters, digits, '-', '_' and '.' (it becomes part of "
+                      "every rendezvous key)", o.rdzv_id));
+    }
   }
   if (o.kill_grace.count() < 0) {
     bad(fmt::format("--kill-grace {} s must be >= 0", static_cast<double>(o.kill_grace.count()) / 1000.0));

@@ -1,21 +1,35 @@
 // `paratrain launch`, like torchrun: starts nproc_per_node worker processes on
 // this node with torchrun's environment, prefixes their output with the rank,
 // and supervises them: the first failure, or a SIGINT/SIGTERM/SIGHUP to the
-// launcher, stops every worker (SIGTERM, then SIGKILL) and the launch fails.
-// Not a rendezvous: workers meet on their own at MASTER_ADDR:MASTER_PORT
-// (paratrain/comm/rendezvous.h). Not elastic: no restarts. std + POSIX only.
+// launcher, stops every worker (SIGTERM, then SIGKILL). Without restarts the
+// launch then fails; with max_restarts > 0 the launcher starts the workers
+// again as a new generation (TORCHELASTIC_RESTART_COUNT), and `paratrain
+// train` resumes from the run's latest complete checkpoint (Note [Restarting
+// workers] in launcher.cpp). Not a rendezvous: workers meet on their own at
+// MASTER_ADDR:MASTER_PORT (paratrain/comm/rendezvous.h), under keys that carry
+// the generation. Restarts are per node: there is no multi-agent rendezvous
+// yet, so nodes cannot join or leave a running job. std + POSIX only.
 #pragma once
 
 #include <sys/types.h>
 
 #include <chrono>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace paratrain::launch {
 
 // Fields map one to one onto the CLI flags, and error messages name the flags.
 struct LaunchOptions {
+  // Which generation of workers this is (set by launch() for each restart;
+  // workers see it as TORCHELASTIC_RESTART_COUNT). Callers leave it 0.
+  int restart_count = 0;
+  // Names this launch for every generation of its workers
+  // (PARATRAIN_LAUNCH_ID): `paratrain train` records it in run.json and a
+  // restarted worker finds its run version by it. launch() sets it to
+  // rdzv_id, or host-pid-time when that is empty. Callers leave it empty.
+  std::string launch_id;
   // Worker processes started on this node, one rank each. More ranks than
   // cores is allowed (tests do it) but the ranks then share the cores.
   int nproc_per_node = 1;
@@ -54,6 +68,25 @@ struct LaunchOptions {
   // ranks become parameter servers. The launcher itself treats all ranks
   // alike.
   int num_servers = 0;
+  // Restart-based elasticity (torchrun's --max-restarts): how many times the
+  // workers are started again after one fails. 0 = fail fast. A restart
+  // stops every local worker and starts all of them again; progress since the
+  // last checkpoint is lost, so checkpoint often (train.checkpoint_every_steps).
+  // A signal to the launcher (Ctrl-C) never restarts.
+  int max_restarts = 0;
+  // How often the launcher checks its workers for exits (torchrun's
+  // --monitor-interval). Output and signals wake it sooner; a shorter interval
+  // notices a dead worker sooner at the cost of more wake-ups.
+  std::chrono::milliseconds monitor_interval{50};
+  // torchrun's --nnodes MIN:MAX. Only a fixed size runs today (nnodes_min ==
+  // nnodes_max == nnodes), or MIN = 1 with no rendezvous endpoint: this node
+  // alone, said so at start. 0 = not given (both equal nnodes).
+  int nnodes_min = 0;
+  int nnodes_max = 0;
+  // torchrun's --rdzv-id: names the job; workers get it as TORCHELASTIC_RUN_ID
+  // and every rendezvous key they write carries it, so two jobs that share a
+  // store cannot mix. Empty = "none", torchrun's default.
+  std::string rdzv_id;
 };
 
 // How one worker ended.
@@ -92,6 +125,10 @@ struct LaunchReport {
   std::string master_addr;             // what the workers were given
   int master_port = 0;                 // ... including a port picked because 0 was passed
   std::string summary;                 // the one-line summary printed last
+  // Restarts that happened (0..max_restarts); `workers` describes the last
+  // generation, `failures` the failure that ended each earlier one.
+  int restarts = 0;
+  std::vector<WorkerOutcome> failures;
 };
 
 // Runs the workers to completion and returns the launcher's exit code. Throws
@@ -108,5 +145,14 @@ LaunchReport launch_with_report(const LaunchOptions& options);
 // Throws ConfigError naming the flags and printing every value involved,
 // e.g. "--node-rank 2 must be < --nnodes 2". Called by launch().
 void validate(const LaunchOptions& options);
+
+// torchrun's "--nnodes N" or "--nnodes MIN:MAX" -> {MIN, MAX}; throws
+// ConfigError naming the flag on anything else ("0", "2:1", "a:b").
+std::pair<int, int> parse_nnodes(const std::string& text);
+
+// torchrun's "--rdzv-endpoint HOST[:PORT]" ("[::1]:29400" for IPv6) ->
+// {host, port}; the port defaults to 29400 as torchrun's does. Throws
+// ConfigError naming the flag on an empty host or a bad port.
+std::pair<std::string, int> parse_endpoint(const std::string& text);
 
 }  // namespace paratrain::launch

@@ -25,7 +25,7 @@ namespace paratrain::launch {
 namespace {
 
 // Note [Stopping workers]
-// The loop wakes at least every kTick to reap workers (waitpid WNOHANG) and
+// The loop wakes at least every monitor_interval (default 50 ms) to reap workers (waitpid WNOHANG) and
 // to escalate; pipes and the signal pipe wake it sooner. The first worker
 // that ends badly, or the first SIGINT/SIGTERM/SIGHUP to the launcher, stops
 // every process group that still has a live process: that signal now (SIGTERM
@@ -36,7 +36,6 @@ namespace {
 // no group has a live process and every pipe reached EOF, or kSettle after
 // the last possible SIGKILL: a pipe held open by a process that left its
 // group (setsid) cannot make the launcher hang.
-constexpr auto kTick = std::chrono::milliseconds(50);
 constexpr auto kSettle = std::chrono::seconds(1);
 constexpr std::size_t kReadChunk = 64 * 1024;
 // Output still buffered in a pipe when the loop ends is copied up to here.
@@ -124,9 +123,13 @@ void Supervisor::start() {
 LaunchReport Supervisor::run() {
   std::vector<int> ranks;
   for (const auto& w : workers_) ranks.push_back(w.outcome.rank);
-  say(fmt::format("paratrain launch: started {} of {} (node {} of {}), MASTER_ADDR={} MASTER_PORT={}",
+  say(fmt::format("paratrain launch: started {} of {} (node {} of {}), MASTER_ADDR={} MASTER_PORT={}{}",
                   rank_list(ranks), options_.nproc_per_node * options_.nnodes, options_.node_rank,
-                  options_.nnodes, options_.master_addr, options_.master_port));
+                  options_.nnodes, options_.master_addr, options_.master_port,
+                  options_.restart_count > 0 ? fmt::format(", generation {} (restart {} of {})",
+                                                           options_.restart_count, options_.restart_count,
+                                                           options_.max_restarts)
+                                             : std::string()));
   while (true) {
     const auto now = Clock::now();
     reap(now);
@@ -145,7 +148,7 @@ LaunchReport Supervisor::run() {
       }
     }
     escalate(now);
-    pump(kTick);
+    pump(options_.monitor_interval);
   }
   close_streams();
 
@@ -161,8 +164,8 @@ LaunchReport Supervisor::run() {
   report.received_signal = received_signal_;
   report.master_addr = options_.master_addr;
   report.master_port = options_.master_port;
+  // Printed by launch_with_report, which knows whether a restart follows.
   report.summary = summarize(report);
-  say(report.summary);
   return report;
 }
 
@@ -173,7 +176,7 @@ LaunchReport Supervisor::run() {
 // own SIGTERM kills the rest. So the rank reaped first is not always the
 // cause. Each sweep reaps every worker that ended before stopping anyone, so
 // workers ending together all count as ending on their own; each outcome keeps
-// the sweep's time (resolution: one kTick) and whether its output blamed a
+// the sweep's time (resolution: one monitor interval) and whether its output blamed a
 // peer; at the end pick_first_failure (report.h) prefers ranks that failed on
 // their own, then the earliest.
 void Supervisor::reap(Clock::time_point now) {

@@ -51,7 +51,13 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
       {"NODE_RANK", std::to_string(o.node_rank)},
       {"MASTER_ADDR", o.master_addr},
       {"MASTER_PORT", std::to_string(o.master_port)},
+      // torchelastic's restart environment: `paratrain train` resumes when
+      // the count is > 0, and keys its rendezvous by run id and generation.
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(o.restart_count)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
+      {"TORCHELASTIC_RUN_ID", o.rdzv_id.empty() ? std::string("none") : o.rdzv_id},
   };
+  if (!o.launch_id.empty()) vars.emplace_back("PARATRAIN_LAUNCH_ID", o.launch_id);
   if (o.num_servers > 0) vars.emplace_back("PARATRAIN_PS_SERVERS", std::to_string(o.num_servers));
   if (o.nproc_per_node > 1) {
     for (const char* key : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
@@ -62,6 +68,9 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
   std::vector<std::string> env;
   for (auto p = base; p != nullptr && *p != nullptr; ++p) {
     const std::string_view key = key_of(*p);
+    // Set by a torchrun around this launcher: it would make our workers look
+    // for torchrun's agent store, but here rank 0 serves the store.
+    if (key == "TORCHELASTIC_USE_AGENT_STORE") continue;
     bool replaced = false;
     for (const auto& [name, value] : vars) replaced = replaced || key == name;
     if (!replaced) env.emplace_back(*p);

@@ -12,14 +12,17 @@ namespace paratrain::launch {
 
 // The variables torchrun sets, in the order they are added.
 // RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
-// NODE_RANK, MASTER_ADDR, MASTER_PORT; plus OMP_NUM_THREADS=1 and
+// NODE_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
+// TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID; plus OMP_NUM_THREADS=1 and
 // OPENBLAS_NUM_THREADS=1 when nproc_per_node > 1 and the launcher's
 // environment does not set them (N ranks with a BLAS thread per core each
 // oversubscribe the machine; an explicit value wins, as with torchrun);
-// plus PARATRAIN_PS_SERVERS when num_servers > 0.
+// plus PARATRAIN_LAUNCH_ID when launch_id is set, and PARATRAIN_PS_SERVERS
+// when num_servers > 0.
 // `options` must be resolved: master_addr non-empty and master_port > 0.
 // `base` is a NULL-terminated "KEY=VALUE" array (the launcher's environ);
-// entries for the variables above are replaced, the others kept in order.
+// entries for the variables above are replaced, TORCHELASTIC_USE_AGENT_STORE
+// is dropped (no agent store here), the others kept in order.
 std::vector<std::string> worker_environment(const LaunchOptions& options, int local_rank,
                                             const char* const* base);
 

@@ -5,10 +5,12 @@
 
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "paratrain/comm/rendezvous.h"
 #include "paratrain/comm/store_checkin.h"
 #include "paratrain/core/error.h"
+#include "paratrain/launch/free_port.h"
 
 namespace {
 
@@ -26,7 +28,8 @@ class EnvGuard {
     for (const char* k : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                           "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                           "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-                          "SLURM_NTASKS_PER_NODE", "SLURM_JOB_NODELIST"}) {
+                          "SLURM_NTASKS_PER_NODE", "SLURM_JOB_NODELIST", "TORCHELASTIC_RESTART_COUNT",
+                          "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"}) {
       unsetenv(k);
     }
   }
@@ -94,6 +97,125 @@ TEST(WorldFromEnv, InconsistentValuesAreConfigErrors) {
   EXPECT_THROW(world_from_env(), paratrain::ConfigError);
   env.set("RANK", "x");
   EXPECT_THROW(world_from_env(), paratrain::ConfigError);
+}
+
+// The message of the ConfigError that world_from_env() throws, or "".
+std::string env_error() {
+  try {
+    world_from_env();
+  } catch (const paratrain::ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(WorldFromEnv, TorchelasticRestartEnvironmentKeysTheRendezvousByJobAndGeneration) {
+  EnvGuard env;
+  env.set("RANK", "1");
+  env.set("WORLD_SIZE", "2");
+  auto plain = world_from_env();
+  EXPECT_EQ(plain.restart_count, 0);
+  EXPECT_EQ(plain.run_id, "none");
+  EXPECT_FALSE(plain.use_agent_store);
+  EXPECT_EQ(paratrain::comm::rendezvous_prefix(plain), "paratrain/none/gen0");
+  env.set("TORCHELASTIC_RESTART_COUNT", "2");
+  env.set("TORCHELASTIC_RUN_ID", "job7");
+  env.set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  auto w = world_from_env();
+  EXPECT_EQ(w.restart_count, 2);
+  EXPECT_EQ(w.run_id, "job7");
+  EXPECT_TRUE(w.use_agent_store);
+  EXPECT_EQ(paratrain::comm::rendezvous_prefix(w), "paratrain/job7/gen2");
+  env.set("TORCHELASTIC_USE_AGENT_STORE", "False");
+  EXPECT_FALSE(world_from_env().use_agent_store);
+}
+
+TEST(WorldFromEnv, MalformedTorchelasticAndSlurmVariablesAreNamed) {
+  EnvGuard env;
+  env.set("TORCHELASTIC_USE_AGENT_STORE", "maybe");
+  EXPECT_NE(env_error().find("TORCHELASTIC_USE_AGENT_STORE='maybe' is not True or False"), std::string::npos)
+      << env_error();
+  unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+  env.set("TORCHELASTIC_RESTART_COUNT", "one");
+  EXPECT_NE(env_error().find("TORCHELASTIC_RESTART_COUNT='one' is not an integer"), std::string::npos)
+      << env_error();
+  env.set("TORCHELASTIC_RESTART_COUNT", "-1");
+  EXPECT_NE(env_error().find("TORCHELASTIC_RESTART_COUNT=-1 must be"), std::string::npos) << env_error();
+  unsetenv("TORCHELASTIC_RESTART_COUNT");
+
+  env.set("SLURM_PROCID", "0");
+  env.set("SLURM_NTASKS", "2");
+  for (const char* bad : {"abc", "(x2)", "2x", ""}) {
+    env.set("SLURM_NTASKS_PER_NODE", bad);
+    if (*bad == '\0') {
+      EXPECT_EQ(env_error(), "");  // empty: not given, the world size is used
+      continue;
+    }
+    EXPECT_NE(env_error().find(std::string("SLURM_NTASKS_PER_NODE='") + bad + "' is not a task count"),
+              std::string::npos)
+        << env_error();
+  }
+  env.set("SLURM_NTASKS_PER_NODE", "2,1");
+  EXPECT_EQ(world_from_env().local_world_size, 2);
+  env.set("SLURM_JOB_NODELIST", ",node2");
+  EXPECT_NE(env_error().find("SLURM_JOB_NODELIST=',node2' names no first host"), std::string::npos)
+      << env_error();
+  env.set("SLURM_PROCID", "x");
+  EXPECT_NE(env_error().find("SLURM_PROCID='x' is not an integer"), std::string::npos) << env_error();
+}
+
+TEST(WorldFromEnv, AnUnresolvableSlurmHostIsNamedAsSuch) {
+  EnvGuard env;
+  env.set("SLURM_PROCID", "1");
+  env.set("SLURM_NTASKS", "2");
+  // .invalid never resolves (RFC 6761).
+  env.set("SLURM_JOB_NODELIST", "ghost-node.invalid,other.invalid");
+  const auto w = world_from_env();
+  EXPECT_EQ(w.master_addr, "ghost-node.invalid");
+  std::string message;
+  try {
+    paratrain::comm::check_master_resolves(w);
+  } catch (const paratrain::ConfigError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("the store host 'ghost-node.invalid' (the first host of "
+                         "SLURM_JOB_NODELIST='ghost-node.invalid,other.invalid') does not resolve"),
+            std::string::npos)
+      << message;
+  // init_process_group says the same before it touches the store.
+  EXPECT_THROW(paratrain::comm::init_process_group(w), paratrain::ConfigError);
+}
+
+TEST(InitProcessGroup, UnderTorchrunsAgentStoreEveryRankIsAClientAndKeysCarryTheGeneration) {
+  // Stands in for torchrun's agent: it serves the store; no rank may.
+  c10d::TCPStoreOptions agent_opts;
+  agent_opts.port = static_cast<std::uint16_t>(paratrain::launch::find_free_port());
+  agent_opts.isServer = true;
+  agent_opts.waitWorkers = false;
+  auto agent = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", agent_opts);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      paratrain::comm::WorldInfo w;
+      w.rank = r;
+      w.world_size = 2;
+      w.local_rank = r;
+      w.local_world_size = 2;
+      w.master_port = agent_opts.port;
+      w.restart_count = 3;
+      w.run_id = "job";
+      w.use_agent_store = true;
+      paratrain::comm::InitOptions init;
+      init.timeout = std::chrono::seconds(30);
+      std::shared_ptr<paratrain::comm::ProcessGroup> group;
+      // Rank 0 serving too would fail here: the agent holds the port.
+      ASSERT_NO_THROW(group = paratrain::comm::init_process_group(w, init));
+      group->barrier()->wait();
+    });
+  }
+  for (auto& t : ranks) t.join();
+  EXPECT_TRUE(agent->check({"paratrain/job/gen3/paratrain/checkin/0", "paratrain/job/gen3/paratrain/checkin/1"}));
+  EXPECT_FALSE(agent->check({"paratrain/checkin/0"}));
 }
 
 TEST(CheckIn, NamesTheRanksThatNeverArrived) {

@@ -70,6 +70,11 @@ TEST(LaunchCli, BadOptionsAreConfigurationErrorsNamingEveryValue) {
       {{"launch", "--nproc-per-node", "2"}, "no program to launch: put it after `--`"},
       {{"launch", "--", "no-such-program-xyz"}, "cannot launch 'no-such-program-xyz'"},
       {{"launch", "--nproc-per-node", "100000000", "--", w}, "--nproc-per-node 100000000 is more than the 4096"},
+      // Elastic flags: parsed as torchrun has them, refused where not built yet (elastic_flags.cpp).
+      {{"launch", "--nnodes", "2:3", "--", w}, "needs a multi-agent rendezvous"},
+      {{"launch", "--nnodes", "x", "--", w}, "--nnodes 'x' must be a node count N or a range MIN:MAX"},
+      {{"launch", "--rdzv-endpoint", "h:", "--", w}, "the port after ':' is missing"},
+      {{"launch", "--max-restarts", "-1", "--", w}, "--max-restarts -1 must be >= 0"},
   };
   for (const auto& c : cases) {
     const auto r = run_cli(c.args);

@@ -114,17 +114,25 @@ TEST(WorkerEnvironment, SetsTorchrunVariablesAndKeepsTheRest) {
   o.node_rank = 2;
   o.master_addr = "node0.cluster";
   o.master_port = 29511;
-  const char* base[] = {"PATH=/bin", "RANK=99", "FOO=a=b", "OMP_NUM_THREADS=8", nullptr};
+  o.restart_count = 2;
+  o.max_restarts = 3;
+  o.rdzv_id = "job7";
+  o.launch_id = "job7";
+  const char* base[] = {"PATH=/bin", "RANK=99", "FOO=a=b", "OMP_NUM_THREADS=8", "TORCHELASTIC_USE_AGENT_STORE=True",
+                        nullptr};
   const auto env = worker_environment(o, 1, base);
   auto count = [&](const std::string& entry) { return std::count(env.begin(), env.end(), entry); };
   for (const char* expected :
        {"PATH=/bin", "FOO=a=b", "RANK=9", "WORLD_SIZE=12", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=4",
         "GROUP_RANK=2", "GROUP_WORLD_SIZE=3", "NODE_RANK=2", "MASTER_ADDR=node0.cluster",
-        "MASTER_PORT=29511", "OMP_NUM_THREADS=8", "OPENBLAS_NUM_THREADS=1"}) {
+        "MASTER_PORT=29511", "OMP_NUM_THREADS=8", "OPENBLAS_NUM_THREADS=1", "TORCHELASTIC_RESTART_COUNT=2",
+        "TORCHELASTIC_MAX_RESTARTS=3", "TORCHELASTIC_RUN_ID=job7", "PARATRAIN_LAUNCH_ID=job7"}) {
     EXPECT_EQ(count(expected), 1) << expected;
   }
   EXPECT_EQ(count("RANK=99"), 0);
-  EXPECT_EQ(env.size(), 13u);
+  // Our rank 0 serves the store: an outer torchrun's agent-store flag must not reach the workers.
+  EXPECT_EQ(count("TORCHELASTIC_USE_AGENT_STORE=True"), 0);
+  EXPECT_EQ(env.size(), 17u);
 }
 
 TEST(WorkerEnvironment, LeavesThreadCountsAloneForOneProcessPerNode) {
@@ -344,6 +352,76 @@ TEST(LaunchReportWords, TheNamedFailureIsTheEarliestThatFailedOnItsOwn) {
   EXPECT_TRUE(mentions_lost_peer("...\nRuntimeError: Connection reset by peer\n"));
   EXPECT_TRUE(mentions_lost_peer("gloo: Connection closed by peer [127.0.0.1]:1234"));
   EXPECT_FALSE(mentions_lost_peer("loss is nan at step 3"));
+}
+
+}  // namespace
+}  // namespace paratrain::launch
+
+namespace paratrain::launch {
+namespace {
+
+TEST(ElasticFlags, NnodesTakesACountOrARangeAsTorchrunDoes) {
+  EXPECT_EQ(parse_nnodes("2"), std::make_pair(2, 2));
+  EXPECT_EQ(parse_nnodes("1:4"), std::make_pair(1, 4));
+  for (const char* bad : {"", "0", "2:1", "a:b", "1:", ":2", "-1", "1:2:3", "99999999999"}) {
+    try {
+      parse_nnodes(bad);
+      ADD_FAILURE() << "accepted --nnodes '" << bad << "'";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("--nnodes '") + bad + "'"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(ElasticFlags, RdzvEndpointIsHostWithAnOptionalPort) {
+  EXPECT_EQ(parse_endpoint("node0:29500"), std::make_pair(std::string("node0"), 29500));
+  EXPECT_EQ(parse_endpoint("node0"), std::make_pair(std::string("node0"), 29400));  // torchrun's default
+  EXPECT_EQ(parse_endpoint("[fe80::1]:7"), std::make_pair(std::string("fe80::1"), 7));
+  EXPECT_EQ(parse_endpoint("[::1]"), std::make_pair(std::string("::1"), 29400));
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"", "the host is empty"},           {":29400", "the host is empty"},
+      {"h:", "the port after ':' is missing"}, {"h:70000", "port '70000' is not a number in 1..65535"},
+      {"h:x", "port 'x' is not a number"}, {"fe80::1:29400", "needs brackets"},
+      {"[::1", "needs its ']'"},
+  };
+  for (const auto& [text, why] : bad) {
+    try {
+      parse_endpoint(text);
+      ADD_FAILURE() << "accepted --rdzv-endpoint '" << text << "'";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(ElasticFlags, ValidateNamesBadRestartAndRangeValues) {
+  auto rejection = [](const LaunchOptions& o) -> std::string {
+    try {
+      validate(o);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  LaunchOptions o;
+  o.command = {"/bin/true"};
+  EXPECT_EQ(rejection(o), "");
+  LaunchOptions restarts = o;
+  restarts.max_restarts = -1;
+  EXPECT_NE(rejection(restarts).find("--max-restarts -1 must be >= 0"), std::string::npos);
+  LaunchOptions monitor = o;
+  monitor.monitor_interval = std::chrono::milliseconds(0);
+  EXPECT_NE(rejection(monitor).find("--monitor-interval 0 s must be > 0"), std::string::npos);
+  LaunchOptions range = o;
+  range.nnodes_min = 1;
+  range.nnodes_max = 2;
+  EXPECT_EQ(rejection(range), "");  // this node alone, said at start
+  range.nnodes_min = 2;
+  range.nnodes_max = 3;
+  EXPECT_NE(rejection(range).find("needs a multi-agent rendezvous"), std::string::npos) << rejection(range);
+  LaunchOptions id = o;
+  id.rdzv_id = "a/b";
+  EXPECT_NE(rejection(id).find("--rdzv-id 'a/b' may hold only"), std::string::npos);
 }
 
 }  // namespace

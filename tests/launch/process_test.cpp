@@ -118,7 +118,8 @@ TEST(Launch, EachRankSeesTorchrunsEnvironment) {
         {"RANK", std::to_string(r)}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", std::to_string(local)},
         {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "2"}, {"NODE_RANK", "1"},
         {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "29555"}, {"OMP_NUM_THREADS", "1"},
-        {"OPENBLAS_NUM_THREADS", "7"}};
+        {"OPENBLAS_NUM_THREADS", "7"}, {"TORCHELASTIC_RESTART_COUNT", "0"}, {"TORCHELASTIC_MAX_RESTARTS", "0"},
+        {"TORCHELASTIC_RUN_ID", "none"}};
     EXPECT_EQ(env[r], want) << "rank " << r;
   }
 }

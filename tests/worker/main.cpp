@@ -116,7 +116,8 @@ const std::map<std::string, Step>& steps() {
       {"env", {0, [](const Args&) {
          for (const char* key : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                                  "GROUP_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-                                 "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
+                                 "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TORCHELASTIC_RESTART_COUNT",
+                                 "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID"}) {
            const char* v = std::getenv(key);
            std::printf("%s=%s\n", key, v != nullptr ? v : "<unset>");
          }
