@@ -76,6 +76,7 @@ TEST(ServerOptimizer, KindsDiffer) {
     ServerOptimizerOptions o;
     o.kind = kind;
     o.lr = 0.03;
+    o.beta2 = 0.5;  // far from 1: Yogi's additive and Adam's multiplicative v updates part visibly
     o.tau = 0.01;
     results.push_back(run(o));
   }
