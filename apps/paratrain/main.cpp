@@ -1,4 +1,4 @@
-// `paratrain` CLI entry: dispatches to sub-commands (launch, train, checkpoint, plan, trace, plot, generate, config).
+// `paratrain` CLI entry: dispatches to sub-commands (launch, train, federated, checkpoint, plan, trace, plot, generate, config).
 // The only place that turns an exception into an exit code.
 #include <cstdio>
 #include <exception>
@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
       paratrain::cli::add_generate_command(app),
       paratrain::cli::add_runs_command(app),
       paratrain::cli::add_config_command(app),
+      paratrain::cli::add_federated_command(app),
   };
   try {
     app.parse(argc, argv);

@@ -113,14 +113,24 @@ void apply_table(TrainConfig& config, const toml::table& root, const std::string
     if (!table)
       throw ConfigError(fmt::format("{}: '{}' must be a section ([{}] followed by keys), got a value",
                                     where(node), section, section));
-    for (const auto& [name, value_node] : *table) {
-      const std::string key = section + "." + std::string(name.str());
-      const FieldSpec* field = detail::find_field(key);
-      if (!field)
-        throw ConfigError(fmt::format("{}: {}", where(value_node), unknown_key_message(key, false)));
-      check_and_set(config, *field, value_from_toml(value_node, *field, where(value_node)),
-                    where(value_node));
-    }
+    // Keys may have dotted names inside a section (federated.dp.clip is
+    // `dp.clip = 1.0` under [federated], or a [federated.dp] table): TOML
+    // nests them, so walk sub-tables whose path is not itself a key.
+    auto walk = [&](auto&& self, const toml::table& t, const std::string& prefix) -> void {
+      for (const auto& [name, value_node] : t) {
+        const std::string key = prefix + "." + std::string(name.str());
+        const FieldSpec* field = detail::find_field(key);
+        if (!field && value_node.is_table()) {
+          self(self, *value_node.as_table(), key);
+          continue;
+        }
+        if (!field)
+          throw ConfigError(fmt::format("{}: {}", where(value_node), unknown_key_message(key, false)));
+        check_and_set(config, *field, value_from_toml(value_node, *field, where(value_node)),
+                      where(value_node));
+      }
+    };
+    walk(walk, *table, section);
   }
 }
 

@@ -382,6 +382,30 @@ const std::vector<FieldSpec>& schema() {
       field("ps.staleness", &TC::ps, &PsConfig::staleness, "ssp: clocks a worker may run ahead of the slowest (0 = sync)", in_range<int64_t>(0, kMaxCount)),
       field("ps.slow_worker", &TC::ps, &PsConfig::slow_worker, "experiments: this worker sleeps ps.slow_ms before each forward (-1 = none)", in_range<int64_t>(-1, kMaxRanks)),
       field("ps.slow_ms", &TC::ps, &PsConfig::slow_ms, "experiments: the slowed worker's delay per forward (ms)", in_range_finite(0.0, 3600e3)),
+
+      field("federated.clients", &TC::federated, &FederatedConfig::clients, "simulated clients, spread over the ranks", in_range<int64_t>(1, kMaxRanks)),
+      field("federated.rounds", &TC::federated, &FederatedConfig::rounds, "communication rounds", in_range<int64_t>(1, kMaxCount)),
+      field("federated.partition", &TC::federated, &FederatedConfig::partition, "\"iid\", \"dirichlet\" (label skew by federated.alpha) or \"shards\" (McMahan's label-sorted shards)", one_of({"iid", "dirichlet", "shards"})),
+      field("federated.alpha", &TC::federated, &FederatedConfig::alpha, "dirichlet: concentration (small = each client sees few labels, large = IID)", in_range_finite(1e-6, 1e9, "> 0")),
+      field("federated.shards_per_client", &TC::federated, &FederatedConfig::shards_per_client, "shards: label-sorted shards per client", in_range<int64_t>(1, kMaxCount)),
+      field("federated.fraction", &TC::federated, &FederatedConfig::fraction, "clients sampled per round (at least one), seeded by run.seed", in_range_finite(1e-9, 1.0, "in (0, 1]")),
+      field("federated.min_clients", &TC::federated, &FederatedConfig::min_clients, "updates a round needs; with fewer (dropouts) the round is skipped and logged", in_range<int64_t>(1, kMaxRanks)),
+      field("federated.dropout", &TC::federated, &FederatedConfig::dropout, "experiments: probability that a sampled client fails to report", in_range_finite(0.0, 1.0)),
+      field("federated.local_epochs", &TC::federated, &FederatedConfig::local_epochs, "passes over the client's data per round", in_range<int64_t>(1, kMaxCount)),
+      field("federated.local_steps", &TC::federated, &FederatedConfig::local_steps, "> 0: exactly this many client mini-batches per round instead of local_epochs", in_range<int64_t>(0, kMaxCount)),
+      field("federated.algorithm", &TC::federated, &FederatedConfig::algorithm, "\"fedavg\" or \"fedprox\" (proximal term federated.mu)", one_of({"fedavg", "fedprox"})),
+      field("federated.mu", &TC::federated, &FederatedConfig::mu, "fedprox: weight of mu/2 ||w - w_global||^2 in the client loss", in_range_finite(0.0, 1e6)),
+      field("federated.server_optimizer", &TC::federated, &FederatedConfig::server_optimizer, "\"sgd\" (lr 1 = plain FedAvg), or \"adam\", \"yogi\", \"adagrad\" (Reddi et al., arXiv 2003.00295)", one_of({"sgd", "adam", "yogi", "adagrad"})),
+      field("federated.server_lr", &TC::federated, &FederatedConfig::server_lr, "server learning rate applied to the mean client update", in_range_finite(1e-12, 1e6)),
+      field("federated.server_momentum", &TC::federated, &FederatedConfig::server_momentum, "sgd: server momentum (FedAvgM; 0 = none)", in_range_finite(0.0, 1.0 - 1e-9, "in [0, 1)")),
+      field("federated.server_betas", &TC::federated, &FederatedConfig::server_betas, "adam/yogi: [beta1, beta2]; adagrad uses beta1", adam_betas()),
+      field("federated.server_tau", &TC::federated, &FederatedConfig::server_tau, "adaptive server optimizers: added to sqrt(v) (Reddi et al.'s tau)", in_range_finite(1e-12, 1e6)),
+      field("federated.secure_aggregation", &TC::federated, &FederatedConfig::secure_aggregation, "pairwise-masked aggregation (not implemented yet: must be false)"),
+      field("federated.dp.clip", &TC::federated, &FederatedConfig::dp_clip, "DP-FedAvg: clip each client update to this L2 norm; clients then weigh 1 each (0 = off)", in_range_finite(0.0, 1e9)),
+      field("federated.dp.noise_multiplier", &TC::federated, &FederatedConfig::dp_noise_multiplier, "DP-FedAvg: Gaussian noise std = this x dp.clip on the sum (0 = none)", in_range_finite(0.0, 1e6)),
+      field("federated.dp.delta", &TC::federated, &FederatedConfig::dp_delta, "DP-FedAvg: the delta at which epsilon is reported", in_range_finite(1e-30, 0.5, "in (0, 0.5]")),
+      field("federated.eval_every", &TC::federated, &FederatedConfig::eval_every, "rounds between test evaluations of the global model (0 = only the last)", in_range<int64_t>(0, kMaxCount)),
+      field("federated.checkpoint_every", &TC::federated, &FederatedConfig::checkpoint_every, "rounds between global-model checkpoints (0 = only the last)", in_range<int64_t>(0, kMaxCount)),
   };
   return fields;
 }
@@ -445,6 +469,25 @@ std::string ps_problem(const TrainConfig& c) {
   return "";
 }
 
+// Federated keys that this build does not implement yet, and the rules that
+// tie them together; checked always, so a config never silently ignores one.
+std::string federated_problem(const TrainConfig& c) {
+  const FederatedConfig& f = c.federated;
+  if (f.secure_aggregation)
+    return "federated.secure_aggregation = true: secure aggregation is not implemented yet; set it to false";
+  if (f.dp_noise_multiplier > 0 && f.dp_clip <= 0)
+    return fmt::format("federated.dp.noise_multiplier = {} needs federated.dp.clip > 0 (the noise is scaled by "
+                       "the clip norm)",
+                       f.dp_noise_multiplier);
+  if (f.min_clients > f.clients)
+    return fmt::format("federated.min_clients = {} > federated.clients = {}: a round could never close; lower "
+                       "min_clients",
+                       f.min_clients, f.clients);
+  if (f.algorithm == "fedavg" && f.mu != FederatedConfig{}.mu && f.mu != 0)
+    return fmt::format("federated.mu = {} only applies to federated.algorithm = \"fedprox\" (got \"fedavg\")", f.mu);
+  return "";
+}
+
 std::string lr_problem(const TrainConfig& c) {
   const LrConfig& l = c.lr;
   if (l.scaling != "none" && l.base_batch == 0)
@@ -476,6 +519,7 @@ std::string lr_problem(const TrainConfig& c) {
 std::string cross_key_problem(const TrainConfig& c) {
   if (std::string problem = lr_problem(c); !problem.empty()) return problem;
   if (std::string problem = layerwise_problem(c); !problem.empty()) return problem;
+  if (std::string problem = federated_problem(c); !problem.empty()) return problem;
   if (c.optimizer.nesterov && (c.optimizer.kind != "sgd" || c.optimizer.momentum <= 0))
     return fmt::format(
         "optimizer.nesterov = true needs optimizer.kind = \"sgd\" and optimizer.momentum > 0 "

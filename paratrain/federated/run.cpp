@@ -1,0 +1,164 @@
+// A federated run: see run.h.
+#include "paratrain/federated/run.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "paratrain/api/checkpoint.h"
+#include "paratrain/core/atomic_file.h"
+#include "paratrain/core/error.h"
+#include "paratrain/federated/partition.h"
+#include "paratrain/federated/rdp_accountant.h"
+#include "paratrain/federated/round.h"
+#include "paratrain/models/model.h"
+#include "paratrain/train/builders.h"
+#include "paratrain/train/checkpoint/checkpoint_files.h"
+#include "paratrain/train/metrics.h"
+#include "paratrain/train/run_dir.h"
+
+namespace paratrain::federated {
+namespace {
+
+// Rank 0 creates the run's version folder and tells the others its number,
+// as the Trainer does (they may not share a listing of the folder).
+std::filesystem::path run_dir_for(const train::TrainConfig& config, comm::ProcessGroup& world) {
+  int64_t version = -1;
+  std::string error;
+  if (world.rank() == 0) {
+    try {
+      version = *train::parse_version_name(train::create_run_dir(config).filename().string());
+    } catch (const ConfigError& e) {
+      error = e.what();
+    }
+  }
+  if (world.size() > 1) {
+    auto t = torch::tensor({version}, torch::kLong);
+    world.broadcast(t, 0)->wait();
+    version = t.item<int64_t>();
+  }
+  if (!error.empty()) throw ConfigError(error);
+  if (version < 0)
+    throw ConfigError(fmt::format("rank {}: rank 0 could not create the run directory under {}; see its log",
+                                  world.rank(), config.run.output_dir));
+  return train::version_dir(std::filesystem::path(config.run.output_dir) / config.run.name, version);
+}
+
+std::string megabytes(int64_t bytes) { return fmt::format("{:.1f} MB", static_cast<double>(bytes) / 1e6); }
+
+}  // namespace
+
+Evaluation evaluate(models::Model& model, const data::TensorDataset& data, int64_t chunk) {
+  torch::NoGradGuard no_grad;
+  model.eval();
+  Evaluation out;
+  double loss_sum = 0;
+  int64_t correct = 0;
+  for (int64_t begin = 0; begin < data.size(); begin += chunk) {
+    const int64_t end = std::min(data.size(), begin + chunk);
+    const auto logits = model.forward(data.inputs.slice(0, begin, end));
+    const auto targets = data.targets.slice(0, begin, end);
+    loss_sum += torch::nn::functional::cross_entropy(
+                    logits, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                    .item<double>();
+    correct += logits.argmax(1).eq(targets).sum().item<int64_t>();
+  }
+  model.train();
+  out.count = data.size();
+  if (out.count > 0) {
+    out.loss = loss_sum / static_cast<double>(out.count);
+    out.accuracy = static_cast<double>(correct) / static_cast<double>(out.count);
+  }
+  return out;
+}
+
+FederatedResult run_federated(const train::TrainConfig& config, comm::ProcessGroup& world) {
+  const auto& f = config.federated;
+  const bool server = world.rank() == 0;
+  FederatedResult result;
+  result.run_dir = run_dir_for(config, world);
+  if (server) write_file_atomically(result.run_dir / "config.toml", train::to_toml(config));
+
+  const auto datasets = train::load_datasets(config);
+  // The same seed on every rank; rank 0's weights win anyway (FederatedRun
+  // broadcasts them), this only keeps the ranks' copies alike from the start.
+  torch::manual_seed(config.run.seed);
+  std::shared_ptr<models::Model> model = train::make_model(config);
+  FederatedRun run(config, world, model, datasets.train);
+  const auto labels = labels_of(datasets.train);
+  const int64_t classes = *std::max_element(labels.begin(), labels.end()) + 1;
+  if (server) {
+    spdlog::info("federated: {} ranks (rank 0 serves{}), {} clients, {} per round, partition \"{}\"{}, algorithm "
+                 "{}{}, server optimizer {} (lr {}), {} parameters",
+                 world.size(), world.size() > 1 ? ", the others host the clients" : " and hosts every client",
+                 f.clients, std::max<int64_t>(1, std::llround(f.fraction * f.clients)), f.partition,
+                 f.partition == "dirichlet" ? fmt::format(" (alpha {})", f.alpha) : "", f.algorithm,
+                 f.algorithm == "fedprox" ? fmt::format(" (mu {})", f.mu) : "", f.server_optimizer, f.server_lr,
+                 run.global().numel());
+    spdlog::info("partition: {}", summarize_partition(labels, run.partition(), classes));
+  }
+
+  train::MetricsLog metrics(server ? result.run_dir / "metrics.jsonl" : std::filesystem::path());
+  int64_t bytes_up = 0, bytes_down = 0;
+  // DP-FedAvg's privacy spent, on the server. See Note [Sampling in the accountant].
+  RdpAccountant accountant;
+  const bool dp = f.dp_clip > 0;
+  const double sample_rate =
+      static_cast<double>(std::clamp<int64_t>(std::llround(f.fraction * f.clients), 1, f.clients)) / f.clients;
+  for (int64_t round = 1; round <= f.rounds; ++round) {
+    const auto started = std::chrono::steady_clock::now();
+    RoundReport report = run.run_round(round);
+    const bool last = round == f.rounds;
+    if (server) {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      bytes_up += report.bytes_up;
+      bytes_down += report.bytes_down;
+      result.rounds_applied += report.applied ? 1 : 0;
+      nlohmann::json record = {{"round", round},
+                               {"clients_sampled", report.sampled.size()},
+                               {"clients_reported", report.reported},
+                               {"clients_dropped", static_cast<int64_t>(report.sampled.size()) - report.reported},
+                               {"applied", report.applied},
+                               {"train_loss", report.train_loss},
+                               {"bytes_up", report.bytes_up},
+                               {"bytes_down", report.bytes_down},
+                               {"round_seconds", seconds}};
+      if (!report.dropped.empty()) record["dropped"] = report.dropped;
+      std::string dp_text;
+      if (dp) {
+        // A skipped round released nothing about the clients' data.
+        if (report.applied) accountant.add_rounds(sample_rate, f.dp_noise_multiplier);
+        const double eps = f.dp_noise_multiplier > 0 ? accountant.epsilon(f.dp_delta)
+                                                     : std::numeric_limits<double>::infinity();
+        record["epsilon"] = std::isfinite(eps) ? nlohmann::json(eps) : nlohmann::json("inf");
+        record["delta"] = f.dp_delta;
+        dp_text = fmt::format(", epsilon {:.3g} (delta {:g})", eps, f.dp_delta);
+      }
+      std::string eval_text;
+      if (last || (f.eval_every > 0 && round % f.eval_every == 0)) {
+        result.test = evaluate(run.model(), datasets.test);
+        record["test_accuracy"] = result.test.accuracy;
+        record["test_loss"] = result.test.loss;
+        eval_text = fmt::format(", test accuracy {:.2f}% (loss {:.4f})", 100 * result.test.accuracy, result.test.loss);
+      }
+      metrics.write(record);
+      spdlog::info("round {}/{}: {}/{} clients reported{}, train loss {:.4f}{}{}, up {} down {}, {:.2f} s", round,
+                   f.rounds, report.reported, report.sampled.size(), report.applied ? "" : " (skipped)",
+                   report.train_loss, eval_text, dp_text, megabytes(bytes_up), megabytes(bytes_down), seconds);
+    }
+    if (last || (f.checkpoint_every > 0 && round % f.checkpoint_every == 0)) {
+      run.sync_model();  // every rank holds the global model: the replicated-model checkpoint
+      paratrain::save_checkpoint(train::checkpoint_dir(result.run_dir, round), world, run.model(), nullptr, round);
+    }
+  }
+  result.rounds = f.rounds;
+  return result;
+}
+
+}  // namespace paratrain::federated
