@@ -6,10 +6,10 @@
 #include <torch/torch.h>
 
 #include <filesystem>
-#include <mutex>
 
 #include "paratrain/paratrain.h"
 #include "tests/support/multi_rank.h"
+#include "tests/support/seeded.h"
 
 namespace {
 
@@ -22,10 +22,7 @@ TORCH_MODULE(Net);
 
 // The same initial weights on every rank thread (the default generator is shared).
 Net make_net() {
-  static std::mutex mutex;
-  std::lock_guard<std::mutex> lock(mutex);
-  torch::manual_seed(5);
-  return Net();
+  return paratrain::testing::seeded(5, [] { return Net(); });
 }
 
 torch::Tensor inputs() { return torch::linspace(-1, 1, 8 * 6).reshape({8, 6}); }

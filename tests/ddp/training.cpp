@@ -5,23 +5,18 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 
 #include "paratrain/data_parallel/ddp/naive.h"
 #include "paratrain/models/cnn.h"
 #include "paratrain/models/mlp.h"
 #include "tests/support/multi_rank.h"
+#include "tests/support/seeded.h"
 
 namespace paratrain::ddp::testing {
 namespace {
 
 constexpr int64_t kImage = 8;
 constexpr int64_t kClasses = 10;
-
-std::mutex& rng_mutex() {
-  static std::mutex mu;
-  return mu;
-}
 
 at::Tensor rows(const at::Tensor& t, int64_t start, int64_t count) { return t.narrow(0, start, count); }
 
@@ -30,13 +25,13 @@ at::Tensor rows(const at::Tensor& t, int64_t start, int64_t count) { return t.na
 const char* to_string(ModelKind kind) { return kind == ModelKind::kMlp ? "Mlp" : "Cnn"; }
 
 std::shared_ptr<models::Model> make_model(ModelKind kind, uint64_t seed) {
-  std::lock_guard<std::mutex> lock(rng_mutex());
-  torch::manual_seed(seed);
-  if (kind == ModelKind::kMlp) {
-    return models::make_mlp({.in_features = kImage * kImage, .hidden = {32, 32}, .out_features = kClasses});
-  }
-  return models::make_cnn({.in_channels = 1, .image_size = kImage, .num_classes = kClasses,
-                           .channels = {4, 8}, .hidden = 16});
+  return paratrain::testing::seeded(seed, [kind]() -> std::shared_ptr<models::Model> {
+    if (kind == ModelKind::kMlp) {
+      return models::make_mlp({.in_features = kImage * kImage, .hidden = {32, 32}, .out_features = kClasses});
+    }
+    return models::make_cnn({.in_channels = 1, .image_size = kImage, .num_classes = kClasses,
+                             .channels = {4, 8}, .hidden = 16});
+  });
 }
 
 at::Tensor Problem::batch_inputs(int step) const { return rows(inputs, step * global_batch, global_batch); }

@@ -3,9 +3,9 @@
 
 #include <torch/torch.h>
 
-#include <mutex>
 
 #include "tests/support/multi_rank.h"
+#include "tests/support/seeded.h"
 
 namespace paratrain::ddp::testing {
 
@@ -27,10 +27,7 @@ at::Tensor TwoHeadNetImpl::forward(const at::Tensor& x, bool use_extra) {
 }
 
 TwoHeadNet make_two_head(uint64_t seed) {
-  static std::mutex mu;  // the default generator is shared by the rank threads
-  std::lock_guard<std::mutex> lock(mu);
-  torch::manual_seed(seed);
-  return TwoHeadNet();
+  return paratrain::testing::seeded(seed, [] { return TwoHeadNet(); });
 }
 
 at::Tensor loss_of(TwoHeadNet& net, const Problem& p, int step, int rank, int world, bool use_extra) {

@@ -15,6 +15,7 @@
 #include "tests/fsdp/fsdp_training.h"
 #include "tests/support/forwarding_group.h"
 #include "tests/support/multi_rank.h"
+#include "tests/support/seeded.h"
 
 namespace paratrain::fsdp::testing {
 namespace {
@@ -105,8 +106,7 @@ TEST(FsdpReducer, UnusedParametersAsInDdp) {
 
   for (bool find_unused : {false, true}) {
     paratrain::testing::run_ranks(kWorld, [&](comm::ProcessGroup& group) {
-      torch::manual_seed(kSeed);
-      auto net = std::make_shared<UnusedNet>();
+      auto net = paratrain::testing::seeded(kSeed, [] { return std::make_shared<UnusedNet>(); });
       FsdpOptions o;
       o.unit_min_params = 0;
       o.find_unused_parameters = find_unused;

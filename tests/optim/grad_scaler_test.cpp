@@ -16,6 +16,7 @@
 #include "paratrain/core/error.h"
 #include "paratrain/optim/grad_scaler.h"
 #include "tests/support/multi_rank.h"
+#include "tests/support/seeded.h"
 
 namespace paratrain::optim {
 namespace {
@@ -26,10 +27,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // Ranks are threads sharing the global generator: build one model at a time.
 torch::nn::Linear make_model(int64_t seed = 0) {
-  static std::mutex m;
-  std::lock_guard<std::mutex> lock(m);
-  torch::manual_seed(seed);
-  return torch::nn::Linear(6, 3);
+  return paratrain::testing::seeded(seed, [] { return torch::nn::Linear(6, 3); });
 }
 
 // A fixed batch per (rank, step): the loss depends on both.

@@ -6,12 +6,12 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
-#include <mutex>
 
 #include "paratrain/models/mlp.h"
 #include "paratrain/pipeline/executor.h"
 #include "paratrain/pipeline/stage.h"
 #include "tests/support/multi_rank.h"
+#include "tests/support/seeded.h"
 
 namespace {
 
@@ -28,13 +28,9 @@ RunResult run(int p, pl::ScheduleKind kind, int m, int v, bool recompute) {
   out.reports.resize(p);
   out.events.resize(p);
   paratrain::testing::run_ranks(p, [&](paratrain::comm::ProcessGroup& pp) {
-    std::shared_ptr<paratrain::models::Model> model;
-    {
-      static std::mutex init;
-      std::lock_guard<std::mutex> lock(init);
-      torch::manual_seed(3);
-      model = paratrain::models::make_mlp({.in_features = 12, .hidden = {16, 16, 16, 16, 16, 16, 16}, .out_features = 4});
-    }
+    auto model = paratrain::testing::seeded(3, [] {
+      return paratrain::models::make_mlp({.in_features = 12, .hidden = {16, 16, 16, 16, 16, 16, 16}, .out_features = 4});
+    });
     const auto layers = model->layers();
     const auto shapes = pl::infer_boundary_shapes(layers, {12});
     const int chunks = p * v;

@@ -7,20 +7,19 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
-#include <mutex>
 
 #include "paratrain/core/error.h"
 #include "paratrain/data_parallel/ddp/ddp.h"
 #include "tests/support/multi_rank.h"
+#include "tests/support/seeded.h"
 
 namespace paratrain {
 namespace {
 
 torch::nn::Sequential make_net() {
-  static std::mutex m;
-  std::lock_guard<std::mutex> lock(m);
-  torch::manual_seed(9);
-  return torch::nn::Sequential(torch::nn::Linear(12, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3));
+  return paratrain::testing::seeded(9, [] {
+    return torch::nn::Sequential(torch::nn::Linear(12, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3));
+  });
 }
 
 at::Tensor loss_of(torch::nn::Sequential& net, int rank, int step) {

@@ -9,7 +9,6 @@
 #include <torch/torch.h>
 
 #include <limits>
-#include <mutex>
 
 #include "paratrain/optim/grad_scaler.h"
 #include "paratrain/topology/device_mesh.h"
@@ -18,6 +17,7 @@
 #include "paratrain/train/strategy.h"
 #include "paratrain/train/strategy_registry.h"
 #include "tests/support/multi_rank.h"
+#include "tests/support/seeded.h"
 
 namespace paratrain::train {
 namespace {
@@ -68,12 +68,7 @@ struct Rig {
   Rig(const TrainConfig& c, comm::ProcessGroup& world) {
     mesh = std::make_unique<topology::DeviceMesh>(world, topology::ParallelDims::resolve(0, 1, 1, 1, world.size()));
     strategy = make_strategy(strategy_name(c), StrategyContext{c, *mesh, kTimeout});
-    strategy->build_model([&c] {
-      static std::mutex m;
-      std::lock_guard<std::mutex> lock(m);
-      torch::manual_seed(3);
-      return make_model(c);
-    });
+    strategy->build_model([&c] { return paratrain::testing::seeded(3, [&c] { return make_model(c); }); });
     optimizer = std::make_unique<torch::optim::SGD>(
         strategy->optimizer_params(), torch::optim::SGDOptions(c.optimizer.lr).momentum(c.optimizer.momentum));
   }
