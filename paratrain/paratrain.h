@@ -15,6 +15,7 @@
 #include "paratrain/data/loader.h"
 #include "paratrain/data/sampler.h"
 #include "paratrain/data_parallel/ddp/ddp.h"
+#include "paratrain/data_parallel/ddp/powersgd.h"
 #include "paratrain/data_parallel/fsdp/fsdp.h"
 #include "paratrain/data_parallel/sync_batchnorm/convert_sync_batchnorm.h"
 #include "paratrain/data_parallel/zero/zero.h"
@@ -27,14 +28,14 @@
 
 namespace paratrain {
 
-// The job: init_from_env(), World, InitOptions (api/world.h); the collectives.
+/// The job: init_from_env(), World, InitOptions (api/world.h); the collectives.
 using comm::ProcessGroup;
 using comm::ReduceOp;
-// Device mesh: dp x tp x pp x cp groups of the world.
+/// Device mesh: dp x tp x pp x cp groups of the world.
 using topology::DeviceMesh;
 using topology::ParallelDims;
 
-// Wrappers for a user module (each header shows its training loop).
+/// Wrappers for a user module (each header shows its training loop).
 using ddp::DdpOptions;
 using ddp::DistributedDataParallel;
 using fsdp::FsdpOptions;
@@ -42,7 +43,14 @@ using fsdp::FullyShardedDataParallel;
 using zero::ZeroDataParallel;
 using zero::ZeroOptions;
 
-// Data: in-memory datasets, the strided per-rank sampler, a batch loader.
+// Gradient compression: DDP's per-bucket comm hook (write your own as a
+// BucketCommHook), PowerSGD, and the 16-bit wire with fp32 sums.
+using ddp::BucketCommHook;
+using ddp::low_precision_hook;
+using ddp::PowerSgd;
+using ddp::PowerSgdOptions;
+
+/// Data: in-memory datasets, the strided per-rank sampler, a batch loader.
 using data::Batch;
 using data::DistributedSampler;
 using data::Loader;
@@ -50,11 +58,11 @@ using data::LoaderOptions;
 using data::SamplerOptions;
 using data::TensorDataset;
 
-// Mixed precision: dynamic loss scaling agreed across ranks.
+/// Mixed precision: dynamic loss scaling agreed across ranks.
 using optim::GradScaler;
 using optim::GradScalerOptions;
 
-// The Trainer, its TOML config, and names for user models and datasets.
+/// The Trainer, its TOML config, and names for user models and datasets.
 using models::Model;
 using train::DatasetBuilder;
 using train::Datasets;

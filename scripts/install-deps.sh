@@ -10,6 +10,7 @@ packages=(
   libgtest-dev librapidcheck-dev zlib1g-dev
   dataset-fashion-mnist
   gnuplot-nox     # `paratrain plot` draws PNG curves with it
+  doxygen         # the API reference (cmake --build build --target docs) and its CTest
   fortunes fortunes-min   # the default text corpus of configs/gpt_fortunes.toml
   python3-torch   # only for the PyTorch-DDP side of the benchmark
   libopenmpi-dev openmpi-bin   # the MPI backend (world.backend = "mpi") and its CTest runs under mpirun

@@ -9,29 +9,29 @@
 
 namespace paratrain::data {
 
-// inputs[i] and targets[i] are item i. Tensors are shared, not copied:
-// copying a TensorDataset is cheap and both copies see the same storage.
+/// inputs[i] and targets[i] are item i. Tensors are shared, not copied:
+/// copying a TensorDataset is cheap and both copies see the same storage.
 struct TensorDataset {
-  at::Tensor inputs;   // [N, ...] (float32 for the datasets we build)
-  at::Tensor targets;  // [N] int64 class labels, or [N, K] float regression targets
+  at::Tensor inputs;   ///< [N, ...] (float32 for the datasets we build)
+  at::Tensor targets;  ///< [N] int64 class labels, or [N, K] float regression targets
 
-  // Throws DataError unless both are defined and agree on N.
+  /// Throws DataError unless both are defined and agree on N.
   TensorDataset(at::Tensor inputs, at::Tensor targets);
   TensorDataset() = default;
 
-  int64_t size() const;
+  int64_t size() const;  ///< N, the number of items
 };
 
-// One batch of items, in the order the sampler chose them.
+/// One batch of items, in the order the sampler chose them.
 struct Batch {
-  at::Tensor inputs;
-  at::Tensor targets;
-  // Dataset row of each item (int64 [B]): what was gathered, for debugging,
-  // logging and tests; training code needs only inputs and targets.
+  at::Tensor inputs;   ///< [B, ...]
+  at::Tensor targets;  ///< [B] or [B, K]
+  /// Dataset row of each item (int64 [B]): what was gathered, for debugging,
+  /// logging and tests; training code needs only inputs and targets.
   at::Tensor indices;
 };
 
-// Gathers rows `indices` (int64 [B]) of the dataset into a new Batch.
+/// Gathers rows `indices` (int64 [B]) of the dataset into a new Batch.
 Batch gather(const TensorDataset& dataset, const at::Tensor& indices);
 
 }  // namespace paratrain::data

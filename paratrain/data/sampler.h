@@ -10,47 +10,49 @@
 
 namespace paratrain::data {
 
+/// How DistributedSampler splits and orders the dataset.
 struct SamplerOptions {
-  // Ranks sharing the dataset (the data-parallel group size) and ours.
+  /// Ranks sharing the dataset (the data-parallel group size) and ours.
   int64_t num_replicas = 1;
-  int64_t rank = 0;
-  // Permute each epoch. false = every epoch in dataset order: reproducible
-  // by eye, but batches are then correlated with how the file is sorted.
+  int64_t rank = 0;  ///< this rank in 0 .. num_replicas - 1
+  /// Permute each epoch. false = every epoch in dataset order: reproducible
+  /// by eye, but batches are then correlated with how the file is sorted.
   bool shuffle = true;
-  // Every rank must use the same seed, or ranks would draw different
-  // permutations and overlap.
+  /// Every rank must use the same seed, or ranks would draw different
+  /// permutations and overlap.
   uint64_t seed = 0;
-  // When the dataset does not split evenly: false pads by repeating indices
-  // from the start of the epoch (some items counted twice per epoch); true
-  // drops the tail (some items unseen this epoch, a different tail each
-  // shuffled epoch).
+  /// When the dataset does not split evenly: false pads by repeating indices
+  /// from the start of the epoch (some items counted twice per epoch); true
+  /// drops the tail (some items unseen this epoch, a different tail each
+  /// shuffled epoch).
   bool drop_last = false;
 };
 
-// Rank r's indices for an epoch: P = randperm(N) drawn from a generator
-// seeded with seed + epoch (or 0..N-1 without shuffle), padded cyclically to
-// a multiple of num_replicas (or truncated with drop_last), then P[r::R].
-// Because the split is strided, the b-th size-B batches of all R ranks
-// together are the b-th size-B*R batch of the one-process sampler with the
-// same seed and epoch. See Note [Strided split] in sampler.cpp.
+/// Rank r's indices for an epoch: P = randperm(N) drawn from a generator
+/// seeded with seed + epoch (or 0..N-1 without shuffle), padded cyclically to
+/// a multiple of num_replicas (or truncated with drop_last), then P[r::R].
+/// Because the split is strided, the b-th size-B batches of all R ranks
+/// together are the b-th size-B*R batch of the one-process sampler with the
+/// same seed and epoch. See Note [Strided split] in sampler.cpp.
 class DistributedSampler {
  public:
+  /// For a dataset of `dataset_size` items; starts at epoch 0.
   DistributedSampler(int64_t dataset_size, SamplerOptions options);
 
-  // Chooses the epoch whose permutation indices() returns. Every rank must
-  // call it with the same value before each epoch, as in PyTorch.
+  /// Chooses the epoch whose permutation indices() returns. Every rank must
+  /// call it with the same value before each epoch, as in PyTorch.
   void set_epoch(int64_t epoch);
-  int64_t epoch() const { return epoch_; }
+  int64_t epoch() const { return epoch_; }  ///< the epoch set last (0 at first)
 
-  // This rank's indices for the current epoch: int64 [num_samples()].
-  // Recomputed on each call (one randperm of N: ~1.5 ms for 60000 here).
+  /// This rank's indices for the current epoch: int64 [num_samples()].
+  /// Recomputed on each call (one randperm of N: ~1.5 ms for 60000 here).
   at::Tensor indices() const;
 
-  // Items per rank per epoch, and over all ranks (>= N when padding).
+  /// Items per rank per epoch, and over all ranks (>= N when padding).
   int64_t num_samples() const { return num_samples_; }
-  int64_t total_size() const { return num_samples_ * options_.num_replicas; }
-  int64_t dataset_size() const { return dataset_size_; }
-  const SamplerOptions& options() const { return options_; }
+  int64_t total_size() const { return num_samples_ * options_.num_replicas; }  ///< over all ranks
+  int64_t dataset_size() const { return dataset_size_; }  ///< N
+  const SamplerOptions& options() const { return options_; }  ///< as constructed
 
  private:
   int64_t dataset_size_;

@@ -15,29 +15,32 @@
 
 namespace paratrain::topology {
 
+/// The world cut into dp x tp x pp x cp axes (ParallelDims), with one process
+/// group per axis: what strategies combine (e.g. ZeRO over dp inside a
+/// pipeline stage).
 class DeviceMesh {
  public:
-  // Collective over `world`: every rank calls it with the same dims. Builds
-  // one sub-group per axis (the ranks that differ only in that axis). An
-  // axis spanning the whole world reuses `world`; `world` must outlive the
-  // mesh. Throws ConfigError when dims do not multiply to world.size().
+  /// Collective over `world`: every rank calls it with the same dims. Builds
+  /// one sub-group per axis (the ranks that differ only in that axis). An
+  /// axis spanning the whole world reuses `world`; `world` must outlive the
+  /// mesh. Throws ConfigError when dims do not multiply to world.size().
   DeviceMesh(comm::ProcessGroup& world, ParallelDims dims);
 
-  comm::ProcessGroup& world() const { return world_; }
-  const ParallelDims& dims() const { return dims_; }
-  comm::ProcessGroup& group(Axis axis) const;
-  int rank(Axis axis) const { return coords_[axis]; }
-  int size(Axis axis) const { return dims_.size(axis); }
-  const MeshCoords& coords() const { return coords_; }
-  // "rank 5: pp 1/2, dp 0/2, cp 0/1, tp 1/2"
+  comm::ProcessGroup& world() const { return world_; }  ///< every rank
+  const ParallelDims& dims() const { return dims_; }    ///< the axes' sizes
+  comm::ProcessGroup& group(Axis axis) const;           ///< this rank's group along `axis`
+  int rank(Axis axis) const { return coords_[axis]; }   ///< this rank's coordinate on `axis`
+  int size(Axis axis) const { return dims_.size(axis); }  ///< ranks along `axis`
+  const MeshCoords& coords() const { return coords_; }  ///< this rank's coordinates on every axis
+  /// "rank 5: pp 1/2, dp 0/2, cp 0/1, tp 1/2"
   std::string describe() const;
 
-  // A group over several axes at once: the ranks that share every coordinate
-  // except those of `axes` (e.g. {kDp, kCp}: every replica of a tensor-
-  // parallel shard, which a strategy averages gradients over). Collective
-  // over the world: every rank calls it with the same axes, in the same
-  // order as its other group creations. A group spanning the whole world is
-  // the world itself (not owned). Members are listed in rank order.
+  /// A group over several axes at once: the ranks that share every coordinate
+  /// except those of `axes` (e.g. {kDp, kCp}: every replica of a tensor-
+  /// parallel shard, which a strategy averages gradients over). Collective
+  /// over the world: every rank calls it with the same axes, in the same
+  /// order as its other group creations. A group spanning the whole world is
+  /// the world itself (not owned). Members are listed in rank order.
   std::shared_ptr<comm::ProcessGroup> new_joint_group(const std::vector<Axis>& axes) const;
 
  private:

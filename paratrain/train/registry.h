@@ -19,27 +19,27 @@ class Model;
 
 namespace paratrain::train {
 
-// Builds the model from the config (the user's own keys travel in the
-// factory's closure). Called once per rank under the run's seed, like the
-// built-in models; every rank must build the same architecture.
+/// Builds the model from the config (the user's own keys travel in the
+/// factory's closure). Called once per rank under the run's seed, like the
+/// built-in models; every rank must build the same architecture.
 using ModelBuilder = std::function<std::shared_ptr<models::Model>(const TrainConfig&)>;
-// Builds the train and test sets. Every rank calls it and must get the same
-// rows in the same order (the sampler splits them); targets are int64 class
-// labels [N] and the model returns logits [N, classes] (classification loss).
+/// Builds the train and test sets. Every rank calls it and must get the same
+/// rows in the same order (the sampler splits them); targets are int64 class
+/// labels [N] and the model returns logits [N, classes] (classification loss).
 using DatasetBuilder = std::function<Datasets(const TrainConfig&)>;
 
-// Registers (or replaces) `name`. Throws ConfigError for an empty name or
-// for a built-in name ("mlp", "cnn", "gpt"; "fashion_mnist", "synthetic",
-// "text"), which would silently change what existing configs mean.
+/// Registers (or replaces) `name`. Throws ConfigError for an empty name or
+/// for a built-in name ("mlp", "cnn", "gpt"; "fashion_mnist", "synthetic",
+/// "text"), which would silently change what existing configs mean.
 void register_model(const std::string& name, ModelBuilder factory);
 void register_dataset(const std::string& name, DatasetBuilder factory);
 
-// nullptr when nothing is registered under `name`.
+/// nullptr when nothing is registered under `name`.
 const ModelBuilder* find_model(std::string_view name);
 const DatasetBuilder* find_dataset(std::string_view name);
 
-// Built-in names first, then registered ones (sorted): what the config
-// accepts for model.kind / data.dataset.
+/// Built-in names first, then registered ones (sorted): what the config
+/// accepts for model.kind / data.dataset.
 std::vector<std::string> model_kinds();
 std::vector<std::string> dataset_names();
 

@@ -27,61 +27,67 @@ class Optimizer;
 
 namespace paratrain::train {
 
+/// One evaluation of the model on the test (or validation) split.
 struct EvalResult {
-  double loss = 0;        // mean cross-entropy per prediction
-  double accuracy = 0;    // argmax == target (next-token accuracy for a language model)
-  int64_t count = 0;      // predictions: test examples, or validation tokens for a language model
-  double perplexity = 0;  // exp(loss) for a language model; 0 otherwise
+  double loss = 0;        ///< mean cross-entropy per prediction
+  double accuracy = 0;    ///< argmax == target (next-token accuracy for a language model)
+  int64_t count = 0;      ///< predictions: test examples, or validation tokens for a language model
+  double perplexity = 0;  ///< exp(loss) for a language model; 0 otherwise
 };
 
+/// What Trainer::fit() did.
 struct TrainResult {
-  int64_t steps = 0;             // optimizer steps taken in total (incl. before a resume)
-  int64_t start_step = 0;        // > 0 when this run resumed from a checkpoint
-  int64_t epochs_completed = 0;
-  double last_train_loss = 0;    // mean over ranks of the last logged window
-  EvalResult test;               // last evaluation (count 0 when none ran)
-  double samples_per_second = 0; // global throughput of this process's training steps
-  int64_t global_batch = 0;      // examples per optimizer step over all dp ranks
-  std::filesystem::path run_dir;
-  std::filesystem::path last_checkpoint;
-  int64_t skipped_steps = 0;     // steps the loss scaler skipped (inf/nan gradients) in this process
-  double loss_scale = 1.0;       // the loss scaler's scale at the end (1 without one)
-  bool stopped_early = false;    // a callback (train.patience) ended training
+  int64_t steps = 0;             ///< optimizer steps taken in total (incl. before a resume)
+  int64_t start_step = 0;        ///< > 0 when this run resumed from a checkpoint
+  int64_t epochs_completed = 0;  ///< whole epochs finished
+  double last_train_loss = 0;    ///< mean over ranks of the last logged window
+  EvalResult test;               ///< last evaluation (count 0 when none ran)
+  double samples_per_second = 0; ///< global throughput of this process's training steps
+  int64_t global_batch = 0;      ///< examples per optimizer step over all dp ranks
+  std::filesystem::path run_dir;          ///< where the run wrote (see Trainer::run_dir())
+  std::filesystem::path last_checkpoint;  ///< the newest checkpoint written (empty when none)
+  int64_t skipped_steps = 0;     ///< steps the loss scaler skipped (inf/nan gradients) in this process
+  double loss_scale = 1.0;       ///< the loss scaler's scale at the end (1 without one)
+  bool stopped_early = false;    ///< a callback (train.patience) ended training
 };
 
+/// Trains a model from a TrainConfig on every rank: builds the strategy the
+/// config names (DDP, ZeRO, FSDP, pipeline, tensor parallel, parameter
+/// servers), data, optimizer and schedule, then runs the loop with evaluation,
+/// checkpoints, logs and callbacks. What `paratrain train` runs.
 class Trainer {
  public:
-  // `world` must outlive the trainer; every rank constructs one with the
-  // same config. Builds everything up front so errors surface before step 1.
+  /// `world` must outlive the trainer; every rank constructs one with the
+  /// same config. Builds everything up front so errors surface before step 1.
   Trainer(TrainConfig config, comm::ProcessGroup& world);
   ~Trainer();
 
-  // Trains for train.epochs (or train.max_steps), evaluating and
-  // checkpointing as configured; resumes first when train.resume is set.
-  // Records the run's status in <run_dir>/run.json (running, finished, or
-  // failed with the error).
+  /// Trains for train.epochs (or train.max_steps), evaluating and
+  /// checkpointing as configured; resumes first when train.resume is set.
+  /// Records the run's status in `<run_dir>/run.json` (running, finished, or
+  /// failed with the error).
   TrainResult fit();
 
-  // Runs after the config's built-ins (best checkpoint, early stopping,
-  // TensorBoard, progress bar); add on every rank, before fit().
+  /// Runs after the config's built-ins (best checkpoint, early stopping,
+  /// TensorBoard, progress bar); add on every rank, before fit().
   void add_callback(std::shared_ptr<Callback> callback);
 
-  // <run.output_dir>/<run.name>/version_<N> (run_dir.h).
+  /// `<run.output_dir>/<run.name>/version_<N>` (run_dir.h).
   std::filesystem::path run_dir() const;
 
-  // Test-set loss and accuracy of the current model, reduced over ranks
-  // (each rank evaluates a strided share). Collective.
+  /// Test-set loss and accuracy of the current model, reduced over ranks
+  /// (each rank evaluates a strided share). Collective.
   EvalResult evaluate();
 
-  // The module being trained. Under ZeRO-3 its parameters are views of
-  // freed storage between steps: read weights through full_parameters().
+  /// The module being trained. Under ZeRO-3 its parameters are views of
+  /// freed storage between steps: read weights through full_parameters().
   std::shared_ptr<torch::nn::Module> model() const;
-  // Every parameter in full, by name (identical on every rank). Collective.
+  /// Every parameter in full, by name (identical on every rank). Collective.
   std::vector<std::pair<std::string, at::Tensor>> full_parameters();
-  // "ddp (bucketed)", "zero (stage 2)", ...
+  /// "ddp (bucketed)", "zero (stage 2)", ...
   std::string strategy_name() const;
-  // The optimizer over the strategy's optimizer_params() (shard pieces under
-  // ZeRO): its rate is the [lr] schedule's for the last step taken.
+  /// The optimizer over the strategy's optimizer_params() (shard pieces under
+  /// ZeRO): its rate is the [lr] schedule's for the last step taken.
   torch::optim::Optimizer& optimizer();
 
   struct State;

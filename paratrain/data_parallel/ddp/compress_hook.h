@@ -23,11 +23,12 @@
 
 namespace paratrain::ddp {
 
-// A group with the members of the one a hook is called with, made by the
-// hook's first call (a collective on that group, at the same point of every
-// rank's sequence, since buckets launch in the same order everywhere).
+/// A group with the members of the one a hook is called with, made by the
+/// hook's first call (a collective on that group, at the same point of every
+/// rank's sequence, since buckets launch in the same order everywhere).
 class FollowUpGroup {
  public:
+  /// The follow-up group of `group` (collective on its first call).
   comm::ProcessGroup& of(comm::ProcessGroup& group);
 
  private:
@@ -36,8 +37,8 @@ class FollowUpGroup {
   std::shared_ptr<comm::ProcessGroup> group_;
 };
 
-// DDP's hook for a 16-bit wire (bf16 or fp16) summed in fp32: what
-// precision.comm_dtype and ddp.compression = "bf16" / "fp16" install.
+/// DDP's hook for a 16-bit wire (bf16 or fp16) summed in fp32: what
+/// precision.comm_dtype and ddp.compression = "bf16" / "fp16" install.
 BucketCommHook low_precision_hook(at::ScalarType wire);
 
 }  // namespace paratrain::ddp

@@ -31,60 +31,64 @@ class Module;
 
 namespace paratrain::ddp {
 
+/// How DistributedDataParallel reduces and what it keeps in sync.
 struct DdpOptions {
-  ReducerOptions reducer;  // buckets, unused parameters, gradient views, comm hook, timeout
-  // Broadcast buffers (BatchNorm running statistics) from rank 0 in every
-  // prepare_forward(). Costs one small collective per step; without it each
-  // replica's running statistics drift apart, seeing only its own shard.
+  ReducerOptions reducer;  ///< buckets, unused parameters, gradient views, comm hook, timeout
+  /// Broadcast buffers (BatchNorm running statistics) from rank 0 in every
+  /// prepare_forward(). Costs one small collective per step; without it each
+  /// replica's running statistics drift apart, seeing only its own shard.
   bool broadcast_buffers = true;
 };
 
+/// Data parallelism for a user module, as PyTorch's DistributedDataParallel:
+/// identical replicas, gradients averaged in buckets overlapped with backward.
+/// The training loop is in this header's opening comment.
 class DistributedDataParallel {
  public:
-  // Collective: every rank of `group` constructs it with the same model
-  // architecture. Checks that (ConfigError naming the ranks otherwise) and
-  // overwrites every rank's parameters and buffers with rank 0's. `group`
-  // must outlive this object; `module` is shared with the caller.
+  /// Collective: every rank of `group` constructs it with the same model
+  /// architecture. Checks that (ConfigError naming the ranks otherwise) and
+  /// overwrites every rank's parameters and buffers with rank 0's. `group`
+  /// must outlive this object; `module` is shared with the caller.
   DistributedDataParallel(std::shared_ptr<torch::nn::Module> module, comm::ProcessGroup& group,
                           DdpOptions options = {});
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
 
-  torch::nn::Module& module() { return *module_; }
-  const std::shared_ptr<torch::nn::Module>& module_ptr() const { return module_; }
-  comm::ProcessGroup& group() { return group_; }
+  torch::nn::Module& module() { return *module_; }  ///< the wrapped module
+  const std::shared_ptr<torch::nn::Module>& module_ptr() const { return module_; }  ///< the same, shared
+  comm::ProcessGroup& group() { return group_; }  ///< the ranks gradients are averaged over
 
-  // Call before each forward (also inside no_sync()). Collective when
-  // broadcast_buffers and the module has buffers. Also abandons a step whose
-  // backward threw, so training can go on after a caught error, and throws
-  // Error if the model's parameters were moved or converted after wrapping
-  // (model->to(...)): wrap after moving the model.
+  /// Call before each forward (also inside no_sync()). Collective when
+  /// broadcast_buffers and the module has buffers. Also abandons a step whose
+  /// backward threw, so training can go on after a caught error, and throws
+  /// Error if the model's parameters were moved or converted after wrapping
+  /// (model->to(...)): wrap after moving the model.
   void prepare_forward();
 
-  // Call after each loss.backward() (a trainer must; also inside no_sync(),
-  // where it does nothing). A no-op when backward synchronized. When this
-  // rank's loss reached no parameter, no hook fired and no collective was
-  // issued: without this call the peers would wait until the timeout. Here
-  // the rank joins every bucket's collective with its current .grad (zero
-  // after zero_grad()) and ends with the averaged .grad like its peers. Not
-  // an error even without find_unused_parameters. Collective in that case.
+  /// Call after each loss.backward() (a trainer must; also inside no_sync(),
+  /// where it does nothing). A no-op when backward synchronized. When this
+  /// rank's loss reached no parameter, no hook fired and no collective was
+  /// issued: without this call the peers would wait until the timeout. Here
+  /// the rank joins every bucket's collective with its current .grad (zero
+  /// after zero_grad()) and ends with the averaged .grad like its peers. Not
+  /// an error even without find_unused_parameters. Collective in that case.
   void finish_backward() { reducer_->finish_backward(); }
 
-  // Collective: overwrites every rank's buffers (BatchNorm running
-  // statistics) with rank 0's, now. prepare_forward() does it when
-  // broadcast_buffers is set; evaluation outside the training loop (or
-  // broadcast_buffers = false) calls this before using the buffers.
+  /// Collective: overwrites every rank's buffers (BatchNorm running
+  /// statistics) with rank 0's, now. prepare_forward() does it when
+  /// broadcast_buffers is set; evaluation outside the training loop (or
+  /// broadcast_buffers = false) calls this before using the buffers.
   void sync_buffers();
 
-  // While alive, backward does not communicate: gradients accumulate in .grad
-  // and the first backward after the guard is gone reduces the sum of all of
-  // them. For gradient accumulation over micro-batches:
-  //   { auto guard = ddp.no_sync(); for (k-1 micro-batches) { fwd; bwd; } }
-  //   fwd; bwd;  // synchronizes the accumulated gradients
+  /// While alive, backward does not communicate: gradients accumulate in .grad
+  /// and the first backward after the guard is gone reduces the sum of all of
+  /// them. For gradient accumulation over micro-batches:
+  ///   { auto guard = ddp.no_sync(); for (k-1 micro-batches) { fwd; bwd; } }
+  ///   fwd; bwd;  // synchronizes the accumulated gradients
   class NoSyncGuard {
    public:
-    explicit NoSyncGuard(Reducer& reducer);
+    explicit NoSyncGuard(Reducer& reducer);  ///< turns synchronization off until destroyed
     ~NoSyncGuard();
     NoSyncGuard(const NoSyncGuard&) = delete;
     NoSyncGuard& operator=(const NoSyncGuard&) = delete;
@@ -93,10 +97,11 @@ class DistributedDataParallel {
     Reducer& reducer_;
     bool previous_;
   };
-  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*reducer_); }
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*reducer_); }  ///< see NoSyncGuard
 
+  /// The gradient reducer (buckets, hooks): for comm hooks such as PowerSgd::attach.
   Reducer& reducer() { return *reducer_; }
-  // Timings of the latest synchronized backward (see step_stats.h).
+  /// Timings of the latest synchronized backward (see step_stats.h).
   StepStats last_step_stats() const { return reducer_->last_step(); }
 
  private:
@@ -107,10 +112,10 @@ class DistributedDataParallel {
   std::unique_ptr<Reducer> reducer_;
 };
 
-// The module's trainable parameters (requires_grad), each tensor once, in
-// registration order, named as in named_parameters().
+/// The module's trainable parameters (requires_grad), each tensor once, in
+/// registration order, named as in named_parameters().
 std::vector<NamedParameter> trainable_parameters(torch::nn::Module& module);
-// The module's buffers, each tensor once, in registration order.
+/// The module's buffers, each tensor once, in registration order.
 std::vector<NamedTensor> module_buffers(torch::nn::Module& module);
 
 }  // namespace paratrain::ddp

@@ -46,42 +46,44 @@
 
 namespace paratrain::ddp {
 
+/// PowerSGD's knobs (names as in PyTorch's PowerSGDState where they match).
 struct PowerSgdOptions {
-  // r: columns of the factors. Higher = closer to the full gradient and more
-  // bytes. Clipped to min(n, m) per matrix.
+  /// r: columns of the factors. Higher = closer to the full gradient and more
+  /// bytes. Clipped to min(n, m) per matrix.
   int64_t rank = 1;
-  // Synchronized steps (per bucket) sent uncompressed before PowerSGD starts:
-  // the first steps' gradients change fast and compression error hurts most
-  // there (PyTorch's start_powerSGD_iter; its docs suggest ~10% of training).
+  /// Synchronized steps (per bucket) sent uncompressed before PowerSGD starts:
+  /// the first steps' gradients change fast and compression error hurts most
+  /// there (PyTorch's start_powerSGD_iter; its docs suggest ~10% of training).
   int64_t start_step = 0;
-  bool error_feedback = true;
-  // Reuse the last step's Q (one power iteration per step); off: fresh N(0,1)
-  // every step from the shared stream.
+  bool error_feedback = true;  ///< add what compression dropped to the next step's gradient
+  /// Reuse the last step's Q (one power iteration per step); off: fresh N(0,1)
+  /// every step from the shared stream.
   bool warm_start = true;
-  // Matrices compressed less than this (n m / (r (n + m))) are sent plain:
-  // the factors would cost about as much as the matrix. 0 compresses all.
+  /// Matrices compressed less than this (n m / (r (n + m))) are sent plain:
+  /// the factors would cost about as much as the matrix. 0 compresses all.
   double min_compression_rate = 2.0;
-  // Seed of Q's initial values; must be the same on every rank.
+  /// Seed of Q's initial values; must be the same on every rank.
   uint64_t seed = 0;
 };
 
+/// PowerSGD compression as a DDP comm hook; see this header's opening comment.
 class PowerSgd : public std::enable_shared_from_this<PowerSgd> {
  public:
-  explicit PowerSgd(PowerSgdOptions options = {});
+  explicit PowerSgd(PowerSgdOptions options = {});  ///< make it with std::make_shared
 
-  // The comm hook for ReducerOptions::comm_hook; it keeps this object alive.
+  /// The comm hook for ReducerOptions::comm_hook; it keeps this object alive.
   BucketCommHook hook();
-  // Reads the reducer's buckets (which parameters at which offsets, their
-  // shapes). Call once, after DDP is built and before the first backward.
+  /// Reads the reducer's buckets (which parameters at which offsets, their
+  /// shapes). Call once, after DDP is built and before the first backward.
   void attach(const Reducer& reducer);
 
-  const PowerSgdOptions& options() const { return options_; }
-  // Floats sent per rank for one step of every bucket: compressed and plain,
-  // next to what an uncompressed all-reduce would send. Valid after attach().
+  const PowerSgdOptions& options() const { return options_; }  ///< as constructed
+  /// Floats sent per rank for one step of every bucket: compressed and plain,
+  /// next to what an uncompressed all-reduce would send. Valid after attach().
   int64_t floats_sent_per_step() const;
-  int64_t floats_uncompressed_per_step() const;
-  // The local error of bucket b (empty before its first compressed step, or
-  // without error feedback), laid out like the bucket buffer.
+  int64_t floats_uncompressed_per_step() const;  ///< what plain DDP would send
+  /// The local error of bucket b (empty before its first compressed step, or
+  /// without error feedback), laid out like the bucket buffer.
   at::Tensor error(std::size_t bucket) const;
 
  private:
@@ -95,11 +97,11 @@ class PowerSgd : public std::enable_shared_from_this<PowerSgd> {
     std::vector<Matrix> matrices;
     std::vector<Plain> plain;
     int64_t numel = 0;
-    int64_t steps = 0;              // hook calls so far
-    std::vector<at::Tensor> qs;     // per matrix, [cols, rank]; empty until first compressed step
-    at::Tensor error;               // [numel]; zero outside compressed matrices
+    int64_t steps = 0;              ///< hook calls so far
+    std::vector<at::Tensor> qs;     ///< per matrix, [cols, rank]; empty until first compressed step
+    at::Tensor error;               ///< [numel]; zero outside compressed matrices
   };
-  class StepWork;  // one bucket's step: plain + P all-reduce, then Q's
+  class StepWork;  ///< one bucket's step: plain + P all-reduce, then Q's
 
   comm::WorkHandle start(comm::ProcessGroup& group, std::size_t index, at::Tensor& buffer);
 

@@ -45,118 +45,124 @@ class Optimizer;
 
 namespace paratrain::fsdp {
 
+/// How FullyShardedDataParallel cuts the model into units and when it gathers.
 struct FsdpOptions {
-  // Units by size (zero.unit_min_params): consecutive children of the root
-  // module grouped until a unit holds at least this many elements. Smaller
-  // units: lower peak memory (one or two units gathered at a time), more and
-  // smaller collectives. <= 0: every child with parameters is a unit.
+  /// Units by size (zero.unit_min_params): consecutive children of the root
+  /// module grouped until a unit holds at least this many elements. Smaller
+  /// units: lower peak memory (one or two units gathered at a time), more and
+  /// smaller collectives. <= 0: every child with parameters is a unit.
   int64_t unit_min_params = 50000;
-  // Units by name (zero.unit_modules, split on commas): each named child of
-  // the root is its own unit, all other parameters form one root unit.
-  // Overrides unit_min_params when not empty.
+  /// Units by name (zero.unit_modules, split on commas): each named child of
+  /// the root is its own unit, all other parameters form one root unit.
+  /// Overrides unit_min_params when not empty.
   std::vector<std::string> unit_modules;
-  // True: a unit's parameters are freed once the next unit starts its
-  // forward and gathered again for backward (memory ~ one or two units; one
-  // more all-gather per unit per step). False: kept from forward until the
-  // unit's backward (memory ~ the whole model during forward/backward).
+  /// True: a unit's parameters are freed once the next unit starts its
+  /// forward and gathered again for backward (memory ~ one or two units; one
+  /// more all-gather per unit per step). False: kept from forward until the
+  /// unit's backward (memory ~ the whole model during forward/backward).
   bool reshard_after_forward = true;
-  // True: when a unit starts, the all-gather of the unit expected next
-  // (forward order learned in the first step; reverse in backward) starts
-  // too, overlapping communication with compute at the cost of one more
-  // unit gathered at a time. False: each gather starts when needed.
+  /// True: when a unit starts, the all-gather of the unit expected next
+  /// (forward order learned in the first step; reverse in backward) starts
+  /// too, overlapping communication with compute at the cost of one more
+  /// unit gathered at a time. False: each gather starts when needed.
   bool prefetch = true;
-  // Gradients go through the DDP reducer (ddp/reducer.h), one bucket per
-  // unit; this is its find_unused_parameters. Off: a parameter that gets no
-  // gradient in a synchronized backward is an error naming it. On: it
-  // contributes zero (or what no_sync() accumulated), at the cost of one
-  // small all-reduce per step and of that unit's overlap (its bucket can only
-  // launch when backward ends). See Note [Unused parameters] in ddp.md.
+  /// Gradients go through the DDP reducer (ddp/reducer.h), one bucket per
+  /// unit; this is its find_unused_parameters. Off: a parameter that gets no
+  /// gradient in a synchronized backward is an error naming it. On: it
+  /// contributes zero (or what no_sync() accumulated), at the cost of one
+  /// small all-reduce per step and of that unit's overlap (its bucket can only
+  /// launch when backward ends). See Note [Unused parameters] in ddp.md.
   bool find_unused_parameters = false;
-  // How long a gather or reduce-scatter may take before TimeoutError.
+  /// How long a gather or reduce-scatter may take before TimeoutError.
   std::chrono::milliseconds timeout = comm::kDefaultTimeout;
 };
 
-// Bytes of model state alive on this rank (core/model_state.h): params =
-// shards + units currently gathered; grads = shard-piece .grad + full .grad
-// still alive (no_sync); optimizer_state = the optimizer's state tensors.
+/// Bytes of model state alive on this rank (core/model_state.h): params =
+/// shards + units currently gathered; grads = shard-piece .grad + full .grad
+/// still alive (no_sync); optimizer_state = the optimizer's state tensors.
 using ::paratrain::ModelStateBytes;
 
+/// One wrapping unit: parameters gathered and freed together.
 struct UnitInfo {
-  std::string name;
-  std::vector<std::string> params;
-  int64_t numel = 0;
-  int64_t padded_numel = 0;    // multiple of the group size
-  int64_t shard_numel = 0;     // padded_numel / world
-  int64_t gathered_bytes = 0;  // 0 while freed
+  std::string name;                 ///< the unit's module path ("" for the root unit)
+  std::vector<std::string> params;  ///< its parameters' names
+  int64_t numel = 0;                ///< elements of those parameters
+  int64_t padded_numel = 0;    ///< multiple of the group size
+  int64_t shard_numel = 0;     ///< padded_numel / world
+  int64_t gathered_bytes = 0;  ///< 0 while freed
 };
 
-// Counters since construction, to see what the engine did.
+/// Counters since construction, to see what the engine did.
 struct FsdpStats {
-  int64_t all_gathers = 0;      // unit gathers started (prefetched or on demand)
-  int64_t prefetches = 0;       // of those, started ahead of the unit's first use
-  int64_t frees = 0;            // unit buffers released
-  int64_t reduce_scatters = 0;  // unit gradients reduced
+  int64_t all_gathers = 0;      ///< unit gathers started (prefetched or on demand)
+  int64_t prefetches = 0;       ///< of those, started ahead of the unit's first use
+  int64_t frees = 0;            ///< unit buffers released
+  int64_t reduce_scatters = 0;  ///< unit gradients reduced
 };
 
+/// ZeRO-3 / FSDP for a user module: every parameter, gradient and optimizer
+/// state is sharded over the group; a unit's parameters are all-gathered just
+/// before its forward and backward and freed after. See this header's opening
+/// comment for the training loop.
 class FullyShardedDataParallel {
  public:
-  // Collective: every rank of `dp` constructs it with the same architecture
-  // (checked: ConfigError otherwise). Parameters and buffers are taken from
-  // rank 0; each parameter's data becomes a view of its unit's flat buffer,
-  // which is freed before this returns. Every parameter must require grad.
-  // `dp` must outlive this object; `model` is shared with the caller, who
-  // keeps calling model->forward on the thread that built this engine or
-  // called prepare_forward(). Any operation on that thread that reads a
-  // freed parameter (forward, backward, but also printing or torch::save)
-  // gathers its unit first: a collective, so every rank must do the same;
-  // full_parameters() is the explicit way to read values.
+  /// Collective: every rank of `dp` constructs it with the same architecture
+  /// (checked: ConfigError otherwise). Parameters and buffers are taken from
+  /// rank 0; each parameter's data becomes a view of its unit's flat buffer,
+  /// which is freed before this returns. Every parameter must require grad.
+  /// `dp` must outlive this object; `model` is shared with the caller, who
+  /// keeps calling model->forward on the thread that built this engine or
+  /// called prepare_forward(). Any operation on that thread that reads a
+  /// freed parameter (forward, backward, but also printing or torch::save)
+  /// gathers its unit first: a collective, so every rank must do the same;
+  /// full_parameters() is the explicit way to read values.
   FullyShardedDataParallel(std::shared_ptr<torch::nn::Module> model, comm::ProcessGroup& dp,
                            FsdpOptions options = {});
-  // The model's parameters stay views of freed memory afterwards (gathering
-  // would be a collective): take full_parameters() first to keep the values.
+  /// The model's parameters stay views of freed memory afterwards (gathering
+  /// would be a collective): take full_parameters() first to keep the values.
   ~FullyShardedDataParallel();
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
   FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
 
-  // The caller's model, unchanged in type: forward works as before.
+  /// The caller's model, unchanged in type: forward works as before.
   const std::shared_ptr<torch::nn::Module>& module() const;
-  comm::ProcessGroup& group();
+  comm::ProcessGroup& group();  ///< the ranks the model is sharded over
 
-  // Leaf tensors for the optimizer: this rank's piece of each parameter
-  // (1-D, a view of its unit's shard), in unit order. Parameters entirely
-  // owned by other ranks have no piece here. parameter_slots()[i] describes
-  // optimizer_params()[i] (name, global shape, offset): the mapping from
-  // optimizer state to parameter names for checkpoints.
+  /// Leaf tensors for the optimizer: this rank's piece of each parameter
+  /// (1-D, a view of its unit's shard), in unit order. Parameters entirely
+  /// owned by other ranks have no piece here. parameter_slots()[i] describes
+  /// optimizer_params()[i] (name, global shape, offset): the mapping from
+  /// optimizer state to parameter names for checkpoints.
   std::vector<at::Tensor> optimizer_params() const;
-  std::vector<TensorSlot> parameter_slots() const;
+  std::vector<TensorSlot> parameter_slots() const;  ///< see optimizer_params()
 
-  // Call before each forward (also under no_sync and for evaluation), on the
-  // thread that runs forward and backward. Rethrows an error kept from a
-  // gather that failed inside an operation, and abandons a step whose
-  // backward threw.
+  /// Call before each forward (also under no_sync and for evaluation), on the
+  /// thread that runs forward and backward. Rethrows an error kept from a
+  /// gather that failed inside an operation, and abandons a step whose
+  /// backward threw.
   void prepare_forward();
-  // prepare_forward(), then `forward()` (e.g. [&] { return model->forward(x); });
-  // when grad mode is off (evaluation), frees every unit afterwards.
+  /// prepare_forward(), then `forward()` (e.g. [&] { return model->forward(x); });
+  /// when grad mode is off (evaluation), frees every unit afterwards.
   at::Tensor forward(const std::function<at::Tensor()>& forward);
-  // After loss.backward(): rethrows a kept error; otherwise a no-op, since
-  // backward's end already reduced and freed everything.
+  /// After loss.backward(): rethrows a kept error; otherwise a no-op, since
+  /// backward's end already reduced and freed everything.
   void finish_backward();
-  // Global L2 norm of the gradient (all shards, one all-reduce), and scales
-  // the shard gradients as torch::nn::utils::clip_grad_norm_ does on the
-  // whole model. Collective. Returns the norm before clipping.
+  /// Global L2 norm of the gradient (all shards, one all-reduce), and scales
+  /// the shard gradients as torch::nn::utils::clip_grad_norm_ does on the
+  /// whole model. Collective. Returns the norm before clipping.
   double clip_grad_norm(double max_norm);
-  // optimizer.step() over the shard pieces. Units gathered for evaluation
-  // are freed (stale now); the next forward gathers the new values.
+  /// optimizer.step() over the shard pieces. Units gathered for evaluation
+  /// are freed (stale now); the next forward gathers the new values.
   void step(torch::optim::Optimizer& optimizer);
-  // Frees every gathered unit (local, no communication).
+  /// Frees every gathered unit (local, no communication).
   void reshard();
 
-  // While alive, backward does not communicate: full gradients accumulate
-  // in the parameters' .grad (memory: one full gradient) and the first
-  // backward after the guard is gone reduce-scatters their sum.
+  /// While alive, backward does not communicate: full gradients accumulate
+  /// in the parameters' .grad (memory: one full gradient) and the first
+  /// backward after the guard is gone reduce-scatters their sum.
   class NoSyncGuard {
    public:
-    explicit NoSyncGuard(FullyShardedDataParallel& fsdp);
+    explicit NoSyncGuard(FullyShardedDataParallel& fsdp);  ///< turns synchronization off until destroyed
     ~NoSyncGuard();
     NoSyncGuard(const NoSyncGuard&) = delete;
     NoSyncGuard& operator=(const NoSyncGuard&) = delete;
@@ -165,14 +171,16 @@ class FullyShardedDataParallel {
     FullyShardedDataParallel& fsdp_;
     bool previous_;
   };
-  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }  ///< see NoSyncGuard
 
-  // Collective: every parameter in full, named as in named_parameters() and
-  // in that order (detached copies; the units stay as they are).
+  /// Collective: every parameter in full, named as in named_parameters() and
+  /// in that order (detached copies; the units stay as they are).
   std::vector<std::pair<std::string, at::Tensor>> full_parameters();
+  /// Model-state bytes this rank holds now (see ModelStateBytes above);
+  /// `optimizer`'s state counted when given.
   ModelStateBytes model_state_bytes(const torch::optim::Optimizer* optimizer = nullptr) const;
-  std::vector<UnitInfo> units() const;
-  FsdpStats stats() const;
+  std::vector<UnitInfo> units() const;  ///< the units, in forward order
+  FsdpStats stats() const;              ///< counters since construction
 
   class Impl;
 
