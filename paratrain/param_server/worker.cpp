@@ -82,6 +82,12 @@ void Worker::fail(int server) const {
 }
 
 int64_t Worker::push_pull() {
+  push();
+  return pull();
+}
+
+void Worker::push() {
+  TORCH_CHECK(!pulling_, "Worker::push: the pull of clock ", clock_, " was not waited for (pull())");
   open_step();
   for (size_t t = 0; t < params_.size(); ++t) {
     if (pushed_[t]) continue;
@@ -93,6 +99,12 @@ int64_t Worker::push_pull() {
     }
   }
   open_ = false;
+  pulling_ = true;
+}
+
+int64_t Worker::pull() {
+  TORCH_CHECK(pulling_, "Worker::pull: nothing was pushed since the last pull");
+  pulling_ = false;
   auto sends = std::move(sends_);
   sends_.clear();
   for (auto& out : sends) {

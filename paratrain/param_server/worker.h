@@ -46,6 +46,14 @@ class Worker {
   // computed on and its own application (the most over servers; 0 in sync
   // mode).
   int64_t push_pull();
+  // push_pull() in two halves, so a worker can do other work (load the
+  // next batch) while the servers step: push() sends what push_pull would,
+  // pull() waits for the sends and the answers and copies the parameters in
+  // (returns the staleness). Until pull() the local parameters are the old
+  // ones; pull_pending() says whether one is due.
+  void push();
+  int64_t pull();
+  bool pull_pending() const { return pulling_; }
 
   // Pushes done so far (this worker's clock).
   int64_t clock() const { return clock_; }
@@ -79,6 +87,7 @@ class Worker {
   std::vector<int64_t> versions_;  // per server: version of the parameters last pulled
   int64_t clock_ = 0;
   bool open_ = false;              // this step's replies are posted, pushes may leave
+  bool pulling_ = false;           // pushed, answers not yet waited for
   std::vector<bool> pushed_;       // per tensor, this step
   std::vector<at::Tensor> replies_;
   std::vector<comm::WorkHandle> receives_;

@@ -383,7 +383,7 @@ const std::vector<FieldSpec>& schema() {
       field("ps.slow_worker", &TC::ps, &PsConfig::slow_worker, "experiments: this worker sleeps ps.slow_ms before each forward (-1 = none)", in_range<int64_t>(-1, kMaxRanks)),
       field("ps.slow_ms", &TC::ps, &PsConfig::slow_ms, "experiments: the slowed worker's delay per forward (ms)", in_range_finite(0.0, 3600e3)),
       field("ps.push_dtype", &TC::ps, &PsConfig::push_dtype, "gradient pushes on the wire: \"fp32\" or \"fp16\" (half the bytes; rounded per worker, summed in fp32 on the server)", one_of({"fp32", "fp16"})),
-      field("ps.overlap", &TC::ps, &PsConfig::overlap, "push each tensor's gradient from its backward hook as soon as it is ready (false: all after backward)"),
+      field("ps.overlap", &TC::ps, &PsConfig::overlap, "push each tensor's gradient from its backward hook as soon as it is ready, and wait for the pulled parameters only when next needed (false: push all after backward, pull at once)"),
 
       field("federated.clients", &TC::federated, &FederatedConfig::clients, "simulated clients, spread over the ranks", in_range<int64_t>(1, kMaxRanks)),
       field("federated.rounds", &TC::federated, &FederatedConfig::rounds, "communication rounds", in_range<int64_t>(1, kMaxCount)),

@@ -1,7 +1,9 @@
-// How pushes travel: from gradient hooks during backward (ps.overlap) and in
-// fp16 (ps.push_dtype). Overlapped pushes are the same messages sent sooner,
-// so the run must equal the one pushing after backward bit for bit, and one
-// process to the oracle tolerance; the metrics prove the hooks did push.
+// How pushes travel: from gradient hooks during backward (ps.overlap, which
+// also defers waiting for the pull to the next use of the parameters) and
+// in fp16 (ps.push_dtype). Overlapped pushes are the same messages sent
+// sooner, so the run must equal the one pushing after backward and pulling
+// at once bit for bit, and one process to the oracle tolerance; the metrics
+// prove the hooks did push.
 // fp16 pushes lose only each worker's rounding of its gradient: a stated
 // tolerance, the proof that they did differ, and half the bytes.
 #include <gtest/gtest.h>

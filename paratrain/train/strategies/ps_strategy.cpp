@@ -99,6 +99,7 @@ class PsStrategy final : public DataParallelStrategy {
 
   StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {
     if (server_) return {torch::zeros({})};
+    finish_pull();
     if (dp_.rank() == config_.ps.slow_worker && config_.ps.slow_ms > 0) {
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.ps.slow_ms));
     }
@@ -120,7 +121,14 @@ class PsStrategy final : public DataParallelStrategy {
     if (server_) {
       server_->serve_round(optimizer);
     } else {
-      worker_->push_pull();  // the ranges the hooks did not send, then the pull
+      // The ranges the hooks did not send; with ps.overlap the answers are
+      // waited for when the parameters are next needed (finish_pull), so the
+      // servers step while this worker loads its next batch.
+      if (config_.ps.overlap) {
+        worker_->push();
+      } else {
+        worker_->push_pull();
+      }
       model_->zero_grad();
       accumulating_ = false;
     }
@@ -128,7 +136,13 @@ class PsStrategy final : public DataParallelStrategy {
     return true;
   }
 
+  std::shared_ptr<torch::nn::Module> module() const override {
+    finish_pull();  // whoever reads the model sees the pulled parameters
+    return model_;
+  }
+
   at::Tensor eval_forward(const at::Tensor& inputs) override {
+    finish_pull();
     // async / ssp replicas may lag the servers; sync replicas are current.
     if (stale_ && mode_ != ps::Mode::kSync) refresh();
     stale_ = false;
@@ -136,6 +150,7 @@ class PsStrategy final : public DataParallelStrategy {
   }
 
   std::vector<TensorSlot> model_slots() override {
+    finish_pull();
     std::vector<TensorSlot> out;
     if (server_) {
       for (auto& [piece, slot] : piece_slots()) out.push_back(slot);
@@ -173,6 +188,7 @@ class PsStrategy final : public DataParallelStrategy {
   std::vector<nlohmann::json> final_metrics() override {
     // Fixed buckets so one all-gather carries every rank's (servers: zeros);
     // the last bucket counts everything at least that stale.
+    finish_pull();  // its staleness is counted on arrival
     constexpr int64_t kBuckets = 64;
     // After the buckets: range messages pushed from hooks, after backward,
     // and push bytes (what ps.overlap and ps.push_dtype did).
@@ -222,6 +238,13 @@ class PsStrategy final : public DataParallelStrategy {
  private:
   bool is_server() const { return roles_.is_server(dp_.rank()); }
 
+  // Waits for the servers' answers to the last push, if still due. const
+  // because module() is: the worker behind the pointer changes, as the
+  // parameters it fills do.
+  void finish_pull() const {
+    if (worker_ && worker_->pull_pending()) worker_->pull();
+  }
+
   // Note [Pushing from gradient hooks]
   // A leaf's tensor hook runs when backward has summed that parameter's
   // gradient for this backward, just before it is accumulated into .grad;
@@ -231,7 +254,10 @@ class PsStrategy final : public DataParallelStrategy {
   // micro-batches accumulated into it (train.accumulate). A parameter whose
   // hook did not run (unused this step) is pushed by push_pull after
   // backward, from .grad or zeros: the servers always get every range, and
-  // the messages are those of ps.overlap = false, only sent sooner.
+  // the messages are those of ps.overlap = false, only sent sooner. The
+  // answers are waited for in finish_pull(), called by everything that
+  // reads the parameters, so the result is that of push_pull() at the end
+  // of the step, bit for bit.
   void register_push_hooks() {
     for (size_t i = 0; i < params_.size(); ++i) {
       if (!params_[i].requires_grad()) continue;  // never gets a gradient: push_pull sends zeros
@@ -245,6 +271,7 @@ class PsStrategy final : public DataParallelStrategy {
 
   // Every rank's model gets the servers' current parameters. Collective.
   void refresh() {
+    finish_pull();  // a late answer must not overwrite what the refresh brings
     ps::refresh_parameters(dp_, roles_, plan_, params_, server_ ? server_->pieces() : std::vector<at::Tensor>{},
                            timeout_);
   }
