@@ -13,7 +13,9 @@
 # Environment: BUILD_DIR (build), PYTHON (/usr/bin/python3), SERVERS ("1"),
 # WORKERS (3), EPOCHS (1), SLOW_MS (20), MODES ("sync async ssp"), LR (0.02:
 # the config's 0.05 with momentum 0.9 diverges under async, where every push
-# is a step), OUT_DIR.
+# is a step), OUT_DIR, PS_SETS (extra KEY=VALUE for every ps run, e.g.
+# "ps.overlap=false" or "ps.push_dtype=fp16"), SLOW ("0 $SLOW_MS": the
+# slowed-worker variants to run), DDP (1: also the DDP run; 0 skips it).
 # Servers and workers share this machine's cores: a server competes with
 # the workers for CPU, which a real deployment would not.
 set -euo pipefail
@@ -28,6 +30,8 @@ epochs=${EPOCHS:-1}
 slow_ms=${SLOW_MS:-20}
 lr=${LR:-0.02}
 modes=${MODES:-sync async ssp}
+read -r -a ps_sets <<<"${PS_SETS:-}"
+slow_list=${SLOW:-0 $slow_ms}
 out_dir=${OUT_DIR:-$(mktemp -d -t paratrain-ps-bench.XXXXXX)}
 exe=$build/paratrain
 [[ -x $exe ]] || { echo "run_param_server.sh: $exe is missing; build it first" >&2; exit 2; }
@@ -63,19 +67,21 @@ out = {"run": name, "wall_s": round(end - start, 1),
        "samples_per_s": round(train[-1]["samples_per_s"], 1) if train else None,
        "accuracy": [round(e["test_accuracy"], 4) for e in evals],
        "accuracy_at_s": [round(e["time"] - t0, 1) for e in evals],
-       "staleness": {str(r["worker"]): {"mean": round(r["mean"], 2), "max": r["max"], "histogram": r["histogram"]}
+       "staleness": {str(r["worker"]): {"mean": round(r["mean"], 2), "max": r["max"], "histogram": r["histogram"],
+                                    "push_bytes": r.get("push_bytes"),
+                                    "ranges_in_backward": r.get("ranges_pushed_in_backward")}
                      for r in recs if r.get("kind") == "ps_staleness"}}
 print(json.dumps(out))
 PY
   tail -1 "$runs"
 }
 
-run_one ddp "$workers"
+[[ ${DDP:-1} = 1 ]] && run_one ddp "$workers"
 for servers in $servers_list; do
   nproc=$((workers + servers))
   for mode in $modes; do
-    for slow in 0 "$slow_ms"; do
-      extra=(ps.servers="$servers" ps.mode="$mode" ps.staleness=2)
+    for slow in $slow_list; do
+      extra=(ps.servers="$servers" ps.mode="$mode" ps.staleness=2 "${ps_sets[@]}")
       [[ $slow != 0 ]] && extra+=(ps.slow_worker=1 ps.slow_ms="$slow")
       run_one "ps_${mode}_s${servers}_slow${slow}" "$nproc" "${extra[@]}"
     done

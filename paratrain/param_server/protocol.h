@@ -1,9 +1,12 @@
 // The parameter-server wire protocol and roles: which ranks are servers,
 // the three consistency modes, and the messages between workers and servers
-// (one flat float tensor per worker-server pair and direction, a small
-// header followed by that server's key ranges back to back). Not the
-// partitioning (key_ranges.h), not the loops (server.h, worker.h).
+// (float32 tensors, a small header followed by the payload: a push is one
+// message per key range, a reply one per server with its ranges back to
+// back). Not the partitioning (key_ranges.h), not the loops (server.h,
+// worker.h).
 #pragma once
+
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <string>
@@ -31,9 +34,19 @@ struct Roles {
 
 // Tags of the point-to-point messages on the world group: a message can only
 // match the receive posted for its kind, whatever else is in flight.
-inline constexpr int kPushTag = 0x50530001;     // worker -> server: [clock, version read] + gradients
 inline constexpr int kReplyTag = 0x50530002;    // server -> worker: [version, staleness] + parameters
 inline constexpr int kRefreshTag = 0x50530003;  // server -> every rank: parameters only
+// A push is one message per key range of the server (KeyRangePlan::ranges_of
+// order), [clock, version read] + that range's gradient, each on its own tag
+// so ranges can leave in whatever order backward makes them ready.
+inline constexpr int kMaxRangesPerServer = 1 << 16;
+int push_tag(int64_t range_index);
+
+// Wire dtype of gradient pushes (ps.push_dtype). Replies and refreshes are
+// always fp32: they carry the parameters themselves.
+enum class PushDtype { kFp32, kFp16 };
+// "fp32" | "fp16"; throws ConfigError naming ps.push_dtype otherwise.
+PushDtype parse_push_dtype(std::string_view name);
 
 // Rethrows the CommError / TimeoutError in flight (call it inside a catch)
 // as the same type, prefixed with `what` (the role and rank of both ends)
@@ -44,5 +57,14 @@ inline constexpr int kRefreshTag = 0x50530003;  // server -> every rank: paramet
 // Float slots before the payload. Counts travel as float32: exact up to
 // 2^24 steps, far more than any run here takes.
 inline constexpr int64_t kHeader = 2;
+
+// One push message: float32 [clock, read] followed by `grad` (any shape,
+// flattened) in `dtype`. fp16 values are packed two to a float32 slot
+// (padded to an even count), so every message stays a float32 tensor of
+// push_message_numel(grad.numel(), dtype) elements.
+at::Tensor encode_push(int64_t clock, int64_t read, const at::Tensor& grad, PushDtype dtype);
+int64_t push_message_numel(int64_t numel, PushDtype dtype);
+// The `numel` gradient values of a push message, as float32.
+at::Tensor decode_push(const at::Tensor& message, int64_t numel, PushDtype dtype);
 
 }  // namespace paratrain::param_server

@@ -20,8 +20,7 @@ using Clock = std::chrono::steady_clock;
 // completes inside wait() (c10d's point-to-point work has no future to poll),
 // so each posted push gets a thread that waits on it and signals arrived_.
 struct Server::Inbox {
-  at::Tensor buffer;
-  comm::WorkHandle work;
+  Push push;
   std::thread waiter;
   bool done = false;  // under Server::mu_
   std::exception_ptr error;
@@ -60,6 +59,12 @@ Server::Server(comm::ProcessGroup& world, Roles roles, const KeyRangePlan& plan,
       ranges_(plan.ranges_of(roles.server_index(world.rank()))), clocks_(roles.workers, 0),
       remaining_(roles.workers, 0), inbox_(roles.workers) {
   TORCH_CHECK(roles.is_server(world.rank()), "Server built on rank ", world.rank(), ", a worker");
+  if (ranges_.empty()) {
+    // Its pushes would be empty: nothing to carry the workers' clocks.
+    throw ConfigError(fmt::format("parameter server {} (rank {}) owns no parameter element: the model has fewer "
+                                  "bytes than there are servers ({}); use fewer ps.servers",
+                                  index_, world.rank(), roles.servers));
+  }
   torch::NoGradGuard no_grad;
   for (const auto& r : ranges_) {
     const auto& p = params.at(r.tensor);
@@ -93,24 +98,37 @@ void Server::serve_round(torch::optim::Optimizer& optimizer) {
   drain_replies();
 }
 
-void Server::serve_sync(torch::optim::Optimizer& optimizer) {
-  std::vector<at::Tensor> messages(roles_.workers);
-  std::vector<comm::WorkHandle> works(roles_.workers);
-  for (int w = 0; w < roles_.workers; ++w) {
-    messages[w] = torch::empty({kHeader + numel_}, torch::kFloat);
-    works[w] = world_.recv(messages[w], w, kPushTag);
+Server::Push Server::post_push(int worker) {
+  Push push;
+  for (size_t k = 0; k < ranges_.size(); ++k) {
+    push.messages.push_back(torch::empty({push_message_numel(ranges_[k].numel(), options_.push_dtype)}, torch::kFloat));
+    push.works.push_back(world_.recv(push.messages.back(), worker, push_tag(static_cast<int64_t>(k))));
   }
+  return push;
+}
+
+at::Tensor Server::gradient_of(const Push& push) const {
+  std::vector<at::Tensor> parts;
+  for (size_t k = 0; k < ranges_.size(); ++k) {
+    parts.push_back(decode_push(push.messages[k], ranges_[k].numel(), options_.push_dtype));
+  }
+  return parts.empty() ? torch::empty({0}, torch::kFloat) : torch::cat(parts);
+}
+
+void Server::serve_sync(torch::optim::Optimizer& optimizer) {
+  std::vector<Push> pushes;
+  for (int w = 0; w < roles_.workers; ++w) pushes.push_back(post_push(w));
   // Summed in worker order: every run adds the same floats the same way.
   at::Tensor sum;
   for (int w = 0; w < roles_.workers; ++w) {
     try {
-      works[w]->wait(options_.timeout);
+      for (auto& work : pushes[w].works) work->wait(options_.timeout);
     } catch (const CommError&) {
       rethrow_naming(fmt::format("parameter server {} (rank {}): receiving the gradients of worker {} (rank {})",
                                  index_, world_.rank(), w, w), kWorkerHint);
     }
     ++clocks_[w];
-    auto grad = messages[w].slice(0, kHeader);
+    auto grad = gradient_of(pushes[w]);
     sum = w == 0 ? grad.clone() : sum.add_(grad);
   }
   apply(sum.div_(roles_.workers), optimizer);
@@ -120,14 +138,13 @@ void Server::serve_sync(torch::optim::Optimizer& optimizer) {
 
 void Server::post(int worker) {
   auto inbox = std::make_unique<Inbox>();
-  inbox->buffer = torch::empty({kHeader + numel_}, torch::kFloat);
-  inbox->work = world_.recv(inbox->buffer, worker, kPushTag);
+  inbox->push = post_push(worker);
   Inbox* raw = inbox.get();
   // Fails by itself at the timeout: a waiter never outlives it for long.
   inbox->waiter = std::thread([this, raw] {
     std::exception_ptr error;
     try {
-      raw->work->wait(options_.timeout);
+      for (auto& work : raw->push.works) work->wait(options_.timeout);
     } catch (...) {
       error = std::current_exception();
     }
@@ -188,22 +205,22 @@ void Server::serve_unordered(torch::optim::Optimizer& optimizer) {
                                      index_, world_.rank(), w, w), kWorkerHint);
         }
       }
-      handle_push(w, inbox->buffer, optimizer);
+      handle_push(w, inbox->push, optimizer);
       ++handled;
     }
   }
 }
 
-void Server::handle_push(int worker, const at::Tensor& message, torch::optim::Optimizer& optimizer) {
-  const auto clock = static_cast<int64_t>(message[0].item<float>());
-  const auto read = static_cast<int64_t>(message[1].item<float>());
+void Server::handle_push(int worker, const Push& push, torch::optim::Optimizer& optimizer) {
+  const auto clock = static_cast<int64_t>(push.messages[0][0].item<float>());
+  const auto read = static_cast<int64_t>(push.messages[0][1].item<float>());
   ++clocks_[worker];
   if (clock != clocks_[worker]) {
     throw CommError(fmt::format("parameter server {} (rank {}): worker {} sent clock {} where {} was due; workers "
                                 "and servers are out of step",
                                 index_, world_.rank(), worker, clock, clocks_[worker]));
   }
-  auto grad = message.slice(0, kHeader);
+  auto grad = gradient_of(push);
   if (options_.mode == Mode::kAsync) {
     const int64_t staleness = version_ - read;
     apply(grad, optimizer);

@@ -48,6 +48,8 @@ struct ServerOptions {
   int64_t staleness = 0;
   // Bounds every wait; a silent worker fails the round with TimeoutError.
   std::chrono::milliseconds timeout = comm::kDefaultTimeout;
+  // Wire dtype of the workers' pushes (WorkerOptions::push_dtype).
+  PushDtype push_dtype = PushDtype::kFp32;
 };
 
 class Server {
@@ -90,7 +92,15 @@ class Server {
   void serve_unordered(torch::optim::Optimizer& optimizer);
   // Applies `flat_grad` (this server's ranges back to back) as one step.
   void apply(const at::Tensor& flat_grad, torch::optim::Optimizer& optimizer);
-  void handle_push(int worker, const at::Tensor& message, torch::optim::Optimizer& optimizer);
+  // One push: a message per range (push_tag), and their receives.
+  struct Push {
+    std::vector<at::Tensor> messages;
+    std::vector<comm::WorkHandle> works;
+  };
+  Push post_push(int worker);
+  // The push's gradient, this server's ranges back to back, in fp32.
+  at::Tensor gradient_of(const Push& push) const;
+  void handle_push(int worker, const Push& push, torch::optim::Optimizer& optimizer);
   void reply(int worker, int64_t staleness);
   void post(int worker);
   void drain_replies();

@@ -15,57 +15,115 @@ constexpr const char* kServerHint =
     "the parameter server probably died or stalled: check its log, then restart the job (train.resume = auto "
     "continues from the last checkpoint)";
 
-std::vector<at::Tensor> grads_or_zeros(const std::vector<at::Tensor>& params) {
-  std::vector<at::Tensor> out;
-  for (const auto& p : params) out.push_back(p.grad().defined() ? p.grad() : torch::zeros_like(p));
-  return out;
-}
-
 }  // namespace
 
 Worker::Worker(comm::ProcessGroup& world, Roles roles, const KeyRangePlan& plan, std::vector<at::Tensor> params,
-               std::chrono::milliseconds timeout)
-    : world_(world), roles_(roles), params_(std::move(params)), timeout_(timeout), versions_(roles.servers, 0) {
+               WorkerOptions options)
+    : world_(world), roles_(roles), options_(options), slots_(params.size()), params_(std::move(params)),
+      versions_(roles.servers, 0), pushed_(params_.size(), false), replies_(roles.servers),
+      receives_(roles.servers) {
   TORCH_CHECK(!roles.is_server(world.rank()), "Worker built on rank ", world.rank(), ", a server");
   for (int s = 0; s < roles.servers; ++s) {
     ranges_.push_back(plan.ranges_of(s));
     int64_t n = 0;
-    for (const auto& r : ranges_.back()) n += r.numel();
+    for (size_t k = 0; k < ranges_.back().size(); ++k) {
+      const auto& r = ranges_.back()[k];
+      slots_.at(r.tensor).push_back({s, static_cast<int>(k), r});
+      n += r.numel();
+    }
     numel_.push_back(n);
   }
 }
 
-int64_t Worker::push_pull() {
+// The first push of a step posts the receives of its answers: before any
+// push leaves, so a server's reply never waits for this worker to get round
+// to receiving it.
+void Worker::open_step() {
+  if (open_) return;
   ++clock_;
-  const auto grads = grads_or_zeros(params_);
-  std::vector<at::Tensor> replies(roles_.servers);
-  std::vector<comm::WorkHandle> receives(roles_.servers);
-  std::vector<at::Tensor> pushes(roles_.servers);
-  std::vector<comm::WorkHandle> sends(roles_.servers);
-  // Answers are posted before the pushes leave, so a server's reply never
-  // waits for this worker to get round to receiving it.
   for (int s = 0; s < roles_.servers; ++s) {
-    replies[s] = torch::empty({kHeader + numel_[s]}, torch::kFloat);
-    receives[s] = world_.recv(replies[s], roles_.server_rank(s), kReplyTag);
+    replies_[s] = torch::empty({kHeader + numel_[s]}, torch::kFloat);
+    receives_[s] = world_.recv(replies_[s], roles_.server_rank(s), kReplyTag);
   }
-  for (int s = 0; s < roles_.servers; ++s) {
-    auto header = torch::tensor({static_cast<float>(clock_), static_cast<float>(versions_[s])}, torch::kFloat);
-    pushes[s] = torch::cat({header, pack_ranges(grads, ranges_[s])});
-    sends[s] = world_.send(pushes[s], roles_.server_rank(s), kPushTag);
+  std::fill(pushed_.begin(), pushed_.end(), false);
+  open_ = true;
+}
+
+void Worker::send(const Slot& slot, const at::Tensor& grad_of_tensor) {
+  const auto& r = slot.range;
+  auto message = encode_push(clock_, versions_[slot.server], grad_of_tensor.reshape(-1).slice(0, r.begin, r.end),
+                             options_.push_dtype);
+  bytes_ += message.numel() * static_cast<int64_t>(sizeof(float));
+  comm::WorkHandle work;
+  try {
+    // May run inside backward (a gradient hook): an error here leaves
+    // backward with this message.
+    work = world_.send(message, roles_.server_rank(slot.server), push_tag(slot.index));
+  } catch (const CommError&) {
+    fail(slot.server);
+  }
+  sends_.push_back({message, work, slot.server});
+}
+
+void Worker::push_tensor(int tensor, const at::Tensor& grad) {
+  open_step();
+  TORCH_CHECK(!pushed_.at(tensor), "Worker::push_tensor: tensor ", tensor, " pushed twice in clock ", clock_);
+  pushed_[tensor] = true;
+  for (const auto& slot : slots_[tensor]) {
+    send(slot, grad);
+    ++early_;
+  }
+}
+
+void Worker::fail(int server) const {
+  rethrow_naming(fmt::format("worker {} (rank {}): push/pull of clock {} with parameter server {} (rank {})",
+                             world_.rank(), world_.rank(), clock_, server, roles_.server_rank(server)),
+                 kServerHint);
+}
+
+int64_t Worker::push_pull() {
+  push();
+  return pull();
+}
+
+void Worker::push() {
+  TORCH_CHECK(!pulling_, "Worker::push: the pull of clock ", clock_, " was not waited for (pull())");
+  open_step();
+  for (size_t t = 0; t < params_.size(); ++t) {
+    if (pushed_[t]) continue;
+    const auto& p = params_[t];
+    const auto grad = p.grad().defined() ? p.grad() : torch::zeros_like(p);
+    for (const auto& slot : slots_[t]) {
+      send(slot, grad);
+      ++late_;
+    }
+  }
+  open_ = false;
+  pulling_ = true;
+}
+
+int64_t Worker::pull() {
+  TORCH_CHECK(pulling_, "Worker::pull: nothing was pushed since the last pull");
+  pulling_ = false;
+  auto sends = std::move(sends_);
+  sends_.clear();
+  for (auto& out : sends) {
+    try {
+      out.work->wait(options_.timeout);
+    } catch (const CommError&) {
+      fail(out.server);
+    }
   }
   int64_t staleness = 0;
   for (int s = 0; s < roles_.servers; ++s) {
-    const int rank = roles_.server_rank(s);
     try {
-      sends[s]->wait(timeout_);
-      receives[s]->wait(timeout_);
+      receives_[s]->wait(options_.timeout);
     } catch (const CommError&) {
-      rethrow_naming(fmt::format("worker {} (rank {}): push/pull of clock {} with parameter server {} (rank {})",
-                                 world_.rank(), world_.rank(), clock_, s, rank), kServerHint);
+      fail(s);
     }
-    versions_[s] = static_cast<int64_t>(replies[s][0].item<float>());
-    staleness = std::max(staleness, static_cast<int64_t>(replies[s][1].item<float>()));
-    unpack_ranges(replies[s].slice(0, kHeader), params_, ranges_[s]);
+    versions_[s] = static_cast<int64_t>(replies_[s][0].item<float>());
+    staleness = std::max(staleness, static_cast<int64_t>(replies_[s][1].item<float>()));
+    unpack_ranges(replies_[s].slice(0, kHeader), params_, ranges_[s]);
   }
   ++histogram_[staleness];
   return staleness;

@@ -18,36 +18,83 @@
 
 namespace paratrain::param_server {
 
+struct WorkerOptions {
+  // Bounds every wait on a server.
+  std::chrono::milliseconds timeout = comm::kDefaultTimeout;
+  // Wire dtype of the pushes; the servers must be built with the same.
+  PushDtype push_dtype = PushDtype::kFp32;
+};
+
 class Worker {
  public:
   // `params`: the local model's parameters in plan order (updated in place).
-  // `world` must outlive this object; `timeout` bounds every wait.
+  // `world` must outlive this object.
   Worker(comm::ProcessGroup& world, Roles roles, const KeyRangePlan& plan, std::vector<at::Tensor> params,
-         std::chrono::milliseconds timeout);
+         WorkerOptions options);
 
-  // Sends each server its ranges of the params' .grad (zeros where a
-  // gradient is undefined), then waits for every server's answer and copies
-  // the parameters in. Throws CommError / TimeoutError naming the server
-  // (role and rank) that did not answer. Returns the gradient's staleness:
-  // optimizer steps applied between the parameters it was computed on and
-  // its own application (the most over servers; 0 in sync mode).
+  // Sends tensor `tensor`'s ranges of `grad` (its full gradient for this
+  // step) to their servers now: called from the tensor's backward hook, so
+  // the transfer overlaps the rest of backward. At most once per tensor and
+  // step; push_pull() sends the tensors this missed.
+  void push_tensor(int tensor, const at::Tensor& grad);
+
+  // Sends every range push_tensor did not send this step, from the params'
+  // .grad (zeros where undefined), then waits for every server's answer and
+  // copies the parameters in. Throws CommError / TimeoutError naming the
+  // server (role and rank) that did not answer. Returns the gradient's
+  // staleness: optimizer steps applied between the parameters it was
+  // computed on and its own application (the most over servers; 0 in sync
+  // mode).
   int64_t push_pull();
+  // push_pull() in two halves, so a worker can do other work (load the
+  // next batch) while the servers step: push() sends what push_pull would,
+  // pull() waits for the sends and the answers and copies the parameters in
+  // (returns the staleness). Until pull() the local parameters are the old
+  // ones; pull_pending() says whether one is due.
+  void push();
+  int64_t pull();
+  bool pull_pending() const { return pulling_; }
 
   // Pushes done so far (this worker's clock).
   int64_t clock() const { return clock_; }
   // How many pushed gradients had each staleness.
   const std::map<int64_t, int64_t>& staleness_histogram() const { return histogram_; }
+  // Range messages sent by push_tensor (during backward) and by push_pull
+  // (after it), and the bytes of all push messages: what overlap and
+  // compression did, for tests and benchmarks.
+  int64_t ranges_pushed_early() const { return early_; }
+  int64_t ranges_pushed_late() const { return late_; }
+  int64_t bytes_pushed() const { return bytes_; }
 
  private:
+  struct Slot {  // one range: where it goes and what its message is
+    int server = 0;
+    int index = 0;  // in the server's ranges (its tag)
+    KeyRange range;
+  };
+  void open_step();
+  void send(const Slot& slot, const at::Tensor& grad_of_tensor);
+  // Rethrows the CommError in flight naming this worker and `server`.
+  [[noreturn]] void fail(int server) const;
+
   comm::ProcessGroup& world_;
   Roles roles_;
-  std::vector<std::vector<KeyRange>> ranges_;  // per server
+  WorkerOptions options_;
   std::vector<int64_t> numel_;                 // per server
+  std::vector<std::vector<KeyRange>> ranges_;  // per server
+  std::vector<std::vector<Slot>> slots_;       // per tensor
   std::vector<at::Tensor> params_;
-  std::chrono::milliseconds timeout_;
   std::vector<int64_t> versions_;  // per server: version of the parameters last pulled
   int64_t clock_ = 0;
+  bool open_ = false;              // this step's replies are posted, pushes may leave
+  bool pulling_ = false;           // pushed, answers not yet waited for
+  std::vector<bool> pushed_;       // per tensor, this step
+  std::vector<at::Tensor> replies_;
+  std::vector<comm::WorkHandle> receives_;
+  struct Outgoing { at::Tensor message; comm::WorkHandle work; int server; };
+  std::vector<Outgoing> sends_;
   std::map<int64_t, int64_t> histogram_;
+  int64_t early_ = 0, late_ = 0, bytes_ = 0;
 };
 
 // Every rank ends with every server's current ranges in `params` (servers

@@ -293,6 +293,14 @@ struct PsConfig {
   /// slow_ms before each of its forward passes.
   int64_t slow_worker = -1;
   double slow_ms = 0.0;  ///< the straggler's sleep before each forward, in ms
+  /// Gradient pushes on the wire: "fp32", or "fp16" (half the bytes; the
+  /// server widens each push to fp32 before adding, so only the rounding of
+  /// each worker's gradient to fp16 is lost). Parameters come back in fp32.
+  std::string push_dtype = "fp32";
+  /// Push each tensor's gradient from its backward hook as soon as it is
+  /// ready, overlapping the transfer with the rest of backward; false pushes
+  /// everything after backward (the same messages, later: the naive twin).
+  bool overlap = true;
 
   bool operator==(const PsConfig&) const = default;
 };

@@ -382,6 +382,8 @@ const std::vector<FieldSpec>& schema() {
       field("ps.staleness", &TC::ps, &PsConfig::staleness, "ssp: clocks a worker may run ahead of the slowest (0 = sync)", in_range<int64_t>(0, kMaxCount)),
       field("ps.slow_worker", &TC::ps, &PsConfig::slow_worker, "experiments: this worker sleeps ps.slow_ms before each forward (-1 = none)", in_range<int64_t>(-1, kMaxRanks)),
       field("ps.slow_ms", &TC::ps, &PsConfig::slow_ms, "experiments: the slowed worker's delay per forward (ms)", in_range_finite(0.0, 3600e3)),
+      field("ps.push_dtype", &TC::ps, &PsConfig::push_dtype, "gradient pushes on the wire: \"fp32\" or \"fp16\" (half the bytes; rounded per worker, summed in fp32 on the server)", one_of({"fp32", "fp16"})),
+      field("ps.overlap", &TC::ps, &PsConfig::overlap, "push each tensor's gradient from its backward hook as soon as it is ready, and wait for the pulled parameters only when next needed (false: push all after backward, pull at once)"),
 
       field("federated.clients", &TC::federated, &FederatedConfig::clients, "simulated clients, spread over the ranks", in_range<int64_t>(1, kMaxRanks)),
       field("federated.rounds", &TC::federated, &FederatedConfig::rounds, "communication rounds", in_range<int64_t>(1, kMaxCount)),
@@ -438,9 +440,9 @@ std::string layerwise_problem(const TrainConfig& c) {
 // the keys that configure another exchange must be at their defaults.
 std::string ps_problem(const TrainConfig& c) {
   if (c.ps.servers == 0) {
-    if (c.ps.slow_worker >= 0 || c.ps.slow_ms > 0 || c.ps.mode != "sync")
-      return "ps.mode, ps.slow_worker and ps.slow_ms apply to parameter servers: set ps.servers >= 1 (or leave "
-             "them at their defaults)";
+    if (c.ps.slow_worker >= 0 || c.ps.slow_ms > 0 || c.ps.mode != "sync" || c.ps.push_dtype != "fp32")
+      return "ps.mode, ps.slow_worker, ps.slow_ms and ps.push_dtype apply to parameter servers: set ps.servers >= 1 "
+             "(or leave them at their defaults)";
     return "";
   }
   const auto& p = c.parallel;
@@ -449,9 +451,9 @@ std::string ps_problem(const TrainConfig& c) {
                        "pp = {}, cp = {}: set zero.stage = 0, parallel.dp = 0 and tp = pp = cp = 1",
                        c.ps.servers, c.zero.stage, p.dp, p.tp, p.pp, p.cp);
   if (c.precision.compute != "fp32" || c.precision.loss_scale != "none" || c.precision.comm_dtype != "fp32")
-    return fmt::format("ps.servers = {}: parameter servers carry fp32 gradients without loss scaling; set "
+    return fmt::format("ps.servers = {}: parameter servers compute in fp32 without loss scaling; set "
                        "precision.compute = \"fp32\", precision.loss_scale = \"none\", precision.comm_dtype = "
-                       "\"fp32\"",
+                       "\"fp32\" (ps.push_dtype = \"fp16\" halves the bytes of gradient pushes instead)",
                        c.ps.servers);
   if (c.optimizer.clip_grad_norm > 0)
     return fmt::format("optimizer.clip_grad_norm = {} with ps.servers = {}: gradient clipping across server "

@@ -32,10 +32,11 @@ train::TrainConfig small_config(const std::string& dir, const std::string& optim
   return c;
 }
 
-Params train(const train::TrainConfig& cfg, int world) {
+Params train(const train::TrainConfig& cfg, int world, const std::function<void(train::Trainer&)>& tweak) {
   std::vector<Params> per_rank(world);
   paratrain::testing::run_ranks(world, [&](comm::ProcessGroup& g) {
     train::Trainer t(cfg, g);
+    if (tweak) tweak(t);
     t.fit();
     per_rank[g.rank()] = t.full_parameters();
   });

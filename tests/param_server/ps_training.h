@@ -2,6 +2,7 @@
 // on thread-ranks, and the relative difference of two parameter lists.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -10,6 +11,10 @@
 #include <fmt/format.h>
 
 #include "paratrain/train/config.h"
+
+namespace paratrain::train {
+class Trainer;
+}
 
 namespace paratrain::param_server::testing {
 
@@ -20,8 +25,9 @@ using Params = std::vector<std::pair<std::string, at::Tensor>>;
 train::TrainConfig small_config(const std::string& dir, const std::string& optimizer);
 
 // Trains `cfg` on `world` thread-ranks; returns rank 0's full parameters and
-// checks that every rank holds the same ones.
-Params train(const train::TrainConfig& cfg, int world);
+// checks that every rank holds the same ones. `tweak` runs on every rank
+// after the Trainer is built (a resume has loaded) and before fit().
+Params train(const train::TrainConfig& cfg, int world, const std::function<void(train::Trainer&)>& tweak = {});
 
 // max over tensors of max|a - b| / max|b|.
 double relative_diff(const Params& a, const Params& b);

@@ -46,7 +46,7 @@ void run(Mode mode, int64_t staleness, Recorded& rec) {
       return;
     }
     const int w = g.rank();
-    Worker worker(g, roles, plan, params, std::chrono::seconds(60));
+    Worker worker(g, roles, plan, params, WorkerOptions{std::chrono::seconds(60)});
     params[0].mutable_grad() = torch::ones({5, 2});
     for (int64_t c = 1; c <= kSteps; ++c) {
       if (w == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -96,7 +96,7 @@ TEST(ServerFailure, WorkersFailFastNamingTheDeadServer) {
       g.abort();  // dies: its connections close
       return;
     }
-    Worker worker(g, roles, plan, params, timeout);
+    Worker worker(g, roles, plan, params, WorkerOptions{timeout});
     params[0].mutable_grad() = torch::ones({4});
     try {
       for (int c = 0; c < 10; ++c) worker.push_pull();

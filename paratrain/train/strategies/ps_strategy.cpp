@@ -4,6 +4,8 @@
 // (param_server/server.h). Servers read no data and evaluate nothing
 // (DataShard::computes), the global batch is split over the workers, and the
 // servers' key ranges and optimizer state are what checkpoints hold.
+// With ps.overlap each parameter's gradient hook pushes its key ranges as
+// soon as backward has computed it (Note [Pushing from gradient hooks]).
 #include <torch/torch.h>
 
 #include <chrono>
@@ -28,7 +30,7 @@ class PsStrategy final : public DataParallelStrategy {
  public:
   explicit PsStrategy(const StrategyContext& ctx)
       : DataParallelStrategy(ctx, "ps"), roles_(ps::Roles::for_world(dp_.size(), static_cast<int>(ctx.config.ps.servers))),
-        mode_(ps::parse_mode(ctx.config.ps.mode)) {
+        mode_(ps::parse_mode(ctx.config.ps.mode)), push_dtype_(ps::parse_push_dtype(ctx.config.ps.push_dtype)) {
     const auto& c = config_.ps;
     if (c.slow_worker >= roles_.workers) {
       throw ConfigError(fmt::format("ps.slow_worker = {}: there are {} workers (ranks 0 to {}); pick one of them or "
@@ -70,9 +72,11 @@ class PsStrategy final : public DataParallelStrategy {
       options.mode = mode_;
       options.staleness = config_.ps.staleness;
       options.timeout = timeout_;
+      options.push_dtype = push_dtype_;
       server_ = std::make_unique<ps::Server>(dp_, roles_, plan_, params_, options);
     } else {
-      worker_ = std::make_unique<ps::Worker>(dp_, roles_, plan_, params_, timeout_);
+      worker_ = std::make_unique<ps::Worker>(dp_, roles_, plan_, params_, ps::WorkerOptions{timeout_, push_dtype_});
+      if (config_.ps.overlap) register_push_hooks();
     }
   }
 
@@ -93,13 +97,23 @@ class PsStrategy final : public DataParallelStrategy {
     if (server_) server_->expect_pushes(steps);
   }
 
-  StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool) override {
+  StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {
     if (server_) return {torch::zeros({})};
+    finish_pull();
     if (dp_.rank() == config_.ps.slow_worker && config_.ps.slow_ms > 0) {
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.ps.slow_ms));
     }
     auto loss = loss_fn(model_->forward(batch.inputs), batch.targets);
-    loss.backward();
+    // Hooks push only on the micro-batch that completes the gradient.
+    push_from_hooks_ = sync && config_.ps.overlap;
+    try {
+      loss.backward();
+    } catch (...) {
+      push_from_hooks_ = false;
+      throw;
+    }
+    push_from_hooks_ = false;
+    accumulating_ = !sync;
     return {loss.detach()};
   }
 
@@ -107,14 +121,28 @@ class PsStrategy final : public DataParallelStrategy {
     if (server_) {
       server_->serve_round(optimizer);
     } else {
-      worker_->push_pull();
+      // The ranges the hooks did not send; with ps.overlap the answers are
+      // waited for when the parameters are next needed (finish_pull), so the
+      // servers step while this worker loads its next batch.
+      if (config_.ps.overlap) {
+        worker_->push();
+      } else {
+        worker_->push_pull();
+      }
       model_->zero_grad();
+      accumulating_ = false;
     }
     stale_ = true;
     return true;
   }
 
+  std::shared_ptr<torch::nn::Module> module() const override {
+    finish_pull();  // whoever reads the model sees the pulled parameters
+    return model_;
+  }
+
   at::Tensor eval_forward(const at::Tensor& inputs) override {
+    finish_pull();
     // async / ssp replicas may lag the servers; sync replicas are current.
     if (stale_ && mode_ != ps::Mode::kSync) refresh();
     stale_ = false;
@@ -122,6 +150,7 @@ class PsStrategy final : public DataParallelStrategy {
   }
 
   std::vector<TensorSlot> model_slots() override {
+    finish_pull();
     std::vector<TensorSlot> out;
     if (server_) {
       for (auto& [piece, slot] : piece_slots()) out.push_back(slot);
@@ -159,18 +188,25 @@ class PsStrategy final : public DataParallelStrategy {
   std::vector<nlohmann::json> final_metrics() override {
     // Fixed buckets so one all-gather carries every rank's (servers: zeros);
     // the last bucket counts everything at least that stale.
+    finish_pull();  // its staleness is counted on arrival
     constexpr int64_t kBuckets = 64;
-    auto mine = torch::zeros({kBuckets}, torch::kLong);
+    // After the buckets: range messages pushed from hooks, after backward,
+    // and push bytes (what ps.overlap and ps.push_dtype did).
+    constexpr int64_t kSlots = kBuckets + 3;
+    auto mine = torch::zeros({kSlots}, torch::kLong);
     if (worker_) {
       for (const auto& [staleness, count] : worker_->staleness_histogram()) {
         mine[std::min(staleness, kBuckets - 1)] += count;
       }
+      mine[kBuckets] = worker_->ranges_pushed_early();
+      mine[kBuckets + 1] = worker_->ranges_pushed_late();
+      mine[kBuckets + 2] = worker_->bytes_pushed();
     }
-    auto all = torch::empty({dp_.size() * kBuckets}, torch::kLong);
+    auto all = torch::empty({dp_.size() * kSlots}, torch::kLong);
     dp_.all_gather(all, mine)->wait(timeout_);
     std::vector<nlohmann::json> out;
     for (int w = 0; w < roles_.workers; ++w) {
-      auto row = all.slice(0, w * kBuckets, (w + 1) * kBuckets);
+      auto row = all.slice(0, w * kSlots, (w + 1) * kSlots);
       nlohmann::json histogram = nlohmann::json::object();
       int64_t n = 0, sum = 0, most = 0;
       for (int64_t b = 0; b < kBuckets; ++b) {
@@ -184,7 +220,9 @@ class PsStrategy final : public DataParallelStrategy {
       out.push_back({{"kind", "ps_staleness"}, {"worker", w}, {"rank", w}, {"mode", std::string(ps::to_string(mode_))},
                      {"staleness_bound", mode_ == ps::Mode::kSsp ? config_.ps.staleness : -1},
                      {"pushes", n}, {"mean", n > 0 ? static_cast<double>(sum) / n : 0.0}, {"max", most},
-                     {"histogram", histogram}});
+                     {"histogram", histogram}, {"ranges_pushed_in_backward", row[kBuckets].item<int64_t>()},
+                     {"ranges_pushed_after_backward", row[kBuckets + 1].item<int64_t>()},
+                     {"push_bytes", row[kBuckets + 2].item<int64_t>()}, {"push_dtype", config_.ps.push_dtype}});
     }
     return out;
   }
@@ -200,8 +238,40 @@ class PsStrategy final : public DataParallelStrategy {
  private:
   bool is_server() const { return roles_.is_server(dp_.rank()); }
 
+  // Waits for the servers' answers to the last push, if still due. const
+  // because module() is: the worker behind the pointer changes, as the
+  // parameters it fills do.
+  void finish_pull() const {
+    if (worker_ && worker_->pull_pending()) worker_->pull();
+  }
+
+  // Note [Pushing from gradient hooks]
+  // A leaf's tensor hook runs when backward has summed that parameter's
+  // gradient for this backward, just before it is accumulated into .grad;
+  // the parameters of the last layers are ready first, so their pushes
+  // travel while backward computes the earlier layers. The value pushed is
+  // what .grad will hold: the hook's gradient, plus .grad when earlier
+  // micro-batches accumulated into it (train.accumulate). A parameter whose
+  // hook did not run (unused this step) is pushed by push_pull after
+  // backward, from .grad or zeros: the servers always get every range, and
+  // the messages are those of ps.overlap = false, only sent sooner. The
+  // answers are waited for in finish_pull(), called by everything that
+  // reads the parameters, so the result is that of push_pull() at the end
+  // of the step, bit for bit.
+  void register_push_hooks() {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!params_[i].requires_grad()) continue;  // never gets a gradient: push_pull sends zeros
+      params_[i].register_hook([this, i](const at::Tensor& grad) {
+        if (!push_from_hooks_) return;
+        const auto& p = params_[i];
+        worker_->push_tensor(static_cast<int>(i), accumulating_ && p.grad().defined() ? p.grad() + grad : grad);
+      });
+    }
+  }
+
   // Every rank's model gets the servers' current parameters. Collective.
   void refresh() {
+    finish_pull();  // a late answer must not overwrite what the refresh brings
     ps::refresh_parameters(dp_, roles_, plan_, params_, server_ ? server_->pieces() : std::vector<at::Tensor>{},
                            timeout_);
   }
@@ -220,6 +290,9 @@ class PsStrategy final : public DataParallelStrategy {
 
   ps::Roles roles_;
   ps::Mode mode_;
+  ps::PushDtype push_dtype_;
+  bool push_from_hooks_ = false;  // during the backward whose gradients are pushed
+  bool accumulating_ = false;     // .grad holds earlier micro-batches' gradients
   std::vector<std::string> names_;
   std::vector<at::Tensor> params_;  // model order, tied weights once
   ps::KeyRangePlan plan_;
