@@ -12,6 +12,7 @@ packages=(
   gnuplot-nox     # `paratrain plot` draws PNG curves with it
   fortunes fortunes-min   # the default text corpus of configs/gpt_fortunes.toml
   python3-torch   # only for the PyTorch-DDP side of the benchmark
+  libsodium-dev   # federated.secure_aggregation: X25519 key agreement and ChaCha20 masks
   libopenmpi-dev openmpi-bin   # the MPI backend (world.backend = "mpi") and its CTest runs under mpirun
 )
 
