@@ -13,6 +13,7 @@ packages=(
   doxygen         # the API reference (cmake --build build --target docs) and its CTest
   fortunes fortunes-min   # the default text corpus of configs/gpt_fortunes.toml
   python3-torch   # only for the PyTorch-DDP side of the benchmark
+  libsodium-dev   # federated.secure_aggregation: X25519 key agreement and ChaCha20 masks
   libopenmpi-dev openmpi-bin   # the MPI backend (world.backend = "mpi") and its CTest runs under mpirun
 )
 

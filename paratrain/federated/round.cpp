@@ -2,6 +2,7 @@
 #include "paratrain/federated/round.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <algorithm>
 #include <torch/torch.h>
 
 #include <fmt/format.h>
@@ -9,6 +10,7 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/federated/client.h"
+#include "paratrain/federated/secure_aggregation.h"
 #include "paratrain/federated/sampling.h"
 #include "paratrain/models/model.h"
 #include "paratrain/train/builders.h"
@@ -29,6 +31,10 @@ ServerOptimizerOptions server_options(const train::FederatedConfig& f) {
 
 // Keys the federated driver cannot honour, refused instead of ignored.
 void check_supported(const train::TrainConfig& c) {
+  if (c.federated.secure_aggregation && !secure_aggregation_available())
+    throw ConfigError("federated.secure_aggregation = true, but paratrain was built without libsodium; install it "
+                      "(scripts/install-deps.sh installs libsodium-dev) and rebuild, or set "
+                      "federated.secure_aggregation = false");
   if (c.model.batchnorm)
     throw ConfigError("model.batchnorm = true with federated training: clients exchange parameters only, not "
                       "running statistics; set model.batchnorm = false");
@@ -109,6 +115,18 @@ RoundReport FederatedRun::run_round(int64_t round) {
   auto make_optimizer = [&](const std::vector<at::Tensor>& params) {
     return train::make_optimizer(config_.optimizer, params);
   };
+  // Secure aggregation: the clients not dropped at the round's start
+  // advertise keys now, and each update leaves its client masked.
+  std::unique_ptr<SecureAggregationRound> secure;
+  if (f.secure_aggregation) {
+    std::vector<int64_t> participants;
+    for (int64_t c : report.sampled) {
+      if (!client_drops(f.dropout, seed, round, c)) participants.push_back(c);
+    }
+    std::sort(participants.begin(), participants.end());
+    secure = std::make_unique<SecureAggregationRound>(
+        world_, round, participants, [&](int64_t c) { return host_of(c) == world_.rank(); }, numel + 3);
+  }
   for (int64_t c : report.sampled) {
     if (client_drops(f.dropout, seed, round, c)) {
       report.dropped.push_back(c);
@@ -129,10 +147,16 @@ RoundReport FederatedRun::run_round(int64_t round) {
       // 1), which is what the noise on the sum is calibrated to hide.
       if (dp) clip_to_norm(u.delta, f.dp_clip);
       const double n = dp ? 1.0 : static_cast<double>(u.samples);
-      sum.add_(u.delta, n);
-      weight += n;
-      clients += 1;
-      loss += u.loss * n;
+      if (secure) {
+        // The same [n delta, n, 1, n loss] the plain upload sums, one per client.
+        auto mine = torch::cat({u.delta.to(torch::kDouble).mul(n), torch::tensor({n, 1.0, u.loss * n}, torch::kDouble)});
+        secure->add(c, mine);
+      } else {
+        sum.add_(u.delta, n);
+        weight += n;
+        clients += 1;
+        loss += u.loss * n;
+      }
     } catch (const std::exception& e) {
       spdlog::warn("round {}: client {} (rank {}) failed and is dropped from the round: {}", round, c,
                    world_.rank(), e.what());
@@ -144,8 +168,18 @@ RoundReport FederatedRun::run_round(int64_t round) {
   upload[numel + 1] = clients;
   upload[numel + 2] = loss;
 
-  // 4. upload: one sum over ranks lands on the server
-  if (world_.size() > 1) world_.reduce(upload, 0, comm::ReduceOp::kSum)->wait();
+  // 4. upload: one sum over ranks lands on the server (masked: only the sum
+  // can be read, after the dropped clients' masks are removed)
+  if (secure) {
+    at::Tensor total = secure->aggregate();
+    if (world_.rank() == 0) upload.copy_(total);
+    for (int64_t c : secure->dropped()) {
+      if (std::find(report.dropped.begin(), report.dropped.end(), c) == report.dropped.end())
+        report.dropped.push_back(c);
+    }
+  } else if (world_.size() > 1) {
+    world_.reduce(upload, 0, comm::ReduceOp::kSum)->wait();
+  }
 
   const int64_t model_bytes = numel * static_cast<int64_t>(sizeof(float));
   report.bytes_down = static_cast<int64_t>(report.sampled.size()) * model_bytes;
@@ -155,6 +189,10 @@ RoundReport FederatedRun::run_round(int64_t round) {
   weight = upload[numel].item<double>();
   report.reported = static_cast<int64_t>(upload[numel + 1].item<double>() + 0.5);
   report.bytes_up = report.reported * (model_bytes + static_cast<int64_t>(sizeof(int64_t)));
+  if (secure) {
+    report.bytes_up += report.reported * secure->extra_bytes_up_per_client();
+    report.bytes_down += static_cast<int64_t>(report.sampled.size()) * secure->extra_bytes_down_per_client();
+  }
   report.train_loss = weight > 0 ? upload[numel + 2].item<double>() / weight : 0.0;
   if (report.reported < f.min_clients || weight <= 0) {
     spdlog::warn("round {}: {} of {} sampled clients reported, fewer than federated.min_clients = {}; the round "

@@ -343,7 +343,8 @@ struct FederatedConfig {
   double server_momentum = 0.0;               ///< sgd: server momentum (FedAvgM)
   std::vector<double> server_betas{0.9, 0.99};  ///< adam/yogi: beta1, beta2 (adagrad: beta1)
   double server_tau = 1e-3;                   ///< adaptivity: added to sqrt(v)
-  /// Not implemented yet: refused by validation unless off.
+  /// The server learns only the sum of the updates (federated/
+  /// secure_aggregation.h: Note [Pairwise masks]); needs libsodium.
   bool secure_aggregation = false;
   /// DP-FedAvg (central DP, McMahan et al., arXiv 1710.06963): each client's
   /// update is clipped to L2 norm dp.clip and weighs 1 (not its row count);

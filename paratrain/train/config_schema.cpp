@@ -402,7 +402,7 @@ const std::vector<FieldSpec>& schema() {
       field("federated.server_momentum", &TC::federated, &FederatedConfig::server_momentum, "sgd: server momentum (FedAvgM; 0 = none)", in_range_finite(0.0, 1.0 - 1e-9, "in [0, 1)")),
       field("federated.server_betas", &TC::federated, &FederatedConfig::server_betas, "adam/yogi: [beta1, beta2]; adagrad uses beta1", adam_betas()),
       field("federated.server_tau", &TC::federated, &FederatedConfig::server_tau, "adaptive server optimizers: added to sqrt(v) (Reddi et al.'s tau)", in_range_finite(1e-12, 1e6)),
-      field("federated.secure_aggregation", &TC::federated, &FederatedConfig::secure_aggregation, "pairwise-masked aggregation (not implemented yet: must be false)"),
+      field("federated.secure_aggregation", &TC::federated, &FederatedConfig::secure_aggregation, "the server learns only the sum of the updates: pairwise X25519 masks that cancel in the sum (Bonawitz et al. 2017), dropped clients' masks recovered from the survivors; needs libsodium"),
       field("federated.dp.clip", &TC::federated, &FederatedConfig::dp_clip, "DP-FedAvg: clip each client update to this L2 norm; clients then weigh 1 each (0 = off)", in_range_finite(0.0, 1e9)),
       field("federated.dp.noise_multiplier", &TC::federated, &FederatedConfig::dp_noise_multiplier, "DP-FedAvg: Gaussian noise std = this x dp.clip on the sum (0 = none)", in_range_finite(0.0, 1e6)),
       field("federated.dp.delta", &TC::federated, &FederatedConfig::dp_delta, "DP-FedAvg: the delta at which epsilon is reported", in_range_finite(1e-30, 0.5, "in (0, 0.5]")),
@@ -475,8 +475,6 @@ std::string ps_problem(const TrainConfig& c) {
 // tie them together; checked always, so a config never silently ignores one.
 std::string federated_problem(const TrainConfig& c) {
   const FederatedConfig& f = c.federated;
-  if (f.secure_aggregation)
-    return "federated.secure_aggregation = true: secure aggregation is not implemented yet; set it to false";
   if (f.dp_noise_multiplier > 0 && f.dp_clip <= 0)
     return fmt::format("federated.dp.noise_multiplier = {} needs federated.dp.clip > 0 (the noise is scaled by "
                        "the clip norm)",

@@ -94,8 +94,6 @@ TEST(FederatedConfig, KeysReadFromTomlAndBadValuesNameTheKey) {
   EXPECT_NE(message("[federated]\nfraction = 1.5\n").find("federated.fraction"), std::string::npos);
   EXPECT_NE(message("[federated]\nalpha = 0.0\n").find("federated.alpha"), std::string::npos);
   EXPECT_NE(message("[federated]\ndp.clp = 1.0\n").find("federated.dp.clp"), std::string::npos);
-  EXPECT_NE(message("[federated]\nsecure_aggregation = true\n").find("federated.secure_aggregation"),
-            std::string::npos);
 }
 
 }  // namespace
