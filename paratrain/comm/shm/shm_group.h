@@ -37,8 +37,8 @@ struct ShmOptions {
   std::chrono::milliseconds timeout = kDefaultTimeout;
   // Bytes one rank moves per chunk. The segment holds 2 chunks per rank.
   // Small chunks stay in cache between the copy-in and the reduction; very
-  // small ones pay a phase barrier (~microseconds) too often. 1 MiB measured
-  // best or close to it here (bench/results/2026-11-24-shm.md).
+  // small ones pay a phase barrier (~microseconds each, two per chunk) too
+  // often. 1 MiB is a guess between the two, not yet tuned by a sweep.
   std::size_t chunk_bytes = std::size_t{1} << 20;
   // Names the segment in /dev/shm ("paratrain-shm.<job>.<group>.<nonce>"),
   // so a job's segments can be found (and checked gone) by its run id.
