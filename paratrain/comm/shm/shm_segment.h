@@ -2,7 +2,7 @@
 // its ranks synchronize with. Not a ProcessGroup (that is shm_group.h): this
 // file only maps memory, counts arrivals and notices dead or departed peers.
 //
-// Layout: a header (magic, world size, chunk size, rank 0's unlink flag),
+// Layout: a header (magic, world size, chunk size, mapped and sleeper counts),
 // one control block per rank (its phase counter, pid and state, each on its
 // own cache line so ranks never write the same line), then one data slot per
 // rank of 2 * chunk_bytes: chunk k of any operation uses half k % 2, so a
@@ -55,9 +55,10 @@ class Segment {
   // deadline naming the ranks that never arrived, CommError on local abort.
   void arrive_and_wait(const WaitContext& ctx);
 
-  // Marks this rank as failed/aborted (peers waiting on it fail at once
-  // instead of at their timeout) or as departed (a clean destruction: peers
-  // still waiting on it fail, those past it never look).
+  // Marks this rank as failed or aborted, so peers waiting on it fail at
+  // once instead of at their timeout. A group's destructor marks it aborted
+  // too: peers still waiting on it fail ("aborted (or left)"), those past
+  // its last phase never look.
   void mark_failed();
   void mark_aborted();
 
