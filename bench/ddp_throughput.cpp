@@ -3,8 +3,8 @@
 // naive twin, or no data parallelism at all, and rank 0 prints one JSON line.
 // --mode nocomm is for analysis only: DDP whose buckets skip the all-reduce
 // (gradients are not averaged), i.e. the ceiling if communication were free.
-// --comm shm swaps Gloo for a prototype shared-memory all-reduce through DDP's
-// comm hook (bench/shm_allreduce.h): what the proposed backend would buy.
+// --comm picks the process group's backend: gloo (TCP), shm (shared memory,
+// paratrain/comm/shm) or mpi (under mpirun).
 // Not a driver: bench/run_ddp.sh launches it (and bench/ddp_pytorch.py, the
 // same work under PyTorch's DDP) at 1 and 2 ranks, repeats and compares.
 //
@@ -30,7 +30,6 @@
 #include "paratrain/data_parallel/ddp/naive.h"
 #include "paratrain/models/cnn.h"
 #include "paratrain/models/mlp.h"
-#include "bench/shm_allreduce.h"
 
 namespace {
 
@@ -52,9 +51,8 @@ struct BenchOptions {
   double first_bucket_cap_mb = 1;  // MiB, PyTorch's fixed first bucket
   bool gradient_as_bucket_view = false;
   uint64_t seed = 0;
-  // gloo: the process group's all-reduce (what users get). shm: the bench's
-  // prototype shared-memory all-reduce as DDP comm hook (one machine only).
-  // mpi: the MPI backend (run under mpirun instead of paratrain launch).
+  // The process group's backend: gloo, shm (one machine) or mpi (run under
+  // mpirun instead of paratrain launch).
   std::string comm = "gloo";
   // none, fp16/bf16 (16-bit wire, fp32 sums) or powersgd (rank-r factors).
   std::string compression = "none";
@@ -84,7 +82,6 @@ struct Totals {
 
 void validate(const BenchOptions& o);
 ddp::DdpOptions ddp_options(const BenchOptions& o, comm::ProcessGroup& group, const Workload& w,
-                            std::shared_ptr<paratrain_bench::ShmAllReduce>& shm,
                             std::shared_ptr<ddp::PowerSgd>& powersgd);
 nlohmann::json result_json(const BenchOptions& o, const comm::WorldInfo& world, const Workload& w,
                            const Totals& t, double elapsed_s, float loss);
@@ -109,17 +106,16 @@ int run(const BenchOptions& o) {
                                   world.world_size));
   }
   comm::InitOptions init;
-  init.backend = o.comm == "mpi" ? "mpi" : "gloo";
+  init.backend = o.comm;
   std::shared_ptr<comm::ProcessGroup> group = comm::init_process_group(world, init);
 
   Workload w = make_workload(o, world.rank);
   std::unique_ptr<ddp::DistributedDataParallel> bucketed;
   std::unique_ptr<ddp::NaiveDataParallel> naive;
-  std::shared_ptr<paratrain_bench::ShmAllReduce> shm;
   std::shared_ptr<ddp::PowerSgd> powersgd;
   if (o.mode == "bucketed" || o.mode == "nocomm") {
     bucketed = std::make_unique<ddp::DistributedDataParallel>(w.model, *group,
-                                                              ddp_options(o, *group, w, shm, powersgd));
+                                                              ddp_options(o, *group, w, powersgd));
     if (powersgd) powersgd->attach(bucketed->reducer());
   } else if (o.mode == "naive") {
     naive = std::make_unique<ddp::NaiveDataParallel>(w.model, *group);
@@ -169,7 +165,7 @@ int main(int argc, char** argv) {
   app.add_flag("--gradient-as-bucket-view", o.gradient_as_bucket_view,
                "let .grad alias the bucket buffers");
   app.add_option("--seed", o.seed, "seeds the model and this rank's data (+rank)")->capture_default_str();
-  app.add_option("--comm", o.comm, "gloo, or shm (prototype shared-memory all-reduce hook)")
+  app.add_option("--comm", o.comm, "process group backend: gloo, shm (shared memory, one host) or mpi (under mpirun)")
       ->capture_default_str();
   app.add_option("--compression", o.compression, "none, fp16, bf16 or powersgd (DDP comm hook)")
       ->capture_default_str();
@@ -200,12 +196,8 @@ void validate(const BenchOptions& o) {
   if (o.compression != "none" && o.compression != "fp16" && o.compression != "bf16" && o.compression != "powersgd") {
     throw ConfigError(fmt::format("--compression must be none, fp16, bf16 or powersgd, got '{}'", o.compression));
   }
-  if (o.compression != "none" && (o.mode != "bucketed" || o.comm == "shm")) {
-    throw ConfigError("--compression is a DDP comm hook: it needs --mode bucketed and --comm gloo or mpi");
-  }
-  if (o.comm == "shm" && o.mode != "bucketed") {
-    throw ConfigError(fmt::format("--comm shm is DDP's comm hook and needs --mode bucketed, got "
-                                  "--mode {}", o.mode));
+  if (o.compression != "none" && o.mode != "bucketed") {
+    throw ConfigError("--compression is a DDP comm hook: it needs --mode bucketed");
   }
   if (o.steps < 1 || o.warmup < 0 || o.batch < 1) {
     throw ConfigError(fmt::format("need --steps >= 1, --warmup >= 0, --batch >= 1; got {}, {}, {}",
@@ -213,24 +205,15 @@ void validate(const BenchOptions& o) {
   }
 }
 
-// The bench's flags as DdpOptions; --comm shm and --mode nocomm replace the
-// all-reduce through the comm hook (the reducer still buckets, copies and
-// pre-divides as usual). `shm` keeps the shared-memory segment alive.
+// The bench's flags as DdpOptions; --mode nocomm replaces the all-reduce
+// through the comm hook (the reducer still buckets, copies and pre-divides
+// as usual).
 ddp::DdpOptions ddp_options(const BenchOptions& o, comm::ProcessGroup& group, const Workload& w,
-                            std::shared_ptr<paratrain_bench::ShmAllReduce>& shm,
                             std::shared_ptr<ddp::PowerSgd>& powersgd) {
   ddp::DdpOptions d;
   d.reducer.buckets.bucket_cap_bytes = static_cast<int64_t>(o.bucket_cap_mb * 1024 * 1024);
   d.reducer.buckets.first_bucket_cap_bytes = static_cast<int64_t>(o.first_bucket_cap_mb * 1024 * 1024);
   d.reducer.gradient_as_bucket_view = o.gradient_as_bucket_view;
-  if (o.comm == "shm") {
-    int64_t numel = 0;
-    for (const auto& p : w.model->parameters()) numel += p.numel();
-    shm = std::make_shared<paratrain_bench::ShmAllReduce>(group, paratrain_bench::ShmAllReduceOptions{numel});
-    d.reducer.comm_hook = [shm](comm::ProcessGroup&, std::size_t, at::Tensor& buffer) {
-      return shm->all_reduce_sum(buffer);
-    };
-  }
   if (o.compression == "fp16" || o.compression == "bf16") {
     const auto wire = o.compression == "bf16" ? at::kBFloat16 : at::kHalf;
     d.reducer.comm_hook = ddp::low_precision_hook(wire);

@@ -38,7 +38,10 @@ Command add_federated_command(CLI::App& app) {
     const auto world = comm::world_from_env();
     init_logging(world.rank, args->log_level, "--log-level");
     // Read the config before meeting the other ranks: a typo fails every rank at once.
-    const auto config = train::load_config(args->config, args->overrides);
+    auto overrides = args->overrides;
+    // `paratrain launch --backend B`; an explicit --set world.backend wins.
+    if (auto backend = env::get("PARATRAIN_BACKEND")) overrides.insert(overrides.begin(), "world.backend=" + *backend);
+    const auto config = train::load_config(args->config, overrides);
     if (!env::get("OMP_NUM_THREADS") && world.local_world_size > 1) at::set_num_threads(1);
 
     comm::InitOptions init;

@@ -50,6 +50,10 @@ Command add_launch_command(CLI::App& app) {
   sub->add_option("--num-servers,--num_servers", o.num_servers,
                   "parameter servers among the ranks (sets ps.servers for `paratrain train`; 0 = none)")
       ->capture_default_str();
+  sub->add_option("--backend", o.backend,
+                  "collective backend of the workers (sets world.backend through PARATRAIN_BACKEND; "
+                  "--set world.backend=... wins): gloo, shm (shared memory, this host) or auto. For mpi run "
+                  "`mpirun -np N paratrain train ...` instead");
   sub->add_option("--max-restarts,--max_restarts", o.max_restarts,
                   "restart all local workers up to this many times when one fails; `paratrain train` then "
                   "resumes from the latest complete checkpoint (0 = fail fast)")

@@ -85,6 +85,8 @@ Command add_train_command(CLI::App& app) {
     // explicit --set ps.servers comes later and wins.
     auto overrides = args->overrides;
     if (auto servers = env::get("PARATRAIN_PS_SERVERS")) overrides.insert(overrides.begin(), "ps.servers=" + *servers);
+    // `paratrain launch --backend B` passes world.backend the same way.
+    if (auto backend = env::get("PARATRAIN_BACKEND")) overrides.insert(overrides.begin(), "world.backend=" + *backend);
     auto config = train::load_config(args->config, overrides);
     // A restarted worker (`paratrain launch --max-restarts`, torchrun)
     // continues the run its first generation began: that run version, from

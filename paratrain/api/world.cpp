@@ -21,6 +21,7 @@ World init_from_env(const InitOptions& options) {
     at::set_num_threads(1);
   comm::InitOptions init;
   init.timeout = options.timeout;
+  init.backend = !options.backend.empty() ? options.backend : env::get_or("PARATRAIN_BACKEND", "gloo");
   auto group = comm::init_process_group(info, init);
   return World(std::move(info), std::move(group));
 }

@@ -15,6 +15,7 @@
 
 #include "paratrain/comm/gloo/gloo_group.h"
 #include "paratrain/comm/mpi/mpi_group.h"
+#include "paratrain/comm/shm/shm_group.h"
 #include "paratrain/comm/store_checkin.h"
 #include "paratrain/core/env.h"
 #include "paratrain/core/error.h"
@@ -125,6 +126,48 @@ std::string bind_address_for(const WorldInfo& world, const InitOptions& options)
   return host;
 }
 
+// world.backend = "auto": MPI when mpirun started us (its own transports,
+// and the ranks MPI knows); else shared memory when every rank runs on this
+// host and tensors live in CPU memory (memory speed instead of loopback
+// TCP: bench/results/2026-11-24-shm.md); else Gloo. Rank 0 logs the choice.
+std::string choose_backend(const WorldInfo& world, const InitOptions& options) {
+  std::string backend, why;
+  if (mpi_compiled() && launched_by_mpi()) {
+    backend = "mpi";
+    why = "started by an MPI launcher and built with MPI";
+  } else if (world.world_size > 1 && world.local_world_size == world.world_size && options.cpu_tensors) {
+    backend = "shm";
+    why = fmt::format("all {} ranks on one host with CPU tensors", world.world_size);
+  } else {
+    backend = "gloo";
+    why = world.world_size == 1                            ? "a single rank"
+          : world.local_world_size != world.world_size ? "ranks span several hosts"
+          : !options.cpu_tensors                       ? "tensors are not in CPU memory"
+                                                       : "default";
+  }
+  if (world.rank == 0) spdlog::info("world.backend = \"auto\" chose {}: {}", backend, why);
+  return backend;
+}
+
+// The environment's LOCAL_WORLD_SIZE can be wrong (hand-set variables, a
+// launcher per host that sets it per host): every rank publishes its host
+// name and all compare, so shm across hosts is a ConfigError naming both
+// hosts instead of a missing /dev/shm segment.
+void check_one_host(c10d::Store& store, const WorldInfo& world) {
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  const std::string mine = host;
+  store.set(fmt::format("host/{}", world.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  for (int r = 0; r < world.world_size; ++r) {
+    const auto v = store.get(fmt::format("host/{}", r));
+    const std::string theirs(v.begin(), v.end());
+    if (theirs != mine)
+      throw ConfigError(fmt::format("world.backend = \"shm\" needs every rank on one host: rank {} runs on '{}', "
+                                    "rank {} on '{}'. Use world.backend = \"gloo\" (or \"auto\") across hosts",
+                                    world.rank, mine, r, theirs));
+  }
+}
+
 }  // namespace
 
 WorldInfo world_from_env() {
@@ -199,18 +242,7 @@ void check_master_resolves(const WorldInfo& world) {
 std::shared_ptr<ProcessGroup> init_process_group(const WorldInfo& world, const InitOptions& options) {
   validate(world);
   std::string backend = options.backend;
-  if (backend == "auto") {
-    // CPU tensors: MPI's shared-memory transport beats Gloo's loopback TCP
-    // between processes of one machine, so prefer it whenever mpirun (or
-    // srun --mpi) started us and this build has it.
-    const bool mpi = mpi_compiled() && launched_by_mpi();
-    backend = mpi ? "mpi" : "gloo";
-    if (world.rank == 0)
-      spdlog::info("world.backend = \"auto\" chose {}: {}", backend,
-                   mpi ? "started by an MPI launcher and built with MPI"
-                       : (mpi_compiled() ? "not started by mpirun/srun (MPI needs its launcher)"
-                                         : "this build has no MPI"));
-  }
+  if (backend == "auto") backend = choose_backend(world, options);
   if (backend == "mpi") {
     MpiOptions mpi;
     mpi.timeout = options.timeout;
@@ -224,10 +256,14 @@ std::shared_ptr<ProcessGroup> init_process_group(const WorldInfo& world, const I
                                     world.world_size));
     return group;
   }
-  if (backend != "gloo") {
-    throw ConfigError(fmt::format("world.backend '{}' is not a backend: use \"gloo\", \"mpi\" or \"auto\"",
+  if (backend != "gloo" && backend != "shm") {
+    throw ConfigError(fmt::format("world.backend '{}' is not a backend: use \"gloo\", \"mpi\", \"shm\" or \"auto\"",
                                   options.backend));
   }
+  if (backend == "shm" && world.local_world_size != world.world_size)
+    throw ConfigError(fmt::format("world.backend = \"shm\" needs every rank on one host, but this job has {} "
+                                  "ranks with {} per host ({}); use world.backend = \"gloo\" (or \"auto\")",
+                                  world.world_size, world.local_world_size, world.source));
   const std::string where = fmt::format("TCPStore at {}:{}", world.master_addr, world.master_port);
   c10::intrusive_ptr<c10d::Store> store;
   if (world.world_size == 1) {
@@ -245,10 +281,17 @@ std::shared_ptr<ProcessGroup> init_process_group(const WorldInfo& world, const I
   auto job_store = c10::make_intrusive<c10d::PrefixStore>(rendezvous_prefix(world), store);
   check_in(*job_store, world.rank, world.world_size, options.timeout, where);
 
+  auto world_store = c10::make_intrusive<c10d::PrefixStore>("world", job_store);
+  if (backend == "shm") {
+    check_one_host(*job_store, world);
+    ShmOptions shm;
+    shm.timeout = options.timeout;
+    shm.job = fmt::format("{}.gen{}", world.run_id, world.restart_count);
+    return make_shm_group(world_store, world.rank, world.world_size, shm);
+  }
   GlooOptions gloo;
   gloo.timeout = options.timeout;
   gloo.bind_address = bind_address_for(world, options);
-  auto world_store = c10::make_intrusive<c10d::PrefixStore>("world", job_store);
   return make_gloo_group(world_store, world.rank, world.world_size, gloo);
 }
 

@@ -57,9 +57,13 @@ struct InitOptions {
   // How long to wait for every rank to arrive, and the default for every
   // collective afterwards. Short values make failures surface sooner.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
-  // "gloo" (TCP), "mpi" (comm/mpi: rank and size from MPI itself, no store)
-  // or "auto" (mpi when started by mpirun and built with MPI, else gloo).
+  // "gloo" (TCP), "mpi" (comm/mpi: rank and size from MPI itself, no store),
+  // "shm" (comm/shm: shared memory, every rank on one host; ConfigError
+  // otherwise) or "auto" (mpi when started by mpirun and built with MPI,
+  // else shm when all ranks share this host and cpu_tensors, else gloo).
   std::string backend = "gloo";
+  // Whether the job's tensors live in CPU memory; "auto" picks shm only then.
+  bool cpu_tensors = true;
   // Address this rank's Gloo device binds to. Empty: $PARATRAIN_BIND_ADDR,
   // else loopback when every rank runs on this machine, else this host's
   // name (which must resolve to an address the other nodes can reach).

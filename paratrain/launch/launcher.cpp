@@ -193,6 +193,17 @@ void validate(const LaunchOptions& o) {
     bad(fmt::format("--nnodes {} needs --master-addr: the address of node 0 (where rank 0 runs) that "
                     "every node can reach", o.nnodes));
   }
+  if (o.backend == "mpi") {
+    bad(fmt::format("--backend mpi: MPI ranks must be started by MPI's own launcher, which paratrain launch is "
+                    "not. Run `mpirun -np {} paratrain train ...` instead (as root add --allow-run-as-root; on "
+                    "a small machine --oversubscribe), or pick --backend gloo|shm|auto",
+                    o.nproc_per_node * o.nnodes));
+  }
+  if (!o.backend.empty() && o.backend != "gloo" && o.backend != "shm" && o.backend != "auto")
+    bad(fmt::format("--backend '{}' is not a backend: use gloo, shm, auto (or mpirun for mpi)", o.backend));
+  if (o.backend == "shm" && o.nnodes > 1)
+    bad(fmt::format("--backend shm needs every rank on one host, but --nnodes is {}; use --backend gloo or auto",
+                    o.nnodes));
   if (o.max_restarts < 0) bad(fmt::format("--max-restarts {} must be >= 0", o.max_restarts));
   if (o.monitor_interval.count() <= 0) {
     bad(fmt::format("--monitor-interval {} s must be > 0 (e.g. 0.1)",

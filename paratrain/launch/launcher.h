@@ -68,6 +68,12 @@ struct LaunchOptions {
   // ranks become parameter servers. The launcher itself treats all ranks
   // alike.
   int num_servers = 0;
+  // Non-empty: every worker gets PARATRAIN_BACKEND=<backend>, which
+  // `paratrain train` (and `federated`, and paratrain::init_from_env) read as
+  // world.backend (an explicit --set world.backend wins): "gloo", "shm" or
+  // "auto". "mpi" is refused: MPI ranks must be started by mpirun, which
+  // knows them; the launcher's processes are not MPI's.
+  std::string backend;
   // Restart-based elasticity (torchrun's --max-restarts): how many times the
   // workers are started again after one fails. 0 = fail fast. A restart
   // stops every local worker and starts all of them again; progress since the

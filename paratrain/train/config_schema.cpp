@@ -337,7 +337,7 @@ const std::vector<FieldSpec>& schema() {
       field("log.tensorboard", &TC::log, &LogConfig::tensorboard, "also write TensorBoard scalar event files to <run_dir>/tensorboard/"),
       field("log.progress", &TC::log, &LogConfig::progress, "\"auto\" (a progress bar on a terminal, log lines otherwise), \"on\" or \"off\"", one_of({"auto", "on", "off"})),
 
-      field("world.backend", &TC::world, &WorldConfig::backend, "collective backend: \"gloo\" (TCP), \"mpi\" (under mpirun; needs the MPI build) or \"auto\" (mpi when started by mpirun, else gloo)", one_of({"gloo", "mpi", "auto"})),
+      field("world.backend", &TC::world, &WorldConfig::backend, "collective backend: \"gloo\" (TCP), \"mpi\" (under mpirun; needs the MPI build), \"shm\" (shared memory, every rank on one host, CPU tensors) or \"auto\" (mpi when started by mpirun, else shm when all ranks share one host, else gloo)", one_of({"gloo", "mpi", "shm", "auto"})),
       field("world.timeout_s", &TC::world, &WorldConfig::timeout_s, "seconds before a stalled collective fails", in_range<int64_t>(1, kMaxTimeoutS)),
 
       field("ddp.mode", &TC::ddp, &DdpConfig::mode, "\"bucketed\", \"naive\" or \"none\"", one_of({"bucketed", "naive", "none"})),

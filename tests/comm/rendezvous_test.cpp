@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "paratrain/comm/rendezvous.h"
@@ -184,6 +185,54 @@ TEST(WorldFromEnv, AnUnresolvableSlurmHostIsNamedAsSuch) {
       << message;
   // init_process_group says the same before it touches the store.
   EXPECT_THROW(paratrain::comm::init_process_group(w), paratrain::ConfigError);
+}
+
+TEST(InitProcessGroup, ShmAcrossHostsIsAConfigErrorSayingWhatToUse) {
+  paratrain::comm::WorldInfo w;
+  w.rank = 0;
+  w.world_size = 4;
+  w.local_world_size = 2;  // two hosts of two ranks
+  paratrain::comm::InitOptions init;
+  init.backend = "shm";
+  try {
+    paratrain::comm::init_process_group(w, init);
+    FAIL() << "expected a ConfigError";
+  } catch (const paratrain::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs every rank on one host"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("world.backend = \"gloo\""), std::string::npos) << e.what();
+  }
+}
+
+// auto and shm over a real TCPStore: ranks on this host get shm groups.
+TEST(InitProcessGroup, AutoPicksShmForRanksOfOneHost) {
+  for (const char* backend : {"auto", "shm"}) {
+    const int port = paratrain::launch::find_free_port();
+    std::vector<std::thread> ranks;
+    std::vector<std::string> chosen(2);
+    for (int r = 0; r < 2; ++r) {
+      ranks.emplace_back([&, r] {
+        paratrain::comm::WorldInfo w;
+        w.rank = r;
+        w.world_size = 2;
+        w.local_rank = r;
+        w.local_world_size = 2;
+        w.master_port = port;
+        w.run_id = std::string("shm-") + backend;
+        paratrain::comm::InitOptions init;
+        init.timeout = std::chrono::seconds(30);
+        init.backend = backend;
+        auto group = paratrain::comm::init_process_group(w, init);
+        auto t = torch::ones({5});
+        group->all_reduce(t)->wait();
+        EXPECT_TRUE(torch::equal(t, torch::full({5}, 2.0f)));
+        chosen[r] = group->backend();
+        group->barrier()->wait();
+      });
+    }
+    for (auto& t : ranks) t.join();
+    EXPECT_EQ(chosen[0], "shm") << backend;
+    EXPECT_EQ(chosen[1], "shm") << backend;
+  }
 }
 
 TEST(InitProcessGroup, UnderTorchrunsAgentStoreEveryRankIsAClientAndKeysCarryTheGeneration) {

@@ -56,6 +56,38 @@ TEST(LaunchValidate, AcceptsSingleAndMultiNodeSetups) {
   EXPECT_EQ(rejection(multi), "");
 }
 
+TEST(LaunchValidate, BackendMpiPointsToMpirunAndShmNeedsOneHost) {
+  LaunchOptions o = valid();
+  for (const char* ok : {"", "gloo", "shm", "auto"}) {
+    o.backend = ok;
+    EXPECT_EQ(rejection(o), "") << ok;
+  }
+  o.backend = "mpi";
+  EXPECT_NE(rejection(o).find("mpirun -np"), std::string::npos) << rejection(o);
+  o.backend = "nccl";
+  EXPECT_NE(rejection(o).find("--backend 'nccl' is not a backend"), std::string::npos) << rejection(o);
+  o.backend = "shm";
+  o.nnodes = 2;
+  o.master_addr = "10.0.0.1";
+  o.master_port = 29500;
+  EXPECT_NE(rejection(o).find("--backend shm needs every rank on one host"), std::string::npos) << rejection(o);
+}
+
+TEST(WorkerEnvironment, BackendReachesTheWorkersOnlyWhenGiven) {
+  LaunchOptions o = valid();
+  o.master_addr = "127.0.0.1";
+  o.master_port = 1234;
+  const char* base[] = {nullptr};
+  auto has = [&](const LaunchOptions& opts, const std::string& entry) {
+    const auto env = worker_environment(opts, 0, base);
+    return std::count(env.begin(), env.end(), entry) == 1;
+  };
+  EXPECT_FALSE(has(o, "PARATRAIN_BACKEND="));
+  for (const auto& entry : worker_environment(o, 0, base)) EXPECT_EQ(entry.rfind("PARATRAIN_BACKEND", 0), std::string::npos);
+  o.backend = "shm";
+  EXPECT_TRUE(has(o, "PARATRAIN_BACKEND=shm"));
+}
+
 TEST(LaunchValidate, MessagesNameTheFlagsAndEveryValue) {
   struct Case {
     std::function<void(LaunchOptions&)> edit;

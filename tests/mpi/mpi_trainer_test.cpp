@@ -10,17 +10,14 @@
 // emulated by a 1-rank run on half the batch) differ by > 1e-3.
 #include <gtest/gtest.h>
 
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-
 #include <unistd.h>
 
 #include <filesystem>
 #include <string>
 
-#include "paratrain/comm/gloo/gloo_group.h"
 #include "paratrain/train/config.h"
-#include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"
+#include "tests/support/trainer_oracle.h"
 
 namespace paratrain::train {
 namespace {
@@ -34,47 +31,12 @@ std::string shared_dir() {
 }
 
 TrainConfig mlp_config(const std::string& name, int64_t zero_stage) {
-  TrainConfig c;
-  c.run.name = name;
-  c.run.output_dir = shared_dir();
-  c.run.seed = 5;
-  c.run.log_every = 10;
-  c.model.kind = "mlp";
-  c.model.hidden = {64, 32};
-  c.data.dataset = "synthetic";
-  c.data.synthetic_train_size = 640;
-  c.data.synthetic_test_size = 64;
-  c.data.synthetic_image_size = 8;
-  c.data.global_batch_size = 32;
-  c.optimizer.kind = "adamw";
-  c.optimizer.lr = 0.01;
-  c.train.epochs = 1;
-  c.train.max_steps = 20;
-  c.train.eval_every_epochs = 0;
-  c.zero.stage = zero_stage;
-  return c;
+  return paratrain::testing::mlp_oracle_config(shared_dir(), name, zero_stage);
 }
 
-Params train_on(const TrainConfig& c, comm::ProcessGroup& group) {
-  Trainer t(c, group);
-  t.fit();
-  return t.full_parameters();
-}
-
-Params one_process(const TrainConfig& c) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  auto group = comm::make_gloo_group(store, 0, 1, comm::GlooOptions{});
-  return train_on(c, *group);
-}
-
-double relative_diff(const Params& a, const Params& b) {
-  double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const at::Tensor x = a[i].second.to(at::kDouble), y = b[i].second.to(at::kDouble);
-    worst = std::max(worst, (x - y).abs().max().item<double>() / std::max(y.abs().max().item<double>(), 1e-12));
-  }
-  return worst;
-}
+using paratrain::testing::one_process;
+using paratrain::testing::relative_diff;
+using paratrain::testing::train_on;
 
 void expect_equals_one_process(int64_t zero_stage) {
   paratrain::testing::run_ranks(2, [&](comm::ProcessGroup& group) {

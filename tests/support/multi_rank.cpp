@@ -21,6 +21,7 @@
 
 #include "paratrain/comm/gloo/gloo_group.h"
 #include "paratrain/comm/mpi/mpi_group.h"
+#include "paratrain/comm/shm/shm_group.h"
 
 extern char** environ;
 
@@ -53,11 +54,26 @@ void run_ranks_mpi(int world_size, const std::function<void(comm::ProcessGroup&)
   fn(*group);
 }
 
+// PARATRAIN_TEST_BACKEND=shm: the rank threads build shm groups instead of
+// Gloo ones (threads of one process map the segment as processes would),
+// so the same suites test the shm backend. See tests/CMakeLists.txt.
+bool shm_mode() {
+  const char* backend = std::getenv("PARATRAIN_TEST_BACKEND");
+  return backend != nullptr && std::string(backend) == "shm";
+}
+
 }  // namespace
 
 void run_ranks(int world_size, const std::function<void(comm::ProcessGroup&)>& fn,
                std::chrono::milliseconds timeout) {
   if (mpi_mode()) return run_ranks_mpi(world_size, fn, timeout);
+  run_ranks_on(shm_mode() ? "shm" : "gloo", world_size, fn, timeout);
+}
+
+void run_ranks_on(const std::string& backend, int world_size, const std::function<void(comm::ProcessGroup&)>& fn,
+                  std::chrono::milliseconds timeout) {
+  if (backend != "gloo" && backend != "shm")
+    throw std::invalid_argument("run_ranks_on: backend '" + backend + "' is not gloo or shm");
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::mutex mu;
   std::exception_ptr first_error;
@@ -65,9 +81,17 @@ void run_ranks(int world_size, const std::function<void(comm::ProcessGroup&)>& f
   for (int rank = 0; rank < world_size; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        comm::GlooOptions options;
-        options.timeout = timeout;
-        auto group = comm::make_gloo_group(store, rank, world_size, options);
+        std::shared_ptr<comm::ProcessGroup> group;
+        if (backend == "shm") {
+          comm::ShmOptions options;
+          options.timeout = timeout;
+          options.job = "test-" + std::to_string(getpid());
+          group = comm::make_shm_group(store, rank, world_size, options);
+        } else {
+          comm::GlooOptions options;
+          options.timeout = timeout;
+          group = comm::make_gloo_group(store, rank, world_size, options);
+        }
         // Gloo's constructor can return on one rank while a peer still reads
         // the connection handshake; a rank whose fn runs no collective would
         // then close its sockets under that peer ("Connection closed by

@@ -150,6 +150,7 @@ class GlooProcessGroup final : public ProcessGroup {
     TORCH_CHECK(output.numel() == input.numel() * size_,
                 "all_gather: output has ", output.numel(), " elements, expected size(", size_,
                 ") * input(", input.numel(), ")");
+    if (input.numel() == 0) return empty_exchange(describe("all_gather", std::nullopt, input));
     std::vector<at::Tensor> inputs{input};
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (auto& slice : output.view({-1}).chunk(size_)) outputs[0].push_back(slice.view(input.sizes()));
@@ -166,6 +167,7 @@ class GlooProcessGroup final : public ProcessGroup {
     TORCH_CHECK(input.numel() == output.numel() * size_,
                 "reduce_scatter: input has ", input.numel(), " elements, expected size(", size_,
                 ") * output(", output.numel(), ")");
+    if (output.numel() == 0) return empty_exchange(describe("reduce_scatter", op, input));
     // Slot j of `received` holds rank j's copy of our slice.
     auto received = at::empty({size_, output.numel()}, input.options());
     auto send = input.view({size_, output.numel()});
@@ -187,6 +189,15 @@ class GlooProcessGroup final : public ProcessGroup {
       auto flat_out = received.view({-1});
       return pg_->alltoall_base(flat_out, flat_in, equal_split, equal_split, opts);
     });
+  }
+
+  // Gloo's allgather and c10d's alltoall_base divide by the element count
+  // and die with SIGFPE on empty tensors. With nothing to exchange a barrier
+  // keeps the operation a collective (same order, same failure modes).
+  WorkHandle empty_exchange(const std::string& what) {
+    c10d::BarrierOptions opts;
+    opts.timeout = options_.timeout;
+    return issue(what, {}, [&] { return pg_->barrier(opts); });
   }
 
   WorkHandle broadcast(at::Tensor& tensor, int root) override {
