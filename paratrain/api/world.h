@@ -22,8 +22,8 @@ struct InitOptions {
   /// One intra-op thread per rank when several ranks share this machine and
   /// OMP_NUM_THREADS is unset: N ranks x all cores each would oversubscribe.
   bool one_thread_per_local_rank = true;
-  // "gloo", "mpi", "shm" or "auto" (see comm/rendezvous.h). Empty: the
-  // PARATRAIN_BACKEND that `paratrain launch --backend` sets, else "gloo".
+  /// "gloo", "mpi", "shm" or "auto" (see comm/rendezvous.h). Empty: the
+  /// PARATRAIN_BACKEND that `paratrain launch --backend` sets, else "gloo".
   std::string backend;
 };
 

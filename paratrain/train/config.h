@@ -167,7 +167,7 @@ struct TrainLoopConfig {
 
 /// `[world]`: how the processes talk.
 struct WorldConfig {
-  std::string backend = "gloo";  ///< "gloo" | "mpi" (under mpirun) | "auto" (comm/rendezvous.h)
+  std::string backend = "gloo";  ///< "gloo" | "mpi" (under mpirun) | "shm" (one host) | "auto" (comm/rendezvous.h)
   int64_t timeout_s = 300;  ///< collectives and rendezvous give up after this
 
   bool operator==(const WorldConfig&) const = default;
