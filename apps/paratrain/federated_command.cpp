@@ -1,6 +1,7 @@
 // `paratrain federated --config FILE [--set key=value ...]`: federated
 // training (federated/run.h). Alone it is the server and every client; under
-// `paratrain launch` rank 0 serves and the other ranks host the clients.
+// `paratrain launch` rank 0 serves and the other ranks host the clients
+// (`launch --keep-going` lets the run outlive a client process that dies).
 #include <ATen/Parallel.h>
 
 #include <memory>
@@ -53,7 +54,8 @@ Command add_federated_command(CLI::App& app) {
     if (world.rank == 0)
       spdlog::info("done: {} rounds ({} applied), test accuracy {:.2f}% (loss {:.4f}); run dir {}", result.rounds,
                    result.rounds_applied, 100 * result.test.accuracy, result.test.loss, result.run_dir.string());
-    group->barrier()->wait();
+    // No closing barrier: a client process may have died, and the run
+    // already ended with the server's stop and the hosts' goodbyes.
     return 0;
   };
   return {sub, run};

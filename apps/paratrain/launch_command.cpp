@@ -69,6 +69,9 @@ Command add_launch_command(CLI::App& app) {
   sub->add_option("--kill-grace", flags->kill_grace_s,
                   "seconds stopped workers get between SIGTERM and SIGKILL")
       ->capture_default_str();
+  sub->add_flag("--keep-going", o.keep_going,
+                "a worker other than rank 0 that fails is reported and the others run on (for `paratrain "
+                "federated`, which survives a client process dying); rank 0 failing still stops all");
   sub->add_flag("--no-prefix", flags->no_prefix,
                 "let workers write to the terminal directly instead of prefixing lines with [rank]");
   sub->add_option("command", o.command, "the program to run on every rank and its arguments (after --)");

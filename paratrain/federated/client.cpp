@@ -27,11 +27,10 @@ void load_flat_parameters(models::Model& model, const at::Tensor& flat) {
 }
 
 ClientUpdate train_client(models::Model& model, const at::Tensor& global, const data::TensorDataset& data,
-                          const OptimizerFactory& make_optimizer, const LocalTrainingOptions& options) {
+                          torch::optim::Optimizer& optimizer, const LocalTrainingOptions& options) {
   load_flat_parameters(model, global);
   model.train();
   auto params = model.parameters();
-  auto optimizer = make_optimizer(params);
   // The global weights per parameter, for FedProx's gradient term.
   std::vector<at::Tensor> anchor;
   if (options.prox_mu > 0) {
@@ -60,7 +59,7 @@ ClientUpdate train_client(models::Model& model, const at::Tensor& global, const 
     const auto idx = order.slice(0, in_pass * batch, std::min(rows, (in_pass + 1) * batch));
     const auto inputs = data.inputs.index_select(0, idx);
     const auto targets = data.targets.index_select(0, idx);
-    optimizer->zero_grad();
+    optimizer.zero_grad();
     auto loss = torch::nn::functional::cross_entropy(model.forward(inputs), targets);
     loss.backward();
     if (options.prox_mu > 0) {
@@ -69,7 +68,7 @@ ClientUpdate train_client(models::Model& model, const at::Tensor& global, const 
         params[i].mutable_grad().add_(params[i].detach() - anchor[i], options.prox_mu);
     }
     if (options.clip_grad_norm > 0) torch::nn::utils::clip_grad_norm_(params, options.clip_grad_norm);
-    optimizer->step();
+    optimizer.step();
     loss_sum += loss.item<double>();
     ++out.steps;
   }

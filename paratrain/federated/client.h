@@ -9,7 +9,6 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -23,10 +22,6 @@ class Model;
 }
 
 namespace paratrain::federated {
-
-// Builds a client's optimizer over the model's parameters: a fresh one per
-// client per round (its state does not outlive the round, as in FedAvg).
-using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(const std::vector<at::Tensor>&)>;
 
 struct LocalTrainingOptions {
   int64_t epochs = 1;      // passes over the client's rows
@@ -46,9 +41,12 @@ struct ClientUpdate {
   double loss = 0.0;    // mean training loss over those steps
 };
 
-// Trains `model` (whose parameters are set to `global` first) on `data`.
+// Trains `model` (whose parameters are set to `global` first) on `data`
+// with `optimizer`, built over model.parameters(): a fresh one per round (as
+// in FedAvg), or the client's own from earlier rounds, whose state (momentum,
+// Adam's moments and step) it continues.
 ClientUpdate train_client(models::Model& model, const at::Tensor& global, const data::TensorDataset& data,
-                          const OptimizerFactory& make_optimizer, const LocalTrainingOptions& options);
+                          torch::optim::Optimizer& optimizer, const LocalTrainingOptions& options);
 
 // The model's parameters as one flat float32 vector (a copy), and back.
 at::Tensor flatten_parameters(models::Model& model);

@@ -1,6 +1,10 @@
 // RDP accounting for DP-FedAvg: see rdp_accountant.h.
 #include "paratrain/federated/rdp_accountant.h"
 
+#include <fmt/format.h>
+
+#include "paratrain/core/error.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -65,5 +69,13 @@ void RdpAccountant::add_rounds(double q, double noise_multiplier, int64_t rounds
 }
 
 double RdpAccountant::epsilon(double delta) const { return epsilon_from_rdp(orders_, rdp_, delta); }
+
+void RdpAccountant::restore(const std::vector<double>& rdp, int64_t rounds) {
+  if (rdp.size() != rdp_.size())
+    throw CheckpointError(fmt::format("the privacy accountant's state has {} orders, this build uses {}",
+                                      rdp.size(), rdp_.size()));
+  rdp_ = rdp;
+  rounds_ = rounds;
+}
 
 }  // namespace paratrain::federated

@@ -38,6 +38,10 @@ class RdpAccountant {
   void add_rounds(double q, double noise_multiplier, int64_t rounds = 1);
   double epsilon(double delta) const;
   int64_t rounds() const { return rounds_; }
+  // The RDP spent at each order (checkpoints), and the inverse; restore
+  // throws CheckpointError when `rdp` does not match the orders.
+  const std::vector<double>& rdp() const { return rdp_; }
+  void restore(const std::vector<double>& rdp, int64_t rounds);
 
  private:
   std::vector<int64_t> orders_;

@@ -7,16 +7,18 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
-#include "paratrain/api/checkpoint.h"
 #include "paratrain/core/atomic_file.h"
 #include "paratrain/core/error.h"
 #include "paratrain/federated/partition.h"
 #include "paratrain/federated/rdp_accountant.h"
 #include "paratrain/federated/round.h"
+#include "paratrain/federated/server_checkpoint.h"
 #include "paratrain/models/model.h"
 #include "paratrain/train/builders.h"
 #include "paratrain/train/checkpoint/checkpoint_files.h"
@@ -84,6 +86,10 @@ FederatedResult run_federated(const train::TrainConfig& config, comm::ProcessGro
   FederatedResult result;
   result.run_dir = run_dir_for(config, world);
   if (server) write_file_atomically(result.run_dir / "config.toml", train::to_toml(config));
+  // The server writes checkpoints alone (the sharded writer is collective
+  // over its group): a one-rank group, made while every rank is alive.
+  std::shared_ptr<comm::ProcessGroup> self = world.size() > 1 ? world.new_subgroup({0}) : nullptr;
+  comm::ProcessGroup* checkpoint_group = world.size() > 1 ? self.get() : &world;
 
   const auto datasets = train::load_datasets(config);
   // The same seed on every rank; rank 0's weights win anyway (FederatedRun
@@ -91,72 +97,109 @@ FederatedResult run_federated(const train::TrainConfig& config, comm::ProcessGro
   torch::manual_seed(config.run.seed);
   std::shared_ptr<models::Model> model = train::make_model(config);
   FederatedRun run(config, world, model, datasets.train);
-  const auto labels = labels_of(datasets.train);
-  const int64_t classes = *std::max_element(labels.begin(), labels.end()) + 1;
-  if (server) {
-    spdlog::info("federated: {} ranks (rank 0 serves{}), {} clients, {} per round, partition \"{}\"{}, algorithm "
-                 "{}{}, server optimizer {} (lr {}), {} parameters",
-                 world.size(), world.size() > 1 ? ", the others host the clients" : " and hosts every client",
-                 f.clients, std::max<int64_t>(1, std::llround(f.fraction * f.clients)), f.partition,
-                 f.partition == "dirichlet" ? fmt::format(" (alpha {})", f.alpha) : "", f.algorithm,
-                 f.algorithm == "fedprox" ? fmt::format(" (mu {})", f.mu) : "", f.server_optimizer, f.server_lr,
-                 run.global().numel());
-    spdlog::info("partition: {}", summarize_partition(labels, run.partition(), classes));
+  if (!server) {
+    // A client host serves the server's rounds until it stops the run.
+    while (!run.stopped()) run.run_round(0);
+    run.finish();
+    result.rounds = f.rounds;
+    return result;
   }
 
-  train::MetricsLog metrics(server ? result.run_dir / "metrics.jsonl" : std::filesystem::path());
-  int64_t bytes_up = 0, bytes_down = 0;
-  // DP-FedAvg's privacy spent, on the server. See Note [Sampling in the accountant].
-  RdpAccountant accountant;
+  const auto labels = labels_of(datasets.train);
+  const int64_t classes = *std::max_element(labels.begin(), labels.end()) + 1;
+  spdlog::info("federated: {} ranks (rank 0 serves{}), {} clients, {} per round, partition \"{}\"{}, algorithm "
+               "{}{}, server optimizer {} (lr {}), {} parameters{}",
+               world.size(), world.size() > 1 ? ", the others host the clients" : " and hosts every client",
+               f.clients, std::max<int64_t>(1, std::llround(f.fraction * f.clients)), f.partition,
+               f.partition == "dirichlet" ? fmt::format(" (alpha {})", f.alpha) : "", f.algorithm,
+               f.algorithm == "fedprox" ? fmt::format(" (mu {})", f.mu) : "", f.server_optimizer, f.server_lr,
+               run.global().numel(),
+               f.round_timeout_s > 0 ? fmt::format(", round deadline {} s", f.round_timeout_s) : "");
+  spdlog::info("partition: {}", summarize_partition(labels, run.partition(), classes));
+
+  // Resume (train.resume = "auto" or a checkpoint path): the model, the
+  // server optimizer's moments and the run's position. See Note [Federated checkpoint].
+  ServerProgress progress;
+  if (!config.train.resume.empty()) {
+    std::optional<std::filesystem::path> from;
+    if (config.train.resume == "auto") {
+      from = train::find_latest_checkpoint(result.run_dir);
+      if (!from) spdlog::info("train.resume = auto: no complete checkpoint in {}; starting fresh", result.run_dir.string());
+    } else {
+      from = std::filesystem::path(config.train.resume);
+    }
+    if (from) {
+      progress = load_server_checkpoint(*from, run, config);
+      spdlog::info("resumed from {} after round {} ({} applied){}", from->string(), progress.round,
+                   progress.rounds_applied,
+                   f.client_optimizer_state == "keep" ? "; clients' own optimizers start afresh (not checkpointed)"
+                                                      : "");
+    }
+  }
+  result.rounds_applied = progress.rounds_applied;
+
+  train::MetricsLog metrics(result.run_dir / "metrics.jsonl");
   const bool dp = f.dp_clip > 0;
-  const double sample_rate =
-      static_cast<double>(std::clamp<int64_t>(std::llround(f.fraction * f.clients), 1, f.clients)) / f.clients;
-  for (int64_t round = 1; round <= f.rounds; ++round) {
+  for (int64_t round = progress.round + 1; round <= f.rounds; ++round) {
     const auto started = std::chrono::steady_clock::now();
     RoundReport report = run.run_round(round);
     const bool last = round == f.rounds;
-    if (server) {
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-      bytes_up += report.bytes_up;
-      bytes_down += report.bytes_down;
-      result.rounds_applied += report.applied ? 1 : 0;
-      nlohmann::json record = {{"round", round},
-                               {"clients_sampled", report.sampled.size()},
-                               {"clients_reported", report.reported},
-                               {"clients_dropped", static_cast<int64_t>(report.sampled.size()) - report.reported},
-                               {"applied", report.applied},
-                               {"train_loss", report.train_loss},
-                               {"bytes_up", report.bytes_up},
-                               {"bytes_down", report.bytes_down},
-                               {"round_seconds", seconds}};
-      if (!report.dropped.empty()) record["dropped"] = report.dropped;
-      std::string dp_text;
-      if (dp) {
-        // A skipped round released nothing about the clients' data.
-        if (report.applied) accountant.add_rounds(sample_rate, f.dp_noise_multiplier);
-        const double eps = f.dp_noise_multiplier > 0 ? accountant.epsilon(f.dp_delta)
-                                                     : std::numeric_limits<double>::infinity();
-        record["epsilon"] = std::isfinite(eps) ? nlohmann::json(eps) : nlohmann::json("inf");
-        record["delta"] = f.dp_delta;
-        dp_text = fmt::format(", epsilon {:.3g} (delta {:g})", eps, f.dp_delta);
-      }
-      std::string eval_text;
-      if (last || (f.eval_every > 0 && round % f.eval_every == 0)) {
-        result.test = evaluate(run.model(), datasets.test);
-        record["test_accuracy"] = result.test.accuracy;
-        record["test_loss"] = result.test.loss;
-        eval_text = fmt::format(", test accuracy {:.2f}% (loss {:.4f})", 100 * result.test.accuracy, result.test.loss);
-      }
-      metrics.write(record);
-      spdlog::info("round {}/{}: {}/{} clients reported{}, train loss {:.4f}{}{}, up {} down {}, {:.2f} s", round,
-                   f.rounds, report.reported, report.sampled.size(), report.applied ? "" : " (skipped)",
-                   report.train_loss, eval_text, dp_text, megabytes(bytes_up), megabytes(bytes_down), seconds);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    progress.round = round;
+    progress.bytes_up += report.bytes_up;
+    progress.bytes_down += report.bytes_down;
+    progress.rounds_applied += report.applied ? 1 : 0;
+    result.rounds_applied = progress.rounds_applied;
+    nlohmann::json record = {{"round", round},
+                             {"clients_sampled", report.sampled.size()},
+                             {"clients_reported", report.reported},
+                             {"clients_dropped", static_cast<int64_t>(report.sampled.size()) - report.reported},
+                             {"applied", report.applied},
+                             {"train_loss", report.train_loss},
+                             {"bytes_up", report.bytes_up},
+                             {"bytes_down", report.bytes_down},
+                             {"round_seconds", seconds}};
+    if (!report.dropped.empty()) record["dropped"] = report.dropped;
+    if (!report.failed.empty()) record["dropped_failed"] = report.failed;
+    if (!report.late.empty()) record["dropped_late"] = report.late;
+    if (!report.lost.empty()) record["dropped_lost"] = report.lost;
+    if (!report.lost_ranks.empty()) record["lost_ranks"] = report.lost_ranks;
+    if (!run.lost_ranks().empty()) record["clients_alive"] = report.pool;
+    std::string dp_text;
+    if (dp) {
+      // A skipped round released nothing about the clients' data. The
+      // sampling rate is over the clients still alive.
+      // See Note [Sampling in the accountant].
+      if (report.applied)
+        progress.accountant.add_rounds(static_cast<double>(report.sampled.size()) / static_cast<double>(report.pool),
+                                       f.dp_noise_multiplier);
+      const double eps = f.dp_noise_multiplier > 0 ? progress.accountant.epsilon(f.dp_delta)
+                                                   : std::numeric_limits<double>::infinity();
+      record["epsilon"] = std::isfinite(eps) ? nlohmann::json(eps) : nlohmann::json("inf");
+      record["delta"] = f.dp_delta;
+      dp_text = fmt::format(", epsilon {:.3g} (delta {:g})", eps, f.dp_delta);
     }
-    if (last || (f.checkpoint_every > 0 && round % f.checkpoint_every == 0)) {
-      run.sync_model();  // every rank holds the global model: the replicated-model checkpoint
-      paratrain::save_checkpoint(train::checkpoint_dir(result.run_dir, round), world, run.model(), nullptr, round);
+    std::string eval_text;
+    if (last || (f.eval_every > 0 && round % f.eval_every == 0)) {
+      result.test = evaluate(run.model(), datasets.test);
+      record["test_accuracy"] = result.test.accuracy;
+      record["test_loss"] = result.test.loss;
+      eval_text = fmt::format(", test accuracy {:.2f}% (loss {:.4f})", 100 * result.test.accuracy, result.test.loss);
     }
+    metrics.write(record);
+    const std::string lost_text =
+        report.lost_ranks.empty() ? "" : fmt::format(", lost process rank {}", fmt::join(report.lost_ranks, ", "));
+    spdlog::info("round {}/{}: {}/{} clients reported{}{}, train loss {:.4f}{}{}, up {} down {}, {:.2f} s", round,
+                 f.rounds, report.reported, report.sampled.size(), report.applied ? "" : " (skipped)", lost_text,
+                 report.train_loss, eval_text, dp_text, megabytes(progress.bytes_up), megabytes(progress.bytes_down),
+                 seconds);
+    if (last || (f.checkpoint_every > 0 && round % f.checkpoint_every == 0))
+      save_server_checkpoint(train::checkpoint_dir(result.run_dir, round), *checkpoint_group, run, progress, config);
   }
+  run.finish();
+  if (!run.lost_ranks().empty())
+    spdlog::warn("the run lost client process(es) rank {} and finished with the others",
+                 fmt::join(run.lost_ranks(), ", "));
   result.rounds = f.rounds;
   return result;
 }

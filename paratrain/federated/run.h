@@ -34,10 +34,15 @@ struct FederatedResult {
   std::filesystem::path run_dir;
 };
 
-// Collective over `world`: rank 0 serves, the others host clients (see
-// round.h). Writes <run_dir>/metrics.jsonl (one record per round),
-// config.toml and checkpoints/step_<round>/ (the global model in the
-// sharded format) every federated.checkpoint_every rounds and at the end.
+// Every rank of `world` calls it: rank 0 serves, the others host clients
+// (see round.h); after the start the ranks talk point to point, and a client
+// process that dies costs the run only its clients. The server writes
+// <run_dir>/metrics.jsonl (one record per round), config.toml and
+// checkpoints/step_<round>/ (the global model and the server optimizer's
+// state in the sharded format, Note [Federated checkpoint]) every
+// federated.checkpoint_every rounds and at the end; train.resume ("auto" or
+// a path) continues from one. On client hosts the result holds only
+// run_dir and rounds.
 FederatedResult run_federated(const train::TrainConfig& config, comm::ProcessGroup& world);
 
 }  // namespace paratrain::federated

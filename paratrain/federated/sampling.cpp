@@ -26,12 +26,18 @@ std::vector<int64_t> sample_clients(int64_t clients, double fraction, uint64_t s
   const int64_t count = std::clamp<int64_t>(std::llround(fraction * static_cast<double>(clients)), 1, clients);
   std::vector<int64_t> ids(clients);
   std::iota(ids.begin(), ids.end(), 0);
+  return sample_from(std::move(ids), count, seed, round);
+}
+
+std::vector<int64_t> sample_from(std::vector<int64_t> pool, int64_t count, uint64_t seed, int64_t round) {
+  const auto n = static_cast<int64_t>(pool.size());
+  count = std::clamp<int64_t>(count, 0, n);
   // A partial Fisher-Yates: the first `count` slots are a uniform sample.
   std::mt19937_64 rng(mix_seed(seed, 0x53414d50, static_cast<uint64_t>(round)));
-  for (int64_t i = 0; i < count; ++i) std::swap(ids[i], ids[i + static_cast<int64_t>(rng() % (clients - i))]);
-  ids.resize(count);
-  std::sort(ids.begin(), ids.end());
-  return ids;
+  for (int64_t i = 0; i < count; ++i) std::swap(pool[i], pool[i + static_cast<int64_t>(rng() % (n - i))]);
+  pool.resize(count);
+  std::sort(pool.begin(), pool.end());
+  return pool;
 }
 
 bool client_drops(double probability, uint64_t seed, int64_t round, int64_t client) {

@@ -13,6 +13,12 @@ namespace paratrain::federated {
 // uniformly without replacement for `round`.
 std::vector<int64_t> sample_clients(int64_t clients, double fraction, uint64_t seed, int64_t round);
 
+// `count` (capped at pool.size()) distinct ids of `pool`, ascending, drawn
+// for `round` by the same stream as sample_clients: with pool = 0..N-1 and
+// the same count it returns the same sample. Rounds after a client process
+// died sample from the clients still alive.
+std::vector<int64_t> sample_from(std::vector<int64_t> pool, int64_t count, uint64_t seed, int64_t round);
+
 // Whether `client` fails to report in `round` when each sampled client fails
 // with `probability` independently (federated.dropout).
 bool client_drops(double probability, uint64_t seed, int64_t round, int64_t client);

@@ -77,6 +77,8 @@ KeyPair make_key_pair() {
   return k;
 }
 
+void wipe(KeyPair& key) { sodium_memzero(key.secret_key.data(), key.secret_key.size()); }
+
 Key pairwise_seed(const KeyPair& mine, const Key& theirs, int64_t round) {
   init_sodium();
   unsigned char shared[crypto_scalarmult_BYTES];
@@ -126,6 +128,7 @@ void add_stream(at::Tensor& target, const Key& seed, int sign) {
 #else  // no libsodium: every entry point says how to get it
 
 KeyPair make_key_pair() { no_sodium(); }
+void wipe(KeyPair& key) { key.secret_key.fill(0); }
 Key pairwise_seed(const KeyPair&, const Key&, int64_t) { no_sodium(); }
 void add_stream(at::Tensor&, const Key&, int) { no_sodium(); }
 
@@ -153,6 +156,61 @@ void add_mod(at::Tensor& target, const at::Tensor& other) {
   uint64_t* t = lanes(target);
   const uint64_t* p = lanes(o);
   for (int64_t i = 0; i < target.numel(); ++i) t[i] += p[i];  // unsigned: wraps mod 2^64 by definition
+}
+
+at::Tensor key_rows(const std::vector<int64_t>& ids, const std::vector<Key>& keys, int64_t per_row) {
+  TORCH_CHECK(static_cast<int64_t>(keys.size()) == static_cast<int64_t>(ids.size()) * per_row,
+              "key_rows: ", keys.size(), " keys for ", ids.size(), " rows of ", per_row);
+  const int64_t width = 1 + per_row * kKeyBytes;
+  auto t = torch::zeros({static_cast<int64_t>(ids.size()), width}, torch::kLong);
+  auto* p = t.data_ptr<int64_t>();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    p[i * width] = ids[i];
+    for (int64_t k = 0; k < per_row; ++k) {
+      const Key& key = keys[i * per_row + k];
+      for (int64_t b = 0; b < kKeyBytes; ++b) p[i * width + 1 + k * kKeyBytes + b] = key[b];
+    }
+  }
+  return t.reshape({-1});
+}
+
+void read_key_rows(const at::Tensor& rows, int64_t per_row, std::vector<int64_t>& ids, std::vector<Key>& keys) {
+  ids.clear();
+  keys.clear();
+  if (!rows.defined() || rows.numel() == 0) return;
+  const int64_t width = 1 + per_row * kKeyBytes;
+  if (rows.scalar_type() != at::kLong || rows.numel() % width != 0)
+    throw CommError(fmt::format("secure aggregation: a key message of {} elements is not rows of {}", rows.numel(),
+                                width));
+  const at::Tensor t = rows.contiguous();
+  const auto* p = t.data_ptr<int64_t>();
+  for (int64_t i = 0; i < t.numel() / width; ++i) {
+    ids.push_back(p[i * width]);
+    for (int64_t k = 0; k < per_row; ++k) {
+      Key key;
+      for (int64_t b = 0; b < kKeyBytes; ++b) {
+        const int64_t v = p[i * width + 1 + k * kKeyBytes + b];
+        if (v < 0 || v > 255) throw CommError("secure aggregation: a key byte out of range in a key message");
+        key[b] = static_cast<uint8_t>(v);
+      }
+      keys.push_back(key);
+    }
+  }
+}
+
+at::Tensor mask_vector(const KeyPair& mine, int64_t index, const std::vector<Key>& public_keys, int64_t round,
+                       const at::Tensor& values, int64_t limit) {
+  at::Tensor masked = to_fixed_point(values.reshape({-1}), limit);
+  for (int64_t v = 0; v < static_cast<int64_t>(public_keys.size()); ++v) {
+    if (v == index) continue;
+    add_stream(masked, pairwise_seed(mine, public_keys[static_cast<size_t>(v)], round), index < v ? 1 : -1);
+  }
+  return masked;
+}
+
+void remove_mask(at::Tensor& sum, const Key& seed, int64_t survivor, int64_t dropped) {
+  // The survivor added sign(u, v) * stream(s_uv); take it out again.
+  add_stream(sum, seed, survivor < dropped ? -1 : 1);
 }
 
 SecureAggregationRound::SecureAggregationRound(comm::ProcessGroup& world, int64_t round,
@@ -195,12 +253,8 @@ void SecureAggregationRound::add(int64_t client, const at::Tensor& values) {
   TORCH_CHECK(key != hosted_keys_.end(), "client ", client, " is not hosted on this rank");
   TORCH_CHECK(!added_[static_cast<size_t>(u)], "client ", client, " already added its vector this round");
   TORCH_CHECK(values.numel() == length_, "client ", client, ": ", values.numel(), " elements, expected ", length_);
-  at::Tensor masked = to_fixed_point(values.reshape({-1}), static_cast<int64_t>(participants_.size()));
-  for (int64_t v = 0; v < static_cast<int64_t>(participants_.size()); ++v) {
-    if (v == u) continue;
-    add_stream(masked, pairwise_seed(key->second, public_keys_[static_cast<size_t>(v)], round_), u < v ? 1 : -1);
-  }
-  add_mod(upload_, masked);
+  add_mod(upload_, mask_vector(key->second, u, public_keys_, round_, values,
+                               static_cast<int64_t>(participants_.size())));
   added_[static_cast<size_t>(u)] = true;
 }
 
@@ -255,9 +309,7 @@ at::Tensor SecureAggregationRound::aggregate() {
   for (int64_t u = 0; u < n; ++u) {
     if (missing[u].item<int64_t>() > 0) continue;
     for (int64_t k = 0; k < d; ++k) {
-      // Survivor u added sign(u, v) * stream(s_uv); take it out again.
-      const int64_t v = dropped_index[k];
-      add_stream(sum, key_at(seeds, u * d + k), u < v ? -1 : 1);
+      remove_mask(sum, key_at(seeds, u * d + k), u, dropped_index[k]);
     }
   }
   return from_fixed_point(sum);

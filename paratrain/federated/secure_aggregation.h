@@ -32,6 +32,10 @@
 // (self) mask, a server that falsely declared a live client dropped could
 // unmask it, so this is not secure against a malicious server.
 //
+// The federated round itself moves these messages point to point
+// (round.h, Note [Federated mailbox]) with mask_vector and remove_mask;
+// SecureAggregationRound below is the same protocol over collectives.
+//
 // In this simulation one rank may host several clients; each client masks
 // its own vector and the rank adds the masked vectors before the upload,
 // which changes the messages, not what the server can learn.
@@ -66,6 +70,9 @@ struct KeyPair {
   Key secret_key{};
 };
 KeyPair make_key_pair();
+// Overwrites the secret key (libsodium's memzero, which the compiler keeps):
+// secret keys live for one round.
+void wipe(KeyPair& key);
 
 // s_uv as both ends compute it (Note [Pairwise masks], step 2). Throws
 // CommError when `theirs` is not a valid public key.
@@ -82,7 +89,25 @@ void add_stream(at::Tensor& target, const Key& seed, int sign);
 // target += other mod 2^64 (int64 lanes).
 void add_mod(at::Tensor& target, const at::Tensor& other);
 
-// One round of Note [Pairwise masks], called on every rank of `world` in the
+// Step 2 for participant number `index` (in the sorted participant list
+// whose public keys are `public_keys`): `values` (float, any shape) in fixed
+// point for `limit` participants, plus its pairwise masks with every other
+// participant. What leaves the client.
+at::Tensor mask_vector(const KeyPair& mine, int64_t index, const std::vector<Key>& public_keys, int64_t round,
+                       const at::Tensor& values, int64_t limit);
+// Step 4 on the server: removes from `sum` the mask that survivor number
+// `survivor` added for dropped participant number `dropped`, given their
+// shared seed s_uv (revealed by the survivor).
+void remove_mask(at::Tensor& sum, const Key& seed, int64_t survivor, int64_t dropped);
+
+// How keys travel in the round's messages (mailbox.h): one int64 row per
+// client, its id then `per_row` keys of 32 byte values each. `keys` holds
+// ids.size() * per_row keys, row by row.
+at::Tensor key_rows(const std::vector<int64_t>& ids, const std::vector<Key>& keys, int64_t per_row);
+// The inverse; throws CommError when `rows` is not [n, 1 + 32 per_row] of bytes.
+void read_key_rows(const at::Tensor& rows, int64_t per_row, std::vector<int64_t>& ids, std::vector<Key>& keys);
+
+// One round of Note [Pairwise masks] over collectives, called on every rank of `world` in the
 // same order (rank 0 is the server; any rank may host clients).
 class SecureAggregationRound {
  public:

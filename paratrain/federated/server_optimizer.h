@@ -47,6 +47,12 @@ class ServerOptimizer {
   const at::Tensor& first_moment() const { return m_; }
   const at::Tensor& second_moment() const { return v_; }
   const ServerOptimizerOptions& options() const { return options_; }
+  // Resume: the moments of a checkpoint (either may be undefined, as before
+  // the first step).
+  void restore(at::Tensor first_moment, at::Tensor second_moment) {
+    m_ = std::move(first_moment);
+    v_ = std::move(second_moment);
+  }
 
  private:
   ServerOptimizerOptions options_;

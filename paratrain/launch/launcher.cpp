@@ -205,6 +205,10 @@ void validate(const LaunchOptions& o) {
     bad(fmt::format("--backend shm needs every rank on one host, but --nnodes is {}; use --backend gloo or auto",
                     o.nnodes));
   if (o.max_restarts < 0) bad(fmt::format("--max-restarts {} must be >= 0", o.max_restarts));
+  if (o.keep_going && o.max_restarts > 0)
+    bad(fmt::format("--keep-going with --max-restarts {}: one lets the others run on after a failure, the other "
+                    "restarts them all; pick one",
+                    o.max_restarts));
   if (o.monitor_interval.count() <= 0) {
     bad(fmt::format("--monitor-interval {} s must be > 0 (e.g. 0.1)",
                     static_cast<double>(o.monitor_interval.count()) / 1000.0));

@@ -80,6 +80,13 @@ struct LaunchOptions {
   // last checkpoint is lost, so checkpoint often (train.checkpoint_every_steps).
   // A signal to the launcher (Ctrl-C) never restarts.
   int max_restarts = 0;
+  // A worker other than global rank 0 that fails is reported and the others
+  // keep running, for jobs whose rank 0 survives losing a peer (`paratrain
+  // federated`: a client process that dies costs only its clients). Rank 0
+  // failing still stops every worker. Such tolerated failures do not count
+  // in the exit code. Not with max_restarts > 0 (a restart replaces every
+  // worker, which is the opposite policy).
+  bool keep_going = false;
   // How often the launcher checks its workers for exits (torchrun's
   // --monitor-interval). Output and signals wake it sooner; a shorter interval
   // notices a dead worker sooner at the cost of more wake-ups.
@@ -113,6 +120,8 @@ struct WorkerOutcome {
   // ("connection reset", "connection closed", "broken pipe", "peer"): most
   // likely a victim of another rank's failure, not its cause.
   bool peer_error = false;
+  // It failed under keep_going (not rank 0): reported, the others went on.
+  bool tolerated = false;
 
   bool ok() const { return exited && exit_code == 0; }
   // The shell's convention: the exit code, or 128 + signal.

@@ -41,7 +41,7 @@ int pick_first_failure(const std::vector<WorkerOutcome>& workers) {
   int best = -1;
   for (std::size_t i = 0; i < workers.size(); ++i) {
     const WorkerOutcome& w = workers[i];
-    if (w.ok()) continue;
+    if (w.ok() || w.tolerated) continue;
     if (best < 0) {
       best = static_cast<int>(i);
       continue;
@@ -65,9 +65,11 @@ bool mentions_lost_peer(std::string_view output) {
 std::string summarize(LaunchReport& r) {
   const int n = static_cast<int>(r.workers.size());
   std::vector<int> succeeded;
-  std::vector<std::string> other_failures, stopped;
+  std::vector<std::string> other_failures, stopped, tolerated;
   for (const auto& w : r.workers) {
-    if (w.ok() && !w.stopped_by_launcher) {
+    if (w.tolerated) {
+      tolerated.push_back(describe(w));
+    } else if (w.ok() && !w.stopped_by_launcher) {
       succeeded.push_back(w.rank);
     } else if (w.local_rank == r.first_failed) {
       continue;
@@ -89,8 +91,12 @@ std::string summarize(LaunchReport& r) {
     r.exit_code = 0;
     for (const auto& w : r.workers) {
       // Unreachable when the supervisor records every failure; stay non-zero anyway.
-      if (!w.ok()) r.exit_code = w.shell_code() != 0 ? w.shell_code() : 1;
+      if (!w.ok() && !w.tolerated) r.exit_code = w.shell_code() != 0 ? w.shell_code() : 1;
     }
+  }
+  if (r.exit_code == 0 && !tolerated.empty()) {
+    return fmt::format("paratrain launch: succeeded ({}) with --keep-going; lost on the way: {}",
+                       rank_list(succeeded), fmt::join(tolerated, ", "));
   }
   if (r.exit_code == 0) {
     return fmt::format("paratrain launch: all {} rank{} succeeded ({})", n, n == 1 ? "" : "s",

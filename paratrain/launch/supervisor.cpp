@@ -201,6 +201,11 @@ void Supervisor::reap(Clock::time_point now) {
       w.outcome.signal = WTERMSIG(status);
     }
     w.outcome.ended_at = now;
+    if (!w.outcome.ok() && !stopping_ && options_.keep_going && w.outcome.rank != 0) {
+      w.outcome.tolerated = true;
+      say(fmt::format("paratrain launch: {}; --keep-going: the other ranks go on", describe(w.outcome)));
+      continue;
+    }
     if (!w.outcome.ok() && !stopping_ && trigger == nullptr) trigger = &w;
   }
   if (trigger != nullptr) {

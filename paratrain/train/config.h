@@ -355,6 +355,17 @@ struct FederatedConfig {
   double dp_delta = 1e-5;            ///< federated.dp.delta
   int64_t eval_every = 1;            ///< rounds between evaluations of the global model (0 = only the last)
   int64_t checkpoint_every = 0;      ///< rounds between global-model checkpoints (0 = only the last)
+  /// Round deadline in seconds (multi-process runs): once it passed and at
+  /// least min_clients updates arrived, the round closes and the clients
+  /// still training are dropped from it. 0 = no deadline: a round waits for
+  /// every selected client on a live process (a dead process never delays it).
+  double round_timeout_s = 0.0;
+  /// "reset" (a fresh client optimizer every round, as in FedAvg) or "keep"
+  /// (a client selected again continues its own optimizer state).
+  std::string client_optimizer_state = "reset";
+  /// Fault injection for tests only: > 0 makes the last rank SIGKILL itself
+  /// in this round, after its first client's update went out.
+  int64_t test_kill_process_at_round = 0;
 
   bool operator==(const FederatedConfig&) const = default;
 };

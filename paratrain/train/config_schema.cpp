@@ -408,6 +408,9 @@ const std::vector<FieldSpec>& schema() {
       field("federated.dp.delta", &TC::federated, &FederatedConfig::dp_delta, "DP-FedAvg: the delta at which epsilon is reported", in_range_finite(1e-30, 0.5, "in (0, 0.5]")),
       field("federated.eval_every", &TC::federated, &FederatedConfig::eval_every, "rounds between test evaluations of the global model (0 = only the last)", in_range<int64_t>(0, kMaxCount)),
       field("federated.checkpoint_every", &TC::federated, &FederatedConfig::checkpoint_every, "rounds between global-model checkpoints (0 = only the last)", in_range<int64_t>(0, kMaxCount)),
+      field("federated.round_timeout_s", &TC::federated, &FederatedConfig::round_timeout_s, "round deadline (multi-process): after it, with at least min_clients updates, the round closes and late clients are dropped from it (0 = wait for every client on a live process)", in_range_finite(0.0, 1e9)),
+      field("federated.client_optimizer_state", &TC::federated, &FederatedConfig::client_optimizer_state, "\"reset\": a fresh client optimizer each round (FedAvg); \"keep\": a client selected again continues its own optimizer state", one_of({"reset", "keep"})),
+      field("federated.test_kill_process_at_round", &TC::federated, &FederatedConfig::test_kill_process_at_round, "fault injection for tests: > 0 makes the last rank SIGKILL itself in this round (0 = off)", in_range<int64_t>(0, kMaxCount)),
   };
   return fields;
 }

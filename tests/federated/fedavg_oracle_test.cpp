@@ -6,7 +6,11 @@
 // - k equal clients, one full-batch step each = one GD step on the union
 //   (the mean of the clients' gradients is the union's gradient);
 // - FedProx: two proximal local steps written out by hand; mu = 0 is FedAvg;
-// - FedAdam: the server step on the FedAvg delta.
+// - FedAdam: the server step on the FedAvg delta;
+// - a round closed by its deadline = GD on the union of the clients that
+//   reported in time (a straggler host is held back until the server closed);
+// - federated.client_optimizer_state = "keep": one client's momentum carried
+//   across two rounds = two steps of momentum SGD on one process.
 // Every oracle is also checked to be far (> 100x the tolerance) from what a
 // switched-off feature gives: the initial model, or a round that drops
 // clients.
@@ -18,10 +22,12 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <future>
 
 #include "paratrain/federated/client.h"
 #include "paratrain/federated/round.h"
 #include "paratrain/models/model.h"
+#include "paratrain/train/builders.h"
 #include "paratrain/train/config.h"
 #include "tests/support/multi_rank.h"
 
@@ -196,6 +202,78 @@ TEST(Rounds, TooFewReportsSkipTheRoundAndKeepTheModel) {
   c.federated.dropout = 0.0;
   c.federated.min_clients = 4;
   EXPECT_GT(max_diff(federated_global(c, train, 2), x0), 100 * kTol);
+}
+
+TEST(Deadline, ARoundClosedAtItsDeadlineAggregatesTheClientsThatReported) {
+  const auto train = make_data(48);
+  auto c = small_config(6, 8);  // 8 rows per client: one full-batch step each
+  c.federated.round_timeout_s = 0.05;
+  // Why 3: the round may close at the deadline only with 3 updates, and the
+  // straggler host cannot send any before the round closed, so the 3 of the
+  // other host are in the round however slow this machine is: nothing here
+  // depends on timing.
+  c.federated.min_clients = 3;
+  auto models = models_for(c, 3);
+  std::promise<void> closed;
+  auto round_closed = closed.get_future().share();
+  RoundReport report;
+  at::Tensor got;
+  Partition partition;
+  testing::run_ranks(3, [&](comm::ProcessGroup& group) {
+    FederatedRun run(c, group, models[group.rank()], train);
+    if (group.rank() == 0) {
+      // Released however the server's round ends, so the straggler never waits forever.
+      struct Release {
+        std::promise<void>& p;
+        ~Release() { p.set_value(); }
+      } release{closed};
+      report = run.run_round(1);
+      got = run.global().clone();
+      partition = run.partition();
+    } else {
+      if (group.rank() == 2) round_closed.wait();  // the straggler: hosts clients 1, 3, 5
+      run.run_round(1);
+    }
+  });
+  EXPECT_EQ(report.late, (std::vector<int64_t>{1, 3, 5}));
+  EXPECT_EQ(report.reported, 3);
+  ASSERT_TRUE(report.applied);
+  auto rows_of = [&](std::vector<int64_t> clients) {
+    std::vector<int64_t> rows;
+    for (int64_t k : clients) rows.insert(rows.end(), partition[k].begin(), partition[k].end());
+    auto idx = torch::tensor(rows, torch::kLong);
+    return data::TensorDataset(train.inputs.index_select(0, idx), train.targets.index_select(0, idx));
+  };
+  const auto x0 = initial_global(c);
+  auto m = models_for(c, 1)[0];
+  const auto oracle = gd_step(*m, x0, rows_of({0, 2, 4}), c.optimizer.lr);
+  // The control: had the late clients been waited for, the step would differ.
+  ASSERT_GT(max_diff(oracle, gd_step(*m, x0, train, c.optimizer.lr)), 100 * kTol);
+  EXPECT_LT(oracle_gap(got, oracle, "deadline round vs GD on the clients in time", 3), kTol);
+}
+
+TEST(ClientOptimizerState, KeepCarriesOneClientsMomentumAcrossRounds) {
+  const auto train = make_data(24);
+  auto c = small_config(1, 24);  // one client, one full-batch step per round, FedAvg (server lr 1)
+  c.optimizer.momentum = 0.9;
+  const auto x0 = initial_global(c);
+  // Two steps of momentum SGD on one process: buf = g0, then 0.9 g0 + g1.
+  auto m = models_for(c, 1)[0];
+  load_flat_parameters(*m, x0);
+  auto sgd = train::make_optimizer(c.optimizer, m->parameters());
+  for (int step = 0; step < 2; ++step) {
+    sgd->zero_grad();
+    torch::nn::functional::cross_entropy(m->forward(train.inputs), train.targets).backward();
+    sgd->step();
+  }
+  const auto oracle = flatten_parameters(*m);
+  c.federated.client_optimizer_state = "reset";
+  const auto reset = federated_global(c, train, 2, 2);
+  ASSERT_GT(max_diff(reset, oracle), 100 * kTol);  // the control: a fresh optimizer per round forgets g0
+  c.federated.client_optimizer_state = "keep";
+  for (int ranks : {1, 2}) {
+    EXPECT_LT(oracle_gap(federated_global(c, train, ranks, 2), oracle, "kept momentum vs 2 SGD steps", ranks), kTol);
+  }
 }
 
 }  // namespace

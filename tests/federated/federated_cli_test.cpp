@@ -1,9 +1,10 @@
 // `paratrain federated` end to end on synthetic data: alone and under
 // `paratrain launch` (server + 2 client hosts), it writes one metrics record
 // per round with accuracy, clients and bytes, a global-model checkpoint in
-// the sharded format, and accuracy rises above chance; the federated.* keys
-// read from TOML (dotted ones included) and bad values are ConfigErrors
-// naming the key.
+// the sharded format, and accuracy rises above chance; a client process
+// that SIGKILLs itself mid-round (federated.test_kill_process_at_round)
+// costs the run only its clients; the federated.* keys read from TOML
+// (dotted ones included) and bad values are ConfigErrors naming the key.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -70,15 +71,50 @@ TEST(FederatedCli, UnderLaunchRankZeroServes) {
   expect_a_complete_run(fs::path(dir) / "three" / "version_0", result.output);
 }
 
+// The one real-process fault test: rank 2 kills itself in round 2 after its
+// first update went out. With the feature off (the round's upload a
+// collective, as before) the server's round 2 fails with rank 2 and the run
+// ends without rounds 3-4, so this test fails; the thread-level twin is in
+// fault_tolerance_test.cpp.
+TEST(FederatedCli, AClientProcessKilledMidRoundCostsOnlyItsClients) {
+  const auto dir = testing::temp_dir("fed_kill");
+  std::vector<std::string> args{"launch", "--nproc-per-node", "3", "--keep-going", "--", std::string(PARATRAIN_CLI)};
+  for (const auto& a : run_args(dir, "kill")) args.push_back(a);
+  for (const auto& a : {"--set", "federated.test_kill_process_at_round=2"}) args.push_back(a);
+  const auto result = testing::run_cli(args);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const auto records = read_metrics(fs::path(dir) / "kill" / "version_0" / "metrics.jsonl");
+  ASSERT_EQ(records.size(), 4u) << result.output;
+  // Round 2 lost rank 2 and the clients it still had (rank 2 hosts the odd ids).
+  ASSERT_TRUE(records[1].contains("lost_ranks")) << result.output;
+  EXPECT_EQ(records[1]["lost_ranks"], nlohmann::json::array({2}));
+  for (const auto& c : records[1].value("dropped_lost", nlohmann::json::array())) EXPECT_EQ(c.get<int64_t>() % 2, 1);
+  EXPECT_TRUE(records[1]["applied"].get<bool>());
+  // Rounds 3 and 4 sample only rank 1's 10 clients, and all of them report.
+  for (size_t i = 2; i < 4; ++i) {
+    EXPECT_EQ(records[i]["clients_alive"], 10);
+    EXPECT_EQ(records[i]["clients_reported"], records[i]["clients_sampled"]);
+    EXPECT_FALSE(records[i].contains("lost_ranks"));
+  }
+  EXPECT_GT(records.back()["test_accuracy"].get<double>(), records.front()["test_accuracy"].get<double>())
+      << result.output;
+  EXPECT_NE(result.output.find("lost client process rank 2"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("killed by SIGKILL"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("round 4/4"), std::string::npos) << result.output;
+}
+
 TEST(FederatedConfig, KeysReadFromTomlAndBadValuesNameTheKey) {
   const auto c = train::config_from_toml_string(
       "[federated]\npartition = \"dirichlet\"\nalpha = 0.1\nfraction = 0.2\nlocal_epochs = 3\n"
       "algorithm = \"fedprox\"\nmu = 0.1\nserver_optimizer = \"yogi\"\nmin_clients = 2\n"
+      "round_timeout_s = 2.5\nclient_optimizer_state = \"keep\"\n"
       "dp.clip = 0.0\ndp.noise_multiplier = 0.0\nsecure_aggregation = false\n");
   EXPECT_EQ(c.federated.partition, "dirichlet");
   EXPECT_EQ(c.federated.alpha, 0.1);
   EXPECT_EQ(c.federated.server_optimizer, "yogi");
   EXPECT_EQ(c.federated.min_clients, 2);
+  EXPECT_EQ(c.federated.round_timeout_s, 2.5);
+  EXPECT_EQ(c.federated.client_optimizer_state, "keep");
   // The printed config reads back equal (dotted keys included).
   EXPECT_EQ(train::config_from_toml_string(train::to_toml(c)), c);
   EXPECT_EQ(train::config_from_json(train::to_json(c)), c);
@@ -94,6 +130,9 @@ TEST(FederatedConfig, KeysReadFromTomlAndBadValuesNameTheKey) {
   EXPECT_NE(message("[federated]\nfraction = 1.5\n").find("federated.fraction"), std::string::npos);
   EXPECT_NE(message("[federated]\nalpha = 0.0\n").find("federated.alpha"), std::string::npos);
   EXPECT_NE(message("[federated]\ndp.clp = 1.0\n").find("federated.dp.clp"), std::string::npos);
+  EXPECT_NE(message("[federated]\nround_timeout_s = -1.0\n").find("federated.round_timeout_s"), std::string::npos);
+  EXPECT_NE(message("[federated]\nclient_optimizer_state = \"forever\"\n").find("federated.client_optimizer_state"),
+            std::string::npos);
 }
 
 }  // namespace
