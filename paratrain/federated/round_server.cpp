@@ -48,12 +48,15 @@ RoundReport FederatedRun::server_round(int64_t round) {
     for (int64_t c = 0; c < f.clients; ++c) {
       if (host_of(c) == rank) hosted.push_back(c);
     }
-    const auto& now = participants_of[rank];
+    // This round's participants of that process that have not reported yet.
+    std::vector<int64_t> now;
+    for (int64_t c : participants_of[rank]) {
+      if (expected.erase(c)) now.push_back(c);
+    }
     spdlog::error("round {}: lost client process rank {} ({}); its clients [{}] are never selected again{}", round,
                   rank, why, fmt::join(hosted, ", "),
                   now.empty() ? std::string()
-                              : fmt::format(", and this round's [{}] are dropped", fmt::join(now, ", ")));
-    for (int64_t c : now) expected.erase(c);
+                              : fmt::format(", and this round's [{}] still training are dropped", fmt::join(now, ", ")));
     if (answering.count(rank)) recovery_failed = true;
     answering.erase(rank);
   };

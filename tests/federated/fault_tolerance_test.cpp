@@ -74,11 +74,11 @@ TEST(LostClientProcess, TheServerDropsItsClientsAndGoesOnWithTheOthers) {
   });
   ASSERT_EQ(reports.size(), static_cast<size_t>(kRounds));
   EXPECT_EQ(reports[0].reported, 6);
-  EXPECT_TRUE(reports[0].lost_ranks.empty());
-  // The loss is found at round 2's start or during it (the abort races the
-  // server); either way rank 2 is reported exactly once, any of its clients
-  // sampled in round 2 is dropped as lost, and later rounds sample only
-  // rank 1's clients.
+  EXPECT_TRUE(reports[0].lost.empty());
+  // The loss is found at the end of round 1, at round 2's start or during it
+  // (the abort races the server); either way rank 2 is reported exactly
+  // once, any of its clients sampled in round 2 is dropped as lost, and
+  // later rounds sample only rank 1's clients.
   std::vector<int> lost;
   for (const auto& r : reports) lost.insert(lost.end(), r.lost_ranks.begin(), r.lost_ranks.end());
   EXPECT_EQ(lost, std::vector<int>{2});

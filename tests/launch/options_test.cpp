@@ -441,6 +441,10 @@ TEST(ElasticFlags, ValidateNamesBadRestartAndRangeValues) {
   LaunchOptions restarts = o;
   restarts.max_restarts = -1;
   EXPECT_NE(rejection(restarts).find("--max-restarts -1 must be >= 0"), std::string::npos);
+  LaunchOptions both = o;
+  both.keep_going = true;
+  both.max_restarts = 2;
+  EXPECT_NE(rejection(both).find("--keep-going with --max-restarts 2"), std::string::npos);
   LaunchOptions monitor = o;
   monitor.monitor_interval = std::chrono::milliseconds(0);
   EXPECT_NE(rejection(monitor).find("--monitor-interval 0 s must be > 0"), std::string::npos);

@@ -219,6 +219,36 @@ TEST(Launch, ARankKilledByASignalIsNamedAndGives128PlusSignal) {
       << c.report.summary;
 }
 
+// --keep-going (for `paratrain federated`): a client rank dying is reported
+// and the others finish; the launch succeeds. Rank 0 dying still stops all.
+// The control without it is ARankKilledByASignalIsNamedAndGives128PlusSignal.
+TEST(Launch, KeepGoingLetsTheOthersFinishWhenARankOtherThanZeroDies) {
+  const auto dir = testing::temp_dir("launch-keep");
+  auto o = options(3, {"on-rank", "2", "kill-self", "9", "sleep", "1"});
+  o.keep_going = true;
+  const auto c = run_captured(o, dir);
+  EXPECT_EQ(c.report.exit_code, 0) << c.err;
+  EXPECT_EQ(c.report.first_failed, -1);
+  EXPECT_TRUE(c.report.workers[2].tolerated);
+  EXPECT_EQ(c.report.workers[2].signal, SIGKILL);
+  for (int r : {0, 1}) {
+    EXPECT_TRUE(c.report.workers[r].ok()) << r;
+    EXPECT_FALSE(c.report.workers[r].stopped_by_launcher) << r;
+  }
+  EXPECT_NE(c.err.find("--keep-going: the other ranks go on"), std::string::npos) << c.err;
+  EXPECT_NE(c.report.summary.find("lost on the way: rank 2 (pid " + std::to_string(c.report.workers[2].pid) +
+                                  ") was killed by SIGKILL"),
+            std::string::npos)
+      << c.report.summary;
+
+  auto zero = options(2, {"on-rank", "0", "kill-self", "9", "sleep", "60"});
+  zero.keep_going = true;
+  const auto z = run_captured(zero, dir);
+  EXPECT_EQ(z.report.exit_code, 128 + SIGKILL) << z.err;
+  EXPECT_EQ(z.report.first_failed, 0);
+  EXPECT_TRUE(z.report.workers[1].stopped_by_launcher);
+}
+
 TEST(Launch, ARankThatIgnoresSigtermIsKilledAfterTheGracePeriod) {
   const auto dir = testing::temp_dir("launch-ignore");
   const std::string pids = dir + "/pids";
