@@ -66,10 +66,16 @@ recs = [json.loads(l) for l in open(path)]
 train = [r for r in recs if r.get("kind") == "train"]
 evals = [r for r in recs if r.get("kind") == "eval"]
 t0 = start
+# fit() start (run.json): the seconds before it are process start-up and data loading, alike in every mode.
+try:
+    fit_start = json.load(open(path.rsplit("/", 1)[0] + "/run.json"))["started"]
+except (OSError, KeyError, ValueError):
+    fit_start = None
 out = {"run": name, "round": rnd, "wall_s": round(end - start, 1),
        "samples_per_s": round(train[-1]["samples_per_s"], 1) if train else None,
        "accuracy": [round(e["test_accuracy"], 4) for e in evals],
        "accuracy_at_s": [round(e["time"] - t0, 1) for e in evals],
+       "accuracy_at_fit_s": [round(e["time"] - fit_start, 1) for e in evals] if fit_start else None,
        "staleness": {str(r["worker"]): {"mean": round(r["mean"], 2), "max": r["max"], "histogram": r["histogram"],
                                     "pushes": r.get("pushes"), "push_bytes": r.get("push_bytes"),
                                     "ranges_in_backward": r.get("ranges_pushed_in_backward")}
