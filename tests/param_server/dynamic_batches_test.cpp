@@ -186,5 +186,28 @@ TEST(DynamicBatches, TrainerAsyncWithASlowedWorkerLetsTheOthersTakeMoreBatches) 
   EXPECT_EQ(pushes_of(dir + "/ssp/t/version_0"), (std::vector<int64_t>{40, 40, 40}));
 }
 
+// A run stopped mid-epoch (train.max_steps) checkpoints at the window's
+// end; resumed from there, the workers take exactly the epoch's remaining
+// items (13 steps x 3 workers).
+TEST(DynamicBatches, AResumedAsyncRunTrainsTheRestOfTheEpoch) {
+  auto dir = paratrain::testing::temp_dir("ps_dynamic_resume");
+  auto first = testing::small_config(dir + "/first", "sgd");
+  first.ps.servers = 1;
+  first.ps.mode = "async";
+  first.ps.slow_worker = 2;
+  first.ps.slow_ms = 5;
+  first.train.max_steps = 7;
+  testing::train(first, kWorkers + 1);
+  EXPECT_EQ(pushes_of(dir + "/first/t/version_0").size(), 3u);
+  auto rest = first;
+  rest.run.output_dir = dir + "/rest";
+  rest.train.max_steps = 20;
+  rest.train.resume = dir + "/first/t/version_0/checkpoints/step_00000007";
+  testing::train(rest, kWorkers + 1);
+  const auto pushes = pushes_of(dir + "/rest/t/version_0");
+  ASSERT_EQ(pushes.size(), 3u);
+  EXPECT_EQ(pushes[0] + pushes[1] + pushes[2], kWorkers * 13);
+}
+
 }  // namespace
 }  // namespace paratrain::param_server
