@@ -494,6 +494,7 @@ TrainResult Trainer::fit_loop() {
       int64_t steps = std::min(steps_per_epoch - first, total_steps - s.step);
       if (every > 0) steps = std::min(steps, every - s.step % every);
       s.strategy->begin_window(first, steps);
+      const int64_t window_end = s.step + steps;
       double loss_sum = 0;
       int64_t own_steps = 0;
       int64_t logged_step = s.step;  // rank 0's last local line
@@ -519,7 +520,9 @@ TrainResult Trainer::fit_loop() {
         StepInfo info{.step = step + 1, .total_steps = total_steps, .epoch = epoch, .epochs = c.train.epochs,
                       .batch = (step_in_epoch + 1) * k, .batches = batches, .lr = applied_lr};
         rate_and_eta(info);
-        if (s.is_main() && c.run.log_every > 0 && info.step >= logged_step + c.run.log_every) {
+        // The window's last step gets the line over all ranks below instead.
+        if (s.is_main() && c.run.log_every > 0 && info.step >= logged_step + c.run.log_every &&
+            info.step < window_end) {
           info.loss = window_loss / window_steps;
           log_train(info);
           logged_step = info.step;
