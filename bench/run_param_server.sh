@@ -8,10 +8,12 @@
 # build `paratrain` first.
 #
 #   bench/run_param_server.sh                 # 1 server, 3 workers, 1 epoch
-#   SERVERS="1 2" WORKERS=2 EPOCHS=3 bench/run_param_server.sh
+#   SERVERS="1 2" WORKERS="2 3" EPOCHS=3 bench/run_param_server.sh
 #
 # Environment: BUILD_DIR (build), PYTHON (/usr/bin/python3), SERVERS ("1"),
-# WORKERS (3), EPOCHS (1), SLOW_MS (20), MODES ("sync async ssp"), LR (0.02:
+# WORKERS ("3"; a list runs each count, DDP on each), ROUNDS (1: repeats of
+# the whole matrix, interleaved, so load changes hit every variant alike),
+# EPOCHS (1), SLOW_MS (20), MODES ("sync async ssp"), LR (0.02:
 # the config's 0.05 with momentum 0.9 diverges under async, where every push
 # is a step), OUT_DIR, PS_SETS (extra KEY=VALUE for every ps run, e.g.
 # "ps.overlap=false" or "ps.push_dtype=fp16"), SLOW ("0 $SLOW_MS": the
@@ -25,7 +27,8 @@ build=${BUILD_DIR:-build}
 [[ $build = /* ]] || build=$root/$build
 python=${PYTHON:-/usr/bin/python3}
 servers_list=${SERVERS:-1}
-workers=${WORKERS:-3}
+workers_list=${WORKERS:-3}
+rounds=${ROUNDS:-1}
 epochs=${EPOCHS:-1}
 slow_ms=${SLOW_MS:-20}
 lr=${LR:-0.02}
@@ -40,10 +43,10 @@ mkdir -p "$out_dir"
 runs=$out_dir/runs.jsonl
 : >"$runs"
 
-# run_one NAME NPROC KEY=VALUE...: one launch; its summary line goes to runs.jsonl.
+# run_one NAME NPROC WORKERS KEY=VALUE...: one launch; its summary line goes to runs.jsonl.
 run_one() {
-  local name=$1 nproc=$2
-  shift 2
+  local name=$1 nproc=$2 workers=$3
+  shift 3
   local sets=()
   for kv in "$@"; do sets+=(--set "$kv"); done
   local start end
@@ -55,20 +58,26 @@ run_one() {
     return
   fi
   end=$(date +%s.%N)
-  # $out_dir is fresh, so each run is its name's version_0 (runs/<name>/version_N)
-  "$python" - "$out_dir/$name/version_0/metrics.jsonl" "$name" "$start" "$end" >>"$runs" <<'PY'
+  # $out_dir is fresh, so round R of a name is its version_R (runs/<name>/version_N)
+  "$python" - "$out_dir/$name/version_${round}/metrics.jsonl" "$name" "$start" "$end" "$round" >>"$runs" <<'PY'
 import json, sys
-path, name, start, end = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+path, name, start, end, rnd = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 recs = [json.loads(l) for l in open(path)]
 train = [r for r in recs if r.get("kind") == "train"]
 evals = [r for r in recs if r.get("kind") == "eval"]
 t0 = start
-out = {"run": name, "wall_s": round(end - start, 1),
+# fit() start (run.json): the seconds before it are process start-up and data loading, alike in every mode.
+try:
+    fit_start = json.load(open(path.rsplit("/", 1)[0] + "/run.json"))["started"]
+except (OSError, KeyError, ValueError):
+    fit_start = None
+out = {"run": name, "round": rnd, "wall_s": round(end - start, 1),
        "samples_per_s": round(train[-1]["samples_per_s"], 1) if train else None,
        "accuracy": [round(e["test_accuracy"], 4) for e in evals],
        "accuracy_at_s": [round(e["time"] - t0, 1) for e in evals],
+       "accuracy_at_fit_s": [round(e["time"] - fit_start, 1) for e in evals] if fit_start else None,
        "staleness": {str(r["worker"]): {"mean": round(r["mean"], 2), "max": r["max"], "histogram": r["histogram"],
-                                    "push_bytes": r.get("push_bytes"),
+                                    "pushes": r.get("pushes"), "push_bytes": r.get("push_bytes"),
                                     "ranges_in_backward": r.get("ranges_pushed_in_backward")}
                      for r in recs if r.get("kind") == "ps_staleness"}}
 print(json.dumps(out))
@@ -76,14 +85,18 @@ PY
   tail -1 "$runs"
 }
 
-[[ ${DDP:-1} = 1 ]] && run_one ddp "$workers"
-for servers in $servers_list; do
-  nproc=$((workers + servers))
-  for mode in $modes; do
-    for slow in $slow_list; do
-      extra=(ps.servers="$servers" ps.mode="$mode" ps.staleness=2 "${ps_sets[@]}")
-      [[ $slow != 0 ]] && extra+=(ps.slow_worker=1 ps.slow_ms="$slow")
-      run_one "ps_${mode}_s${servers}_slow${slow}" "$nproc" "${extra[@]}"
+for ((round = 0; round < rounds; ++round)); do
+  for workers in $workers_list; do
+    [[ ${DDP:-1} = 1 ]] && run_one "ddp_w${workers}" "$workers" "$workers"
+    for servers in $servers_list; do
+      nproc=$((workers + servers))
+      for mode in $modes; do
+        for slow in $slow_list; do
+          extra=(ps.servers="$servers" ps.mode="$mode" ps.staleness=2 "${ps_sets[@]}")
+          [[ $slow != 0 ]] && extra+=(ps.slow_worker=1 ps.slow_ms="$slow")
+          run_one "ps_${mode}_s${servers}_w${workers}_slow${slow}" "$nproc" "$workers" "${extra[@]}"
+        done
+      done
     done
   done
 done

@@ -51,11 +51,12 @@ int64_t push_message_numel(int64_t numel, PushDtype dtype) {
   return kHeader + (dtype == PushDtype::kFp16 ? (numel + 1) / 2 : numel);
 }
 
-at::Tensor encode_push(int64_t clock, int64_t read, const at::Tensor& grad, PushDtype dtype) {
+at::Tensor encode_push(int64_t clock, int64_t read, const at::Tensor& grad, PushDtype dtype, bool last) {
   const int64_t n = grad.numel();
   auto message = torch::empty({push_message_numel(n, dtype)}, torch::kFloat);
   message[0] = static_cast<float>(clock);
   message[1] = static_cast<float>(read);
+  message[2] = last ? 1.0f : 0.0f;
   auto flat = grad.detach().reshape(-1);
   if (dtype == PushDtype::kFp32) {
     message.slice(0, kHeader).copy_(flat);

@@ -34,10 +34,10 @@ struct Roles {
 
 // Tags of the point-to-point messages on the world group: a message can only
 // match the receive posted for its kind, whatever else is in flight.
-inline constexpr int kReplyTag = 0x50530002;    // server -> worker: [version, staleness] + parameters
+inline constexpr int kReplyTag = 0x50530002;    // server -> worker: [version, staleness, item] + parameters
 inline constexpr int kRefreshTag = 0x50530003;  // server -> every rank: parameters only
 // A push is one message per key range of the server (KeyRangePlan::ranges_of
-// order), [clock, version read] + that range's gradient, each on its own tag
+// order), [clock, version read, last] + that range's gradient, each on its own tag
 // so ranges can leave in whatever order backward makes them ready.
 inline constexpr int kMaxRangesPerServer = 1 << 16;
 int push_tag(int64_t range_index);
@@ -55,14 +55,17 @@ PushDtype parse_push_dtype(std::string_view name);
 [[noreturn]] void rethrow_naming(const std::string& what, const std::string& hint);
 
 // Float slots before the payload. Counts travel as float32: exact up to
-// 2^24 steps, far more than any run here takes.
-inline constexpr int64_t kHeader = 2;
+// 2^24 steps or batches, far more than any run here takes. A push's third
+// slot is 1 on a worker's last push of a dynamic-batch window, a reply's the
+// batch item server 0 hands to that worker next (-1: none); see Note
+// [Dynamic batches] in server.h.
+inline constexpr int64_t kHeader = 3;
 
-// One push message: float32 [clock, read] followed by `grad` (any shape,
-// flattened) in `dtype`. fp16 values are packed two to a float32 slot
+// One push message: float32 [clock, read, last] followed by `grad` (any
+// shape, flattened) in `dtype`. fp16 values are packed two to a float32 slot
 // (padded to an even count), so every message stays a float32 tensor of
 // push_message_numel(grad.numel(), dtype) elements.
-at::Tensor encode_push(int64_t clock, int64_t read, const at::Tensor& grad, PushDtype dtype);
+at::Tensor encode_push(int64_t clock, int64_t read, const at::Tensor& grad, PushDtype dtype, bool last = false);
 int64_t push_message_numel(int64_t numel, PushDtype dtype);
 // The `numel` gradient values of a push message, as float32.
 at::Tensor decode_push(const at::Tensor& message, int64_t numel, PushDtype dtype);

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <limits>
 #include <thread>
 
 #include <fmt/format.h>
@@ -88,6 +89,15 @@ Server::~Server() {
 }
 
 void Server::expect_pushes(int64_t pushes) { std::fill(remaining_.begin(), remaining_.end(), pushes); }
+
+void Server::begin_window(int64_t first_item, int64_t rounds) {
+  TORCH_CHECK(options_.mode == Mode::kAsync, "Server::begin_window: dynamic batches are for async mode");
+  TORCH_CHECK(rounds >= 1, "Server::begin_window: ", rounds, " rounds");
+  // Each worker pushes until its push marked last: far more than it can.
+  std::fill(remaining_.begin(), remaining_.end(), std::numeric_limits<int64_t>::max() / 2);
+  next_item_ = first_item + 2 * roles_.workers;
+  end_item_ = first_item + roles_.workers * rounds;
+}
 
 void Server::serve_round(torch::optim::Optimizer& optimizer) {
   if (options_.mode == Mode::kSync) {
@@ -225,7 +235,11 @@ void Server::handle_push(int worker, const Push& push, torch::optim::Optimizer& 
     const int64_t staleness = version_ - read;
     apply(grad, optimizer);
     ++version_;
-    reply(worker, staleness);
+    const bool last = push.messages[0][2].item<float>() != 0.0f;
+    if (last) remaining_[worker] = 0;  // its window is done: post nothing more for it
+    int64_t item = -1;
+    if (index_ == 0 && next_item_ >= 0 && next_item_ < end_item_) item = next_item_++;
+    reply(worker, staleness, item);
     return;
   }
   // ssp: the gradient of clock c will be applied on top of version c - 1.
@@ -265,8 +279,9 @@ void Server::apply(const at::Tensor& flat_grad, torch::optim::Optimizer& optimiz
   optimizer.step();
 }
 
-void Server::reply(int worker, int64_t staleness) {
-  auto header = torch::tensor({static_cast<float>(version_), static_cast<float>(staleness)}, torch::kFloat);
+void Server::reply(int worker, int64_t staleness, int64_t item) {
+  auto header = torch::tensor({static_cast<float>(version_), static_cast<float>(staleness), static_cast<float>(item)},
+                              torch::kFloat);
   std::vector<at::Tensor> parts{header};
   for (const auto& p : pieces_) parts.push_back(p.detach());
   auto message = torch::cat(parts);

@@ -20,6 +20,29 @@
 //        back until every worker reached clock c - s: no worker runs more
 //        than s clocks ahead of the slowest, and a gradient is computed on
 //        parameters at most s clocks old. s = 0 is sync, update for update.
+//
+// Note [Dynamic batches]
+// Under async, workers do not read fixed shares of the epoch: they take its
+// batches from a queue, so a fast worker trains more of them than a slowed
+// one and the epoch ends when its batches are done, not when the slowest
+// worker has done a third of them. The epoch's "items" are the batches of
+// the fixed shares (item x = worker x % W's step x / W of its sampler
+// share), so the examples of an epoch are the same and each is trained
+// exactly once; only who trains which item changes. The queue lives on
+// server 0, in the protocol: its answer to each push names the next item
+// of that worker (reply header slot 2), handed out in the order the pushes
+// are handled. A window is the steps between two points where all ranks
+// meet (an epoch's end, a checkpoint, train.max_steps): R rounds, W * R
+// items. Worker w starts a window holding items first + w and first + W + w
+// (one item of look-ahead), server 0 hands out first + 2W onwards, and
+// every answer adds one item or -1. With that look-ahead a worker knows
+// when it pushes its last item of the window and marks the push (push
+// header slot 2), so every server stops posting receives for it without
+// knowing the assignment: no receive is left posted at a window's end, and
+// the R rounds of each server handle exactly the W * R pushes. sync must
+// equal one process and ssp ties each worker to within s clocks of the
+// slowest, where fixed shares lose at most s batches' time: both keep
+// fixed shares.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -74,6 +97,11 @@ class Server {
   // async / ssp: each worker will push `pushes` more times in this run; no
   // receive is posted beyond that (none may be left pending at the end).
   void expect_pushes(int64_t pushes);
+  // async, dynamic batches (Note [Dynamic batches]): the next `rounds`
+  // rounds handle the pushes of items first_item .. first_item + W*rounds - 1,
+  // each worker's until its push marked last; server 0 hands out the items
+  // from first_item + 2W on.
+  void begin_window(int64_t first_item, int64_t rounds);
 
   // One training step: see Note [Parameter-server modes]. `optimizer` steps
   // pieces() with the learning rate already set. Throws CommError or
@@ -101,7 +129,7 @@ class Server {
   // The push's gradient, this server's ranges back to back, in fp32.
   at::Tensor gradient_of(const Push& push) const;
   void handle_push(int worker, const Push& push, torch::optim::Optimizer& optimizer);
-  void reply(int worker, int64_t staleness);
+  void reply(int worker, int64_t staleness, int64_t item = -1);
   void post(int worker);
   void drain_replies();
   int64_t slowest_clock() const;
@@ -116,6 +144,8 @@ class Server {
   int64_t version_ = 0;
   std::vector<int64_t> clocks_;       // pushes received per worker
   std::vector<int64_t> remaining_;    // pushes each worker will still send
+  int64_t next_item_ = -1;            // server 0, dynamic batches: the next item to hand out
+  int64_t end_item_ = -1;             // one past the window's last item
   std::vector<std::unique_ptr<Inbox>> inbox_;
   std::mutex mu_;                    // guards Inbox::done / error
   std::condition_variable arrived_;  // a waiter finished

@@ -52,7 +52,7 @@ void Worker::open_step() {
 void Worker::send(const Slot& slot, const at::Tensor& grad_of_tensor) {
   const auto& r = slot.range;
   auto message = encode_push(clock_, versions_[slot.server], grad_of_tensor.reshape(-1).slice(0, r.begin, r.end),
-                             options_.push_dtype);
+                             options_.push_dtype, last_);
   bytes_ += message.numel() * static_cast<int64_t>(sizeof(float));
   comm::WorkHandle work;
   try {
@@ -123,6 +123,7 @@ int64_t Worker::pull() {
     }
     versions_[s] = static_cast<int64_t>(replies_[s][0].item<float>());
     staleness = std::max(staleness, static_cast<int64_t>(replies_[s][1].item<float>()));
+    if (s == 0) assigned_ = static_cast<int64_t>(replies_[s][2].item<float>());
     unpack_ranges(replies_[s].slice(0, kHeader), params_, ranges_[s]);
   }
   ++histogram_[staleness];

@@ -55,6 +55,14 @@ class Worker {
   int64_t pull();
   bool pull_pending() const { return pulling_; }
 
+  // Dynamic batches (Note [Dynamic batches] in server.h): marks the pushes
+  // of the next step as this worker's last of the window, so the servers
+  // post no receive for it beyond them. Set before the step's first push.
+  void set_last_push(bool last) { last_ = last; }
+  // The item server 0 handed this worker in its answer to the last pull
+  // (-1: none, or not a dynamic-batch run).
+  int64_t assigned_item() const { return assigned_; }
+
   // Pushes done so far (this worker's clock).
   int64_t clock() const { return clock_; }
   // How many pushed gradients had each staleness.
@@ -86,6 +94,8 @@ class Worker {
   std::vector<at::Tensor> params_;
   std::vector<int64_t> versions_;  // per server: version of the parameters last pulled
   int64_t clock_ = 0;
+  bool last_ = false;              // this step's pushes are marked last
+  int64_t assigned_ = -1;          // from server 0's last answer
   bool open_ = false;              // this step's replies are posted, pushes may leave
   bool pulling_ = false;           // pushed, answers not yet waited for
   std::vector<bool> pushed_;       // per tensor, this step

@@ -97,6 +97,24 @@ class Strategy {
   // optimizer steps (fewer after a resume). Parameter servers size their
   // receives by it.
   virtual void begin_run(int64_t steps) { (void)steps; }
+  // Dynamic batch assignment (parameter servers in async mode: Note
+  // [Dynamic batches] in param_server/server.h). True on every rank or on
+  // none. Then the Trainer cuts each epoch into windows of steps between
+  // the points where all ranks meet (the epoch's end, a checkpoint,
+  // train.max_steps) and runs each as begin_window(), then steps while
+  // next_item() >= 0: item x is dp rank x % size's step x / size of its
+  // sampler share, so ranks may take different numbers of steps.
+  virtual bool dynamic_batches() const { return false; }
+  // The window's first step within the epoch and its number of steps
+  // (dp size x steps items).
+  virtual void begin_window(int64_t first_step, int64_t steps) {
+    (void)first_step;
+    (void)steps;
+  }
+  // The next item this rank trains, or -1 when its part of the window is
+  // done. A rank that computes nothing returns items whose step / size is
+  // each step of the window once.
+  virtual int64_t next_item() { return -1; }
   // Called once, after optimizer_params(). The default: whole tensors.
   virtual LayerwiseParams layerwise_params() {
     LayerwiseParams out;

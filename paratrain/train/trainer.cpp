@@ -22,6 +22,7 @@
 #include "paratrain/models/model.h"
 #include "paratrain/optim/lr_schedule.h"
 #include "paratrain/topology/device_mesh.h"
+#include "paratrain/train/batch_items.h"
 #include "paratrain/train/batch_size.h"
 #include "paratrain/train/builders.h"
 #include "paratrain/train/callbacks.h"
@@ -447,9 +448,119 @@ TrainResult Trainer::fit_loop() {
                          .global_batch = global_batch, .is_main = s.is_main()};
   s.each_callback([&](Callback& cb) { cb.on_fit_start(fit_info); });
 
+  // One "train" line and metrics.jsonl record (rank 0) for `info`.
+  auto log_train = [&](const StepInfo& info) {
+    auto st = s.strategy->last_stats();
+    auto mem = s.strategy->memory(*s.optimizer);
+    if (!s.progress_bar) {
+      spdlog::info("epoch {}/{} step {}/{} loss {:.4f} {:.0f} samples/s ETA {}", info.epoch + 1, c.train.epochs,
+                   info.step, total_steps, info.loss, info.samples_per_s, format_duration(info.eta_s));
+    }
+    // samples and epoch_progress: the x axes of `paratrain plot`.
+    const double progress = info.epoch + static_cast<double>(info.batch) / std::max<int64_t>(batches, 1);
+    s.log_record({{"kind", "train"}, {"epoch", info.epoch}, {"step", info.step},
+                  {"samples", info.step * global_batch}, {"epoch_progress", progress},
+                  {"loss", info.loss}, {"samples_per_s", info.samples_per_s},
+                  {"lr", info.lr}, {"comm_ms", st.comm_ms},
+                  {"hidden_share", st.hidden_share}, {"param_bytes", mem.params},
+                  {"grad_bytes", mem.grads}, {"optimizer_bytes", mem.optimizer_state}});
+  };
+  auto rate_and_eta = [&](StepInfo& info) {
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    info.samples_per_s = (info.step - first_step) * global_batch / std::max(elapsed, 1e-9);
+    info.eta_s = (total_steps - info.step) * global_batch / std::max(info.samples_per_s, 1e-9);
+  };
+
+  // Note [Dynamic batch windows]
+  // With Strategy::dynamic_batches (parameter servers, async) ranks take
+  // different numbers of steps, so nothing may meet all ranks mid-epoch:
+  // the epoch runs as windows ending where all ranks meet anyway (the
+  // epoch's end, a checkpoint, train.max_steps). Inside a window each rank
+  // trains the items the strategy hands it; a step's number is that of its
+  // item (item / dp size), which every rank agrees on, and the learning
+  // rate follows it. Mid-window log lines are rank 0's own loss (no
+  // collective: a fast worker must not wait for a slowed one every
+  // run.log_every steps); the window's end logs the mean over the ranks
+  // that train. s.step and the loader's position jump to the window's end
+  // on every rank, so evaluation, checkpoints and resume see the same
+  // position as under fixed shares.
+  const DataShard dp_shard = s.strategy->data_shard();
+  const bool dynamic = s.strategy->dynamic_batches();
+  auto run_dynamic_epoch = [&](int64_t epoch) {
+    const EpochItems items(s.datasets.train.size(), s.loader->sampler().options(), epoch, s.batch.per_rank, k);
+    const int64_t every = c.train.checkpoint_every_steps;
+    while (batches - s.loader->state().next_batch >= k) {
+      const int64_t first = s.loader->state().next_batch / k;  // steps of this epoch already taken
+      int64_t steps = std::min(steps_per_epoch - first, total_steps - s.step);
+      if (every > 0) steps = std::min(steps, every - s.step % every);
+      s.strategy->begin_window(first, steps);
+      const int64_t window_end = s.step + steps;
+      double loss_sum = 0;
+      int64_t own_steps = 0;
+      int64_t logged_step = s.step;  // rank 0's last local line
+      for (int64_t item = s.strategy->next_item(); item >= 0; item = s.strategy->next_item()) {
+        const int64_t step_in_epoch = item / dp_shard.size;
+        const int64_t step = s.step + step_in_epoch - first;  // from 0
+        const double loss_scale = s.scaler ? s.scaler->get_scale() : 1.0;
+        double step_loss = 0;
+        for (int64_t i = 0; i < k; ++i) {
+          // Servers train nothing: they get no rows.
+          auto batch = dp_shard.computes ? data::gather(s.datasets.train, items.rows(item, i)) : data::Batch{};
+          step_loss += s.strategy->forward_backward(batch, micro_loss, /*sync=*/i == k - 1).loss.item<double>();
+        }
+        applied_lr = s.lr_schedule->lr(step);
+        optim::set_learning_rate(*s.optimizer, applied_lr);
+        if (!s.strategy->optimizer_step(*s.optimizer, c.optimizer.clip_grad_norm, s.scaler.get())) {
+          ++result.skipped_steps;
+        }
+        loss_sum += step_loss / loss_scale;
+        ++own_steps;
+        window_loss += step_loss / loss_scale;
+        ++window_steps;
+        StepInfo info{.step = step + 1, .total_steps = total_steps, .epoch = epoch, .epochs = c.train.epochs,
+                      .batch = (step_in_epoch + 1) * k, .batches = batches, .lr = applied_lr};
+        rate_and_eta(info);
+        // The window's last step gets the line over all ranks below instead.
+        if (s.is_main() && c.run.log_every > 0 && info.step >= logged_step + c.run.log_every &&
+            info.step < window_end) {
+          info.loss = window_loss / window_steps;
+          log_train(info);
+          logged_step = info.step;
+          window_loss = 0;
+          window_steps = 0;
+        }
+        s.each_callback([&](Callback& cb) { cb.on_train_batch_end(info); });
+      }
+      s.step += steps;
+      s.loader->load_state({epoch, (first + steps) * k});
+      auto mean = torch::tensor({dp_shard.computes ? loss_sum / std::max<int64_t>(own_steps, 1) : 0.0,
+                                 dp_shard.computes ? 1.0 : 0.0}, torch::kDouble);
+      s.dp().all_reduce(mean, comm::ReduceOp::kSum)->wait(s.timeout());
+      result.last_train_loss = mean[0].item<double>() / mean[1].item<double>();
+      if (!std::isfinite(result.last_train_loss)) {
+        throw Error(fmt::format("rank {}: the training loss became {} by step {}: training diverged. Lower "
+                                "optimizer.lr or set optimizer.clip_grad_norm; no checkpoint was written for this "
+                                "state", s.world.rank(), result.last_train_loss, s.step));
+      }
+      StepInfo info{.step = s.step, .total_steps = total_steps, .epoch = epoch, .epochs = c.train.epochs,
+                    .batch = s.loader->state().next_batch, .batches = batches, .lr = applied_lr,
+                    .loss = result.last_train_loss};
+      rate_and_eta(info);
+      if (s.is_main()) log_train(info);
+      window_loss = 0;
+      window_steps = 0;
+      if (every > 0 && s.step % every == 0) save("periodic");
+      if (s.step >= total_steps) {
+        stop = true;
+        return;
+      }
+    }
+  };
+
   for (int64_t epoch = s.loader->state().epoch; epoch < c.train.epochs && !stop; ++epoch) {
     if (epoch != s.loader->state().epoch || s.loader->state().next_batch == 0) s.loader->set_epoch(epoch);
-    while (batches - s.loader->state().next_batch >= k) {
+    if (dynamic) run_dynamic_epoch(epoch);
+    while (!dynamic && batches - s.loader->state().next_batch >= k) {
       double step_loss = 0;  // the micro-batch losses are divided by k: their sum is the step's mean
       // The loss is scaled in backward (precision.loss_scale); logged unscaled.
       const double loss_scale = s.scaler ? s.scaler->get_scale() : 1.0;
@@ -475,11 +586,7 @@ TrainResult Trainer::fit_loop() {
       const bool checkpoint_now = c.train.checkpoint_every_steps > 0 && s.step % c.train.checkpoint_every_steps == 0;
       StepInfo info{.step = s.step, .total_steps = total_steps, .epoch = epoch, .epochs = c.train.epochs,
                     .batch = s.loader->state().next_batch, .batches = batches, .lr = applied_lr};
-      {
-        const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-        info.samples_per_s = (s.step - first_step) * global_batch / std::max(elapsed, 1e-9);
-        info.eta_s = (total_steps - s.step) * global_batch / std::max(info.samples_per_s, 1e-9);
-      }
+      rate_and_eta(info);
       if ((c.run.log_every > 0 && s.step % c.run.log_every == 0) || last || checkpoint_now) {
         // A collective on every dp rank: all ranks log at the same steps and
         // agree on whether the loss went non-finite.
@@ -497,24 +604,7 @@ TrainResult Trainer::fit_loop() {
               s.world.rank(), result.last_train_loss, s.step, s.step - window_steps + 1, s.step));
         }
         info.loss = result.last_train_loss;
-        const double rate = info.samples_per_s;
-        if (s.is_main()) {
-          auto st = s.strategy->last_stats();
-          auto mem = s.strategy->memory(*s.optimizer);
-          if (!s.progress_bar) {
-            spdlog::info("epoch {}/{} step {}/{} loss {:.4f} {:.0f} samples/s ETA {}", epoch + 1, c.train.epochs,
-                         s.step, total_steps, result.last_train_loss, rate, format_duration(info.eta_s));
-          }
-          // samples and epoch_progress: the x axes of `paratrain plot`.
-          const double progress =
-              epoch + static_cast<double>(s.loader->state().next_batch) / std::max<int64_t>(batches, 1);
-          s.log_record({{"kind", "train"}, {"epoch", epoch}, {"step", s.step},
-                           {"samples", s.step * global_batch}, {"epoch_progress", progress},
-                           {"loss", result.last_train_loss}, {"samples_per_s", rate},
-                           {"lr", applied_lr}, {"comm_ms", st.comm_ms},
-                           {"hidden_share", st.hidden_share}, {"param_bytes", mem.params},
-                           {"grad_bytes", mem.grads}, {"optimizer_bytes", mem.optimizer_state}});
-        }
+        if (s.is_main()) log_train(info);
         window_loss = 0;
         window_steps = 0;
       }

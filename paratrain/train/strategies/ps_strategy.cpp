@@ -6,6 +6,8 @@
 // servers' key ranges and optimizer state are what checkpoints hold.
 // With ps.overlap each parameter's gradient hook pushes its key ranges as
 // soon as backward has computed it (Note [Pushing from gradient hooks]).
+// Under async the workers take the epoch's batches from a queue on server 0
+// (Note [Dynamic batches] in param_server/server.h).
 #include <torch/torch.h>
 
 #include <chrono>
@@ -16,6 +18,7 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/models/model.h"
+#include "paratrain/param_server/item_queue.h"
 #include "paratrain/param_server/server.h"
 #include "paratrain/param_server/worker.h"
 #include "paratrain/train/strategies/builtin.h"
@@ -94,7 +97,29 @@ class PsStrategy final : public DataParallelStrategy {
   }
 
   void begin_run(int64_t steps) override {
-    if (server_) server_->expect_pushes(steps);
+    // Dynamic batches: each window says how many pushes come (begin_window).
+    if (server_ && !dynamic_batches()) server_->expect_pushes(steps);
+  }
+
+  bool dynamic_batches() const override { return mode_ == ps::Mode::kAsync; }
+
+  void begin_window(int64_t first_step, int64_t steps) override {
+    if (server_) {
+      server_->begin_window(roles_.workers * first_step, steps);
+      next_step_ = first_step;
+      end_step_ = first_step + steps;
+      return;
+    }
+    items_.begin_window(dp_.rank(), roles_.workers, first_step, steps);
+  }
+
+  int64_t next_item() override {
+    if (server_) return next_step_ < end_step_ ? roles_.workers * next_step_++ : -1;
+    finish_pull();  // the answer to the last push names one more item, or none
+    bool last = false;
+    const int64_t item = items_.next(worker_->assigned_item(), last);
+    worker_->set_last_push(last);
+    return item;
   }
 
   StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {
@@ -222,7 +247,8 @@ class PsStrategy final : public DataParallelStrategy {
                      {"pushes", n}, {"mean", n > 0 ? static_cast<double>(sum) / n : 0.0}, {"max", most},
                      {"histogram", histogram}, {"ranges_pushed_in_backward", row[kBuckets].item<int64_t>()},
                      {"ranges_pushed_after_backward", row[kBuckets + 1].item<int64_t>()},
-                     {"push_bytes", row[kBuckets + 2].item<int64_t>()}, {"push_dtype", config_.ps.push_dtype}});
+                     {"push_bytes", row[kBuckets + 2].item<int64_t>()}, {"push_dtype", config_.ps.push_dtype},
+                     {"dynamic_batches", dynamic_batches()}});
     }
     return out;
   }
@@ -300,6 +326,9 @@ class PsStrategy final : public DataParallelStrategy {
   std::unique_ptr<ps::Server> server_;
   std::unique_ptr<ps::Worker> worker_;
   bool stale_ = false;
+  // Dynamic batches (async): a worker's items; a server's rounds in the window.
+  ps::ItemQueue items_;
+  int64_t next_step_ = 0, end_step_ = 0;
 };
 
 }  // namespace
