@@ -377,7 +377,19 @@ std::shared_ptr<ProcessGroup> init_process_group(const WorldInfo& world, const I
   // store outlives generations, so without the generation a restarted rank
   // would find the old check-ins and go on before its peers arrived.
   auto job_store = c10::make_intrusive<c10d::PrefixStore>(rendezvous_prefix(world), store);
-  check_in(*job_store, world.rank, world.world_size, options.timeout, where);
+  try {
+    check_in(*job_store, world.rank, world.world_size, options.timeout, where);
+  } catch (const c10::Error& e) {
+    // c10d's TCPStore client gets bytes it cannot parse: most often a rank
+    // started without the token meeting the authenticated store.
+    std::string msg = e.what();
+    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+    if (msg.find("response expected") == std::string::npos) throw;
+    throw CommError(fmt::format("rank {}: the {} answered with bytes the TCPStore protocol does not expect ({}): "
+                                "it is probably the authenticated store of a job with a token; set "
+                                "PARATRAIN_JOB_TOKEN to that job's token, or check MASTER_PORT",
+                                world.rank, where, msg));
+  }
 
   auto world_store = c10::make_intrusive<c10d::PrefixStore>("world", job_store);
   if (backend == "shm") {

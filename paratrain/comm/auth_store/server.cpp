@@ -111,7 +111,7 @@ struct StoreServer::Impl {
     }
     freeaddrinfo(found);
     if (listen_fd < 0) {
-      throw CommError(fmt::format("rank 0: could not serve the authenticated store on {}:{}: {}. Is the port already "
+      throw CommError(fmt::format("could not serve the authenticated store on {}:{}: {}. Is the port already "
                                   "in use? Pick another MASTER_PORT", opts.bind_address, opts.port, last_error));
     }
     sockaddr_storage sa{};
