@@ -293,6 +293,59 @@ TEST(AuthStore, AHalfHandshakeThenSilenceNeitherStallsOthersNorStaysForever) {
   still_serves(legit, "after-silence");
 }
 
+// A process that grabbed the port first and admits everyone cannot prove it
+// knows the token: the client refuses to use it. Control: a silent squatter
+// (no greeting) is a TimeoutError that says what to check.
+TEST(AuthStore, AClientRefusesAStoreThatCannotProveItKnowsTheToken) {
+  SKIP_WITHOUT_SODIUM();
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  socklen_t len = sizeof a;
+  getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len);
+  AuthStoreOptions o;
+  o.port = ntohs(a.sin_port);
+  o.token = kToken;
+  o.job_id = "job-a";
+  o.timeout = std::chrono::seconds(60);
+  std::thread impostor([&] {
+    const int fd = accept(listener, nullptr, nullptr);
+    std::vector<uint8_t> out = {'P', 'T', 'S', 'T', 'O', 'R', 'E', '1'};
+    out.resize(8 + 32, 7);  // a "nonce"
+    (void)!send(fd, out.data(), out.size(), MSG_NOSIGNAL);
+    std::vector<uint8_t> hello(8 + 2 + 5 + 32 + 32);
+    std::size_t got = 0;
+    while (got < hello.size()) {
+      const ssize_t n = recv(fd, hello.data() + got, hello.size() - got, 0);
+      if (n <= 0) break;
+      got += static_cast<std::size_t>(n);
+    }
+    std::vector<uint8_t> admit(1 + 32, 0);  // "admitted", and a MAC it cannot compute
+    (void)!send(fd, admit.data(), admit.size(), MSG_NOSIGNAL);
+    read_until_closed(fd);
+    close(fd);
+  });
+  try {
+    AuthStore fooled(o);
+    ADD_FAILURE() << "the client used a store that does not know the token";
+  } catch (const paratrain::CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("could not prove it knows this job's token"), std::string::npos) << e.what();
+  }
+  impostor.join();
+  // The silent squatter: accepts (the kernel's backlog) and never greets.
+  o.timeout = std::chrono::milliseconds(200);
+  try {
+    AuthStore waiting(o);
+    ADD_FAILURE() << "a store that never greeted was used";
+  } catch (const paratrain::TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("sent no greeting"), std::string::npos) << e.what();
+  }
+  close(listener);
+}
+
 // Sets PARATRAIN_JOB_TOKEN for one test.
 struct TokenEnv {
   explicit TokenEnv(const char* token) {
