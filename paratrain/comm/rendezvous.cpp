@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cstdlib>
+#include <optional>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -13,6 +15,9 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "paratrain/comm/auth_store/handshake.h"
+#include "paratrain/comm/auth_store/server.h"
+#include "paratrain/comm/auth_store/store.h"
 #include "paratrain/comm/gloo/gloo_group.h"
 #include "paratrain/comm/mpi/mpi_group.h"
 #include "paratrain/comm/shm/shm_group.h"
@@ -81,8 +86,101 @@ void validate(const WorldInfo& w) {
   if (w.master_port < 1 || w.master_port > 65535) bad("master port must be in [1, 65535]");
 }
 
+// Note [Authenticated rendezvous]
+// c10d's TCPStore admits anyone who reaches its port, listens on every
+// interface, and has no notion of a job: another user's process could join a
+// job as a rank, and a second job on the same port attached to the first.
+// With PARATRAIN_JOB_TOKEN set (`paratrain launch` sets a fresh one per job)
+// rank 0 serves comm/auth_store instead: a client is admitted only after
+// proving with an HMAC over a fresh challenge that it knows the token and
+// names the same job id (TORCHELASTIC_RUN_ID), and the server proves the
+// same back. It listens on loopback when the whole job runs on this machine,
+// else on MASTER_ADDR's address, or where PARATRAIN_STORE_BIND says.
+// Without a token (hand-started or torchrun jobs), under torchrun's agent
+// store (which is the agent's, not ours to replace), or without libsodium,
+// the TCPStore path below stays as it was. docs/launchers.md says what the
+// token does not protect (Gloo's own connections).
+
+// PARATRAIN_JOB_TOKEN, when set. An empty token would be a secret everyone
+// knows: refused rather than silently unauthenticated.
+std::optional<std::string> job_token() {
+  const char* token = std::getenv("PARATRAIN_JOB_TOKEN");  // env::get would read "" as unset
+  if (token == nullptr) return std::nullopt;
+  if (*token == '\0') {
+    throw ConfigError("environment variable PARATRAIN_JOB_TOKEN is set but empty; unset it (no authentication) or "
+                      "set the job's secret on every rank (paratrain launch generates one when it is unset)");
+  }
+  return std::string(token);
+}
+
+struct StoreEndpoint {
+  std::string bind;     // where rank 0 listens
+  std::string connect;  // where every rank (rank 0 too) connects
+};
+
+StoreEndpoint store_endpoint(const WorldInfo& world) {
+  const bool one_host = world.local_world_size == world.world_size && is_local_address(world.master_addr);
+  if (auto chosen = env::get("PARATRAIN_STORE_BIND")) {
+    const bool wildcard = *chosen == "0.0.0.0" || *chosen == "::";
+    return {*chosen, one_host && !wildcard ? *chosen : world.master_addr};
+  }
+  // A one-host job never needs the network, whatever MASTER_ADDR names (this
+  // host's name may resolve to 127.0.1.1 or to a public address).
+  if (one_host) return {"127.0.0.1", "127.0.0.1"};
+  return {world.master_addr, world.master_addr};
+}
+
+c10::intrusive_ptr<c10d::Store> connect_auth_store(const WorldInfo& world, const InitOptions& options,
+                                                   const std::string& token, std::string& where) {
+  const StoreEndpoint ep = store_endpoint(world);
+  where = fmt::format("authenticated store at {}:{}", ep.connect, world.master_port);
+  auto with_rank = [&](const std::exception& e) { return fmt::format("rank {}: {}", world.rank, e.what()); };
+  try {
+    std::shared_ptr<auth::StoreServer> server;
+    if (world.rank == 0) {
+      auth::StoreServerOptions so;
+      so.bind_address = ep.bind;
+      so.port = world.master_port;
+      so.token = token;
+      so.job_id = world.run_id;
+      server = std::make_shared<auth::StoreServer>(std::move(so));
+      spdlog::info("rendezvous: store on {} admits only processes that know this job's token "
+                   "(PARATRAIN_JOB_TOKEN, job id '{}')",
+                   server->where(), world.run_id);
+    }
+    auth::AuthStoreOptions co;
+    co.host = ep.connect;
+    co.port = world.master_port;
+    co.token = token;
+    co.job_id = world.run_id;
+    co.timeout = options.timeout;
+    auto store = c10::make_intrusive<auth::AuthStore>(std::move(co));
+    store->hold(server);
+    return store;
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(with_rank(e));
+  } catch (const ConfigError& e) {
+    throw ConfigError(with_rank(e));
+  } catch (const CommError& e) {
+    throw CommError(with_rank(e));
+  }
+}
+
 c10::intrusive_ptr<c10d::Store> connect_store(const WorldInfo& world, const InitOptions& options,
-                                              const std::string& where) {
+                                              std::string& where) {
+  if (auto token = job_token()) {
+    if (!world.use_agent_store && auth::available()) return connect_auth_store(world, options, *token, where);
+    if (world.rank == 0) {
+      spdlog::warn("rendezvous: PARATRAIN_JOB_TOKEN is set but {}: using c10d's unauthenticated TCPStore",
+                   world.use_agent_store ? "torchrun's agent serves the store (TORCHELASTIC_USE_AGENT_STORE)"
+                                         : "this paratrain was built without libsodium (install libsodium-dev "
+                                           "and rebuild for the authenticated store)");
+    }
+  } else if (world.rank == 0 && !world.use_agent_store) {
+    spdlog::info("rendezvous: no PARATRAIN_JOB_TOKEN: c10d's TCPStore on *:{} admits any process that reaches "
+                 "the port (paratrain launch sets a token; see docs/launchers.md)",
+                 world.master_port);
+  }
   c10d::TCPStoreOptions store_opts;
   store_opts.port = static_cast<std::uint16_t>(world.master_port);
   store_opts.isServer = world.rank == 0 && !world.use_agent_store;
@@ -264,7 +362,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const WorldInfo& world, const I
     throw ConfigError(fmt::format("world.backend = \"shm\" needs every rank on one host, but this job has {} "
                                   "ranks with {} per host ({}); use world.backend = \"gloo\" (or \"auto\")",
                                   world.world_size, world.local_world_size, world.source));
-  const std::string where = fmt::format("TCPStore at {}:{}", world.master_addr, world.master_port);
+  std::string where = fmt::format("TCPStore at {}:{}", world.master_addr, world.master_port);
   c10::intrusive_ptr<c10d::Store> store;
   if (world.world_size == 1) {
     // Nobody to meet: an in-process store, so single-process runs never
@@ -279,7 +377,19 @@ std::shared_ptr<ProcessGroup> init_process_group(const WorldInfo& world, const I
   // store outlives generations, so without the generation a restarted rank
   // would find the old check-ins and go on before its peers arrived.
   auto job_store = c10::make_intrusive<c10d::PrefixStore>(rendezvous_prefix(world), store);
-  check_in(*job_store, world.rank, world.world_size, options.timeout, where);
+  try {
+    check_in(*job_store, world.rank, world.world_size, options.timeout, where);
+  } catch (const c10::Error& e) {
+    // c10d's TCPStore client gets bytes it cannot parse: most often a rank
+    // started without the token meeting the authenticated store.
+    std::string msg = e.what();
+    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+    if (msg.find("response expected") == std::string::npos) throw;
+    throw CommError(fmt::format("rank {}: the {} answered with bytes the TCPStore protocol does not expect ({}): "
+                                "it is probably the authenticated store of a job with a token; set "
+                                "PARATRAIN_JOB_TOKEN to that job's token, or check MASTER_PORT",
+                                world.rank, where, msg));
+  }
 
   auto world_store = c10::make_intrusive<c10d::PrefixStore>("world", job_store);
   if (backend == "shm") {

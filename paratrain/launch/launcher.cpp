@@ -2,12 +2,15 @@
 // Supervisor. The CLI (apps/paratrain/launch_command.cpp) only maps flags here.
 #include "paratrain/launch/launcher.h"
 
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -77,6 +80,25 @@ std::string make_launch_id(const std::string& rdzv_id) {
   return fmt::format("{}-{}-{}", host, static_cast<long long>(getpid()), static_cast<long long>(ms));
 }
 
+// A fresh job token: 32 bytes from the kernel's CSPRNG, as hex (it travels
+// in an environment variable).
+std::string make_job_token() {
+  unsigned char bytes[32];
+  std::size_t got = 0;
+  while (got < sizeof bytes) {
+    const ssize_t n = getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw Error(fmt::format("paratrain launch: could not draw a job token from the kernel (getrandom: {}); "
+                              "set PARATRAIN_JOB_TOKEN yourself", std::strerror(errno)));
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  std::string hex;
+  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
 }  // namespace
 
 int launch(const LaunchOptions& options) {
@@ -112,6 +134,20 @@ LaunchReport launch_with_report(const LaunchOptions& options) {
   if (resolved.nnodes_min == 0) resolved.nnodes_min = resolved.nnodes_max = resolved.nnodes;
   if (resolved.launch_id.empty()) resolved.launch_id = make_launch_id(resolved.rdzv_id);
   auto say = [&](const std::string& line) { write_all(options.err_fd, line + "\n"); };
+  // The job token (comm/rendezvous.cpp): the user's, else a fresh one when
+  // this node is the whole job. Nodes cannot agree on a generated one.
+  if (resolved.job_token.empty()) {
+    if (const char* token = std::getenv("PARATRAIN_JOB_TOKEN"); token != nullptr && *token != '\0') {
+      resolved.job_token = token;
+    } else if (resolved.nnodes == 1) {
+      resolved.job_token = make_job_token();
+    } else {
+      say(fmt::format("paratrain launch: --nnodes {} without PARATRAIN_JOB_TOKEN: the rendezvous store admits any "
+                      "process that reaches port {}; export the same secret as PARATRAIN_JOB_TOKEN on every node "
+                      "(e.g. `openssl rand -hex 32`) to admit only this job's",
+                      resolved.nnodes, resolved.master_port));
+    }
+  }
   if (resolved.nnodes_min != resolved.nnodes_max) {
     say(fmt::format("paratrain launch: --nnodes {}:{}: nodes cannot join a running job yet (no multi-agent "
                     "rendezvous); this node runs the job alone with its {} rank{}",

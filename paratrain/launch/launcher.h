@@ -96,6 +96,13 @@ struct LaunchOptions {
   // alone, said so at start. 0 = not given (both equal nnodes).
   int nnodes_min = 0;
   int nnodes_max = 0;
+  // The job's secret, passed to every worker as PARATRAIN_JOB_TOKEN: with it
+  // rank 0's store admits only processes that know it (Note [Authenticated
+  // rendezvous] in comm/rendezvous.cpp). launch() takes $PARATRAIN_JOB_TOKEN,
+  // else generates one for a single-node job; a multi-node job needs the
+  // same token on every node, so it must come from the environment. Never
+  // printed. Callers leave it empty.
+  std::string job_token;
   // torchrun's --rdzv-id: names the job; workers get it as TORCHELASTIC_RUN_ID
   // and every rendezvous key they write carries it, so two jobs that share a
   // store cannot mix. Empty = "none", torchrun's default.

@@ -58,6 +58,7 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
       {"TORCHELASTIC_RUN_ID", o.rdzv_id.empty() ? std::string("none") : o.rdzv_id},
   };
   if (!o.launch_id.empty()) vars.emplace_back("PARATRAIN_LAUNCH_ID", o.launch_id);
+  if (!o.job_token.empty()) vars.emplace_back("PARATRAIN_JOB_TOKEN", o.job_token);
   if (o.num_servers > 0) vars.emplace_back("PARATRAIN_PS_SERVERS", std::to_string(o.num_servers));
   if (!o.backend.empty()) vars.emplace_back("PARATRAIN_BACKEND", o.backend);
   if (o.nproc_per_node > 1) {

@@ -167,6 +167,21 @@ TEST(WorkerEnvironment, SetsTorchrunVariablesAndKeepsTheRest) {
   EXPECT_EQ(env.size(), 17u);
 }
 
+TEST(WorkerEnvironment, PassesTheJobTokenInPlaceOfAnInheritedOne) {
+  LaunchOptions o = valid();
+  o.master_addr = "127.0.0.1";
+  o.master_port = 1234;
+  const char* base[] = {"PARATRAIN_JOB_TOKEN=inherited", nullptr};
+  o.job_token = "the-job-secret";
+  auto env = worker_environment(o, 0, base);
+  EXPECT_EQ(std::count(env.begin(), env.end(), "PARATRAIN_JOB_TOKEN=the-job-secret"), 1);
+  EXPECT_EQ(std::count(env.begin(), env.end(), "PARATRAIN_JOB_TOKEN=inherited"), 0);
+  // Control: without a token set on the options the environment's is kept as is.
+  o.job_token.clear();
+  env = worker_environment(o, 0, base);
+  EXPECT_EQ(std::count(env.begin(), env.end(), "PARATRAIN_JOB_TOKEN=inherited"), 1);
+}
+
 TEST(WorkerEnvironment, LeavesThreadCountsAloneForOneProcessPerNode) {
   LaunchOptions o = valid();
   o.nproc_per_node = 1;

@@ -50,6 +50,34 @@ std::map<int, std::vector<std::string>> by_rank(const std::string& text) {
   return out;
 }
 
+// Every worker of one launch gets the same fresh 256-bit token (64 hex
+// digits); another launch gets another; a token in the launcher's
+// environment is passed on instead. Written to files, never printed.
+TEST(Launch, GivesEveryWorkerOfAJobItsOwnJobToken) {
+  const auto dir = testing::temp_dir("launch-token");
+  auto tokens = [&](const std::string& tag) {
+    LaunchOptions o;
+    o.nproc_per_node = 2;
+    o.command = {"/bin/sh", "-c", "printf %s \"$PARATRAIN_JOB_TOKEN\" > " + dir + "/" + tag + ".$RANK"};
+    const auto c = run_captured(o, dir);
+    EXPECT_EQ(c.report.exit_code, 0) << c.err;
+    return std::make_pair(test::slurp(dir + "/" + tag + ".0"), test::slurp(dir + "/" + tag + ".1"));
+  };
+  std::pair<std::string, std::string> first, second;
+  {
+    test::ScopedEnv none("PARATRAIN_JOB_TOKEN", std::nullopt);
+    first = tokens("first");
+    second = tokens("second");
+  }
+  EXPECT_EQ(first.first.size(), 64u);
+  EXPECT_EQ(first.first, first.second);
+  EXPECT_NE(first.first, second.first);
+  test::ScopedEnv given("PARATRAIN_JOB_TOKEN", std::string("chosen-by-the-user"));
+  const auto third = tokens("third");
+  EXPECT_EQ(third.first, "chosen-by-the-user");
+  EXPECT_EQ(third.second, "chosen-by-the-user");
+}
+
 TEST(Launch, AllRanksSucceedAndEveryLineIsPrefixedAndComplete) {
   const auto dir = testing::temp_dir("launch-ok");
   // 3000 lines per stream and rank overflow a 64 KiB pipe several times, so
