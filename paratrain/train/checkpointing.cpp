@@ -8,6 +8,7 @@
 #include "paratrain/core/error.h"
 #include "paratrain/data/fashion_mnist.h"
 #include "paratrain/optim/grad_scaler.h"
+#include "paratrain/train/checkpoint/async_saver.h"
 #include "paratrain/train/checkpoint/checkpoint_files.h"
 #include "paratrain/train/checkpoint/sharded.h"
 #include "paratrain/train/registry.h"
@@ -59,10 +60,11 @@ std::vector<std::pair<std::string, std::string>> preprocessing_metadata(const Tr
           {"data.normalize", "none (synthetic inputs are used as generated)"}};
 }
 
-std::filesystem::path save_training_checkpoint(const std::filesystem::path& run_dir, const TrainConfig& config,
-                                               comm::ProcessGroup& world, Strategy& strategy,
-                                               torch::optim::Optimizer& optimizer, const LoopPosition& position,
-                                               const optim::GradScaler* scaler) {
+namespace {
+
+CheckpointContents training_contents(const TrainConfig& config, Strategy& strategy,
+                                     torch::optim::Optimizer& optimizer, const LoopPosition& position,
+                                     const optim::GradScaler* scaler) {
   CheckpointContents contents;
   contents.model = strategy.model_slots();
   contents.optimizer = &optimizer;
@@ -80,9 +82,48 @@ std::filesystem::path save_training_checkpoint(const std::filesystem::path& run_
     state.extra[kScaleKey] = fmt::format("{:.17g}", scaler->get_scale());
     state.extra[kGrowthKey] = fmt::format("{}", scaler->growth_tracker());
   }
+  return contents;
+}
+
+}  // namespace
+
+std::filesystem::path save_training_checkpoint(const std::filesystem::path& run_dir, const TrainConfig& config,
+                                               comm::ProcessGroup& world, Strategy& strategy,
+                                               torch::optim::Optimizer& optimizer, const LoopPosition& position,
+                                               const optim::GradScaler* scaler) {
   auto dir = checkpoint_dir(run_dir, position.step);
-  save_sharded_checkpoint(dir, world, contents);
+  save_sharded_checkpoint(dir, world, training_contents(config, strategy, optimizer, position, scaler));
   return dir;
+}
+
+TrainingCheckpointer::TrainingCheckpointer(const TrainConfig& config, comm::ProcessGroup& world) : world_(world) {
+  if (config.train.async_checkpoint) async_ = std::make_unique<AsyncCheckpointSaver>(world);
+}
+
+TrainingCheckpointer::~TrainingCheckpointer() = default;
+
+std::optional<SavedCheckpoint> TrainingCheckpointer::save(const std::filesystem::path& run_dir,
+                                                          const TrainConfig& config, Strategy& strategy,
+                                                          torch::optim::Optimizer& optimizer,
+                                                          const LoopPosition& position,
+                                                          const optim::GradScaler* scaler, std::string why) {
+  SavedCheckpoint next{checkpoint_dir(run_dir, position.step), position.step, std::move(why)};
+  if (!async_) {
+    save_training_checkpoint(run_dir, config, world_, strategy, optimizer, position, scaler);
+    return next;
+  }
+  std::optional<SavedCheckpoint> done = finish();
+  async_->save(next.dir, training_contents(config, strategy, optimizer, position, scaler));
+  in_flight_ = std::move(next);
+  return done;
+}
+
+std::optional<SavedCheckpoint> TrainingCheckpointer::finish() {
+  if (!async_ || !in_flight_) return std::nullopt;
+  std::optional<SavedCheckpoint> done = std::move(in_flight_);
+  in_flight_.reset();
+  async_->wait();
+  return done;
 }
 
 LoopPosition load_training_checkpoint(const std::filesystem::path& path, Strategy& strategy,

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,44 @@ std::filesystem::path save_training_checkpoint(const std::filesystem::path& run_
                                                comm::ProcessGroup& world, Strategy& strategy,
                                                torch::optim::Optimizer& optimizer, const LoopPosition& position,
                                                const optim::GradScaler* scaler = nullptr);
+
+// A checkpoint that is complete on disk (its index.json written).
+struct SavedCheckpoint {
+  std::filesystem::path dir;
+  int64_t step = 0;
+  std::string why;  // "periodic", "end of epoch 2", ... for the log
+};
+
+class AsyncCheckpointSaver;
+
+// The Trainer's saves: synchronous, or with train.async_checkpoint in the
+// background (train/checkpoint/async_saver.h), where a save returns once this
+// rank's state is copied and the files are written while training goes on.
+class TrainingCheckpointer {
+ public:
+  // Collective over `world` when config.train.async_checkpoint (it builds the
+  // writer's own group).
+  TrainingCheckpointer(const TrainConfig& config, comm::ProcessGroup& world);
+  // Waits for a background save in flight (its error is logged).
+  ~TrainingCheckpointer();
+
+  // Collective. Saves the checkpoint of `position` (save_training_checkpoint's
+  // contents). Returns the checkpoint this call saw committed: the one it
+  // wrote (synchronous), or the previous background save, which it waited for
+  // before starting this one (nullopt when there was none). Errors of a
+  // background save surface here or in finish(), on every rank.
+  std::optional<SavedCheckpoint> save(const std::filesystem::path& run_dir, const TrainConfig& config,
+                                      Strategy& strategy, torch::optim::Optimizer& optimizer,
+                                      const LoopPosition& position, const optim::GradScaler* scaler,
+                                      std::string why);
+  // Collective. Waits for the background save in flight and returns it.
+  std::optional<SavedCheckpoint> finish();
+
+ private:
+  comm::ProcessGroup& world_;
+  std::unique_ptr<AsyncCheckpointSaver> async_;
+  std::optional<SavedCheckpoint> in_flight_;
+};
 
 // Fills the strategy's slots and the optimizer state from `path` (saved at
 // any layout), calls strategy.after_load(), restores `scaler` when the

@@ -145,6 +145,10 @@ struct TrainLoopConfig {
   int64_t checkpoint_every_steps = 0;  ///< 0 = only at the end of each epoch
   std::string resume;                  ///< "" = fresh start, "auto" = latest in the run dir, or a path
   int64_t keep_checkpoints = 0;        ///< 0 = keep all; else only the newest N
+  /// Write checkpoints in the background: a save copies this rank's state and
+  /// training goes on while a thread writes the files and commits index.json
+  /// last (as atomic as a synchronous save); the next save waits for it.
+  bool async_checkpoint = false;
   /// Micro-batches per optimizer step (gradient accumulation): the first
   /// accumulate - 1 backwards accumulate locally (no_sync), the last reduces
   /// the sum; each micro-batch loss is divided by accumulate, so one step

@@ -327,6 +327,7 @@ const std::vector<FieldSpec>& schema() {
       field("train.checkpoint_every_steps", &TC::train, &TrainLoopConfig::checkpoint_every_steps, "0 = checkpoint at epoch ends only", in_range<int64_t>(0, kMaxCount)),
       field("train.resume", &TC::train, &TrainLoopConfig::resume, "\"\" = fresh, \"auto\" = latest in the run dir, or a checkpoint path"),
       field("train.keep_checkpoints", &TC::train, &TrainLoopConfig::keep_checkpoints, "keep only the newest N checkpoints (0 = all)", in_range<int64_t>(0, kMaxCount)),
+      field("train.async_checkpoint", &TC::train, &TrainLoopConfig::async_checkpoint, "write checkpoints in the background: a save copies the state and training goes on; index.json is still written last, and the next save waits for the previous one"),
       field("train.accumulate", &TC::train, &TrainLoopConfig::accumulate, "micro-batches per optimizer step (gradient accumulation; an epoch's incomplete last step is dropped)", in_range<int64_t>(1, kMaxRanks)),
 
       field("train.monitor", &TC::train, &TrainLoopConfig::monitor, "metric that picks checkpoints/best and drives early stopping: \"test_loss\", \"test_accuracy\", \"perplexity\", \"train_loss\" or \"\" (none)", one_of({"", "test_loss", "test_accuracy", "perplexity", "train_loss"})),

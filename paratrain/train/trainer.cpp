@@ -60,6 +60,8 @@ struct Trainer::State {
   bool progress_bar = false;           // a bar replaces the periodic step log lines
   int64_t step = 0;
   int64_t start_step = 0;  // where this process started (after a resume)
+  // Last: destroyed first, waiting for a background save before the rest goes.
+  std::unique_ptr<TrainingCheckpointer> checkpointer;
 
   State(TrainConfig c, comm::ProcessGroup& w, std::filesystem::path dir)
       : config(std::move(c)), world(w), run_dir(std::move(dir)),
@@ -296,6 +298,7 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
   }
   s.start_step = s.step;
   check_ranks_agree_on_position(world, s.step, s.loader->state(), s.timeout());
+  s.checkpointer = std::make_unique<TrainingCheckpointer>(c, world);  // collective with train.async_checkpoint
 
   if (s.is_main()) {
     write_file_atomically(s.run_dir / "config.toml", to_toml(c));
@@ -404,17 +407,24 @@ TrainResult Trainer::fit_loop() {
 
   // A resumed run does not rewrite the checkpoint it started from.
   int64_t saved_step = s.start_step > 0 ? s.start_step : -1;
+  // With train.async_checkpoint a checkpoint is complete only when the next
+  // save (or the end of fit) has waited for its background write; what
+  // needs it on disk (the log line, callbacks, pruning) runs then.
+  auto committed = [&](const SavedCheckpoint& done) {
+    result.last_checkpoint = done.dir;
+    if (s.is_main()) spdlog::info("checkpoint {} ({})", done.dir.string(), done.why);
+    // Before pruning: the best checkpoint's link must be in place to be spared.
+    s.each_callback([&](Callback& cb) { cb.on_checkpoint(done.step, done.dir); });
+    if (s.is_main() && c.train.keep_checkpoints > 0) prune_checkpoints(s.run_dir, c.train.keep_checkpoints);
+  };
   auto save = [&](const std::string& why) {
     if (s.step == saved_step) return;
     saved_step = s.step;
     auto st = s.loader->state();
-    result.last_checkpoint = save_training_checkpoint(s.run_dir, c, s.world, *s.strategy, *s.optimizer,
-                                                      {.step = s.step, .epoch = st.epoch, .next_batch = st.next_batch},
-                                                      s.scaler.get());
-    if (s.is_main()) spdlog::info("checkpoint {} ({})", result.last_checkpoint.string(), why);
-    // Before pruning: the best checkpoint's link must be in place to be spared.
-    s.each_callback([&](Callback& cb) { cb.on_checkpoint(s.step, result.last_checkpoint); });
-    if (s.is_main() && c.train.keep_checkpoints > 0) prune_checkpoints(s.run_dir, c.train.keep_checkpoints);
+    if (auto done = s.checkpointer->save(s.run_dir, c, *s.strategy, *s.optimizer,
+                                         {.step = s.step, .epoch = st.epoch, .next_batch = st.next_batch},
+                                         s.scaler.get(), why))
+      committed(*done);
   };
   const Objective objective = Objective::for_config(c);
   const LossFn loss_fn = scaled_loss(objective.loss(), s.scaler.get());
@@ -659,6 +669,7 @@ TrainResult Trainer::fit_loop() {
     if (epoch_done && epoch + 1 < c.train.epochs && !stop) s.loader->set_epoch(epoch + 1);
     save(epoch_done ? fmt::format("end of epoch {}", epoch + 1) : "stop");
   }
+  if (auto done = s.checkpointer->finish()) committed(*done);
   for (auto& record : s.strategy->final_metrics()) s.log_record(std::move(record));
   s.each_callback([&](Callback& cb) { cb.on_fit_end(s.step); });
   const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();

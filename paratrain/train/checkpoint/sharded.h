@@ -25,6 +25,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -86,6 +87,20 @@ struct ShardedSaveOptions {
 // Assumes <dir> is on a file system every rank sees (shared across nodes).
 void save_sharded_checkpoint(const std::filesystem::path& dir, comm::ProcessGroup& group,
                              const CheckpointContents& contents, const ShardedSaveOptions& options = {});
+
+// The two halves of save_sharded_checkpoint, for saving in the background
+// (async_saver.h). prepare_sharded_checkpoint is not collective: it takes
+// this rank's part of `contents` now (with `copy`, copies of the tensors, so
+// training may change them as soon as it returns; without, views) and rank
+// 0's index metadata; an error is kept for the write to report.
+// write_prepared_checkpoint is the collective protocol, with the same
+// guarantees as save_sharded_checkpoint; it may run on another thread than
+// the training's, on a group no other thread uses at the same time.
+struct PreparedShard;
+std::shared_ptr<PreparedShard> prepare_sharded_checkpoint(const std::filesystem::path& dir,
+                                                          const CheckpointContents& contents, int rank, bool copy);
+void write_prepared_checkpoint(const std::filesystem::path& dir, comm::ProcessGroup& group,
+                               const PreparedShard& shard, const ShardedSaveOptions& options = {});
 
 // Not collective: each rank reads what it needs. Fills every model slot's
 // local in place (copy_) from the chunks covering its runs of its global

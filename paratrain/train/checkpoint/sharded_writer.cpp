@@ -2,6 +2,11 @@
 // chunk lists and commits index.json. Reading and the whole-directory tools
 // are in sharded_reader.cpp; the index format in checkpoint_index.h.
 //
+// A save is two halves: prepare_sharded_checkpoint takes this rank's part
+// (the tensor list, optionally copied, and rank 0's metadata) on the training
+// thread; write_prepared_checkpoint runs the protocol below, on the training
+// thread (save_sharded_checkpoint) or on async_saver.h's background thread.
+//
 // Protocol (every step is collective, so no rank can be left waiting):
 //   1. rank 0 clears <dir>; all learn whether that worked (all_reduce MAX).
 //   2. each rank writes rank_<r>.safetensors (fsynced) and computes its CRC-32;
@@ -16,6 +21,8 @@
 #include <torch/torch.h>
 
 #include <cstring>
+#include <map>
+#include <stdexcept>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -43,8 +50,9 @@ std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]"
 // Declares `name` (every rank holding a piece does, so rank 0 can tell a tensor
 // nobody wrote from one that does not exist) and, when `write`, adds one chunk
 // per run of the slot.
+// With `copy`, the chunks are copies taken now, not views of `local`.
 void add_piece(RankReport& r, const std::string& name, const std::vector<int64_t>& global_shape,
-               const std::vector<SlotSegment>& runs, const at::Tensor& local, bool write) {
+               const std::vector<SlotSegment>& runs, const at::Tensor& local, bool write, bool copy) {
   const auto dtype = safetensors_dtype_name(local.scalar_type());
   TORCH_CHECK(dtype.has_value(), "save_sharded_checkpoint: tensor '", name, "' has dtype ", local.scalar_type(),
               ", which safetensors cannot store");
@@ -66,7 +74,8 @@ void add_piece(RankReport& r, const std::string& name, const std::vector<int64_t
   for (const SlotSegment& run : runs) {
     if (run.numel == 0) continue;
     const std::string key = fmt::format("{}@{}", name, run.global_offset);
-    r.contents.tensors.emplace(key, flat.narrow(0, run.local_offset, run.numel));
+    at::Tensor chunk = flat.narrow(0, run.local_offset, run.numel);
+    r.contents.tensors.emplace(key, copy ? chunk.clone() : chunk);
     r.chunks.push_back({{"tensor", name}, {"key", key}, {"offset", run.global_offset}, {"numel", run.numel}});
   }
 }
@@ -81,10 +90,10 @@ bool holds_first_element(const TensorSlot& slot) {
   return false;
 }
 
-RankReport build_report(const CheckpointContents& c, int rank, const std::string& where) {
+RankReport build_report(const CheckpointContents& c, int rank, const std::string& where, bool copy) {
   RankReport r;
   for (const TensorSlot& s : c.model)
-    add_piece(r, std::string(kModelPrefix) + s.name, s.global_shape, slot_segments(s), s.local, s.write);
+    add_piece(r, std::string(kModelPrefix) + s.name, s.global_shape, slot_segments(s), s.local, s.write, copy);
   if (c.optimizer != nullptr) {
     const OptimizerStateIo& io = optimizer_state_io(*c.optimizer, where);
     for (const OptimizerSlot& os : c.optimizer_slots) {
@@ -99,11 +108,11 @@ RankReport build_report(const CheckpointContents& c, int rank, const std::string
           // One value per parameter: the rank writing element 0 writes it (an
           // empty slot at offset 0 holds no element 0).
           add_piece(r, name, t.sizes().vec(), {SlotSegment{0, 0, t.numel()}}, t,
-                    os.slot.write && holds_first_element(os.slot));
+                    os.slot.write && holds_first_element(os.slot), copy);
         } else {
           TORCH_CHECK(t.numel() == os.param.numel(), "save_sharded_checkpoint: optimizer state '", name, "' has ",
                       t.numel(), " elements, its param ", os.param.numel());
-          add_piece(r, name, os.slot.global_shape, slot_segments(os.slot), t, os.slot.write);
+          add_piece(r, name, os.slot.global_shape, slot_segments(os.slot), t, os.slot.write, copy);
         }
       }
     }
@@ -112,7 +121,9 @@ RankReport build_report(const CheckpointContents& c, int rank, const std::string
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     const at::Tensor state = gen.get_state();
-    add_piece(r, std::string(kRngKey), state.sizes().vec(), {SlotSegment{0, 0, state.numel()}}, state, true);
+    // get_state() is already a copy.
+    add_piece(r, std::string(kRngKey), state.sizes().vec(), {SlotSegment{0, 0, state.numel()}}, state, true,
+              false);
   }
   return r;
 }
@@ -144,8 +155,8 @@ std::vector<nlohmann::json> all_gather_json(comm::ProcessGroup& group, const nlo
 
 // Rank 0: merges the reports into an index; throws CheckpointError on
 // disagreement or incomplete coverage (via index_from_json's checks).
-CheckpointIndex build_index(const std::vector<nlohmann::json>& reports, const CheckpointContents& c,
-                            const std::string& where) {
+CheckpointIndex build_index(const std::vector<nlohmann::json>& reports,
+                            const std::map<std::string, std::string>& metadata, const std::string& where) {
   nlohmann::json tensors = nlohmann::json::object();
   nlohmann::json files = nlohmann::json::array();
   for (size_t rank = 0; rank < reports.size(); ++rank) {
@@ -167,8 +178,7 @@ CheckpointIndex build_index(const std::vector<nlohmann::json>& reports, const Ch
   for (auto it = tensors.begin(); it != tensors.end(); ++it) it->erase("by");
   CheckpointIndex draft;
   draft.world_size = static_cast<int>(reports.size());
-  const OptimizerStateIo* io = c.optimizer ? &optimizer_state_io(*c.optimizer, where) : nullptr;
-  draft.metadata = training_metadata(c.state, io, c.optimizer);
+  draft.metadata = metadata;
   nlohmann::json j = index_to_json(draft);
   j["files"] = files;
   j["tensors"] = tensors;
@@ -178,9 +188,43 @@ CheckpointIndex build_index(const std::vector<nlohmann::json>& reports, const Ch
 
 }  // namespace
 
+struct PreparedShard {
+  int rank = 0;
+  RankReport report;
+  // Rank 0's index metadata, taken with the tensors (the optimizer's options
+  // may change before a background write commits).
+  std::map<std::string, std::string> metadata;
+  // What went wrong preparing; reported collectively by the write.
+  std::string error;
+};
+
+std::shared_ptr<PreparedShard> prepare_sharded_checkpoint(const std::filesystem::path& dir,
+                                                          const CheckpointContents& contents, int rank, bool copy) {
+  auto shard = std::make_shared<PreparedShard>();
+  shard->rank = rank;
+  const std::string where = dir.string();
+  try {
+    shard->report = build_report(contents, rank, where, copy);
+    if (rank == 0) {
+      const OptimizerStateIo* io = contents.optimizer ? &optimizer_state_io(*contents.optimizer, where) : nullptr;
+      shard->metadata = training_metadata(contents.state, io, contents.optimizer);
+    }
+  } catch (const std::exception& e) {
+    shard->error = e.what();
+  }
+  return shard;
+}
+
 void save_sharded_checkpoint(const std::filesystem::path& dir, comm::ProcessGroup& group,
                              const CheckpointContents& contents, const ShardedSaveOptions& options) {
+  write_prepared_checkpoint(dir, group, *prepare_sharded_checkpoint(dir, contents, group.rank(), false), options);
+}
+
+void write_prepared_checkpoint(const std::filesystem::path& dir, comm::ProcessGroup& group,
+                               const PreparedShard& shard, const ShardedSaveOptions& options) {
   const int rank = group.rank();
+  TORCH_CHECK(shard.rank == rank, "write_prepared_checkpoint: the shard was prepared for rank ", shard.rank,
+              " but this is rank ", rank);
   const std::string where = dir.string();
   std::string error;
   // 1. A fresh directory; the index goes first so a crash from here on
@@ -204,7 +248,8 @@ void save_sharded_checkpoint(const std::filesystem::path& dir, comm::ProcessGrou
   nlohmann::json report;
   try {
     std::filesystem::create_directories(dir);  // no-op on a shared file system
-    RankReport r = build_report(contents, rank, where);
+    if (!shard.error.empty()) throw std::runtime_error(shard.error);
+    RankReport r = shard.report;  // shares the tensors; only the metadata below is added
     r.contents.metadata = {{"format", "paratrain-shard/1"},
                            {"rank", std::to_string(rank)},
                            {"world_size", std::to_string(group.size())}};
@@ -236,7 +281,7 @@ void save_sharded_checkpoint(const std::filesystem::path& dir, comm::ProcessGrou
   // 4. Commit.
   if (rank == 0) {
     try {
-      const CheckpointIndex index = build_index(reports, contents, where);
+      const CheckpointIndex index = build_index(reports, shard.metadata, where);
       write_file_atomically(dir / kIndexFileName, index_to_json(index).dump(1), options.sync);
     } catch (const std::exception& e) {
       error = fmt::format("cannot save checkpoint '{}' (no index written): {}", where, e.what());
