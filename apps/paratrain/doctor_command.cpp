@@ -66,6 +66,7 @@ Command add_doctor_command(CLI::App& app) {
     std::string output;
     double wait_s = 10;
     double trace_s = 10;
+    double min_lag_s = 1;
     bool no_signal = false;
   };
   auto args = std::make_shared<Args>();
@@ -82,6 +83,10 @@ Command add_doctor_command(CLI::App& app) {
       ->check(CLI::Range(0.0, 3600.0));
   sub->add_option("--trace-seconds", args->trace_s, "seconds before the newest dump the trace shows (default 10)")
       ->check(CLI::Range(0.001, 1e6));
+  sub->add_option("--min-lag", args->min_lag_s,
+                  "a rank is behind only when a peer had waited this many seconds in the collective it lacks "
+                  "(default 1: shorter is a healthy job's normal skew)")
+      ->check(CLI::Range(0.0, 1e6));
   sub->add_flag("--no-signal", args->no_signal, "only read the dumps already there; signal no process");
 
   auto run = [args]() -> int {
@@ -114,7 +119,7 @@ Command add_doctor_command(CLI::App& app) {
                                  rank, args->wait_s);
     }
     const auto dumps = train::read_dumps(doctor_dir);
-    const auto report = train::diagnose(dumps);
+    const auto report = train::diagnose(dumps, 0, args->min_lag_s);
     std::cout << report.text() << "\n";
     const fs::path out = args->output.empty() ? doctor_dir / "trace.json" : fs::path(args->output);
     write_file_atomically(out, train::doctor_trace(dumps, args->trace_s).dump());

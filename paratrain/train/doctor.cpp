@@ -58,21 +58,23 @@ std::string op_text(const DumpRecord& r) {
 }
 
 // Note [Dumps are not simultaneous]
-// Ranks dump one after another (each when its watchdog gets the signal), so
-// in a healthy job the rank that dumped first often has one collective fewer
-// than the others: it simply had not reached it yet. Member `v` lags only
-// when some member was already inside the collective `v` had not issued,
-// before `v` dumped (the steady clock is one clock on a host; across hosts
-// the times cannot be compared, so the difference counts). A dump saved from
-// a rank's last heartbeat (reason "heartbeat": the launcher found it silent)
-// is final: that rank never issued anything after it.
-bool lagging(const MemberView& v, const std::map<int, MemberView>& members) {
+// Ranks dump one after another (each when its watchdog gets the signal), and
+// in a healthy job one rank is always a little behind: it is still computing
+// while its peer already waits in the next collective. So member `v` lags
+// only when some member had already waited at least `min_lag_us` in the
+// collective `v` had not issued, when `v` dumped: a hang, not a moment. The
+// steady clock is one clock on a host; across hosts the times cannot be
+// compared, so there the difference counts. A dump saved from a rank's last
+// heartbeat (reason "heartbeat": the launcher found it silent) is final: that
+// rank never issued anything after it.
+bool lagging(const MemberView& v, const std::map<int, MemberView>& members, int64_t min_lag_us) {
   if (v.dump->reason == "heartbeat") return true;
   for (const auto& [r, other] : members) {
     if (other.next_seq <= v.next_seq) continue;
     if (other.dump->host != v.dump->host) return true;
     auto it = other.by_seq.find(v.next_seq);
-    if (it == other.by_seq.end() || it->second->start_us < v.dump->dumped_at_us) return true;  // gone: long ago
+    if (it == other.by_seq.end()) return true;  // left the ring: long ago
+    if (v.dump->dumped_at_us - it->second->start_us >= min_lag_us) return true;
   }
   return false;
 }
@@ -155,7 +157,8 @@ std::string DoctorReport::text() const { return fmt::format("{}", fmt::join(line
 // groups are created collectively. A rank that issued as many collectives as
 // the others but a different op at some number (a broadcast where they
 // all-reduce) is a mismatch: the ranks disagree on the program, not on time.
-DoctorReport diagnose(const std::vector<RankDump>& dumps, int world_size) {
+DoctorReport diagnose(const std::vector<RankDump>& dumps, int world_size, double min_lag_s) {
+  const auto min_lag_us = static_cast<int64_t>(min_lag_s * 1e6);
   DoctorReport report;
   std::map<int, const RankDump*> by_rank;
   for (const auto& d : dumps) by_rank[d.rank] = &d;
@@ -222,7 +225,7 @@ DoctorReport diagnose(const std::vector<RankDump>& dumps, int world_size) {
     for (const auto& [r, v] : members) {
       if (v.next_seq == most) {
         verdict.ahead.push_back(r);
-      } else if (lagging(v, members)) {
+      } else if (lagging(v, members, min_lag_us)) {
         behind_at[v.next_seq].push_back(r);
         verdict.behind.push_back(r);
       } else {

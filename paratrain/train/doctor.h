@@ -73,8 +73,11 @@ struct DoctorReport {
 
 /// Compares the ranks' sequence numbers group by group (Note [Finding the
 /// rank behind] in doctor.cpp). `world_size` > 0 names ranks without a dump;
-/// 0 takes the members of the groups seen.
-DoctorReport diagnose(const std::vector<RankDump>& dumps, int world_size = 0);
+/// 0 takes the members of the groups seen. A rank counts as behind only when
+/// a peer had waited at least `min_lag_s` in the collective it lacks when it
+/// dumped (Note [Dumps are not simultaneous]): in a healthy job one rank is
+/// always a step's compute behind for an instant.
+DoctorReport diagnose(const std::vector<RankDump>& dumps, int world_size = 0, double min_lag_s = 1.0);
 
 /// The records of the last `seconds` before the newest dump as a Chrome trace
 /// (chrome://tracing, ui.perfetto.dev): one row per rank, one slice per
