@@ -26,5 +26,6 @@ Command add_generate_command(CLI::App& app);  // generate_command.cpp
 Command add_runs_command(CLI::App& app);    // runs_command.cpp
 Command add_config_command(CLI::App& app);    // config_command.cpp
 Command add_federated_command(CLI::App& app);  // federated_command.cpp
+Command add_doctor_command(CLI::App& app);     // doctor_command.cpp
 
 }  // namespace paratrain::cli

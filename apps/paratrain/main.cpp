@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
       paratrain::cli::add_runs_command(app),
       paratrain::cli::add_config_command(app),
       paratrain::cli::add_federated_command(app),
+      paratrain::cli::add_doctor_command(app),
   };
   try {
     app.parse(argc, argv);

@@ -3,11 +3,15 @@
 // process reads its rank from the environment; alone it trains on one process.
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <cmath>
 #include <csignal>
+#include <filesystem>
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -15,6 +19,8 @@
 #include <spdlog/spdlog.h>
 
 #include "apps/paratrain/commands.h"
+#include "paratrain/comm/doctor_watchdog.h"
+#include "paratrain/comm/recording_group.h"
 #include "paratrain/comm/rendezvous.h"
 #include "paratrain/core/env.h"
 #include "paratrain/core/error.h"
@@ -45,20 +51,61 @@ class FaultKill : public train::Callback {
   int64_t step_;
 };
 
-// The step at which this rank kills itself, if PARATRAIN_FAULT_KILL says so.
-std::optional<int64_t> fault_kill_step(const comm::WorldInfo& world) {
-  const auto spec = env::get("PARATRAIN_FAULT_KILL");
+// The step at which this rank kills (PARATRAIN_FAULT_KILL) or stops
+// (PARATRAIN_FAULT_STOP) itself, if the variable says so.
+std::optional<int64_t> fault_step(const comm::WorldInfo& world, const char* variable, const char* verb) {
+  const auto spec = env::get(variable);
   if (!spec || world.restart_count > 0) return std::nullopt;
   int rank = -1;
   long long step = -1;
   char tail = 0;
   if (std::sscanf(spec->c_str(), "%d:%lld%c", &rank, &step, &tail) != 2 || rank < 0 || step < 1) {
-    throw ConfigError(fmt::format("environment variable PARATRAIN_FAULT_KILL='{}' must be RANK:STEP (e.g. 1:5: "
-                                  "rank 1 kills itself after step 5); unset it to train normally",
-                                  *spec));
+    throw ConfigError(fmt::format("environment variable {}='{}' must be RANK:STEP (e.g. 1:5: "
+                                  "rank 1 {} itself after step 5); unset it to train normally",
+                                  variable, *spec, verb));
   }
   if (rank != world.rank) return std::nullopt;
   return step;
+}
+
+// PARATRAIN_FAULT_STOP=RANK:STEP makes rank RANK SIGSTOP itself after
+// optimizer step STEP (generation 0 only): a frozen process, alive but
+// silent, for trying and testing heartbeat detection. Its peers block in the
+// next collective; the launcher notices the missing heartbeats. It first
+// lets its watchdog beat twice, so the last beat the launcher reads
+// describes the state the rank froze in (a real freeze can be up to one
+// world.heartbeat_s newer than the last beat).
+class FaultStop : public train::Callback {
+ public:
+  FaultStop(int64_t step, const comm::DoctorWatchdog* watchdog) : step_(step), watchdog_(watchdog) {}
+  void on_train_batch_end(const train::StepInfo& info) override {
+    if (info.step != step_) return;
+    spdlog::warn("PARATRAIN_FAULT_STOP: stopping this rank with SIGSTOP after step {}", step_);
+    spdlog::default_logger()->flush();
+    if (watchdog_ != nullptr && watchdog_->beats() > 0) {  // beating: under paratrain launch
+      const int64_t seen = watchdog_->beats();
+      while (watchdog_->beats() < seen + 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::raise(SIGSTOP);
+  }
+
+ private:
+  int64_t step_;
+  const comm::DoctorWatchdog* watchdog_;
+};
+
+// The hang doctor's watchdog for this rank: SIGUSR1 dumps, and heartbeats
+// when `paratrain launch` asked for them (PARATRAIN_HEARTBEAT_DIR).
+std::unique_ptr<comm::DoctorWatchdog> start_watchdog(comm::ProcessGroup& group, const train::TrainConfig& config) {
+  auto recorder = comm::recorder_of(group);
+  if (!recorder) return nullptr;
+  comm::WatchdogOptions options;
+  if (auto dir = env::get("PARATRAIN_HEARTBEAT_DIR"); dir && config.world.heartbeat_s > 0) {
+    options.heartbeat_file = std::filesystem::path(*dir) / fmt::format("rank-{}.json", group.rank());
+    options.interval = std::chrono::milliseconds(std::max<int64_t>(1, std::llround(config.world.heartbeat_s * 1000)));
+    options.timeout = std::chrono::milliseconds(std::llround(config.world.heartbeat_timeout_s * 1000));
+  }
+  return std::make_unique<comm::DoctorWatchdog>(std::move(recorder), options);
 }
 
 }  // namespace
@@ -102,7 +149,8 @@ Command add_train_command(CLI::App& app) {
         config = train::load_config(args->config, overrides);
       }
     }
-    const auto kill_step = fault_kill_step(world);
+    const auto kill_step = fault_step(world, "PARATRAIN_FAULT_KILL", "kills");
+    const auto stop_step = fault_step(world, "PARATRAIN_FAULT_STOP", "stops");
     // Ranks share the machine's cores; one compute thread each unless the
     // user (or the launcher) said otherwise. See design.md.
     if (!env::get("OMP_NUM_THREADS") && world.local_world_size > 1) at::set_num_threads(1);
@@ -110,12 +158,15 @@ Command add_train_command(CLI::App& app) {
     comm::InitOptions init;
     init.timeout = std::chrono::seconds(config.world.timeout_s);
     init.backend = config.world.backend;
+    init.doctor_records = static_cast<std::size_t>(config.world.doctor_records);
     auto group = comm::init_process_group(world, init);
+    auto watchdog = start_watchdog(*group, config);
 
     train::Trainer trainer(config, *group);
     // Lets a later generation of this launch find the version (run.json).
     if (world.rank == 0) train::record_launch_id(trainer.run_dir(), launch_id);
     if (kill_step) trainer.add_callback(std::make_shared<FaultKill>(*kill_step));
+    if (stop_step) trainer.add_callback(std::make_shared<FaultStop>(*stop_step, watchdog.get()));
     auto result = trainer.fit();
     if (world.rank == 0) {
       std::string acc = result.test.count > 0 ? fmt::format("test accuracy {:.2f}% (loss {:.4f})",

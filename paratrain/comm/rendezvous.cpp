@@ -20,6 +20,7 @@
 #include "paratrain/comm/auth_store/store.h"
 #include "paratrain/comm/gloo/gloo_group.h"
 #include "paratrain/comm/mpi/mpi_group.h"
+#include "paratrain/comm/recording_group.h"
 #include "paratrain/comm/shm/shm_group.h"
 #include "paratrain/comm/store_checkin.h"
 #include "paratrain/core/env.h"
@@ -337,7 +338,25 @@ void check_master_resolves(const WorldInfo& world) {
                                 world.rank, world.master_addr, world.master_addr_source, gai_strerror(rc)));
 }
 
+namespace {
+std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOptions& options);
+}  // namespace
+
 std::shared_ptr<ProcessGroup> init_process_group(const WorldInfo& world, const InitOptions& options) {
+  auto group = backend_group(world, options);
+  if (options.doctor_records == 0) return group;
+  // One recorder per rank, shared by every group of the rank; registered so
+  // that SIGUSR1 (comm/doctor_watchdog.h) can dump it.
+  auto recorder = std::make_shared<FlightRecorder>(world.rank, options.doctor_records);
+  register_recorder(recorder);
+  RecordingOptions recording;
+  recording.name = "world";
+  recording.timeout = options.timeout;
+  return record_collectives(std::move(group), std::move(recorder), recording);
+}
+
+namespace {
+std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOptions& options) {
   validate(world);
   std::string backend = options.backend;
   if (backend == "auto") backend = choose_backend(world, options);
@@ -404,5 +423,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const WorldInfo& world, const I
   gloo.bind_address = bind_address_for(world, options);
   return make_gloo_group(world_store, world.rank, world.world_size, gloo);
 }
+
+}  // namespace
 
 }  // namespace paratrain::comm

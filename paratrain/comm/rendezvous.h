@@ -68,6 +68,10 @@ struct InitOptions {
   // else loopback when every rank runs on this machine, else this host's
   // name (which must resolve to an address the other nodes can reach).
   std::string bind_address;
+  // Hang doctor: the world group (and every sub-group made from it) records
+  // its last `doctor_records` collectives in a ring buffer
+  // (comm/recording_group.h); 0 returns the backend's group unwrapped.
+  std::size_t doctor_records = 256;
 };
 
 // Connects to (rank 0: serves) the TCPStore at master_addr:master_port, waits

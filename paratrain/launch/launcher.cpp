@@ -11,6 +11,8 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -99,6 +101,37 @@ std::string make_job_token() {
   return hex;
 }
 
+// A folder for this launch's heartbeat files (heartbeat_monitor.h), one
+// sub-folder per generation so a new generation never reads the last beats of
+// the old one; removed when the launch ends. Empty when it cannot be made
+// (then the workers get no PARATRAIN_HEARTBEAT_DIR and the launcher watches
+// exits only, as before heartbeats).
+class HeartbeatDir {
+ public:
+  HeartbeatDir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/paratrain-heartbeats-XXXXXX";
+    if (mkdtemp(pattern.data()) != nullptr) root_ = pattern;
+  }
+  ~HeartbeatDir() {
+    std::error_code ec;
+    if (!root_.empty()) std::filesystem::remove_all(root_, ec);
+  }
+  HeartbeatDir(const HeartbeatDir&) = delete;
+  HeartbeatDir& operator=(const HeartbeatDir&) = delete;
+  bool ok() const { return !root_.empty(); }
+  std::string generation(int k) const {
+    if (root_.empty()) return {};
+    const auto dir = root_ / ("gen" + std::to_string(k));
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    return ec ? std::string() : dir.string();
+  }
+
+ private:
+  std::filesystem::path root_;
+};
+
 }  // namespace
 
 int launch(const LaunchOptions& options) {
@@ -158,9 +191,12 @@ LaunchReport launch_with_report(const LaunchOptions& options) {
   // Capture signals before the first worker starts: a Ctrl-C during start-up
   // must reach the workers already running, not kill the launcher alone.
   SignalCapture signals;
+  HeartbeatDir heartbeats;
+  if (!heartbeats.ok()) say("paratrain launch: cannot create a folder for heartbeats under $TMPDIR or /tmp; a stopped worker will go unnoticed until its peers time out");
   std::vector<WorkerOutcome> failures;
   for (int generation = 0;; ++generation) {
     resolved.restart_count = generation;
+    resolved.heartbeat_dir = heartbeats.generation(generation);
     if (generation > 0 && options.master_port == 0) resolved.master_port = find_free_port();
     LaunchReport report;
     {

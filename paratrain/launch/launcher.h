@@ -107,6 +107,13 @@ struct LaunchOptions {
   // and every rendezvous key they write carries it, so two jobs that share a
   // store cannot mix. Empty = "none", torchrun's default.
   std::string rdzv_id;
+  // Where workers write their heartbeat files (PARATRAIN_HEARTBEAT_DIR; see
+  // heartbeat_monitor.h): launch() makes a fresh folder per generation and
+  // removes it at the end. Callers leave it empty.
+  std::string heartbeat_dir;
+  // How long the launcher waits, after a rank went silent, for the other
+  // ranks' hang-doctor dumps (asked for with SIGUSR1) before it stops them.
+  std::chrono::milliseconds doctor_wait{3000};
 };
 
 // How one worker ended.
@@ -129,6 +136,9 @@ struct WorkerOutcome {
   bool peer_error = false;
   // It failed under keep_going (not rank 0): reported, the others went on.
   bool tolerated = false;
+  // Non-empty: the launcher stopped it because its heartbeats stopped (a
+  // stopped or frozen process); says for how long and its last collective.
+  std::string hang{};
 
   bool ok() const { return exited && exit_code == 0; }
   // The shell's convention: the exit code, or 128 + signal.

@@ -12,6 +12,7 @@
 namespace paratrain::launch {
 
 std::string describe(const WorkerOutcome& w) {
+  if (!w.hang.empty()) return fmt::format("rank {} (pid {}) {}", w.rank, w.pid, w.hang);
   if (w.exited) {
     return fmt::format("rank {} (pid {}) exited with code {}{}", w.rank, w.pid, w.exit_code,
                        w.peer_error && !w.ok() ? " (its output says a peer went away)" : "");
@@ -34,6 +35,8 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 int pick_first_failure(const std::vector<WorkerOutcome>& workers) {
   auto tier = [](const WorkerOutcome& w) {
+    // Stopped by the launcher, but because it went silent: the cause itself.
+    if (!w.hang.empty()) return 0;
     if (w.exited && !w.peer_error) return w.stopped_by_launcher ? 3 : 1;
     if (!w.exited && !w.stopped_by_launcher) return 2;
     return w.exited ? 4 : 5;

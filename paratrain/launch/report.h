@@ -19,6 +19,7 @@ std::string rank_list(const std::vector<int>& ranks);
 // Which failed worker caused the launch to fail: returns its local rank, or
 // -1 when every worker succeeded. Failures rank by how likely they are a
 // cause rather than a consequence, then by ended_at, then by local rank:
+//   0. stopped because its heartbeats stopped (WorkerOutcome::hang);
 //   1. exited with a non-zero code on its own (before the launcher signalled it)
 //      and its output does not say a peer went away;
 //   2. killed by a signal the launcher did not send (a crash, the OOM killer);

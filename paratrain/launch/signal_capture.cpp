@@ -67,6 +67,7 @@ SignalCapture::SignalCapture() {
   sigset_t forwarded;
   sigemptyset(&forwarded);
   for (int sig : kForwarded) sigaddset(&forwarded, sig);  // ignored ones stay ignored anyway
+  sigaddset(&forwarded, SIGUSR1);
   pthread_sigmask(SIG_UNBLOCK, &forwarded, &old_mask_);
 }
 

@@ -1,5 +1,6 @@
 // Catches SIGINT, SIGTERM and SIGHUP while the launcher runs so it can
-// forward them to the workers, and keeps SIGPIPE from killing the launcher
+// forward them to the workers (and SIGUSR1, which asks the workers for their
+// hang-doctor records without stopping anything), and keeps SIGPIPE from killing the launcher
 // (which would orphan the workers) when its own stdout goes away. Not a
 // general signal library: one instance at a time per process.
 #pragma once
@@ -30,7 +31,7 @@ class SignalCapture {
   bool was_ignored(int sig) const;
 
  private:
-  static constexpr int kChanged[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD};
+  static constexpr int kChanged[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD, SIGUSR1};
   int read_fd_ = -1;
   int write_fd_ = -1;
   struct sigaction old_[std::size(kChanged)] = {};

@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <utility>
 
 #include <fmt/format.h>
@@ -85,6 +86,9 @@ void Supervisor::start() {
     // terminal, where rank 0 may draw a progress bar (train/progress.h).
     const bool terminal_err = options_.prefix_output && isatty(options_.err_fd);
     if (terminal_err && !getenv("PARATRAIN_PROGRESS")) spec.env.emplace_back("PARATRAIN_PROGRESS=1");
+    if (!options_.heartbeat_dir.empty()) {
+      w.heartbeat.emplace(std::filesystem::path(options_.heartbeat_dir) / fmt::format("rank-{}.json", w.outcome.rank));
+    }
     spec.ignored_signals = ignored;
     spec.stdout_fd = options_.out_fd;
     spec.stderr_fd = options_.err_fd;
@@ -147,6 +151,8 @@ LaunchReport Supervisor::run() {
         break;
       }
     }
+    if (!stopping_ && silent_ < 0) check_heartbeats(now);
+    if (!stopping_ && silent_ >= 0) finish_doctor_wait(now);
     escalate(now);
     pump(options_.monitor_interval);
   }
@@ -217,6 +223,14 @@ void Supervisor::reap(Clock::time_point now) {
 }
 
 void Supervisor::on_signal(int sig, Clock::time_point now) {
+  if (sig == SIGUSR1) {
+    // Not a stop: the user asks for the hang doctor's records (`kill -USR1 <launcher>`).
+    const auto asked = ask_for_records(-1);
+    say(fmt::format("paratrain launch: got SIGUSR1; asked {} worker{} for their hang-doctor records (RUN_DIR/doctor/; "
+                    "then `paratrain doctor --run RUN_DIR --no-signal`)",
+                    asked.size(), asked.size() == 1 ? "" : "s"));
+    return;
+  }
   if (!stopping_) {
     received_signal_ = sig;
     say(fmt::format("paratrain launch: got {}; forwarding it to the workers (SIGKILL after {})",
@@ -232,6 +246,95 @@ void Supervisor::on_signal(int sig, Clock::time_point now) {
       w.kill_sent = true;
     }
   }
+}
+
+// Note [Silent workers]
+// A worker's watchdog thread rewrites its heartbeat file every
+// world.heartbeat_s, whatever its main thread is doing (a long collective
+// included, so long collectives keep their own world.timeout_s). A counter
+// that stops changing for longer than world.heartbeat_timeout_s means the
+// whole process stopped: SIGSTOP, a debugger, a frozen machine. Then:
+// 1. the silent rank is named with its process state and the last collective
+//    its final beat described, and that beat (a doctor dump of its newest
+//    records) is copied to <run_dir>/doctor/rank-<r>.json: it cannot dump now;
+// 2. every other beating worker gets SIGUSR1 and writes its own dump;
+// 3. once those dumps are fresh, or after doctor_wait, the silent rank gets
+//    SIGKILL (a stopped process cannot act on SIGTERM) and the rest the usual
+//    SIGTERM, and the launch fails (or restarts under --max-restarts) naming
+//    the silent rank as the cause (report.h, tier 0).
+// A worker that exited has no live heartbeat to miss: reap() sees it first.
+// Files are read at most every kHeartbeatCheck.
+void Supervisor::check_heartbeats(Clock::time_point now) {
+  constexpr auto kHeartbeatCheck = std::chrono::milliseconds(200);
+  if (next_heartbeat_check_ && now < *next_heartbeat_check_) return;
+  next_heartbeat_check_ = now + kHeartbeatCheck;
+  for (auto& w : workers_) {
+    if (w.reaped || !w.heartbeat || !w.heartbeat->silent(now)) continue;
+    const Heartbeat& hb = *w.heartbeat->last();
+    const pid_t pid = hb.pid > 0 ? static_cast<pid_t>(hb.pid) : w.outcome.pid;
+    w.outcome.hang = fmt::format(
+        "sent no heartbeat for {:.1f} s (world.heartbeat_timeout_s = {:g} s; the process is {}); its last "
+        "collective: {}",
+        w.heartbeat->silent_for(now), static_cast<double>(hb.timeout_ms) / 1000.0, process_state(pid), hb.last_op);
+    say(fmt::format("paratrain launch: {}; asking the other ranks for their hang-doctor records (SIGUSR1), then "
+                    "stopping them", describe(w.outcome)));
+    if (!hb.doctor_dir.empty()) {
+      std::error_code ec;
+      const auto saved = std::filesystem::path(hb.doctor_dir) / fmt::format("rank-{}.json", w.outcome.rank);
+      std::filesystem::create_directories(hb.doctor_dir, ec);
+      std::filesystem::copy_file(w.heartbeat->file(), saved, std::filesystem::copy_options::overwrite_existing, ec);
+      if (ec) say(fmt::format("paratrain launch: could not save rank {}'s last heartbeat as {}: {}", w.outcome.rank,
+                              saved.string(), ec.message()));
+    }
+    silent_ = w.outcome.local_rank;
+    first_failed_ = silent_;
+    doctor_pending_ = ask_for_records(silent_);
+    doctor_deadline_ = now + options_.doctor_wait;
+    return;
+  }
+}
+
+void Supervisor::finish_doctor_wait(Clock::time_point now) {
+  for (auto it = doctor_pending_.begin(); it != doctor_pending_.end();) {
+    const auto& hb = workers_[static_cast<std::size_t>(it->first)].heartbeat->last();
+    std::error_code ec;
+    const auto t = std::filesystem::last_write_time(
+        std::filesystem::path(hb->doctor_dir) /
+            fmt::format("rank-{}.json", workers_[static_cast<std::size_t>(it->first)].outcome.rank),
+        ec);
+    it = !ec && t > it->second ? doctor_pending_.erase(it) : std::next(it);
+  }
+  if (!doctor_pending_.empty() && now < doctor_deadline_) return;
+  Worker& w = workers_[static_cast<std::size_t>(silent_)];
+  const auto& hb = w.heartbeat->last();
+  if (hb && !hb->doctor_dir.empty()) {
+    say(fmt::format("paratrain launch: hang-doctor records are in {}; diagnose with `paratrain doctor --run {} "
+                    "--no-signal`",
+                    hb->doctor_dir, std::filesystem::path(hb->doctor_dir).parent_path().string()));
+  }
+  stop(w, SIGKILL, now);
+  w.kill_sent = true;
+  say(fmt::format("paratrain launch: stopping the other ranks (SIGTERM, SIGKILL after {})",
+                  seconds(options_.kill_grace)));
+  stop_all(SIGTERM, now);
+}
+
+std::map<int, std::filesystem::file_time_type> Supervisor::ask_for_records(int except) {
+  std::map<int, std::filesystem::file_time_type> asked;
+  for (auto& w : workers_) {
+    if (w.reaped || w.outcome.local_rank == except || !w.heartbeat || !w.heartbeat->last()) continue;
+    const Heartbeat& hb = *w.heartbeat->last();
+    if (hb.state != "running" || hb.pid <= 0) continue;
+    std::error_code ec;
+    const auto dump = std::filesystem::path(hb.doctor_dir) / fmt::format("rank-{}.json", w.outcome.rank);
+    auto before = std::filesystem::last_write_time(dump, ec);
+    if (ec) before = std::filesystem::file_time_type::min();
+    // The beating process itself (the launched program may be a wrapper):
+    // it installed the SIGUSR1 handler before its first beat.
+    // A rank whose last beat had no doctor dir yet may have one by now: wait for it too.
+    if (kill(static_cast<pid_t>(hb.pid), SIGUSR1) == 0) asked[w.outcome.local_rank] = before;
+  }
+  return asked;
 }
 
 void Supervisor::stop_all(int sig, Clock::time_point now) {

@@ -4,10 +4,13 @@
 #pragma once
 
 #include <chrono>
+#include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "paratrain/launch/heartbeat_monitor.h"
 #include "paratrain/launch/launcher.h"
 #include "paratrain/launch/line_prefixer.h"
 #include "paratrain/launch/signal_capture.h"
@@ -41,6 +44,7 @@ class Supervisor {
     bool kill_sent = false;
     std::vector<Stream> streams;  // stdout, stderr (empty without prefixing)
     std::string tail;             // the last kTailBytes of its output, both streams
+    std::optional<HeartbeatWatch> heartbeat;  // when options_.heartbeat_dir is set
   };
 
   void reap(Clock::time_point now);
@@ -54,6 +58,12 @@ class Supervisor {
   void close_streams();
   void keep_tail(Worker& w, std::string_view chunk);
   void say(const std::string& line) const;
+  // Heartbeats: Note [Silent workers] in supervisor.cpp.
+  void check_heartbeats(Clock::time_point now);
+  void finish_doctor_wait(Clock::time_point now);
+  // SIGUSR1 to every worker that beats, except local rank `except`; returns
+  // the local ranks asked, with their dump file's time before asking.
+  std::map<int, std::filesystem::file_time_type> ask_for_records(int except);
 
   LaunchOptions options_;
   std::string program_;
@@ -63,6 +73,10 @@ class Supervisor {
   int first_failed_ = -1;
   int received_signal_ = 0;
   std::optional<Clock::time_point> all_reaped_at_;
+  std::optional<Clock::time_point> next_heartbeat_check_;
+  int silent_ = -1;  // local rank that went silent, while the others dump
+  Clock::time_point doctor_deadline_{};
+  std::map<int, std::filesystem::file_time_type> doctor_pending_;
 };
 
 }  // namespace paratrain::launch

@@ -61,6 +61,7 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
   if (!o.job_token.empty()) vars.emplace_back("PARATRAIN_JOB_TOKEN", o.job_token);
   if (o.num_servers > 0) vars.emplace_back("PARATRAIN_PS_SERVERS", std::to_string(o.num_servers));
   if (!o.backend.empty()) vars.emplace_back("PARATRAIN_BACKEND", o.backend);
+  if (!o.heartbeat_dir.empty()) vars.emplace_back("PARATRAIN_HEARTBEAT_DIR", o.heartbeat_dir);
   if (o.nproc_per_node > 1) {
     for (const char* key : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
       if (!base_has(base, key)) vars.emplace_back(key, "1");

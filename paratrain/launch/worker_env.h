@@ -18,8 +18,9 @@ namespace paratrain::launch {
 // environment does not set them (N ranks with a BLAS thread per core each
 // oversubscribe the machine; an explicit value wins, as with torchrun);
 // plus PARATRAIN_LAUNCH_ID when launch_id is set, PARATRAIN_JOB_TOKEN when
-// job_token is set, PARATRAIN_PS_SERVERS
-// when num_servers > 0, and PARATRAIN_BACKEND when backend is set.
+// job_token is set, PARATRAIN_PS_SERVERS when num_servers > 0,
+// PARATRAIN_BACKEND when backend is set, and PARATRAIN_HEARTBEAT_DIR when
+// heartbeat_dir is set.
 // `options` must be resolved: master_addr non-empty and master_port > 0.
 // `base` is a NULL-terminated "KEY=VALUE" array (the launcher's environ);
 // entries for the variables above are replaced, TORCHELASTIC_USE_AGENT_STORE

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "paratrain/comm/recording_group.h"
 #include "paratrain/core/error.h"
 
 namespace paratrain::topology {
@@ -35,6 +36,8 @@ DeviceMesh::DeviceMesh(comm::ProcessGroup& world, ParallelDims dims)
         done[m] = true;
       }
       auto group = world_.new_subgroup(members);
+      // The hang doctor reports "all_reduce #12 on dp", not on "group".
+      if (group) comm::name_group(*group, std::string(to_string(axis)));
       if (group) owned_[a] = std::move(group);
     }
     if (!owned_[a]) {

@@ -173,6 +173,12 @@ struct TrainLoopConfig {
 struct WorldConfig {
   std::string backend = "gloo";  ///< "gloo" | "mpi" (under mpirun) | "shm" (one host) | "auto" (comm/rendezvous.h)
   int64_t timeout_s = 300;  ///< collectives and rendezvous give up after this
+  /// Hang doctor: collectives each rank keeps in its ring buffer (comm/flight_recorder.h); 0 = off.
+  int64_t doctor_records = 256;
+  /// Seconds between a rank's heartbeats to `paratrain launch` (launch/heartbeat_monitor.h); 0 = none.
+  double heartbeat_s = 1.0;
+  /// The launcher fails the job when a rank's heartbeat is this many seconds old (stopped or hung process).
+  double heartbeat_timeout_s = 15.0;
 
   bool operator==(const WorldConfig&) const = default;
 };

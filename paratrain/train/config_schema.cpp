@@ -340,6 +340,9 @@ const std::vector<FieldSpec>& schema() {
 
       field("world.backend", &TC::world, &WorldConfig::backend, "collective backend: \"gloo\" (TCP), \"mpi\" (under mpirun; needs the MPI build), \"shm\" (shared memory, every rank on one host, CPU tensors) or \"auto\" (mpi when started by mpirun, else shm when all ranks share one host, else gloo)", one_of({"gloo", "mpi", "shm", "auto"})),
       field("world.timeout_s", &TC::world, &WorldConfig::timeout_s, "seconds before a stalled collective fails", in_range<int64_t>(1, kMaxTimeoutS)),
+      field("world.doctor_records", &TC::world, &WorldConfig::doctor_records, "hang doctor: the last N collectives each rank records (op, group, sequence number, sizes, start/end) and dumps to <run_dir>/doctor/ on a timeout, SIGUSR1 or `paratrain doctor` (0 = off)", in_range<int64_t>(0, 1 << 20)),
+      field("world.heartbeat_s", &TC::world, &WorldConfig::heartbeat_s, "seconds between heartbeats from each rank to `paratrain launch` (0 = none); a watchdog thread sends them, so a long collective keeps beating", in_range_finite(0.0, 3600.0, "seconds: 0 (off) to 3600")),
+      field("world.heartbeat_timeout_s", &TC::world, &WorldConfig::heartbeat_timeout_s, "`paratrain launch` fails the job (or restarts it under --max-restarts) when a rank's heartbeat is older than this: a stopped (SIGSTOP) or frozen process, named with its last collective", in_range_finite(0.1, 86400.0, "seconds: 0.1 to 86400")),
 
       field("ddp.mode", &TC::ddp, &DdpConfig::mode, "\"bucketed\", \"naive\" or \"none\"", one_of({"bucketed", "naive", "none"})),
       field("ddp.bucket_cap_mb", &TC::ddp, &DdpConfig::bucket_cap_mb, "gradient bucket size (MiB)", in_range_finite(kMinBucketMiB, kMaxBucketMiB, "MiB: 1 byte to 1 TiB")),
@@ -524,6 +527,12 @@ std::string cross_key_problem(const TrainConfig& c) {
   if (std::string problem = lr_problem(c); !problem.empty()) return problem;
   if (std::string problem = layerwise_problem(c); !problem.empty()) return problem;
   if (std::string problem = federated_problem(c); !problem.empty()) return problem;
+  // A timeout within two beats would fail healthy ranks whose beat is merely late.
+  if (c.world.heartbeat_s > 0 && c.world.heartbeat_timeout_s < 2 * c.world.heartbeat_s)
+    return fmt::format(
+        "world.heartbeat_timeout_s = {} must be at least twice world.heartbeat_s = {}, or a rank whose beat is "
+        "only late would be taken for a stopped one: raise the timeout or beat more often",
+        c.world.heartbeat_timeout_s, c.world.heartbeat_s);
   if (c.optimizer.nesterov && (c.optimizer.kind != "sgd" || c.optimizer.momentum <= 0))
     return fmt::format(
         "optimizer.nesterov = true needs optimizer.kind = \"sgd\" and optimizer.momentum > 0 "

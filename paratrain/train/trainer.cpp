@@ -16,6 +16,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "paratrain/comm/doctor_watchdog.h"
+#include "paratrain/comm/recording_group.h"
 #include "paratrain/core/atomic_file.h"
 #include "paratrain/core/error.h"
 #include "paratrain/data/loader.h"
@@ -235,6 +237,9 @@ double unix_time() {
 Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
   validate_config(config);
   auto dir = prepare_run_dir(config, world, std::chrono::seconds(config.world.timeout_s));
+  // The hang doctor's dumps (SIGUSR1, a collective timeout, `paratrain
+  // doctor --run`) land in the run: <run_dir>/doctor/rank-<r>.json.
+  if (auto recorder = comm::recorder_of(world)) comm::announce_doctor_dir(*recorder, dir / "doctor");
   s_ = std::make_unique<State>(std::move(config), world, std::move(dir));
   auto& s = *s_;
   const auto& c = s.config;

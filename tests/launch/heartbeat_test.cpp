@@ -1,0 +1,110 @@
+// Heartbeats end to end, with real processes on purpose: what is tested is a
+// process that freezes (SIGSTOP, PARATRAIN_FAULT_STOP) while its peer blocks
+// in a collective with a long timeout, and a launcher that notices, names the
+// rank and its last collective, collects the hang doctor's dumps and fails the
+// job. Short heartbeat values keep it quick; nothing asserts on time (a missed
+// detection would hang until world.timeout_s and fail on the messages).
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "launch_test_util.h"
+#include "paratrain/launch/launcher.h"
+#include "tests/support/multi_rank.h"
+
+namespace paratrain::launch {
+namespace {
+
+namespace fs = std::filesystem;
+using test::run_captured;
+using test::ScopedEnv;
+
+// 12 steps of a small MLP on synthetic 8x8 images (as the elastic tests), a
+// heartbeat every 0.1 s and a 2 s heartbeat timeout, but a collective timeout
+// of 10 minutes: only the heartbeats can end a hang quickly.
+std::string write_config(const std::string& dir) {
+  const std::string path = dir + "/heartbeat.toml";
+  std::ofstream(path) << R"([run]
+name = "hb"
+seed = 3
+log_every = 1
+[model]
+hidden = [16]
+[data]
+dataset = "synthetic"
+synthetic_train_size = 128
+synthetic_test_size = 64
+synthetic_image_size = 8
+batch_size = 16
+[train]
+epochs = 3
+[world]
+timeout_s = 600
+heartbeat_s = 0.1
+heartbeat_timeout_s = 2
+)";
+  return path;
+}
+
+LaunchOptions job(const std::string& dir) {
+  LaunchOptions o;
+  o.nproc_per_node = 2;
+  o.kill_grace = std::chrono::milliseconds(2000);
+  o.command = {PARATRAIN_CLI, "train", "-c", write_config(dir), "--set", "run.output_dir=" + dir + "/out"};
+  return o;
+}
+
+TEST(HeartbeatLaunch, AStoppedRankIsNamedWithItsLastCollectiveAndLeavesDoctorFiles) {
+  const std::string dir = testing::temp_dir("heartbeat_stop");
+  test::Captured c;
+  {
+    ScopedEnv stop("PARATRAIN_FAULT_STOP", "1:3");
+    c = run_captured(job(dir), dir);
+  }
+  const std::string log = c.out + c.err;
+  EXPECT_NE(c.report.exit_code, 0) << log;
+  ASSERT_EQ(c.report.first_failed, 1) << log;
+  const WorkerOutcome& stopped = c.report.workers[1];
+  static const std::regex named(
+      R"(rank 1 \(pid \d+\) sent no heartbeat for [0-9.]+ s \(world\.heartbeat_timeout_s = 2 s; the process is )"
+      R"(stopped \(SIGSTOP, or a debugger\)\); its last collective: \w+ #\d+ on world \[0,1\])");
+  EXPECT_TRUE(std::regex_search(log, named)) << log;
+  EXPECT_NE(stopped.hang.find("sent no heartbeat"), std::string::npos) << stopped.hang;
+  EXPECT_NE(c.report.summary.find("FAILED with exit code 137: rank 1 (pid " + std::to_string(stopped.pid) +
+                                  ") sent no heartbeat"),
+            std::string::npos)
+      << log;
+
+  // The doctor's files: rank 0 dumped on the launcher's SIGUSR1 while
+  // blocked in a collective; rank 1's last heartbeat was saved for it.
+  const fs::path doctor = fs::path(dir) / "out" / "hb" / "version_0" / "doctor";
+  ASSERT_TRUE(fs::exists(doctor / "rank-0.json")) << log;
+  ASSERT_TRUE(fs::exists(doctor / "rank-1.json")) << log;
+  EXPECT_NE(test::slurp((doctor / "rank-0.json").string()).find("\"reason\": \"SIGUSR1\""), std::string::npos);
+  EXPECT_NE(test::slurp((doctor / "rank-1.json").string()).find("\"reason\": \"heartbeat\""), std::string::npos);
+
+  // And the doctor reads them: rank 1 is behind, rank 0 waits one collective further.
+  const auto diagnosis = testing::run_cli({"doctor", "--run", doctor.parent_path().string(), "--no-signal"});
+  EXPECT_EQ(diagnosis.exit_code, 1) << diagnosis.output;
+  static const std::regex behind(R"(rank 1 (finished|is in) \w+ #(\d+).* while rank 0 waits in \w+ #(\d+))");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(diagnosis.output, m, behind)) << diagnosis.output;
+  EXPECT_GT(std::stoll(m[3]), std::stoll(m[2])) << diagnosis.output;
+  EXPECT_TRUE(fs::exists(doctor / "trace.json")) << diagnosis.output;
+}
+
+// Control: the same short heartbeats on a healthy run never fire.
+TEST(HeartbeatLaunch, ControlAHealthyRunWithTheSameHeartbeatsSucceeds) {
+  const std::string dir = testing::temp_dir("heartbeat_ok");
+  const auto c = run_captured(job(dir), dir);
+  const std::string log = c.out + c.err;
+  EXPECT_EQ(c.report.exit_code, 0) << log;
+  EXPECT_EQ(log.find("sent no heartbeat"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace paratrain::launch
