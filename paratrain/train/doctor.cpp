@@ -242,7 +242,11 @@ DoctorReport diagnose(const std::vector<RankDump>& dumps, int world_size, double
     for (const auto& [seq, recs] : at_seq) {
       const DumpRecord& first = *recs.front().second;
       for (const auto& [r, rec] : recs) {
-        const bool differ = rec->op != first.op || (same_size_everywhere(first.op) && rec->numel != first.numel);
+        // A send on one member is a recv on its peer: point-to-point ops
+        // pair up across members instead of matching.
+        const bool p2p = (rec->op == "send" || rec->op == "recv") && (first.op == "send" || first.op == "recv");
+        const bool differ =
+            !p2p && (rec->op != first.op || (same_size_everywhere(first.op) && rec->numel != first.numel));
         if (differ && verdict.mismatch_seq < 0) {
           verdict.mismatch_seq = seq;
           verdict.message = fmt::format(

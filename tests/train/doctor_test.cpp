@@ -178,6 +178,17 @@ TEST(HangDoctorDiagnose, DifferentOpsAtOneSequenceNumberAreAMismatch) {
   EXPECT_NE(report.groups[0].message.find("rank 2 issued all_reduce #6"), std::string::npos) << report.text();
 }
 
+TEST(HangDoctorDiagnose, ASendPairedWithARecvIsNoMismatch) {
+  auto dumps = four_ranks();
+  dumps[3] = dumps[2];
+  dumps[3].rank = 3;
+  dumps[3].groups[1].ranks = {1, 3};
+  dumps[1].records.back().state = "done";
+  // world #6: a pipeline's sends on ranks 0 and 1 are their peers' recvs.
+  for (int r = 0; r < 4; ++r) dumps[static_cast<std::size_t>(r)].records[0].op = r < 2 ? "send" : "recv";
+  EXPECT_FALSE(diagnose(dumps, 4).diverged) << diagnose(dumps, 4).text();
+}
+
 TEST(HangDoctorDiagnose, ARankWithoutADumpIsNamed) {
   auto dumps = four_ranks();
   dumps.erase(dumps.begin() + 3);
