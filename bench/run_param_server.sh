@@ -17,7 +17,9 @@
 # the config's 0.05 with momentum 0.9 diverges under async, where every push
 # is a step), OUT_DIR, PS_SETS (extra KEY=VALUE for every ps run, e.g.
 # "ps.overlap=false" or "ps.push_dtype=fp16"), SLOW ("0 $SLOW_MS": the
-# slowed-worker variants to run), DDP (1: also the DDP run; 0 skips it).
+# slowed-worker variants to run), DDP (1: also the DDP run; 0 skips it),
+# PATTERN ("always": worker 1 is slowed on every step; "random": every worker
+# on about 1 in WORKERS of its steps, ps.slow_pattern = "random").
 # Servers and workers share this machine's cores: a server competes with
 # the workers for CPU, which a real deployment would not.
 set -euo pipefail
@@ -35,6 +37,7 @@ lr=${LR:-0.02}
 modes=${MODES:-sync async ssp}
 read -r -a ps_sets <<<"${PS_SETS:-}"
 slow_list=${SLOW:-0 $slow_ms}
+pattern=${PATTERN:-always}
 out_dir=${OUT_DIR:-$(mktemp -d -t paratrain-ps-bench.XXXXXX)}
 exe=$build/paratrain
 [[ -x $exe ]] || { echo "run_param_server.sh: $exe is missing; build it first" >&2; exit 2; }
@@ -93,8 +96,12 @@ for ((round = 0; round < rounds; ++round)); do
       for mode in $modes; do
         for slow in $slow_list; do
           extra=(ps.servers="$servers" ps.mode="$mode" ps.staleness=2 "${ps_sets[@]}")
-          [[ $slow != 0 ]] && extra+=(ps.slow_worker=1 ps.slow_ms="$slow")
-          run_one "ps_${mode}_s${servers}_w${workers}_slow${slow}" "$nproc" "$workers" "${extra[@]}"
+          if [[ $slow != 0 && $pattern = random ]]; then
+            extra+=(ps.slow_pattern=random ps.slow_ms="$slow")
+          elif [[ $slow != 0 ]]; then
+            extra+=(ps.slow_worker=1 ps.slow_ms="$slow")
+          fi
+          run_one "ps_${mode}_s${servers}_w${workers}_slow${slow}${pattern/always/}" "$nproc" "$workers" "${extra[@]}"
         done
       done
     done

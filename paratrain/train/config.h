@@ -303,6 +303,11 @@ struct PsConfig {
   /// slow_ms before each of its forward passes.
   int64_t slow_worker = -1;
   double slow_ms = 0.0;  ///< the straggler's sleep before each forward, in ms
+  /// "always": worker slow_worker sleeps before every forward (a slower
+  /// machine); "random": every worker sleeps before each of its forwards with
+  /// probability 1 / workers, seeded by run.seed (a straggler that comes and
+  /// goes; slow_worker stays -1). See param_server/straggler.h.
+  std::string slow_pattern = "always";
   /// Gradient pushes on the wire: "fp32", or "fp16" (half the bytes; the
   /// server widens each push to fp32 before adding, so only the rounding of
   /// each worker's gradient to fp16 is lost). Parameters come back in fp32.

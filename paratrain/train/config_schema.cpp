@@ -386,6 +386,7 @@ const std::vector<FieldSpec>& schema() {
       field("ps.staleness", &TC::ps, &PsConfig::staleness, "ssp: clocks a worker may run ahead of the slowest (0 = sync)", in_range<int64_t>(0, kMaxCount)),
       field("ps.slow_worker", &TC::ps, &PsConfig::slow_worker, "experiments: this worker sleeps ps.slow_ms before each forward (-1 = none)", in_range<int64_t>(-1, kMaxRanks)),
       field("ps.slow_ms", &TC::ps, &PsConfig::slow_ms, "experiments: the slowed worker's delay per forward (ms)", in_range_finite(0.0, 3600e3)),
+      field("ps.slow_pattern", &TC::ps, &PsConfig::slow_pattern, "experiments: \"always\" (worker ps.slow_worker before every forward) or \"random\" (every worker before each forward with probability 1 / workers, seeded by run.seed: a straggler that comes and goes)", one_of({"always", "random"})),
       field("ps.push_dtype", &TC::ps, &PsConfig::push_dtype, "gradient pushes on the wire: \"fp32\" or \"fp16\" (half the bytes; rounded per worker, summed in fp32 on the server)", one_of({"fp32", "fp16"})),
       field("ps.overlap", &TC::ps, &PsConfig::overlap, "push each tensor's gradient from its backward hook as soon as it is ready, and wait for the pulled parameters only when next needed (false: push all after backward, pull at once)"),
 
@@ -447,9 +448,10 @@ std::string layerwise_problem(const TrainConfig& c) {
 // the keys that configure another exchange must be at their defaults.
 std::string ps_problem(const TrainConfig& c) {
   if (c.ps.servers == 0) {
-    if (c.ps.slow_worker >= 0 || c.ps.slow_ms > 0 || c.ps.mode != "sync" || c.ps.push_dtype != "fp32")
-      return "ps.mode, ps.slow_worker, ps.slow_ms and ps.push_dtype apply to parameter servers: set ps.servers >= 1 "
-             "(or leave them at their defaults)";
+    if (c.ps.slow_worker >= 0 || c.ps.slow_ms > 0 || c.ps.mode != "sync" || c.ps.push_dtype != "fp32" ||
+        c.ps.slow_pattern != "always")
+      return "ps.mode, ps.slow_worker, ps.slow_ms, ps.slow_pattern and ps.push_dtype apply to parameter servers: set "
+             "ps.servers >= 1 (or leave them at their defaults)";
     return "";
   }
   const auto& p = c.parallel;

@@ -122,7 +122,9 @@ TEST(AsyncCheckpoint, AFailedBackgroundWriteFailsTheNextWaitOnEveryRankWithoutAn
       ++errors;
     }
     // The saver is usable again: the next save goes through.
-    saver.save(pt::checkpoint_dir(run, 4), shard_of(w, g.rank(), 2), pt::ShardedSaveOptions{.sync = false});
+    pt::ShardedSaveOptions unsynced;
+    unsynced.sync = false;
+    saver.save(pt::checkpoint_dir(run, 4), shard_of(w, g.rank(), 2), unsynced);
     EXPECT_EQ(saver.wait(), pt::checkpoint_dir(run, 4));
   });
   EXPECT_EQ(errors.load(), 2);

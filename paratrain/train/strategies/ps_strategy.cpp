@@ -20,6 +20,7 @@
 #include "paratrain/models/model.h"
 #include "paratrain/param_server/item_queue.h"
 #include "paratrain/param_server/server.h"
+#include "paratrain/param_server/straggler.h"
 #include "paratrain/param_server/worker.h"
 #include "paratrain/train/strategies/builtin.h"
 #include "paratrain/train/strategies/common.h"
@@ -40,6 +41,16 @@ class PsStrategy final : public DataParallelStrategy {
                                     "-1",
                                     c.slow_worker, roles_.workers, roles_.workers - 1));
     }
+    straggler_.pattern = ps::parse_slow_pattern(c.slow_pattern);
+    if (straggler_.pattern == ps::SlowPattern::kRandom && c.slow_worker >= 0) {
+      throw ConfigError(fmt::format("ps.slow_pattern = \"random\" slows every worker at random, but ps.slow_worker = "
+                                    "{} names one: leave ps.slow_worker at -1, or use ps.slow_pattern = \"always\"",
+                                    c.slow_worker));
+    }
+    straggler_.slow_worker = c.slow_worker;
+    straggler_.slow_ms = c.slow_ms;
+    straggler_.seed = static_cast<uint64_t>(config_.run.seed);
+    straggler_.workers = roles_.workers;
   }
 
   std::string name() const override {
@@ -125,8 +136,8 @@ class PsStrategy final : public DataParallelStrategy {
   StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {
     if (server_) return {torch::zeros({})};
     finish_pull();
-    if (dp_.rank() == config_.ps.slow_worker && config_.ps.slow_ms > 0) {
-      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.ps.slow_ms));
+    if (ps::is_slowed(straggler_, dp_.rank(), forwards_++)) {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(straggler_.slow_ms));
     }
     auto loss = loss_fn(model_->forward(batch.inputs), batch.targets);
     // Hooks push only on the micro-batch that completes the gradient.
@@ -317,6 +328,8 @@ class PsStrategy final : public DataParallelStrategy {
   ps::Roles roles_;
   ps::Mode mode_;
   ps::PushDtype push_dtype_;
+  ps::StragglerOptions straggler_;  // ps.slow_*: which forwards sleep
+  int64_t forwards_ = 0;            // this worker's forward passes so far
   bool push_from_hooks_ = false;  // during the backward whose gradients are pushed
   bool accumulating_ = false;     // .grad holds earlier micro-batches' gradients
   std::vector<std::string> names_;
