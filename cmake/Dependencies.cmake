@@ -3,12 +3,16 @@
 # PyTorch wheel: python3 -c 'import torch; print(torch.utils.cmake_prefix_path)'.
 find_package(Torch REQUIRED)
 find_package(Threads REQUIRED)
-find_package(ZLIB REQUIRED)
-find_package(fmt REQUIRED)
-find_package(spdlog REQUIRED)
-find_package(CLI11 REQUIRED)
-find_package(tomlplusplus REQUIRED)
-find_package(nlohmann_json REQUIRED)
+if(PARATRAIN_VENDOR_DIR)
+  include(${CMAKE_CURRENT_LIST_DIR}/Vendored.cmake)  # no apt: scripts/vendor-headers.sh
+else()
+  find_package(ZLIB REQUIRED)
+  find_package(fmt REQUIRED)
+  find_package(spdlog REQUIRED)
+  find_package(CLI11 REQUIRED)
+  find_package(tomlplusplus REQUIRED)
+  find_package(nlohmann_json REQUIRED)
+endif()
 
 include(${CMAKE_CURRENT_LIST_DIR}/TorchFixups.cmake)  # c10d/Gloo defines, gloo headers
 

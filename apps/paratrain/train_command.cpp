@@ -22,6 +22,7 @@
 #include "paratrain/comm/doctor_watchdog.h"
 #include "paratrain/comm/recording_group.h"
 #include "paratrain/comm/rendezvous.h"
+#include "paratrain/core/device.h"
 #include "paratrain/core/env.h"
 #include "paratrain/core/error.h"
 #include "paratrain/core/logging.h"
@@ -158,6 +159,8 @@ Command add_train_command(CLI::App& app) {
     comm::InitOptions init;
     init.timeout = std::chrono::seconds(config.world.timeout_s);
     init.backend = config.world.backend;
+    // "auto" must not pick shared memory for GPU tensors.
+    init.cpu_tensors = core::resolve_device(config.world.device, world.local_rank).is_cpu();
     init.doctor_records = static_cast<std::size_t>(config.world.doctor_records);
     auto group = comm::init_process_group(world, init);
     auto watchdog = start_watchdog(*group, config);

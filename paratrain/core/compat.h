@@ -22,3 +22,31 @@ namespace paratrain::compat {
 using C10dBackend = ::c10d::ProcessGroup;
 }
 #endif
+
+// torch::optim::Optimizer::state() is keyed by the parameter's TensorImpl:
+// as the pointer printed to a string in 1.13, as the pointer itself in later
+// 2.x. Read the key type off the map so no version number is guessed.
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <torch/optim/optimizer.h>
+
+namespace paratrain::compat {
+using OptimizerStateKey =
+    typename std::remove_cvref_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+
+// A template so the branch of the other version is discarded, not compiled.
+template <typename Key = OptimizerStateKey>
+Key optimizer_state_key(const at::Tensor& param) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    // As 1.13's c10::guts::to_string: the pointer through an ostream.
+    std::ostringstream os;
+    os << param.unsafeGetTensorImpl();
+    return os.str();
+  } else {
+    return param.unsafeGetTensorImpl();
+  }
+}
+}  // namespace paratrain::compat

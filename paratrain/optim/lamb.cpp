@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "paratrain/core/compat.h"
 #include "paratrain/optim/param_group_io.h"
 
 namespace paratrain::optim {
@@ -92,7 +93,7 @@ at::Tensor Lamb::step(LossClosure closure) {
         continue;
       }
       const at::Tensor& g = p.grad();
-      auto& slot = state()[c10::guts::to_string(p.unsafeGetTensorImpl())];
+      auto& slot = state()[compat::optimizer_state_key(p)];
       if (!slot) {
         auto s = std::make_unique<LambParamState>();
         s->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));

@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include "paratrain/core/compat.h"
 #include "paratrain/optim/param_group_io.h"
 
 namespace paratrain::optim {
@@ -84,7 +85,7 @@ at::Tensor Lars::step(LossClosure closure) {
       if (!o.exclude() && w_norm > 0 && g_norm > 0)
         local_lr = o.trust_coefficient() * w_norm / (g_norm + o.weight_decay() * w_norm + o.eps());
 
-      auto& slot = state()[c10::guts::to_string(p.unsafeGetTensorImpl())];
+      auto& slot = state()[compat::optimizer_state_key(p)];
       if (!slot) {
         auto s = std::make_unique<LarsParamState>();
         s->momentum_buffer(torch::zeros_like(p, at::MemoryFormat::Preserve));

@@ -19,6 +19,8 @@
 #include "paratrain/comm/doctor_watchdog.h"
 #include "paratrain/comm/recording_group.h"
 #include "paratrain/core/atomic_file.h"
+#include "paratrain/core/device.h"
+#include "paratrain/core/env.h"
 #include "paratrain/core/error.h"
 #include "paratrain/data/loader.h"
 #include "paratrain/models/model.h"
@@ -56,6 +58,7 @@ struct Trainer::State {
   Datasets datasets;
   BatchSizes batch;
   std::unique_ptr<data::Loader> loader;
+  c10::Device device{c10::kCPU};  // world.device: the model's, and every batch is moved here
   std::optional<optim::LrSchedule> lr_schedule;  // [lr]: the rate of every optimizer step
   MetricsLog metrics;
   std::vector<CallbackPtr> callbacks;  // built-ins from the config, then the user's
@@ -228,6 +231,29 @@ std::string host_name() {
   return host;
 }
 
+// world.device = "cuda" is wired through the DDP strategy only: the others
+// allocate flat shards, pipeline and ring buffers on the CPU.
+void check_device_supported(const c10::Device& device, const std::string& strategy, const TrainConfig& c) {
+  if (device.is_cpu()) return;
+  if (strategy != "ddp")
+    throw ConfigError(fmt::format("world.device = \"{}\" runs the ddp strategy only for now (zero.stage = 0, "
+                                  "parallel.pp = tp = cp = 1, ps.servers = 0); this config selects \"{}\": set "
+                                  "world.device = \"cpu\" or change those keys",
+                                  c.world.device, strategy));
+  if (c.world.backend == "shm" || c.world.backend == "mpi")
+    throw ConfigError(fmt::format("world.backend = \"{}\" moves CPU tensors only; with world.device = \"{}\" use "
+                                  "\"gloo\" (or \"auto\")",
+                                  c.world.backend, c.world.device));
+}
+
+data::Batch to_device(data::Batch batch, const c10::Device& device) {
+  if (device.is_cpu()) return batch;
+  // The loader's rows are pageable memory: the copy is synchronous anyway.
+  batch.inputs = batch.inputs.to(device);
+  batch.targets = batch.targets.to(device);
+  return batch;
+}
+
 double unix_time() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -247,17 +273,22 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
   const auto dims = topology::ParallelDims::resolve(c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.cp,
                                                     world.size());
   s.mesh = std::make_unique<topology::DeviceMesh>(world, dims);
+  s.device = core::resolve_device(c.world.device, static_cast<int>(env::get_int_or("LOCAL_RANK", 0)));
+  check_device_supported(s.device, train::strategy_name(c), c);
   s.strategy = make_strategy(train::strategy_name(c), StrategyContext{s.config, *s.mesh, s.timeout(), s.run_dir});
 
   // The same seed on every rank: each builds the single-process model's
   // initial weights (replicas are also broadcast from rank 0).
-  s.strategy->build_model([&c] {
+  s.strategy->build_model([&c, device = s.device] {
     // The generator is process-global; ranks that are threads of one process
     // (tests) must not reseed it in the middle of each other's init.
     static std::mutex init_mutex;
     std::lock_guard<std::mutex> lock(init_mutex);
     torch::manual_seed(static_cast<uint64_t>(c.run.seed));
-    return make_model(c);
+    // Drawn on the CPU, then moved: the same initial weights on every device.
+    auto model = make_model(c);
+    if (!device.is_cpu()) model->to(device);
+    return model;
   });
   // LARS/LAMB: the full dims of sharded pieces and the reducer of their norms.
   const bool layerwise_kind = c.optimizer.kind == "lars" || c.optimizer.kind == "lamb";
@@ -309,9 +340,9 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
     write_file_atomically(s.run_dir / "config.toml", to_toml(c));
     // The whole model's count: a pipeline stage or a shard holds only part.
     const int64_t numel = parameter_count(c);
-    spdlog::info("run {}: {} ranks = {}, strategy {}, model {} ({} parameters), {} train / {} test items, "
+    spdlog::info("run {}: {} ranks = {}, strategy {} on {}, model {} ({} parameters), {} train / {} test items, "
                  "global batch {} ({} per dp rank x {} dp x {} accumulated micro-batches)",
-                 s.run_dir.string(), world.size(), dims.describe(), s.strategy->name(), c.model.kind, numel,
+                 s.run_dir.string(), world.size(), dims.describe(), s.strategy->name(), s.device.str(), c.model.kind, numel,
                  s.datasets.train.size(), s.datasets.test.size(), s.batch.global, s.batch.per_rank, shard.size,
                  s.batch.accumulate);
     spdlog::info("{} (optimizer.lr = {:g} is the base rate; {} steps, {} per epoch)", s.lr_schedule->describe(),
@@ -384,7 +415,7 @@ EvalResult Trainer::evaluate() {
   for (int64_t r = 0; r < rounds; ++r) {
     const int64_t i = r * chunk;
     auto idx = rows.slice(0, std::min(i, rows.numel()), std::min(i + chunk, rows.numel()));
-    auto batch = data::gather(test, idx);
+    auto batch = to_device(data::gather(test, idx), s.device);
     auto logits = s.strategy->eval_forward(batch.inputs);
     if (idx.numel() == 0) continue;
     const EvalSums part = objective.eval_sums(logits, batch.targets);
@@ -520,7 +551,8 @@ TrainResult Trainer::fit_loop() {
         double step_loss = 0;
         for (int64_t i = 0; i < k; ++i) {
           // Servers train nothing: they get no rows.
-          auto batch = dp_shard.computes ? data::gather(s.datasets.train, items.rows(item, i)) : data::Batch{};
+          auto batch = dp_shard.computes ? to_device(data::gather(s.datasets.train, items.rows(item, i)), s.device)
+                                         : data::Batch{};
           step_loss += s.strategy->forward_backward(batch, micro_loss, /*sync=*/i == k - 1).loss.item<double>();
         }
         applied_lr = s.lr_schedule->lr(step);
@@ -585,7 +617,8 @@ TrainResult Trainer::fit_loop() {
           throw Error(fmt::format("rank {}: the loader ended epoch {} at batch {} of {}", s.world.rank(), epoch + 1,
                                   s.loader->state().next_batch, batches));
         }
-        auto out = s.strategy->forward_backward(*batch, micro_loss, /*sync=*/i == k - 1);
+        auto out = s.strategy->forward_backward(to_device(std::move(*batch), s.device), micro_loss,
+                                                /*sync=*/i == k - 1);
         step_loss += out.loss.item<double>();
       }
       applied_lr = s.lr_schedule->lr(s.step);  // steps count from 0

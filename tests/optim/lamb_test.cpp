@@ -12,6 +12,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "paratrain/core/compat.h"
 #include "paratrain/core/model_state.h"
 #include "paratrain/optim/lamb.h"
 #include "tests/optim/optim_testing.h"
@@ -144,7 +145,7 @@ TEST(LambTest, StateUsesAdamFieldNames) {
   opt.step();
   ASSERT_EQ(opt.state().size(), params.size());
   for (const auto& p : params) {
-    const auto& state = *opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    const auto& state = *opt.state().at(paratrain::compat::optimizer_state_key(p));
     const auto& s = dynamic_cast<const torch::optim::AdamWParamState&>(state);
     EXPECT_EQ(s.step(), 1);
     EXPECT_EQ(s.exp_avg().sizes(), p.sizes());

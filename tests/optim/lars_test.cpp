@@ -15,6 +15,7 @@
 
 #include <sstream>
 
+#include "paratrain/core/compat.h"
 #include "paratrain/core/model_state.h"
 #include "paratrain/optim/lars.h"
 #include "tests/optim/optim_testing.h"
@@ -195,7 +196,7 @@ TEST(LarsTest, StateIsSgdsMomentumBuffer) {
   opt.step();
   ASSERT_EQ(opt.state().size(), params.size());
   for (const auto& p : params) {
-    const auto& state = *opt.state().at(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    const auto& state = *opt.state().at(paratrain::compat::optimizer_state_key(p));
     EXPECT_EQ(dynamic_cast<const torch::optim::SGDParamState&>(state).momentum_buffer().sizes(), p.sizes());
   }
   // Model-state accounting (ZeRO's memory figures) sees the buffers unchanged.

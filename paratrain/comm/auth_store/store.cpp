@@ -136,7 +136,7 @@ template <typename E>
 
 }  // namespace
 
-AuthStore::AuthStore(AuthStoreOptions o) : c10d::Store(o.timeout) {
+AuthStore::AuthStore(AuthStoreOptions o) : c10d::Store(o.timeout), options_(o) {
   where_ = fmt::format("{}:{}", o.host, o.port);
   if (o.token.empty()) throw ConfigError("the authenticated store needs a non-empty job token (PARATRAIN_JOB_TOKEN)");
   const Deadline deadline = deadline_after(o.timeout);
@@ -211,6 +211,12 @@ AuthStore::AuthStore(AuthStoreOptions o) : c10d::Store(o.timeout) {
 
 AuthStore::~AuthStore() {
   if (fd_ >= 0) close(fd_);
+}
+
+c10::intrusive_ptr<c10d::Store> AuthStore::clone() {
+  auto copy = c10::make_intrusive<AuthStore>(options_);
+  copy->hold(owner_);
+  return copy;
 }
 
 std::vector<uint8_t> AuthStore::request(const std::vector<uint8_t>& frame, std::chrono::milliseconds reply_within) {

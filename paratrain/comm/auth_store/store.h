@@ -47,6 +47,11 @@ class AuthStore : public c10d::Store {
   // Throws TimeoutError naming the keys when they do not all exist in time.
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
 
+  // A second connection to the same store, for a thread of its own (LibTorch
+  // 2.x's c10d::Store::clone(), which its backends call; in 1.13 nothing
+  // calls it). No `override`: 1.13's Store has no clone() to override.
+  c10::intrusive_ptr<c10d::Store> clone();
+
   // Keeps `owner` (rank 0's server) alive as long as this store.
   void hold(std::shared_ptr<void> owner) { owner_ = std::move(owner); }
   // "HOST:PORT", for messages.
@@ -55,6 +60,7 @@ class AuthStore : public c10d::Store {
  private:
   std::vector<uint8_t> request(const std::vector<uint8_t>& frame, std::chrono::milliseconds reply_within);
 
+  AuthStoreOptions options_;  // kept for clone()
   std::string where_;
   int fd_ = -1;
   std::mutex mu_;  // one request at a time on the one connection

@@ -182,7 +182,7 @@ TrainingState load_checkpoint(const std::filesystem::path& path, torch::nn::Modu
   for (const auto& [name, tensor] : module_tensors(model)) param_by_name.emplace(name, tensor);
   std::map<const c10::TensorImpl*, std::string> names;
   for (const auto& [name, tensor] : param_by_name) names.emplace(tensor.unsafeGetTensorImpl(), name);
-  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> new_states;
+  std::vector<std::pair<compat::OptimizerStateKey, std::unique_ptr<torch::optim::OptimizerParamState>>> new_states;
   std::set<std::string> used;
   for (const auto& group : optimizer.param_groups()) {
     for (const auto& p : group.params()) {

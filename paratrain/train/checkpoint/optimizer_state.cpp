@@ -189,9 +189,9 @@ const OptimizerStateIo& optimizer_state_io(const torch::optim::Optimizer& optimi
       file));
 }
 
-std::string optimizer_state_key(const at::Tensor& param) {
-  // What torch::optim (1.13 and 2.x) uses to key Optimizer::state().
-  return c10::guts::to_string(param.unsafeGetTensorImpl());
+compat::OptimizerStateKey optimizer_state_key(const at::Tensor& param) {
+  // What torch::optim uses to key Optimizer::state() (core/compat.h).
+  return compat::optimizer_state_key(param);
 }
 
 }  // namespace paratrain::train

@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <torch/optim/optimizer.h>
 
+#include "paratrain/core/compat.h"
+
 namespace paratrain::train {
 
 struct OptimizerStateIo {
@@ -42,6 +44,6 @@ struct OptimizerStateIo {
 const OptimizerStateIo& optimizer_state_io(const torch::optim::Optimizer& optimizer, const std::string& file);
 
 // The key torch::optim uses for a parameter in Optimizer::state().
-std::string optimizer_state_key(const at::Tensor& param);
+compat::OptimizerStateKey optimizer_state_key(const at::Tensor& param);
 
 }  // namespace paratrain::train

@@ -74,7 +74,7 @@ TrainingState load_sharded_checkpoint(const std::filesystem::path& checkpoint, c
   for (const TensorSlot& s : contents.model)
     model_values.push_back(read_slot(reader, std::string(kModelPrefix) + s.name, s.global_shape, slot_segments(s), s.local));
 
-  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> new_states;
+  std::vector<std::pair<compat::OptimizerStateKey, std::unique_ptr<torch::optim::OptimizerParamState>>> new_states;
   if (contents.optimizer != nullptr && !contents.optimizer_slots.empty()) {
     const OptimizerStateIo& io = optimizer_state_io(*contents.optimizer, where);
     check_optimizer_kind(reader.index().metadata, io, where);
