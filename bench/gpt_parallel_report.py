@@ -23,7 +23,9 @@ def main():
         parts = [f"{k} {v['count']:.0f}x {v['bytes'] / 1e6:.2f}" for k, v in sorted(coll.items())]
         tp = ""
         if "analytic_tp_all_reduce_bytes_per_step" in r:
-            measured = coll.get("tp/all_reduce", {}).get("bytes", 0)
+            # The mesh reuses the world group for an axis as wide as the world.
+            group = "world" if r["tp"] == r["world"] else "tp"
+            measured = coll.get(f"{group}/all_reduce", {}).get("bytes", 0)
             tp = f"{measured / 1e6:.2f} / {r['analytic_tp_all_reduce_bytes_per_step'] / 1e6:.2f}"
         ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else ""
         print(f"| {layout(r)} | {r['world']} | {r['tokens_per_s']:.0f} | {ratio} | {r['params_rank0']} | "
