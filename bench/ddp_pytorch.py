@@ -59,9 +59,57 @@ class Cnn(nn.Module):
         return self.fc1(h)
 
 
+class GptBlock(nn.Module):
+    """One pre-LN block of paratrain::models::make_gpt: x + attn(ln1(x)), then + mlp(ln2(.))."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d)
+        self.fc_proj = nn.Linear(4 * d, d)
+
+    def attn(self, x):
+        # Written out as the C++ model is (LibTorch 1.13 has no fused SDPA in C++).
+        b, s, d = x.shape
+        hd = d // self.heads
+        q, k, v = (t.view(b, s, self.heads, hd).transpose(1, 2) for t in self.qkv(x).split(d, dim=2))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / hd ** 0.5)
+        future = torch.ones(s, s, dtype=torch.bool).triu(1)
+        att = torch.softmax(att.masked_fill(future, float("-inf")), dim=-1)
+        return self.proj((att @ v).transpose(1, 2).contiguous().view(b, s, d))
+
+    def forward(self, x):
+        h = x + self.attn(self.ln1(x))
+        return h + self.fc_proj(F.gelu(self.fc(self.ln2(h))))
+
+
+class Gpt(nn.Module):
+    """make_gpt(bench_gpt()) of bench/ddp_throughput.cpp: byte tokens, 4 layers,
+    d 256, 4 heads, seq 128, no dropout, LM head tied to wte. Same sizes and
+    operations; initial weights are PyTorch's defaults (speed does not care)."""
+
+    def __init__(self, vocab=256, seq_len=128, layers=4, d=256, heads=4):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(seq_len, d)
+        self.blocks = nn.ModuleList(GptBlock(d, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+
+    def forward(self, tokens):
+        pos = torch.arange(tokens.size(1))
+        h = self.wte(tokens) + self.wpe(pos)
+        for block in self.blocks:
+            h = block(h)
+        return F.linear(self.ln_f(h), self.wte.weight)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--model", choices=["mlp", "cnn"], default="mlp")
+    p.add_argument("--model", choices=["mlp", "cnn", "gpt"], default="mlp")
     p.add_argument("--mode", choices=["bucketed", "local", "nocomm"], default="bucketed",
                    help="bucketed: torch DDP; local: no DDP, one rank; nocomm: DDP with a comm "
                         "hook that skips the all-reduce (analysis only: the ceiling)")
@@ -93,12 +141,17 @@ def main():
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
     torch.manual_seed(o.seed)
-    model = Mlp() if o.model == "mlp" else Cnn()
+    model = {"mlp": Mlp, "cnn": Cnn, "gpt": Gpt}[o.model]()
     pool = 8  # ready-made batches per rank, cycled through (as the C++ side)
     g = torch.Generator().manual_seed(o.seed + 1000 + rank)
-    shape = (784,) if o.model == "mlp" else (1, 28, 28)
-    inputs = [torch.randn((o.batch, *shape), generator=g) for _ in range(pool)]
-    targets = [torch.randint(0, 10, (o.batch,), generator=g) for _ in range(pool)]
+    if o.model == "gpt":
+        windows = [torch.randint(0, 256, (o.batch, 129), generator=g) for _ in range(pool)]
+        inputs = [w[:, :128].contiguous() for w in windows]
+        targets = [w[:, 1:].contiguous() for w in windows]
+    else:
+        shape = (784,) if o.model == "mlp" else (1, 28, 28)
+        inputs = [torch.randn((o.batch, *shape), generator=g) for _ in range(pool)]
+        targets = [torch.randint(0, 10, (o.batch,), generator=g) for _ in range(pool)]
 
     net = model
     if o.mode in ("bucketed", "nocomm"):
@@ -115,7 +168,8 @@ def main():
         for i in range(steps):
             b = i % pool
             t0 = time.perf_counter()
-            loss = F.cross_entropy(net(inputs[b]), targets[b])
+            logits = net(inputs[b])
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets[b].reshape(-1))
             t1 = time.perf_counter()
             opt.zero_grad()
             loss.backward()

@@ -29,6 +29,7 @@
 #include "paratrain/data_parallel/ddp/ddp.h"
 #include "paratrain/data_parallel/ddp/naive.h"
 #include "paratrain/models/cnn.h"
+#include "paratrain/models/gpt.h"
 #include "paratrain/models/mlp.h"
 
 namespace {
@@ -39,7 +40,9 @@ namespace comm = paratrain::comm;
 namespace ddp = paratrain::ddp;
 
 struct BenchOptions {
-  std::string model = "mlp";     // mlp: 784-1024-1024-10; cnn: models::CnnOptions{} (28x28x1)
+  // mlp: 784-1024-1024-10; cnn: models::CnnOptions{} (28x28x1); gpt: kBenchGpt
+  // (4 layers, d 256, 4 heads, 128 byte tokens, dropout 0) on random tokens.
+  std::string model = "mlp";
   // bucketed (DDP), naive (NaiveDataParallel), local (no DDP, 1 rank), nocomm
   // (DDP skipping the all-reduce: analysis only, trains replicas apart).
   std::string mode = "bucketed";
@@ -59,6 +62,19 @@ struct BenchOptions {
   int64_t powersgd_rank = 1;
   std::string out;  // also append the JSON line to this file (rank 0)
 };
+
+// The GPT the issue names ("a 4-layer d=256 GPT"), as configs/gpt_fortunes.toml
+// but without dropout: bench/ddp_pytorch.py builds the same one.
+paratrain::models::GptOptions bench_gpt() {
+  paratrain::models::GptOptions g;
+  g.vocab = 256;
+  g.seq_len = 128;
+  g.layers = 4;
+  g.d_model = 256;
+  g.heads = 4;
+  g.dropout = 0;
+  return g;
+}
 
 struct Workload {
   std::shared_ptr<paratrain::models::Model> model;
@@ -150,7 +166,7 @@ int main(int argc, char** argv) {
   BenchOptions o;
   CLI::App app{"One rank of the DDP throughput benchmark; rank 0 prints one JSON line. "
                "Run under `paratrain launch --nproc-per-node N --`."};
-  app.add_option("--model", o.model, "mlp (784-1024-1024-10) or cnn")->capture_default_str();
+  app.add_option("--model", o.model, "mlp (784-1024-1024-10), cnn or gpt (4 layers, d 256, seq 128)")->capture_default_str();
   app.add_option("--mode", o.mode,
                  "bucketed (DDP), naive (NaiveDataParallel), local (no DDP) or nocomm (DDP "
                  "without all-reduce: analysis only)")
@@ -183,8 +199,8 @@ int main(int argc, char** argv) {
 namespace {
 
 void validate(const BenchOptions& o) {
-  if (o.model != "mlp" && o.model != "cnn") {
-    throw ConfigError(fmt::format("--model must be mlp or cnn, got '{}'", o.model));
+  if (o.model != "mlp" && o.model != "cnn" && o.model != "gpt") {
+    throw ConfigError(fmt::format("--model must be mlp, cnn or gpt, got '{}'", o.model));
   }
   if (o.mode != "bucketed" && o.mode != "naive" && o.mode != "local" && o.mode != "nocomm") {
     throw ConfigError(
@@ -291,6 +307,19 @@ Workload make_workload(const BenchOptions& o, int rank) {
   s.num_samples = kPoolBatches * o.batch;
   s.num_classes = 10;
   s.seed = o.seed + 1000 + static_cast<uint64_t>(rank);
+  if (o.model == "gpt") {
+    // Random byte windows of seq_len + 1: inputs are the first seq_len tokens,
+    // targets the next token at each position.
+    const auto g = bench_gpt();
+    w.model = paratrain::models::make_gpt(g);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed + 1000 + static_cast<uint64_t>(rank));
+    for (int64_t b = 0; b < kPoolBatches; ++b) {
+      const at::Tensor window = at::randint(g.vocab, {o.batch, g.seq_len + 1}, gen, at::kLong);
+      w.inputs.push_back(window.narrow(1, 0, g.seq_len).contiguous());
+      w.targets.push_back(window.narrow(1, 1, g.seq_len).contiguous());
+    }
+    return w;
+  }
   if (o.model == "mlp") {
     w.model = paratrain::models::make_mlp({784, {1024, 1024}, 10});
     s.input_shape = {784};
@@ -318,7 +347,9 @@ Totals run_steps(Workload& w, torch::optim::SGD& opt,
     const auto t0 = Clock::now();
     if (bucketed) bucketed->prepare_forward();
     if (naive) naive->prepare_forward();
-    loss = torch::nn::functional::cross_entropy(w.model->forward(w.inputs[b]), w.targets[b]);
+    const at::Tensor logits = w.model->forward(w.inputs[b]);
+    // The GPT predicts every position: [B, S, V] against [B, S].
+    loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), w.targets[b].reshape({-1}));
     const auto t1 = Clock::now();
     opt.zero_grad();
     loss.backward();

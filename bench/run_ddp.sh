@@ -12,8 +12,9 @@
 #   bench/run_ddp.sh --bucket-cap-mb 4        # extra flags go to both sides
 #
 # Environment: BUILD_DIR (default build), PYTHON (default /usr/bin/python3),
-# REPEATS (5), MODELS ("mlp cnn"), MLP_STEPS/MLP_WARMUP (80/10),
-# CNN_STEPS/CNN_WARMUP (30/4), BATCH (64 per rank), WORLDS ("1 2"),
+# REPEATS (5), MODELS ("mlp cnn"; also gpt), MLP_STEPS/MLP_WARMUP (80/10),
+# CNN_STEPS/CNN_WARMUP (30/4), GPT_STEPS/GPT_WARMUP (12/2), BATCH (64 per
+# rank; e.g. 8 for the GPT), WORLDS ("1 2"),
 # MODES ("bucketed"; also naive, paratrain only, and nocomm, DDP skipping the
 # all-reduce: the ceiling, analysis only), LOCAL (0; 1 also times both sides
 # without DDP at 1 rank, the compute-only baseline), OUT_DIR (runs and logs),
@@ -61,11 +62,12 @@ steps_for() {  # model -> "--steps N --warmup M"
   case $1 in
     mlp) echo "--steps ${MLP_STEPS:-80} --warmup ${MLP_WARMUP:-10}" ;;
     cnn) echo "--steps ${CNN_STEPS:-30} --warmup ${CNN_WARMUP:-4}" ;;
+    gpt) echo "--steps ${GPT_STEPS:-12} --warmup ${GPT_WARMUP:-2}" ;;
   esac
 }
 for model in $models; do
-  if [[ $model != mlp && $model != cnn ]]; then
-    echo "run_ddp.sh: unknown model '$model' in MODELS; use mlp and/or cnn" >&2
+  if [[ $model != mlp && $model != cnn && $model != gpt ]]; then
+    echo "run_ddp.sh: unknown model '$model' in MODELS; use mlp, cnn and/or gpt" >&2
     exit 2
   fi
 done
