@@ -13,7 +13,7 @@
 # SGD, not the config's AdamW: AdamW turns rounding noise into full-size
 # steps for any strategy, DDP included (docs/notes/megatron.md).
 # Environment: BUILD_DIR (build), STEPS (20), OUT (run folder; default a temp
-# dir), LAYOUTS (default "pp2 tp2_pp2").
+# dir), LAYOUTS (default "pp2 tp2_pp2"; also dp2_tp2_pp2, 8 processes).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -33,6 +33,8 @@ for name in ${LAYOUTS:-pp2 tp2_pp2}; do
   case $name in
     pp2) nproc=2; args=(--set parallel.pp=2) ;;
     tp2_pp2) nproc=4; args=(--set parallel.pp=2 --set parallel.tp=2) ;;
+    # 2 replicas of 8 windows each: the same 16 windows per step.
+    dp2_tp2_pp2) nproc=8; args=(--set parallel.pp=2 --set parallel.tp=2 --set data.batch_size=8) ;;
     *) echo "unknown layout $name" >&2; exit 2 ;;
   esac
   "$build/paratrain" launch --nproc-per-node "$nproc" -- "$build/paratrain" train "${common[@]}" \

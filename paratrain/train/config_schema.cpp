@@ -191,6 +191,10 @@ std::string gpt_problem(const TrainConfig& c) {
                        "parallel.pp ({}) x pipeline.virtual_stages ({}) = {} chunks of at least one layer each: "
                        "raise model.layers or lower parallel.pp",
                        c.model.layers, c.model.layers + 2, c.parallel.pp, c.pipeline.virtual_stages, chunks);
+  if (c.parallel.pp > 1 && c.zero.stage > 0)
+    return fmt::format("zero.stage = {} with parallel.pp = {} and model.kind = \"gpt\": the tied embedding's copies on "
+                       "the first and last stage sum full gradients, which ZeRO shards; set zero.stage = 0",
+                       c.zero.stage, c.parallel.pp);
   return "";
 }
 

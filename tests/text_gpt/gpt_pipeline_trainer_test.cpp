@@ -171,6 +171,16 @@ TEST_F(GptPipeline, BadLayoutsAreConfigErrorsNamingEveryFactor) {
       EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
     }
   }
+  auto zero = pipelined("bad_zero", 2, "1f1b");
+  zero.zero.stage = 1;
+  try {
+    validate_config(zero);
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    for (const char* f : {"zero.stage = 1", "parallel.pp = 2"}) {
+      EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST_F(GptPipeline, MoreStagesThanLayersIsAConfigError) {
