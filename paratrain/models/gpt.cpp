@@ -95,17 +95,43 @@ class Gpt final : public Model {
 
   at::Tensor forward(const at::Tensor& tokens) override {
     TORCH_CHECK(tokens.dim() == 2, "Gpt expects token ids [batch, seq], got shape ", tokens.sizes());
-    const int64_t s = tokens.size(1);
-    TORCH_CHECK(s >= 1 && s <= options_.seq_len, "Gpt: sequence length ", s, " is outside [1, ",
-                options_.seq_len, "] (model.seq_len)");
-    TORCH_CHECK(!at::isFloatingType(tokens.scalar_type()), "Gpt expects integer token ids, got ",
-                tokens.scalar_type());
-    const at::Tensor ids = tokens.to(torch::kLong);
-    const at::Tensor positions = torch::arange(s, torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
-    at::Tensor h = drop->forward(wte->forward(ids) + wpe->forward(positions));
-    for (const auto& block : *blocks) h = block->as<Block>()->forward(h);
-    // The tied head: logits = ln_f(h) @ wte.weight^T, no bias.
-    return torch::nn::functional::linear(ln_f->forward(h), wte->weight);
+    at::Tensor h = tokens;
+    for (const auto& layer : layers()) h = layer.forward(h);
+    return h;
+  }
+
+  // "embed" (wte, wpe, dropout), "blocks.<i>", "head" (ln_f and the tied
+  // wte): forward() is exactly their composition.
+  std::vector<Layer> layers() override {
+    std::vector<Layer> out;
+    const int64_t seq_len = options_.seq_len;
+    out.push_back({"embed",
+                   {{"wte", wte.ptr()}, {"wpe", wpe.ptr()}, {"drop", drop.ptr()}},
+                   [wte = wte, wpe = wpe, drop = drop, seq_len](const at::Tensor& tokens) mutable {
+                     const int64_t s = tokens.size(1);
+                     TORCH_CHECK(s >= 1 && s <= seq_len, "Gpt: sequence length ", s, " is outside [1, ", seq_len,
+                                 "] (model.seq_len)");
+                     TORCH_CHECK(!at::isFloatingType(tokens.scalar_type()), "Gpt expects integer token ids, got ",
+                                 tokens.scalar_type());
+                     const at::Tensor ids = tokens.to(torch::kLong);
+                     const at::Tensor positions =
+                         torch::arange(s, torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
+                     return drop->forward(wte->forward(ids) + wpe->forward(positions));
+                   }});
+    for (size_t i = 0; i < blocks->size(); ++i) {
+      auto block = blocks->ptr<Block>(i);
+      const std::string name = "blocks." + std::to_string(i);
+      out.push_back({name, {{name, block}}, [block](const at::Tensor& h) { return block->forward(h); }});
+    }
+    // The tied head: logits = ln_f(h) @ wte.weight^T, no bias. It names wte
+    // as the embedding does, so a pipeline's last stage holds a copy of the
+    // weight under its one name (pipeline/tied.h sums the copies' gradients).
+    out.push_back({"head",
+                   {{"ln_f", ln_f.ptr()}, {"wte", wte.ptr()}},
+                   [ln_f = ln_f, wte = wte](const at::Tensor& h) mutable {
+                     return torch::nn::functional::linear(ln_f->forward(h), wte->weight);
+                   }});
+    return out;
   }
 
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};

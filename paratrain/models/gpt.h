@@ -41,10 +41,10 @@ struct GptOptions {
 // does not grow with depth. Draws from torch's default generator:
 // deterministic after torch::manual_seed. Throws c10::Error on bad sizes.
 //
-// layers() is empty: the LM head uses wte's weight, so an embedding stage and
-// a head stage would each need it and their gradients would have to be
-// summed across stages (Megatron's tied-embedding all-reduce), which the
-// pipeline does not do. The pipeline strategy rejects such a model.
+// layers(): "embed", "blocks.<i>", "head". The head layer lists wte too (the
+// LM head is tied to it): a pipeline gives the last stage its own copy of
+// wte.weight, starting equal to the first stage's, and sums the two copies'
+// gradients after backward (Megatron's embedding group; pipeline/tied.h).
 std::shared_ptr<Model> make_gpt(const GptOptions& options);
 
 }  // namespace paratrain::models

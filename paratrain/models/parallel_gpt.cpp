@@ -145,6 +145,66 @@ std::vector<at::Tensor> ParallelGpt::sequence_parallel_params() const {
 // reduce_scatter_to_sequence_region. The row-parallel bias and the LayerNorms
 // then act on a chunk, so their gradients are partial: the strategy sums
 // sequence_parallel_params() over tp after backward.
+namespace {
+
+// What one decoder block needs besides its parameters.
+struct BlockContext {
+  tpl::TpContext tp;
+  bool use_sp = false;
+  comm::ProcessGroup* cp = nullptr;  // nullptr: the whole sequence here
+  int64_t heads = 0;                 // this rank's
+  int64_t head_dim = 0;
+  double dropout = 0;
+  at::Generator attention_dropout;   // this tp rank's in-region stream
+};
+
+// One block on h: [B, S, d] (under SP, this rank's part of the sequence).
+at::Tensor block_forward(BlockParams& block, at::Tensor h, const BlockContext& c, bool training) {
+  const sp::SequenceParallelContext spc{c.tp.group, /*seq_dim=*/1, c.tp.timeout};
+  // A LayerNorm output entering a column-parallel layer's matmul (see the note).
+  auto enter = [&](const at::Tensor& x) {
+    return c.use_sp ? sp::gather_from_sequence_region(x, spc) : tpl::copy_to_region(x, c.tp);
+  };
+  auto leave = [&](const at::Tensor& partial, const at::Tensor& bias) {
+    at::Tensor y =
+        c.use_sp ? sp::reduce_scatter_to_sequence_region(partial, spc) : tpl::reduce_from_region(partial, c.tp);
+    return y + bias;
+  };
+  // Attention: this rank's heads, over the whole sequence (ring) or chunk.
+  const auto& attn = *block.attn;
+  const at::Tensor qkv = at::linear(enter(block.ln1->forward(h)), attn.qkv->weight, attn.qkv->bias);
+  const int64_t b = qkv.size(0), s = qkv.size(1);
+  const std::vector<at::Tensor> parts = qkv.chunk(3, -1);
+  auto split_heads = [&](const at::Tensor& t) { return t.reshape({b, s, c.heads, c.head_dim}).transpose(1, 2); };
+  at::Tensor y;
+  if (c.cp != nullptr) {
+    y = sp::ring_attention(split_heads(parts[0]), split_heads(parts[1]), split_heads(parts[2]), *c.cp,
+                           {.causal = true, .scale = std::nullopt, .timeout = c.tp.timeout});
+  } else {
+    at::Generator gen = c.attention_dropout;
+    y = tpl::causal_attention(split_heads(parts[0]), split_heads(parts[1]), split_heads(parts[2]), c.dropout, training,
+                              &gen);
+  }
+  y = y.transpose(1, 2).reshape({b, s, c.heads * c.head_dim});
+  h = h + torch::dropout(leave(at::linear(y, attn.proj->weight), attn.proj->bias), c.dropout, training);
+  // MLP: fc column-parallel, GELU on the slice, proj row-parallel.
+  const auto& mlp = *block.mlp;
+  const at::Tensor a = torch::gelu(at::linear(enter(block.ln2->forward(h)), mlp.fc->weight, mlp.fc->bias));
+  return h + torch::dropout(leave(at::linear(a, mlp.proj->weight), mlp.proj->bias), c.dropout, training);
+}
+
+BlockContext block_context(const ParallelGptOptions& o, comm::ProcessGroup* cp, const at::Generator& gen) {
+  return {.tp = o.tp,
+          .use_sp = o.megatron_sp,
+          .cp = cp != nullptr && cp->size() > 1 ? cp : nullptr,
+          .heads = o.gpt.heads / o.tp.size(),
+          .head_dim = o.gpt.d_model / o.gpt.heads,
+          .dropout = o.gpt.dropout,
+          .attention_dropout = gen};
+}
+
+}  // namespace
+
 at::Tensor ParallelGpt::forward(const at::Tensor& tokens) {
   const GptOptions& g = options_.gpt;
   auto& p = *parts_;
@@ -152,7 +212,7 @@ at::Tensor ParallelGpt::forward(const at::Tensor& tokens) {
   const bool use_sp = options_.megatron_sp;
   const sp::SequenceParallelContext spc{tp.group, /*seq_dim=*/1, tp.timeout};
   TORCH_CHECK(tokens.dim() == 2, "ParallelGpt expects token ids [batch, seq / cp], got shape ", tokens.sizes());
-  const int64_t s = tokens.size(1), b = tokens.size(0);
+  const int64_t s = tokens.size(1);
   const int64_t offset = static_cast<int64_t>(cp_rank()) * s;
   TORCH_CHECK(s >= 1 && offset + s <= g.seq_len, "ParallelGpt: chunk of ", s, " tokens at cp rank ", cp_rank(),
               " covers positions up to ", offset + s, ", beyond model.seq_len ", g.seq_len);
@@ -164,39 +224,48 @@ at::Tensor ParallelGpt::forward(const at::Tensor& tokens) {
   const at::Tensor positions = torch::arange(offset, offset + s, torch::TensorOptions().dtype(torch::kLong));
   at::Tensor h = torch::dropout(p.wte->forward(ids) + p.wpe->forward(positions), g.dropout, is_training());
   if (use_sp) h = sp::scatter_to_sequence_region(h, spc);
-
-  const int64_t heads = g.heads / tp.size(), hd = g.d_model / g.heads;
-  // A LayerNorm output entering a column-parallel layer's matmul (see the note).
-  auto enter = [&](const at::Tensor& x) {
-    return use_sp ? sp::gather_from_sequence_region(x, spc) : tpl::copy_to_region(x, tp);
-  };
-  auto leave = [&](const at::Tensor& partial, const at::Tensor& bias) {
-    at::Tensor y = use_sp ? sp::reduce_scatter_to_sequence_region(partial, spc) : tpl::reduce_from_region(partial, tp);
-    return y + bias;
-  };
-  for (const auto& block : p.block_list) {
-    // Attention: this rank's heads, over the whole sequence (ring) or chunk.
-    const auto& attn = *block->attn;
-    const at::Tensor qkv = at::linear(enter(block->ln1->forward(h)), attn.qkv->weight, attn.qkv->bias);
-    const std::vector<at::Tensor> parts = qkv.chunk(3, -1);
-    auto split_heads = [&](const at::Tensor& t) { return t.reshape({b, s, heads, hd}).transpose(1, 2); };
-    at::Tensor y;
-    if (cp_size() > 1) {
-      y = sp::ring_attention(split_heads(parts[0]), split_heads(parts[1]), split_heads(parts[2]), *options_.cp,
-                             {.causal = true, .scale = std::nullopt, .timeout = tp.timeout});
-    } else {
-      y = tpl::causal_attention(split_heads(parts[0]), split_heads(parts[1]), split_heads(parts[2]), g.dropout,
-                                is_training(), &p.attention_dropout);
-    }
-    y = y.transpose(1, 2).reshape({b, s, heads * hd});
-    h = h + torch::dropout(leave(at::linear(y, attn.proj->weight), attn.proj->bias), g.dropout, is_training());
-    // MLP: fc column-parallel, GELU on the slice, proj row-parallel.
-    const auto& mlp = *block->mlp;
-    const at::Tensor a = torch::gelu(at::linear(enter(block->ln2->forward(h)), mlp.fc->weight, mlp.fc->bias));
-    h = h + torch::dropout(leave(at::linear(a, mlp.proj->weight), mlp.proj->bias), g.dropout, is_training());
-  }
+  const BlockContext c = block_context(options_, options_.cp, p.attention_dropout);
+  for (const auto& block : p.block_list) h = block_forward(*block, h, c, is_training());
   // The tied head: this rank's vocabulary rows of wte.
-  return at::linear(enter(p.ln_f->forward(h)), p.wte->weight);
+  const at::Tensor x = p.ln_f->forward(h);
+  return at::linear(use_sp ? sp::gather_from_sequence_region(x, spc) : tpl::copy_to_region(x, tp), p.wte->weight);
+}
+
+// As the single-process GPT's layers (gpt.h): embed, blocks.<i>, head, the
+// head holding this rank's vocabulary rows of wte (tied), giving this rank's
+// logit columns. Boundaries carry [B, S, d] replicated over tp.
+std::vector<Layer> ParallelGpt::layers() {
+  // Under cp or Megatron-SP a boundary would carry a part of the sequence,
+  // which the pipeline's shapes do not describe: not cut.
+  if (cp_size() > 1 || options_.megatron_sp) return {};
+  auto& p = *parts_;
+  const GptOptions g = options_.gpt;
+  const tpl::TpContext tp = options_.tp;
+  std::vector<Layer> out;
+  out.push_back({"embed",
+                 {{"wte", p.wte.ptr()}, {"wpe", p.wpe.ptr()}},
+                 [wte = p.wte, wpe = p.wpe, g](const at::Tensor& tokens) mutable {
+                   const int64_t s = tokens.size(1);
+                   TORCH_CHECK(s >= 1 && s <= g.seq_len, "ParallelGpt: sequence length ", s, " is outside [1, ",
+                               g.seq_len, "] (model.seq_len)");
+                   const at::Tensor positions = torch::arange(s, torch::TensorOptions().dtype(torch::kLong));
+                   return torch::dropout(wte->forward(tokens.to(torch::kLong)) + wpe->forward(positions), g.dropout,
+                                         wte->is_training());
+                 }});
+  const BlockContext c = block_context(options_, nullptr, p.attention_dropout);
+  for (size_t i = 0; i < p.block_list.size(); ++i) {
+    auto block = p.block_list[i];
+    const std::string name = "blocks." + std::to_string(i);
+    out.push_back({name, {{name, block}}, [block, c](const at::Tensor& h) {
+                     return block_forward(*block, h, c, block->is_training());
+                   }});
+  }
+  out.push_back({"head",
+                 {{"ln_f", p.ln_f.ptr()}, {"wte", p.wte.ptr()}},
+                 [ln_f = p.ln_f, wte = p.wte, tp](const at::Tensor& h) mutable {
+                   return at::linear(tpl::copy_to_region(ln_f->forward(h), tp), wte->weight);
+                 }});
+  return out;
 }
 
 }  // namespace paratrain::models

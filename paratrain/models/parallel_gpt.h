@@ -53,6 +53,12 @@ class ParallelGpt : public Model {
   // tokens: [B, S/cp] this rank's chunk -> logits shard [B, S/cp, vocab/tp].
   at::Tensor forward(const at::Tensor& tokens) override;
 
+  // embed, blocks.<i>, head as in gpt.h, each on this rank's shards: the
+  // head's output is this rank's logit columns [B, S, vocab/tp]; the head
+  // lists wte too (tied: a pipeline sums the copies' gradients). Empty under
+  // cp > 1 or megatron_sp (a stage boundary would carry a sequence part).
+  std::vector<Layer> layers() override;
+
   // Parameters replicated over tp whose gradient each tp rank computes from
   // its sequence part only under megatron_sp (LayerNorms, row-parallel
   // biases): sum their gradients over tp after backward. Empty without SP.

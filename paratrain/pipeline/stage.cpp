@@ -6,11 +6,41 @@
 #include <fmt/format.h>
 
 namespace paratrain::pipeline {
+namespace {
+
+// Registers `module` under a dotted path ("blocks.3"): torch names a child
+// without dots, so each part before the last becomes a plain container module
+// (created on first use, shared by later layers: blocks.3 and blocks.4 end up
+// in one "blocks"), and parameters read "blocks.3.attn.qkv.weight" as in the
+// whole model. A module already registered under the same path (a tied layer
+// two layers of one rank share) is kept once.
+void register_path(torch::nn::Module& root, const std::string& path, const std::shared_ptr<torch::nn::Module>& module) {
+  torch::nn::Module* parent = &root;
+  std::string rest = path;
+  for (size_t dot = rest.find('.'); dot != std::string::npos; dot = rest.find('.')) {
+    const std::string part = rest.substr(0, dot);
+    rest = rest.substr(dot + 1);
+    const auto children = parent->named_children();
+    if (const auto* found = children.find(part)) {
+      parent = found->get();
+    } else {
+      parent = parent->register_module(part, std::make_shared<torch::nn::Module>(part)).get();
+    }
+  }
+  const auto siblings = parent->named_children();
+  if (const auto* existing = siblings.find(rest)) {
+    TORCH_CHECK(existing->get() == module.get(), "pipeline: two different modules are both named ", path);
+    return;
+  }
+  parent->register_module(rest, module);
+}
+
+}  // namespace
 
 StageModule::StageModule(std::vector<models::Layer> layers) : torch::nn::Module("PipelineStage"), layers_(std::move(layers)) {
   TORCH_CHECK(!layers_.empty(), "a pipeline chunk needs at least one layer");
   for (const auto& layer : layers_) {
-    for (const auto& [name, module] : layer.modules) register_module(name, module);
+    for (const auto& [name, module] : layer.modules) register_path(*this, name, module);
   }
 }
 
@@ -32,18 +62,18 @@ std::shared_ptr<torch::nn::Module> merge_chunks(const std::vector<std::shared_pt
   auto merged = std::make_shared<torch::nn::Module>("PipelineRank");
   for (const auto& chunk : chunks) {
     for (const auto& layer : chunk->layers()) {
-      for (const auto& [name, module] : layer.modules) merged->register_module(name, module);
+      for (const auto& [name, module] : layer.modules) register_path(*merged, name, module);
     }
   }
   return merged;
 }
 
 BoundaryShapes infer_boundary_shapes(const std::vector<models::Layer>& layers,
-                                     const std::vector<int64_t>& example_shape) {
+                                     const std::vector<int64_t>& example_shape, at::ScalarType input_dtype) {
   torch::NoGradGuard no_grad;
   std::vector<int64_t> batch_shape{1};
   batch_shape.insert(batch_shape.end(), example_shape.begin(), example_shape.end());
-  at::Tensor h = torch::zeros(batch_shape);
+  at::Tensor h = torch::zeros(batch_shape, torch::TensorOptions().dtype(input_dtype));
   BoundaryShapes out;
   auto add = [&out](const at::Tensor& t) {
     out.shapes.emplace_back(t.sizes().begin() + 1, t.sizes().end());

@@ -35,6 +35,8 @@ class StageModule : public torch::nn::Module {
   std::vector<models::Layer> layers_;
 };
 
+// Module names may be dotted paths ("blocks.3"): plain container modules are
+// made for the parts before the last, so parameter names match the model's.
 // Registers every module of `chunks` under its model name, so one module's
 // named_parameters() lists a rank's parameters as the single-process model
 // names them (a rank holding chunks 0 and 2 of interleaved 1F1B included).
@@ -44,12 +46,14 @@ std::shared_ptr<torch::nn::Module> merge_chunks(const std::vector<std::shared_pt
 // layer i, shapes[layers.size()] the model's output. Runs the layers once on
 // one zero example (no grad), so every rank derives the same shapes from the
 // config alone, without messages. Layers must be row-wise (model.h).
+// `input_dtype`: the model's input (kLong for token ids: zero is a valid id).
 struct BoundaryShapes {
   std::vector<std::vector<int64_t>> shapes;
   std::vector<at::ScalarType> dtypes;
 };
 BoundaryShapes infer_boundary_shapes(const std::vector<models::Layer>& layers,
-                                     const std::vector<int64_t>& example_shape);
+                                     const std::vector<int64_t>& example_shape,
+                                     at::ScalarType input_dtype = at::kFloat);
 
 // Parameter elements per layer (balancing by parameters).
 std::vector<double> layer_parameter_counts(const std::vector<models::Layer>& layers);

@@ -183,12 +183,18 @@ std::string gpt_problem(const TrainConfig& c) {
                        "dimensions",
                        c.model.d_model, c.model.heads);
   if (c.data.path.empty()) return "data.path must name a text file or folder (e.g. /usr/share/games/fortunes)";
-  if (c.parallel.pp > 1)
-    return fmt::format("model.kind = \"gpt\" cannot be cut into pipeline stages yet (parallel.pp = {}): its LM "
-                       "head shares wte's weight with the embedding, whose gradients would have to be summed across "
-                       "the first and last stage; set parallel.pp = 1 (parallel.tp, parallel.cp and parallel.dp "
-                       "do apply to the GPT)",
-                       c.parallel.pp);
+  // A pipeline cuts the GPT into embed, blocks.<i>, head (models/gpt.h):
+  // every chunk needs one of them.
+  const int64_t chunks = c.parallel.pp * c.pipeline.virtual_stages;
+  if (c.parallel.pp > 1 && c.model.layers + 2 < chunks)
+    return fmt::format("model.layers ({}) + 2 (the embedding and the head) = {} pipeline layers cannot fill "
+                       "parallel.pp ({}) x pipeline.virtual_stages ({}) = {} chunks of at least one layer each: "
+                       "raise model.layers or lower parallel.pp",
+                       c.model.layers, c.model.layers + 2, c.parallel.pp, c.pipeline.virtual_stages, chunks);
+  if (c.parallel.pp > 1 && c.zero.stage > 0)
+    return fmt::format("zero.stage = {} with parallel.pp = {} and model.kind = \"gpt\": the tied embedding's copies on "
+                       "the first and last stage sum full gradients, which ZeRO shards; set zero.stage = 0",
+                       c.zero.stage, c.parallel.pp);
   return "";
 }
 
@@ -203,6 +209,11 @@ std::string megatron_problem(const TrainConfig& c) {
                        "parallel.tp = {}: set parallel.tp >= 2 or parallel.megatron_sp = false",
                        p.tp);
   if (p.tp == 1 && p.cp == 1) return "";
+  if (p.pp > 1 && (p.cp > 1 || p.megatron_sp))
+    return fmt::format("parallel.pp = {} with parallel.cp = {} / parallel.megatron_sp = {}: pipeline stages compose "
+                       "with tensor parallelism (parallel.tp = {}) and dp only; set parallel.cp = 1 and "
+                       "parallel.megatron_sp = false",
+                       p.pp, p.cp, p.megatron_sp, p.tp);
   if (c.model.kind != "gpt")
     return fmt::format("parallel.tp = {} and parallel.cp = {} split a transformer's heads and sequence; only "
                        "model.kind = \"gpt\" supports them (got \"{}\"): set parallel.tp = 1 and parallel.cp = 1",

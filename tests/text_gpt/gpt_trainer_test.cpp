@@ -214,8 +214,10 @@ TEST(GptConfig, RulesNameTheKeys) {
   bad.model.kind = "mlp";
   expect_error(bad, "model.kind");
   bad = c;
-  bad.parallel.pp = 2;
+  bad.parallel.pp = c.model.layers + 3;  // more stages than embed + blocks + head
   expect_error(bad, "parallel.pp");
+  bad.parallel.pp = c.model.layers + 2;  // one layer per stage
+  EXPECT_NO_THROW(validate_config(bad));
   // The keys parse from TOML with their exact names.
   const auto parsed = config_from_toml_string(
       "[model]\nkind = \"gpt\"\nlayers = 3\nd_model = 48\nheads = 6\nseq_len = 32\ndropout = 0.2\n"

@@ -18,60 +18,19 @@
 #include "paratrain/train/config.h"
 #include "paratrain/train/generate.h"
 #include "paratrain/train/trainer.h"
+#include "tests/support/gpt_run.h"
 #include "tests/support/multi_rank.h"
 
 namespace paratrain::train {
 namespace {
 namespace fs = std::filesystem;
-using Params = std::vector<std::pair<std::string, at::Tensor>>;
 
-// ~12 KB of English-like text from a fixed word list and a fixed LCG.
-fs::path write_corpus(const fs::path& dir) {
-  static const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to",
-                                "big", "red", "house", "in", "sun", "we", "saw", "it", "over", "hill"};
-  std::string text;
-  uint32_t x = 777;
-  while (text.size() < 12000) {
-    x = x * 1664525u + 1013904223u;
-    text += words[(x >> 16) % 20];
-    text += (x >> 8) % 9 == 0 ? ".\n" : " ";
-  }
-  fs::create_directories(dir);
-  std::ofstream(dir / "corpus.txt") << text;
-  return dir / "corpus.txt";
-}
+fs::path write_corpus(const fs::path& dir) { return paratrain::testing::write_word_corpus(dir, 777); }
 
 constexpr int64_t kSteps = 10;
 
-// A tiny GPT (2 layers, d = 32, 4 heads, 16 tokens) with SGD + momentum and
-// gradient clipping (the bound is reached, so the global norm across shards
-// matters). SGD puts every gradient linearly into the weights, so comparing
-// weights compares gradients; AdamW is tested separately (see Note [Adam
-// amplifies rounding]).
 TrainConfig gpt_config(const std::string& out, const fs::path& corpus) {
-  TrainConfig c;
-  c.run.name = "gpt";
-  c.run.output_dir = out;
-  c.run.seed = 5;
-  c.run.log_every = 0;
-  c.model.kind = "gpt";
-  c.model.layers = 2;
-  c.model.d_model = 32;
-  c.model.heads = 4;
-  c.model.seq_len = 16;
-  c.model.dropout = 0.0;
-  c.data.dataset = "text";
-  c.data.path = corpus.string();
-  c.data.batch_size = 8;
-  c.optimizer.kind = "sgd";
-  c.optimizer.lr = 0.1;
-  c.optimizer.momentum = 0.9;
-  c.optimizer.weight_decay = 0.01;
-  c.optimizer.clip_grad_norm = 0.5;
-  c.train.epochs = 1;
-  c.train.max_steps = kSteps;
-  c.ddp.mode = "bucketed";
-  return c;
+  return paratrain::testing::tiny_gpt_config(out, corpus);
 }
 
 TrainConfig adamw(TrainConfig c) {
@@ -81,25 +40,9 @@ TrainConfig adamw(TrainConfig c) {
   return c;
 }
 
-struct RunOutput {
-  Params params;
-  TrainResult result;
-};
-
-RunOutput run_training(const TrainConfig& config, int ranks) {
-  std::vector<RunOutput> out(ranks);
-  paratrain::testing::run_ranks(ranks, [&](comm::ProcessGroup& g) {
-    Trainer t(config, g);
-    auto r = t.fit();
-    out[g.rank()] = {t.full_parameters(), r};
-  });
-  for (int r = 1; r < ranks; ++r) {
-    for (size_t i = 0; i < out[0].params.size(); ++i) {
-      EXPECT_TRUE(torch::equal(out[0].params[i].second, out[r].params[i].second)) << out[0].params[i].first;
-    }
-  }
-  return out[0];
-}
+using paratrain::testing::max_rel_diff;
+using paratrain::testing::run_training;
+using paratrain::testing::RunOutput;
 
 // Note [Adam amplifies rounding]
 // Adam steps each element by lr * m / (sqrt(v) + eps): for an element whose
@@ -114,22 +57,6 @@ RunOutput run_training(const TrainConfig& config, int ranks) {
 // SGD, which puts every gradient linearly into the weights, carries the 1e-5
 // oracle for every layout.
 constexpr double kAdamTolerance = 1e-4;
-
-// Per tensor max|a - b| / max|b| (as `paratrain checkpoint compare`), the
-// worst over tensors.
-double max_rel_diff(const Params& a, const Params& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double m = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    EXPECT_EQ(a[i].first, b[i].first);
-    EXPECT_EQ(a[i].second.sizes(), b[i].second.sizes()) << a[i].first;
-    const at::Tensor& x = a[i].second;
-    const at::Tensor& y = b[i].second;
-    const double scale = std::max(y.abs().max().item<double>(), 1e-12);
-    m = std::max(m, (x - y).abs().max().item<double>() / scale);
-  }
-  return m;
-}
 
 // Note [Megatron oracle tolerance]
 // The tensor-parallel sums (row-parallel outputs, the vocab-parallel
@@ -327,7 +254,8 @@ TEST_F(MegatronTrainer, BadLayoutsAreConfigErrorsNamingEveryFactor) {
     auto c = base;
     c.parallel.pp = 2;
     c.parallel.tp = 2;
-    expect_config_error(c, 1, {"parallel.pp = 2"});
+    c.parallel.megatron_sp = true;
+    expect_config_error(c, 1, {"parallel.pp = 2", "parallel.megatron_sp = true", "parallel.tp = 2"});
   }
   {
     auto c = base;

@@ -9,6 +9,7 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/topology/device_mesh.h"
+#include "paratrain/topology/stage_group.h"
 #include "tests/support/multi_rank.h"
 
 namespace paratrain::topology {
@@ -86,6 +87,35 @@ TEST(DeviceMesh, JointGroupHoldsRanksDifferingOnlyInTheJoinedAxes) {
     EXPECT_EQ(bits.item<int64_t>(), expected) << "rank " << world.rank();
     // Spanning the whole world: the world itself.
     EXPECT_EQ(mesh.new_joint_group({Axis::kDp, Axis::kCp, Axis::kTp}).get(), &world);
+  });
+}
+
+// The embedding group of pp = 4 x tp = 2: stages 0 and 3 of each tp rank's
+// pipeline; ranks of stages 1 and 2 are in none.
+TEST(DeviceMesh, StageGroupHoldsTheListedStagesOfOnePipeline) {
+  const ParallelDims dims{.dp = 1, .tp = 2, .pp = 4, .cp = 1};
+  testing::run_ranks(8, [&](comm::ProcessGroup& world) {
+    DeviceMesh mesh(world, dims);
+    auto g = new_stage_group(mesh, {0, 3});
+    const int stage = mesh.rank(Axis::kPp);
+    if (stage != 0 && stage != 3) {
+      EXPECT_EQ(g, nullptr);
+      return;
+    }
+    ASSERT_NE(g, nullptr);
+    ASSERT_EQ(g->size(), 2);
+    EXPECT_EQ(g->rank(), stage == 0 ? 0 : 1);  // stage order
+    auto bits = torch::tensor({int64_t{1} << world.rank()}, torch::kLong);
+    g->all_reduce(bits, comm::ReduceOp::kSum)->wait();
+    MeshCoords first = mesh.coords(), last = mesh.coords();
+    first.at[static_cast<int>(Axis::kPp)] = 0;
+    last.at[static_cast<int>(Axis::kPp)] = 3;
+    EXPECT_EQ(bits.item<int64_t>(), (int64_t{1} << rank_of(dims, first)) | (int64_t{1} << rank_of(dims, last)));
+  });
+  testing::run_ranks(2, [&](comm::ProcessGroup& world) {
+    DeviceMesh mesh(world, {.dp = 1, .tp = 1, .pp = 2, .cp = 1});
+    EXPECT_THROW(new_stage_group(mesh, {1, 0}), Error);
+    EXPECT_THROW(new_stage_group(mesh, {0, 2}), Error);
   });
 }
 

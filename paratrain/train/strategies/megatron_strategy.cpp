@@ -2,14 +2,17 @@
 // parallel.cp > 1): the GPT with tensor parallelism over the tp group, ring
 // self-attention over the cp group, optionally Megatron-SP, and DDP over
 // every replica of a rank's shards (the dp x cp ranks with its tp
-// coordinate). docs/notes/megatron.md explains which gradient is reduced over
-// which group and why the update equals one process on the global batch.
+// coordinate). With parallel.pp > 1 the tensor-parallel GPT is also cut into
+// pipeline stages run by pipeline/'s executor and schedules (tp x pp x dp).
+// docs/notes/megatron.md explains which gradient is reduced over which group
+// and why the update equals one process on the global batch.
 // Not here: the model (models/parallel_gpt.h), the layers and collectives
 // (tensor_parallel/, sequence_parallel/).
 #include <torch/torch.h>
 
 #include <cmath>
 #include <optional>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -17,6 +20,8 @@
 #include "paratrain/data_parallel/ddp/ddp.h"
 #include "paratrain/models/parallel_gpt.h"
 #include "paratrain/optim/grad_scaler.h"
+#include "paratrain/pipeline/partition.h"
+#include "paratrain/pipeline/tied.h"
 #include "paratrain/sequence_parallel/megatron_sp.h"
 #include "paratrain/sequence_parallel/ring_attention.h"
 #include "paratrain/tensor_parallel/layers.h"
@@ -25,6 +30,7 @@
 #include "paratrain/train/objective.h"
 #include "paratrain/train/strategies/builtin.h"
 #include "paratrain/train/strategies/common.h"
+#include "paratrain/train/strategies/pipeline_parts.h"
 
 namespace paratrain::train::strategies {
 namespace {
@@ -78,24 +84,33 @@ class MegatronStrategy final : public Strategy {
         tp_(ctx.mesh.group(Axis::kTp)),
         cp_(ctx.mesh.group(Axis::kCp)),
         dp_(ctx.mesh.group(Axis::kDp)),
+        pp_(ctx.mesh.group(Axis::kPp)),
+        mesh_(ctx.mesh),
         timeout_(ctx.timeout) {
     if (config_.model.kind != "gpt") {
       throw ConfigError(fmt::format("the megatron strategy (parallel.tp / parallel.cp) trains model.kind = "
                                     "\"gpt\"; got \"{}\"",
                                     config_.model.kind));
     }
-    if (ctx.mesh.size(Axis::kPp) > 1) {
-      throw ConfigError(fmt::format("parallel.pp = {} with parallel.tp = {} / parallel.cp = {}: the GPT cannot be "
-                                    "cut into pipeline stages yet; set parallel.pp = 1",
-                                    ctx.mesh.size(Axis::kPp), tp_.size(), cp_.size()));
+    if (pp_.size() > 1) {
+      if (cp_.size() > 1 || config_.parallel.megatron_sp) {
+        throw ConfigError(fmt::format("parallel.pp = {} with parallel.cp = {} / parallel.megatron_sp = {}: pipeline "
+                                      "stages compose with parallel.tp ({}) and dp only; set parallel.cp = 1 and "
+                                      "parallel.megatron_sp = false",
+                                      pp_.size(), cp_.size(), config_.parallel.megatron_sp, tp_.size()));
+      }
+      shape_ = pipeline_shape(config_, pp_.size(), dp_.size());
     }
     // Collective over the world, like the mesh's own groups.
     replicas_ = ctx.mesh.new_joint_group({Axis::kDp, Axis::kCp});
   }
 
   std::string name() const override {
-    return fmt::format("megatron (tp {}, cp {}, dp {}{})", tp_.size(), cp_.size(), dp_.size(),
-                       config_.parallel.megatron_sp ? ", megatron_sp" : "");
+    return fmt::format("megatron (tp {}, cp {}, dp {}{}{})", tp_.size(), cp_.size(), dp_.size(),
+                       config_.parallel.megatron_sp ? ", megatron_sp" : "",
+                       pp_.size() > 1 ? fmt::format(", pp {} {}, {} micro-batches", pp_.size(),
+                                                    config_.pipeline.schedule, shape_.microbatches)
+                                      : "");
   }
 
   void build_model(const ModelFactory& factory) override {
@@ -116,6 +131,11 @@ class MegatronStrategy final : public Strategy {
     model_ = std::make_shared<models::ParallelGpt>(o);
     tpl::load_full_parameters(*model_, full->named_parameters(), o.tp);
     layout_ = tpl::parameter_layout(*model_);
+    module_ = model_;
+    if (pp_.size() > 1) {
+      build_stages();
+      return;
+    }
     if (replicas_->size() > 1) {
       ddp::DdpOptions options;
       options.broadcast_buffers = config_.ddp.broadcast_buffers;
@@ -126,8 +146,8 @@ class MegatronStrategy final : public Strategy {
     }
   }
 
-  std::shared_ptr<torch::nn::Module> module() const override { return model_; }
-  std::vector<at::Tensor> optimizer_params() override { return model_->parameters(); }
+  std::shared_ptr<torch::nn::Module> module() const override { return module_; }
+  std::vector<at::Tensor> optimizer_params() override { return module_->parameters(); }
   // tp and cp peers read the same sequences: the sampler shards over dp only.
   DataShard data_shard() const override { return {dp_.rank(), dp_.size()}; }
 
@@ -137,6 +157,7 @@ class MegatronStrategy final : public Strategy {
   }
 
   StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {
+    if (executor_) return pipeline_forward_backward(batch, loss_fn, sync);
     std::optional<ddp::DistributedDataParallel::NoSyncGuard> no_sync;
     if (ddp_) {
       ddp_->prepare_forward();
@@ -172,7 +193,8 @@ class MegatronStrategy final : public Strategy {
   bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm,
                       optim::GradScaler* scaler) override {
     // After the reductions gradients differ only across tp (different shards).
-    const bool skip = unscale_found_inf(scaler, grads_of(model_->parameters()), {&tp_, replicas_.get()}, timeout_);
+    const bool skip =
+        unscale_found_inf(scaler, grads_of(module_->parameters()), {&tp_, replicas_.get(), &pp_}, timeout_);
     if (!skip) {
       if (clip_grad_norm > 0) clip_global_norm(clip_grad_norm);
       optimizer.step();
@@ -189,6 +211,13 @@ class MegatronStrategy final : public Strategy {
     // this replica's tp and cp groups alike (they share the dp rank): skip
     // the collectives together.
     if (inputs.size(0) == 0) return at::zeros({0, inputs.size(1), kVocab});
+    if (executor_) {
+      // The last stage gathers the vocabulary columns over its tp group,
+      // then hands the full logits to the other stages.
+      at::Tensor logits = executor_->forward_only(inputs);
+      if (logits.defined()) logits = tpl::all_gather_last_dim(logits.contiguous(), tp_context());
+      return from_last_stage(logits, {inputs.size(0), inputs.size(1), kVocab}, pp_, timeout_);
+    }
     at::Tensor logits = model_->forward(sequence_parallel::sequence_chunk(inputs, 1, cp_));
     logits = tpl::all_gather_last_dim(logits.contiguous(), tp_context());
     if (cp_.size() == 1) return logits;
@@ -203,17 +232,19 @@ class MegatronStrategy final : public Strategy {
     // One rank of the replicas writes each shard, and tp rank 0 the tensors
     // every tp rank holds in full.
     const bool replica_writer = replicas_->rank() == 0;
-    for (const auto& item : model_->named_parameters()) {
+    for (const auto& item : module_->named_parameters()) {
       const tpl::ShardSpec& spec = layout_[item.key()];
-      TensorSlot slot{item.key(), spec.full_shape, 0, item.value(), replica_writer};
+      // A tied copy (the last stage's wte) is written by the first stage.
+      const bool writer = replica_writer && !(tied_ && tied_->is_copy(item.key()));
+      TensorSlot slot{item.key(), spec.full_shape, 0, item.value(), writer};
       if (spec.replicated()) {
-        slot.write = replica_writer && tp_.rank() == 0;
+        slot.write = writer && tp_.rank() == 0;
       } else {
         slot.segments = shard_segments(spec, tp_.rank(), tp_.size());
       }
       out.push_back(std::move(slot));
     }
-    auto buffers = buffer_slots(*model_, replica_writer && tp_.rank() == 0);
+    auto buffers = buffer_slots(*module_, replica_writer && tp_.rank() == 0);
     out.insert(out.end(), buffers.begin(), buffers.end());
     return out;
   }
@@ -231,21 +262,36 @@ class MegatronStrategy final : public Strategy {
     return {{"parallel.tp", std::to_string(tp_.size())},
             {"parallel.cp", std::to_string(cp_.size())},
             {"parallel.megatron_sp", config_.parallel.megatron_sp ? "true" : "false"},
-            {"dp", std::to_string(dp_.size())}};
+            {"dp", std::to_string(dp_.size())},
+            {"pipeline.stages", std::to_string(pp_.size())},
+            {"pipeline.layer_bounds", fmt::format("{}", fmt::join(bounds_, ","))}};
   }
 
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
     std::vector<std::pair<std::string, at::Tensor>> out;
-    for (const auto& item : tpl::gather_full_parameters(*model_, tp_context())) out.emplace_back(item.key(), item.value());
+    const auto mine = tpl::gather_full_parameters(*module_, tp_context());
+    if (pp_.size() == 1) {
+      for (const auto& item : mine) out.emplace_back(item.key(), item.value());
+      return out;
+    }
+    // In the single-process order, each from the first stage holding it.
+    for (const auto& [name, owner] : stage_of_) {
+      at::Tensor t = owner == pp_.rank() ? mine[name].contiguous() : torch::empty(layout_[name].full_shape);
+      pp_.broadcast(t, owner)->wait(timeout_);
+      out.emplace_back(name, t);
+    }
     return out;
   }
 
-  SyncStats last_stats() const override { return ddp_ ? sync_stats(ddp_->last_step_stats()) : SyncStats{}; }
+  SyncStats last_stats() const override {
+    if (!chunk_ddp_.empty()) return sync_stats(chunk_ddp_[0]->last_step_stats());
+    return ddp_ ? sync_stats(ddp_->last_step_stats()) : SyncStats{};
+  }
 
   ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const override {
     ModelStateBytes m;
-    m.params = tensor_bytes(model_->parameters());
-    m.grads = tensor_bytes(grads_of(model_->parameters()));
+    m.params = tensor_bytes(module_->parameters());
+    m.grads = tensor_bytes(grads_of(module_->parameters()));
     m.optimizer_state = tensor_bytes(optimizer_state_tensors(optimizer));
     return m;
   }
@@ -255,36 +301,108 @@ class MegatronStrategy final : public Strategy {
 
   // clip_grad_norm_ over the whole model: squared norms of sharded gradients
   // are summed over tp, those of tensors every tp rank holds in full counted
-  // once; gradients are the same on every replica after the reduction.
+  // once; gradients are the same on every replica after the reduction. With
+  // pp, each stage's sum is added over pp, a tied copy counted once.
   void clip_global_norm(double max_norm) {
     at::NoGradGuard no_grad;
     double sharded = 0, replicated = 0;
-    for (const auto& item : model_->named_parameters()) {
+    for (const auto& item : module_->named_parameters()) {
       const at::Tensor& g = item.value().grad();
-      if (!g.defined()) continue;
+      if (!g.defined() || (tied_ && tied_->is_copy(item.key()))) continue;
       const double sq = g.to(at::kDouble).pow(2).sum().item<double>();
       (layout_[item.key()].replicated() ? replicated : sharded) += sq;
     }
     at::Tensor total = torch::tensor({sharded}, torch::kDouble);
     if (tp_.size() > 1) tp_.all_reduce(total, comm::ReduceOp::kSum)->wait(timeout_);
-    const double norm = std::sqrt(total.item<double>() + replicated);
+    total += replicated;
+    if (pp_.size() > 1) pp_.all_reduce(total, comm::ReduceOp::kSum)->wait(timeout_);
+    const double norm = std::sqrt(total.item<double>());
     // As torch::nn::utils::clip_grad_norm_: scale only when above the bound.
     const double coef = max_norm / (norm + 1e-6);
     if (coef >= 1) return;
-    for (const auto& p : model_->parameters()) {
+    for (const auto& p : module_->parameters()) {
       if (p.grad().defined()) p.grad().mul_(coef);
     }
+  }
+
+  // pp > 1: the tensor-parallel GPT's layers cut into chunks (balanced by
+  // parameters, or pipeline.split: a time probe would run tp collectives on
+  // one rank only), this rank's chunks kept, DDP on each over the replicas,
+  // the tied wte's copies summed over the first and last stage.
+  void build_stages() {
+    const auto layers = model_->layers();
+    const int chunks = shape_.stages * shape_.virtual_stages;
+    const auto shapes = pipeline::infer_boundary_shapes(layers, {config_.model.seq_len}, at::kLong);
+    bounds_ = config_.pipeline.split.empty()
+                  ? pipeline::balanced_partition(pipeline::layer_parameter_counts(layers), chunks)
+                  : pipeline::explicit_partition(config_.pipeline.split, static_cast<int>(layers.size()), chunks);
+    std::set<std::string> listed;
+    for (int mc = 0; mc < chunks; ++mc) {
+      for (int j = bounds_[mc]; j < bounds_[mc + 1]; ++j) {
+        for (const auto& [prefix, module] : layers[j].modules) {
+          for (const auto& p : module->named_parameters()) {
+            const std::string name = prefix + "." + p.key();
+            if (listed.insert(name).second) stage_of_.emplace_back(name, mc % shape_.stages);
+          }
+        }
+      }
+    }
+    auto local = local_chunks(layers, shapes, bounds_, shape_, pp_.rank());
+    std::vector<std::shared_ptr<pipeline::StageModule>> modules;
+    for (const auto& c : local) modules.push_back(c.module);
+    module_ = pipeline::merge_chunks(modules);
+    model_.reset();  // the other stages' layers go
+    tied_ = std::make_unique<pipeline::TiedGradients>(
+        mesh_, pipeline::find_tied_parameters(layers, bounds_, shape_.stages), *module_, timeout_);
+    tied_->broadcast_from_first();
+    for (const auto& m : modules) {
+      if (replicas_->size() == 1) break;
+      ddp::DdpOptions options;
+      options.broadcast_buffers = config_.ddp.broadcast_buffers;
+      options.reducer.buckets = bucket_options(config_);
+      options.reducer.find_unused_parameters = config_.ddp.find_unused_parameters;
+      options.reducer.timeout = timeout_;
+      chunk_ddp_.push_back(std::make_unique<ddp::DistributedDataParallel>(m, *replicas_, std::move(options)));
+    }
+    executor_ = std::make_unique<pipeline::Executor>(pp_, std::move(local), executor_options(config_, shape_, timeout_));
+  }
+
+  // Note [The Trainer's loss under tensor parallelism] applies per
+  // micro-batch: the last stage's loss is the vocab-parallel cross-entropy
+  // of its logit columns times the LossFn's factor.
+  StepOutput pipeline_forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) {
+    const double factor = loss_factor(loss_fn);
+    auto loss = [this, factor](const at::Tensor& logits, const at::Tensor& targets) {
+      return tpl::vocab_parallel_cross_entropy(logits, targets.to(at::kLong), tp_context()) * factor;
+    };
+    const auto report =
+        executor_->train_step(batch.inputs, batch.targets, loss, ddp_chunk_hooks(chunk_ddp_, sync), nullptr, steps_++);
+    // After DDP's average over the replicas (both are sums: order is free).
+    if (sync) tied_->all_reduce_gradients();
+    // Reported with the factor, as without pp.
+    return {from_last_stage(report.loss, {1}, pp_, timeout_).reshape({})};
   }
 
   TrainConfig config_;
   comm::ProcessGroup& tp_;
   comm::ProcessGroup& cp_;
   comm::ProcessGroup& dp_;
+  comm::ProcessGroup& pp_;
+  topology::DeviceMesh& mesh_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<comm::ProcessGroup> replicas_;  // dp x cp: the ranks holding this rank's shards
   std::shared_ptr<models::ParallelGpt> model_;
   torch::OrderedDict<std::string, tpl::ShardSpec> layout_;
   std::unique_ptr<ddp::DistributedDataParallel> ddp_;
+  std::shared_ptr<torch::nn::Module> module_;  // the model, or this rank's stages (pp > 1)
+  // pp > 1:
+  pipeline::ScheduleOptions shape_;
+  std::vector<int> bounds_;
+  std::vector<std::pair<std::string, int>> stage_of_;  // each parameter's first stage, in model order
+  std::vector<std::unique_ptr<ddp::DistributedDataParallel>> chunk_ddp_;
+  std::unique_ptr<pipeline::TiedGradients> tied_;
+  std::unique_ptr<pipeline::Executor> executor_;
+  int64_t steps_ = 0;
 };
 
 }  // namespace

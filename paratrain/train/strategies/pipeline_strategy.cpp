@@ -4,11 +4,14 @@
 // is wrapped in DDP (or ZeRO-1/2: zero.stage) over the dp axis, reducing only
 // in the chunk's last backward of the step. Loss and evaluation logits are broadcast from the
 // last stage, so the Trainer's logging and evaluation see them on every rank.
+// A tensor two stages share (the GPT's tied embedding) has a copy on each,
+// their gradients summed over the mesh's stage group (pipeline/tied.h).
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <chrono>
 #include <filesystem>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -21,10 +24,12 @@
 #include "paratrain/pipeline/partition.h"
 #include "paratrain/pipeline/schedule.h"
 #include "paratrain/pipeline/stage.h"
+#include "paratrain/pipeline/tied.h"
 #include "paratrain/pipeline/timeline.h"
 #include "paratrain/train/batch_size.h"
 #include "paratrain/train/strategies/builtin.h"
 #include "paratrain/train/strategies/common.h"
+#include "paratrain/train/strategies/pipeline_parts.h"
 
 namespace paratrain::train::strategies {
 namespace {
@@ -44,7 +49,10 @@ std::vector<double> measure_layer_times(const std::vector<models::Layer>& layers
     shape.insert(shape.end(), shapes.shapes[j].begin(), shapes.shapes[j].end());
     double best = 1e30;
     for (int rep = 0; rep < 3; ++rep) {
-      auto x = torch::randn(shape, generator).requires_grad_(true);
+      // Token ids (the GPT's input) are zeros: a valid id, and no gradient.
+      auto x = at::isIntegralType(shapes.dtypes[j], /*includeBool=*/true)
+                   ? torch::zeros(shape, torch::TensorOptions().dtype(shapes.dtypes[j]))
+                   : torch::randn(shape, generator).requires_grad_(true);
       const auto start = std::chrono::steady_clock::now();
       layers[j].forward(x).sum().backward();
       best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
@@ -101,17 +109,7 @@ class PipelineStrategy final : public Strategy {
                                     "own; use \"bucketed\" or \"naive\"",
                                     dp_.size()));
     }
-    shape_.stages = pp_.size();
-    shape_.microbatches = static_cast<int>(config_.pipeline.microbatches);
-    shape_.virtual_stages = static_cast<int>(config_.pipeline.virtual_stages);
-    pipeline::validate_schedule(kind_, shape_);
-    const int64_t per_rank = resolve_batch_sizes(config_, dp_.size()).per_rank;
-    if (per_rank % config_.pipeline.microbatches != 0) {
-      throw ConfigError(fmt::format(
-          "pipeline.microbatches = {} does not divide the batch of each pipeline replica ({} = data.batch_size, or "
-          "data.global_batch_size / (dp * train.accumulate)): pick a divisor of {} or change the batch size",
-          config_.pipeline.microbatches, per_rank, per_rank));
-    }
+    shape_ = pipeline_shape(config_, pp_.size(), dp_.size());
   }
 
   std::string name() const override {
@@ -132,39 +130,33 @@ class PipelineStrategy final : public Strategy {
                                     config_.model.kind));
     }
     const int chunks = shape_.stages * shape_.virtual_stages;
-    const auto shapes = pipeline::infer_boundary_shapes(layers, model_input_shape(config_));
+    // A GPT reads token ids (model_input_shape: one window).
+    const auto shapes = pipeline::infer_boundary_shapes(layers, model_input_shape(config_),
+                                                        config_.model.kind == "gpt" ? at::kLong : at::kFloat);
     bounds_ = config_.pipeline.split.empty()
                   ? pipeline::balanced_partition(layer_costs(layers, shapes), chunks)
                   : pipeline::explicit_partition(config_.pipeline.split, static_cast<int>(layers.size()), chunks);
     record_layout(layers);
-
-    std::vector<pipeline::LocalChunk> local;
-    for (int i = 0; i < shape_.virtual_stages; ++i) {
-      const int mc = i * shape_.stages + pp_.rank();
-      std::vector<models::Layer> mine(layers.begin() + bounds_[mc], layers.begin() + bounds_[mc + 1]);
-      pipeline::LocalChunk c;
-      c.module = std::make_shared<pipeline::StageModule>(std::move(mine));
-      c.model_chunk = mc;
-      c.input_shape = shapes.shapes[bounds_[mc]];
-      c.input_dtype = shapes.dtypes[bounds_[mc]];
-      c.output_shape = shapes.shapes[bounds_[mc + 1]];
-      c.output_dtype = shapes.dtypes[bounds_[mc + 1]];
-      local.push_back(std::move(c));
-      modules_.push_back(local.back().module);
+    const auto tied = pipeline::find_tied_parameters(layers, bounds_, shape_.stages);
+    if (!tied.empty() && config_.zero.stage > 0) {
+      throw ConfigError(fmt::format("zero.stage = {} with parallel.pp = {}: {} is shared by stages {} (a tied "
+                                    "embedding), whose gradient sum ZeRO's sharded gradients do not do yet; use "
+                                    "zero.stage = 0",
+                                    config_.zero.stage, pp_.size(), tied.front().name,
+                                    fmt::join(tied.front().stages, " and ")));
     }
+
+    auto local = local_chunks(layers, shapes, bounds_, shape_, pp_.rank());
+    for (const auto& c : local) modules_.push_back(c.module);
     output_shape_ = shapes.shapes.back();
-    output_dtype_ = shapes.dtypes.back();
     module_ = pipeline::merge_chunks(modules_);
     full.reset();
+    // Collective over the world (the mesh builds the stage groups).
+    tied_ = std::make_unique<pipeline::TiedGradients>(mesh_, tied, *module_, timeout_);
+    tied_->broadcast_from_first();
     wrap_replicas();
 
-    pipeline::ExecutorOptions options;
-    options.schedule = kind_;
-    options.shape = shape_;
-    options.checkpoint_activations = config_.pipeline.checkpoint_activations;
-    options.autocast = compute_dtype(config_);
-    options.timeout = timeout_;
-    executor_ = std::make_unique<pipeline::Executor>(pp_, std::move(local), options);
+    executor_ = std::make_unique<pipeline::Executor>(pp_, std::move(local), executor_options(config_, shape_, timeout_));
     if (config_.pipeline.trace_steps > 0) {
       const int rank = mesh_.world().rank();
       pipeline::TimelineOptions options;
@@ -206,12 +198,13 @@ class PipelineStrategy final : public Strategy {
       if (!zero_.empty()) zero_[chunk]->finish_backward();
     };
     const auto report = executor_->train_step(batch.inputs, batch.targets, loss, hooks, timeline_.get(), steps_++);
+    // The copies of a tied tensor each hold their stage's part of its
+    // gradient (already averaged over dp): the sum is the whole gradient.
+    if (sync) tied_->all_reduce_gradients();
     peak_in_flight_ = report.peak_in_flight;
     peak_activation_bytes_ = report.peak_activation_bytes;
     // The loss lives on the last stage; every rank logs and checks it.
-    at::Tensor l = report.loss.defined() ? report.loss.reshape({1}).to(at::kFloat).clone() : torch::zeros({1});
-    pp_.broadcast(l, pp_.size() - 1)->wait(timeout_);
-    return {l.reshape({})};
+    return {from_last_stage(report.loss, {1}, pp_, timeout_).reshape({})};
   }
 
   bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm,
@@ -244,19 +237,16 @@ class PipelineStrategy final : public Strategy {
     for (auto& d : ddp_) d->sync_buffers();
     for (auto& n : naive_) n->prepare_forward();
     for (auto& z : zero_) z->prepare_forward();
-    at::Tensor out = executor_->forward_only(inputs);
     std::vector<int64_t> shape{inputs.size(0)};
     shape.insert(shape.end(), output_shape_.begin(), output_shape_.end());
-    if (!out.defined()) out = torch::empty(shape, torch::TensorOptions().dtype(output_dtype_));
-    out = out.contiguous();
-    pp_.broadcast(out, pp_.size() - 1)->wait(timeout_);
-    return out;
+    // Evaluation logits leave the executor as float32 (executor.h).
+    return from_last_stage(executor_->forward_only(inputs), shape, pp_, timeout_);
   }
 
   // ZeRO: each dp rank writes its shard pieces of this stage's parameters
   // (disjoint), dp rank 0 the buffers; otherwise dp rank 0 writes all.
   std::vector<TensorSlot> model_slots() override {
-    if (zero_.empty()) return replicated_slots(*module_, dp_.rank() == 0);
+    if (zero_.empty()) return without_tied_copies(replicated_slots(*module_, dp_.rank() == 0));
     std::vector<TensorSlot> out;
     for (const auto& z : zero_) {
       auto pieces = z->parameter_slots();
@@ -267,7 +257,11 @@ class PipelineStrategy final : public Strategy {
     return out;
   }
   std::vector<OptimizerSlot> optimizer_slots() override {
-    if (zero_.empty()) return replicated_optimizer_slots(*module_, dp_.rank() == 0);
+    if (zero_.empty()) {
+      auto out = replicated_optimizer_slots(*module_, dp_.rank() == 0);
+      for (auto& o : out) o.slot.write = o.slot.write && !tied_->is_copy(o.slot.name);
+      return out;
+    }
     std::vector<OptimizerSlot> out;
     for (const auto& z : zero_) {
       for (auto& [param, slot] : z->optimizer_param_slots()) out.push_back(OptimizerSlot{param, slot});
@@ -339,12 +333,21 @@ class PipelineStrategy final : public Strategy {
     return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
   }
 
+  // A tied copy is loaded like every slot but written by the first stage only.
+  std::vector<TensorSlot> without_tied_copies(std::vector<TensorSlot> slots) const {
+    for (auto& slot : slots) slot.write = slot.write && !tied_->is_copy(slot.name);
+    return slots;
+  }
+
+  // Each parameter once, owned by the first stage that holds it.
   void record_layout(const std::vector<models::Layer>& layers) {
+    std::set<std::string> listed;
     const int chunks = static_cast<int>(bounds_.size()) - 1;
     for (int mc = 0; mc < chunks; ++mc) {
       for (int j = bounds_[mc]; j < bounds_[mc + 1]; ++j) {
         for (const auto& [prefix, module] : layers[j].modules) {
           for (const auto& p : module->named_parameters()) {
+            if (!listed.insert(prefix + "." + p.key()).second) continue;
             layout_.push_back({prefix + "." + p.key(), p.value().sizes().vec(), mc % shape_.stages});
           }
         }
@@ -403,8 +406,9 @@ class PipelineStrategy final : public Strategy {
       return;
     }
     at::Tensor sq = torch::zeros({1}, torch::kDouble);
-    for (const auto& p : module_->parameters()) {
-      if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum();
+    for (const auto& p : module_->named_parameters()) {
+      if (tied_->is_copy(p.key())) continue;  // counted on the first stage
+      if (p.value().grad().defined()) sq += p.value().grad().to(torch::kDouble).pow(2).sum();
     }
     pp_.all_reduce(sq, comm::ReduceOp::kSum)->wait(timeout_);
     const double norm = std::sqrt(sq.item<double>());
@@ -428,10 +432,10 @@ class PipelineStrategy final : public Strategy {
   std::vector<std::shared_ptr<pipeline::StageModule>> modules_;
   std::shared_ptr<torch::nn::Module> module_;
   std::vector<int64_t> output_shape_;
-  at::ScalarType output_dtype_ = at::kFloat;
   std::vector<std::unique_ptr<ddp::DistributedDataParallel>> ddp_;
   std::vector<std::unique_ptr<ddp::NaiveDataParallel>> naive_;
   std::vector<std::unique_ptr<zero::ZeroDataParallel>> zero_;
+  std::unique_ptr<pipeline::TiedGradients> tied_;
   std::unique_ptr<pipeline::Executor> executor_;
   std::unique_ptr<pipeline::Timeline> timeline_;
   int64_t steps_ = 0;

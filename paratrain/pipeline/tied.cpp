@@ -1,0 +1,88 @@
+// Tied parameters across pipeline stages: see tied.h.
+#include "paratrain/pipeline/tied.h"
+
+#include <torch/torch.h>
+
+#include <set>
+
+#include <fmt/format.h>
+
+#include "paratrain/core/error.h"
+
+namespace paratrain::pipeline {
+
+std::vector<TiedParameter> find_tied_parameters(const std::vector<models::Layer>& layers,
+                                                const std::vector<int>& bounds, int stages) {
+  struct Seen {
+    std::string name;
+    std::set<int> stages;
+  };
+  std::map<const c10::TensorImpl*, size_t> index;
+  std::vector<Seen> seen;
+  for (size_t mc = 0; mc + 1 < bounds.size(); ++mc) {
+    const int stage = static_cast<int>(mc) % stages;
+    for (int j = bounds[mc]; j < bounds[mc + 1]; ++j) {
+      for (const auto& [prefix, module] : layers[j].modules) {
+        for (const auto& p : module->named_parameters()) {
+          const std::string name = prefix + "." + p.key();
+          auto [it, added] = index.emplace(p.value().unsafeGetTensorImpl(), seen.size());
+          if (added) seen.push_back({name, {}});
+          if (seen[it->second].name != name) {
+            throw Error(fmt::format("pipeline: layer {} names a tensor {} that another layer names {}; a tensor "
+                                    "shared by layers must have one name",
+                                    layers[j].name, name, seen[it->second].name));
+          }
+          seen[it->second].stages.insert(stage);
+        }
+      }
+    }
+  }
+  std::vector<TiedParameter> out;
+  for (const auto& s : seen) {
+    if (s.stages.size() > 1) out.push_back({s.name, std::vector<int>(s.stages.begin(), s.stages.end())});
+  }
+  return out;
+}
+
+TiedGradients::TiedGradients(const topology::DeviceMesh& mesh, const std::vector<TiedParameter>& tied,
+                             torch::nn::Module& local, std::chrono::milliseconds timeout)
+    : timeout_(timeout) {
+  const auto params = local.named_parameters();
+  const int stage = mesh.rank(topology::Axis::kPp);
+  for (const auto& t : tied) {
+    auto it = groups_.find(t.stages);
+    if (it == groups_.end()) it = groups_.emplace(t.stages, topology::new_stage_group(mesh, t.stages)).first;
+    if (!it->second) continue;  // not one of its stages
+    const at::Tensor* p = params.find(t.name);
+    if (p == nullptr) throw Error(fmt::format("pipeline: stage {} has no parameter {} to tie; this is a bug", stage, t.name));
+    entries_.push_back({t.name, *p, it->second.get(), stage == t.stages.front()});
+  }
+}
+
+void TiedGradients::broadcast_from_first() {
+  torch::NoGradGuard no_grad;
+  for (auto& e : entries_) {
+    at::Tensor t = e.local.detach().contiguous();
+    e.group->broadcast(t, 0)->wait(timeout_);  // group rank 0 is the first stage
+    if (!t.is_same(e.local)) e.local.detach().copy_(t);
+  }
+}
+
+void TiedGradients::all_reduce_gradients() {
+  torch::NoGradGuard no_grad;
+  for (auto& e : entries_) {
+    if (!e.local.grad().defined()) e.local.mutable_grad() = torch::zeros_like(e.local);
+    at::Tensor g = e.local.grad();
+    TORCH_CHECK(g.is_contiguous(), "pipeline: the gradient of tied parameter ", e.name, " is not contiguous");
+    e.group->all_reduce(g, comm::ReduceOp::kSum)->wait(timeout_);
+  }
+}
+
+bool TiedGradients::is_copy(const std::string& name) const {
+  for (const auto& e : entries_) {
+    if (e.name == name) return !e.first;
+  }
+  return false;
+}
+
+}  // namespace paratrain::pipeline

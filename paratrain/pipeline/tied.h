@@ -1,0 +1,74 @@
+// Parameters that layers on different pipeline stages share: a GPT's word
+// embedding, read by the first stage for the input and by the last for the
+// tied LM head (models/gpt.h). As Megatron-LM does it, each stage keeps its
+// own copy, the copies start equal (broadcast from the first stage), and
+// after backward their gradients are summed over the stages holding them
+// (Megatron's "embedding group", built by topology/stage_group.h), so every
+// copy takes the same step and stays equal. Not here: cutting the model.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+
+#include "paratrain/comm/process_group.h"
+#include "paratrain/models/model.h"
+#include "paratrain/topology/device_mesh.h"
+#include "paratrain/topology/stage_group.h"
+
+namespace paratrain::pipeline {
+
+struct TiedParameter {
+  std::string name;         // as the model names it, on every stage: "wte.weight"
+  std::vector<int> stages;  // the pp ranks whose chunks use it, increasing; 2 or more
+};
+
+// The parameters that chunks on different stages share (one tensor in the
+// modules of layers that land on two stages), in the order the layers list
+// them. Chunk j ([bounds[j], bounds[j+1]) of `layers`) runs on stage
+// j % stages. A tensor shared only within one stage is not listed (autograd
+// already sums its uses). Throws Error when a shared tensor is registered
+// under two names: each stage must hold it under the one checkpoint name.
+std::vector<TiedParameter> find_tied_parameters(const std::vector<models::Layer>& layers,
+                                                const std::vector<int>& bounds, int stages);
+
+class TiedGradients {
+ public:
+  // Collective over the world (builds one mesh stage group per distinct set
+  // of stages): every rank calls it with the same `tied`. `local` is this
+  // rank's module (merge_chunks); its copies are found there by name.
+  TiedGradients(const topology::DeviceMesh& mesh, const std::vector<TiedParameter>& tied, torch::nn::Module& local,
+                std::chrono::milliseconds timeout);
+
+  // Overwrites every copy with the first stage's. Collective over the groups.
+  void broadcast_from_first();
+  // Sums each copy's gradient over its stages (an undefined gradient counts
+  // as zeros). Collective over the groups: call it on every rank after the
+  // step's last backward, after the data-parallel reduction or before it
+  // (both are sums, so the order does not change the result).
+  void all_reduce_gradients();
+  // True when this rank holds `name` as a copy of a tensor that an earlier
+  // stage also holds: it is written to checkpoints and counted in gradient
+  // norms by the first stage only.
+  bool is_copy(const std::string& name) const;
+  bool empty() const { return entries_.empty(); }
+
+ private:
+  struct Entry {
+    std::string name;
+    at::Tensor local;
+    comm::ProcessGroup* group = nullptr;
+    bool first = false;  // this rank is the first stage holding it
+  };
+  std::map<std::vector<int>, std::shared_ptr<comm::ProcessGroup>> groups_;
+  std::vector<Entry> entries_;  // those this rank holds
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace paratrain::pipeline

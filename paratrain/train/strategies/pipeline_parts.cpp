@@ -1,0 +1,79 @@
+// Pieces of the strategies that run pipeline stages: see pipeline_parts.h.
+#include "paratrain/train/strategies/pipeline_parts.h"
+
+#include <torch/torch.h>
+
+#include <fmt/format.h>
+
+#include "paratrain/core/error.h"
+#include "paratrain/train/batch_size.h"
+#include "paratrain/train/strategies/common.h"
+
+namespace paratrain::train::strategies {
+
+pipeline::ScheduleOptions pipeline_shape(const TrainConfig& config, int stages, int dp) {
+  pipeline::ScheduleOptions shape;
+  shape.stages = stages;
+  shape.microbatches = static_cast<int>(config.pipeline.microbatches);
+  shape.virtual_stages = static_cast<int>(config.pipeline.virtual_stages);
+  pipeline::validate_schedule(pipeline::parse_schedule(config.pipeline.schedule), shape);
+  const int64_t per_rank = resolve_batch_sizes(config, dp).per_rank;
+  if (per_rank % config.pipeline.microbatches != 0) {
+    throw ConfigError(fmt::format(
+        "pipeline.microbatches = {} does not divide the batch of each pipeline replica ({} = data.batch_size, or "
+        "data.global_batch_size / (dp * train.accumulate)): pick a divisor of {} or change the batch size",
+        config.pipeline.microbatches, per_rank, per_rank));
+  }
+  return shape;
+}
+
+std::vector<pipeline::LocalChunk> local_chunks(const std::vector<models::Layer>& layers,
+                                               const pipeline::BoundaryShapes& shapes, const std::vector<int>& bounds,
+                                               const pipeline::ScheduleOptions& shape, int stage) {
+  std::vector<pipeline::LocalChunk> out;
+  for (int i = 0; i < shape.virtual_stages; ++i) {
+    const int mc = i * shape.stages + stage;
+    pipeline::LocalChunk c;
+    c.module = std::make_shared<pipeline::StageModule>(
+        std::vector<models::Layer>(layers.begin() + bounds[mc], layers.begin() + bounds[mc + 1]));
+    c.model_chunk = mc;
+    c.input_shape = shapes.shapes[bounds[mc]];
+    c.input_dtype = shapes.dtypes[bounds[mc]];
+    c.output_shape = shapes.shapes[bounds[mc + 1]];
+    c.output_dtype = shapes.dtypes[bounds[mc + 1]];
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+pipeline::ExecutorOptions executor_options(const TrainConfig& config, const pipeline::ScheduleOptions& shape,
+                                           std::chrono::milliseconds timeout) {
+  pipeline::ExecutorOptions options;
+  options.schedule = pipeline::parse_schedule(config.pipeline.schedule);
+  options.shape = shape;
+  options.checkpoint_activations = config.pipeline.checkpoint_activations;
+  options.autocast = compute_dtype(config);
+  options.timeout = timeout;
+  return options;
+}
+
+pipeline::ExecutorHooks ddp_chunk_hooks(const std::vector<std::unique_ptr<ddp::DistributedDataParallel>>& ddp,
+                                        bool sync) {
+  pipeline::ExecutorHooks hooks;
+  if (ddp.empty()) return hooks;
+  hooks.before_forward = [&ddp](int chunk) { ddp[chunk]->prepare_forward(); };
+  hooks.before_backward = [&ddp, sync](int chunk, bool last) { ddp[chunk]->reducer().set_sync_enabled(sync && last); };
+  hooks.after_backward = [&ddp, sync](int chunk, bool last) {
+    if (sync && last) ddp[chunk]->finish_backward();
+  };
+  return hooks;
+}
+
+at::Tensor from_last_stage(const at::Tensor& t, const std::vector<int64_t>& shape, comm::ProcessGroup& pp,
+                           std::chrono::milliseconds timeout) {
+  at::Tensor out = t.defined() ? t.to(at::kFloat).reshape(shape).contiguous().clone() : torch::empty(shape);
+  pp.broadcast(out, pp.size() - 1)->wait(timeout);
+  return out;
+}
+
+}  // namespace paratrain::train::strategies

@@ -1,0 +1,48 @@
+// What the strategies that run pipeline stages share (the pipeline strategy,
+// and the megatron strategy with parallel.pp > 1): the schedule's shape from
+// the config, this rank's chunks from a partition, the executor's options,
+// DDP on each chunk through the executor's hooks, and values the last stage
+// holds handed to every stage.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "paratrain/data_parallel/ddp/ddp.h"
+#include "paratrain/models/model.h"
+#include "paratrain/pipeline/executor.h"
+#include "paratrain/pipeline/schedule.h"
+#include "paratrain/pipeline/stage.h"
+#include "paratrain/train/config.h"
+
+namespace paratrain::train::strategies {
+
+// pipeline.{schedule, microbatches, virtual_stages} on `stages` stages,
+// validated; ConfigError when pipeline.microbatches does not divide the
+// batch each of the `dp` pipeline replicas computes.
+pipeline::ScheduleOptions pipeline_shape(const TrainConfig& config, int stages, int dp);
+
+// This rank's chunks: model chunk i * stages + stage for each virtual stage
+// i, holding layers [bounds[mc], bounds[mc + 1]).
+std::vector<pipeline::LocalChunk> local_chunks(const std::vector<models::Layer>& layers,
+                                               const pipeline::BoundaryShapes& shapes, const std::vector<int>& bounds,
+                                               const pipeline::ScheduleOptions& shape, int stage);
+
+// pipeline.* and precision.compute as executor options.
+pipeline::ExecutorOptions executor_options(const TrainConfig& config, const pipeline::ScheduleOptions& shape,
+                                           std::chrono::milliseconds timeout);
+
+// DDP on each local chunk (one wrapper per chunk, in local order): prepare
+// before a forward, reduce only in the chunk's last backward of the step
+// (earlier micro-batches accumulate locally) and only when `sync`.
+pipeline::ExecutorHooks ddp_chunk_hooks(const std::vector<std::unique_ptr<ddp::DistributedDataParallel>>& ddp,
+                                        bool sync);
+
+// A value only the last stage holds (`t`, undefined elsewhere: the loss, the
+// evaluation logits) on every stage: broadcast over `pp` into a tensor of
+// `shape` (float32). Collective over pp.
+at::Tensor from_last_stage(const at::Tensor& t, const std::vector<int64_t>& shape, comm::ProcessGroup& pp,
+                           std::chrono::milliseconds timeout);
+
+}  // namespace paratrain::train::strategies

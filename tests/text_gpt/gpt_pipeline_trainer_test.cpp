@@ -1,0 +1,200 @@
+// The GPT cut into pipeline stages through the Trainer (parallel.pp, the
+// pipeline strategy): embed + first blocks on stage 0, ..., ln_f + the tied
+// head on the last stage, which holds its own copy of wte.weight whose
+// gradient is summed with stage 0's over the mesh's embedding group. It
+// equals one process taking the same micro-batches by train.accumulate; its
+// checkpoint consolidates to the single-process names and resumes at another
+// pp. With parallel.tp the megatron strategy runs the tensor-parallel GPT's
+// layers through the same executor (tp x pp, dp x tp x pp). The negative control (the copies' gradients without the sum) is in
+// tests/pipeline/tied_test.cpp.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "paratrain/core/error.h"
+#include "paratrain/train/checkpoint/compare.h"
+#include "paratrain/train/checkpoint/sharded.h"
+#include "paratrain/train/config.h"
+#include "paratrain/train/trainer.h"
+#include "tests/support/gpt_run.h"
+#include "tests/support/multi_rank.h"
+
+namespace paratrain::train {
+namespace {
+namespace fs = std::filesystem;
+using paratrain::testing::max_rel_diff;
+using paratrain::testing::run_training;
+using paratrain::testing::RunOutput;
+
+constexpr int kMicrobatches = 4;
+
+// Note [GPT pipeline oracle tolerance]
+// The pipeline sums micro-batch gradients (each a mean over its rows, weighted
+// by its share) where one process with train.accumulate = 4 sums the four
+// micro-batch means / 4: the same float32 terms in another order, and the
+// tied embedding's two parts (input lookup on stage 0, head on the last
+// stage) are added by an all-reduce instead of by autograd; with tp the
+// row-parallel outputs and the vocab-parallel softmax add their float32
+// terms across ranks too (Note [Megatron oracle tolerance]). Ten steps of SGD
+// with momentum and clipping keep that at a few ulps of each tensor;
+// 1e-5 relative is the project's float32 oracle bound, and a pipeline that
+// lost the embedding's head gradient is off by > 1e-2 (tied_test.cpp).
+constexpr double kTolerance = 1e-5;
+
+class GptPipeline : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(paratrain::testing::temp_dir("gpt_pipeline"));
+    corpus_ = new fs::path(paratrain::testing::write_word_corpus(fs::path(*dir_) / "text", 777));
+    // One process: the global batch of 8 as 4 accumulated micro-batches of 2.
+    auto cfg = paratrain::testing::tiny_gpt_config(*dir_ + "/single", *corpus_);
+    cfg.data.batch_size = 8 / kMicrobatches;
+    cfg.train.accumulate = kMicrobatches;
+    cfg.ddp.mode = "none";
+    single_ = new RunOutput(run_training(cfg, 1));
+  }
+  static void TearDownTestSuite() {
+    delete single_;
+    delete corpus_;
+    delete dir_;
+  }
+
+  static TrainConfig pipelined(const std::string& name, int pp, const std::string& schedule, int dp = 1) {
+    auto cfg = paratrain::testing::tiny_gpt_config(*dir_ + "/" + name, *corpus_);
+    cfg.parallel.pp = pp;
+    cfg.pipeline.schedule = schedule;
+    cfg.pipeline.microbatches = kMicrobatches / dp;
+    cfg.pipeline.trace_steps = 0;
+    cfg.data.batch_size = 8 / dp;
+    return cfg;
+  }
+
+  static RunOutput check(const std::string& name, const TrainConfig& cfg, int world) {
+    const RunOutput multi = run_training(cfg, world);
+    const double diff = max_rel_diff(multi.params, single_->params);
+    std::printf("[ %s ] pp %lld (%s) x tp %lld on %d ranks vs 1 process with train.accumulate = %d: worst "
+                "relative diff %.3g (tolerance %.0e)\n",
+                name.c_str(), static_cast<long long>(cfg.parallel.pp), cfg.pipeline.schedule.c_str(),
+                static_cast<long long>(cfg.parallel.tp), world, kMicrobatches, diff, kTolerance);
+    EXPECT_LE(diff, kTolerance);
+    EXPECT_EQ(multi.result.steps, 10);
+    EXPECT_NEAR(multi.result.test.loss, single_->result.test.loss, 1e-5 * single_->result.test.loss);
+    return multi;
+  }
+
+  static std::string* dir_;
+  static fs::path* corpus_;
+  static RunOutput* single_;
+};
+std::string* GptPipeline::dir_ = nullptr;
+fs::path* GptPipeline::corpus_ = nullptr;
+RunOutput* GptPipeline::single_ = nullptr;
+
+TEST_F(GptPipeline, TwoStagesGpipeEqualsOneProcess) { check("pp2_gpipe", pipelined("pp2_gpipe", 2, "gpipe"), 2); }
+TEST_F(GptPipeline, TwoStages1F1BEqualsOneProcess) { check("pp2_1f1b", pipelined("pp2_1f1b", 2, "1f1b"), 2); }
+// 2 blocks + embed + head: one layer per stage, the head alone on stage 3.
+TEST_F(GptPipeline, FourStagesGpipeEqualsOneProcess) { check("pp4_gpipe", pipelined("pp4_gpipe", 4, "gpipe"), 4); }
+TEST_F(GptPipeline, FourStages1F1BEqualsOneProcess) { check("pp4_1f1b", pipelined("pp4_1f1b", 4, "1f1b"), 4); }
+
+TEST_F(GptPipeline, InterleavedAndDataParallelEqualOneProcess) {
+  auto inter = pipelined("pp2_v2", 2, "interleaved_1f1b");
+  inter.pipeline.virtual_stages = 2;
+  check("pp2_v2", inter, 2);
+  // pp 2 x dp 2: the embedding group pairs stage 0 and stage 1 of each replica.
+  check("pp2_dp2", pipelined("pp2_dp2", 2, "1f1b", 2), 4);
+}
+
+TEST_F(GptPipeline, CheckpointConsolidatesToSingleProcessNamesAndResumesAtAnotherPp) {
+  const RunOutput multi = run_training(pipelined("ckpt", 2, "1f1b"), 2);
+  ASSERT_FALSE(multi.result.last_checkpoint.empty());
+  const fs::path file = fs::path(*dir_) / "pp2.safetensors";
+  consolidate_checkpoint(multi.result.last_checkpoint, file);
+  CompareOptions options;
+  options.prefix = "";  // parameters and SGD's momentum: wte.weight once, by its own name
+  const CompareReport report = compare_checkpoints(file, single_->result.last_checkpoint, options);
+  std::printf("%s\n", report.format().c_str());
+  EXPECT_TRUE(report.ok());
+  EXPECT_TRUE(report.only_in_a.empty());
+  EXPECT_TRUE(report.only_in_b.empty());
+
+  // Stopped after 5 steps at pp = 2, resumed at pp = 4: both copies of
+  // wte.weight (stage 0's, stage 3's) load from its one tensor.
+  auto first = pipelined("resume", 2, "1f1b");
+  first.train.max_steps = 5;
+  run_training(first, 2);
+  auto second = pipelined("resume", 4, "gpipe");
+  second.train.resume = "auto";
+  const RunOutput resumed = run_training(second, 4);
+  EXPECT_EQ(resumed.result.start_step, 5);
+  const double diff = max_rel_diff(resumed.params, single_->params);
+  std::printf("[ resumed pp2 -> pp4 ] worst relative diff %.3g\n", diff);
+  EXPECT_LE(diff, kTolerance);
+}
+
+// Each stage holds tp-sharded blocks; p2p carries each tp rank's copy of
+// the activations to the same tp rank of the next stage; the embedding group
+// pairs stage 0 and the last stage of one tp rank, whose wte shards (the
+// same vocabulary rows) sum their gradients.
+TEST_F(GptPipeline, TensorTimesPipelineEqualsOneProcess) {
+  auto cfg = pipelined("tp2_pp2", 2, "1f1b");
+  cfg.parallel.tp = 2;
+  check("tp2_pp2", cfg, 4);
+}
+
+TEST_F(GptPipeline, DataTimesTensorTimesPipelineEqualsOneProcessAndConsolidates) {
+  auto cfg = pipelined("dp2_tp2_pp2", 2, "1f1b", 2);
+  cfg.parallel.tp = 2;
+  const RunOutput multi = check("dp2_tp2_pp2", cfg, 8);
+  ASSERT_FALSE(multi.result.last_checkpoint.empty());
+  const fs::path file = fs::path(*dir_) / "dp2_tp2_pp2.safetensors";
+  consolidate_checkpoint(multi.result.last_checkpoint, file);
+  CompareOptions options;
+  options.prefix = "";
+  const CompareReport report = compare_checkpoints(file, single_->result.last_checkpoint, options);
+  std::printf("%s\n", report.format().c_str());
+  EXPECT_TRUE(report.ok());
+  EXPECT_TRUE(report.only_in_a.empty());
+  EXPECT_TRUE(report.only_in_b.empty());
+}
+
+TEST_F(GptPipeline, BadLayoutsAreConfigErrorsNamingEveryFactor) {
+  auto cfg = pipelined("bad_cp", 2, "1f1b");
+  cfg.parallel.tp = 2;
+  cfg.parallel.cp = 2;
+  try {
+    validate_config(cfg);
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    for (const char* f : {"parallel.pp = 2", "parallel.cp = 2", "parallel.tp = 2"}) {
+      EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+    }
+  }
+  auto zero = pipelined("bad_zero", 2, "1f1b");
+  zero.zero.stage = 1;
+  try {
+    validate_config(zero);
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    for (const char* f : {"zero.stage = 1", "parallel.pp = 2"}) {
+      EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST_F(GptPipeline, MoreStagesThanLayersIsAConfigError) {
+  auto cfg = pipelined("bad", 2, "1f1b");
+  cfg.parallel.pp = 5;  // 2 blocks + embed + head = 4 pipeline layers
+  try {
+    validate_config(cfg);
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    for (const char* f : {"model.layers (2)", "parallel.pp (5)", "pipeline.virtual_stages (1)"}) {
+      EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace paratrain::train
