@@ -94,18 +94,45 @@ class Gpt final : public Model {
   }
 
   at::Tensor forward(const at::Tensor& tokens) override {
-    TORCH_CHECK(tokens.dim() == 2, "Gpt expects token ids [batch, seq], got shape ", tokens.sizes());
-    const int64_t s = tokens.size(1);
-    TORCH_CHECK(s >= 1 && s <= options_.seq_len, "Gpt: sequence length ", s, " is outside [1, ",
-                options_.seq_len, "] (model.seq_len)");
-    TORCH_CHECK(!at::isFloatingType(tokens.scalar_type()), "Gpt expects integer token ids, got ",
-                tokens.scalar_type());
-    const at::Tensor ids = tokens.to(torch::kLong);
-    const at::Tensor positions = torch::arange(s, torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
-    at::Tensor h = drop->forward(wte->forward(ids) + wpe->forward(positions));
-    for (const auto& block : *blocks) h = block->as<Block>()->forward(h);
+    at::Tensor h = tokens;
+    for (auto& layer : layers()) h = layer.forward(h);
+    return h;
+  }
+
+  // embed (token + position embeddings, dropout), blocks.<i>, head (ln_f and
+  // the tied projection, which reads wte: listed in `reads`, so pipelines
+  // reject the model and parameter servers wait for wte before embed).
+  std::vector<Layer> layers() override {
+    std::vector<Layer> out;
+    torch::nn::Embedding wte_ = wte, wpe_ = wpe;
+    torch::nn::Dropout drop_ = drop;
+    const int64_t seq_len = options_.seq_len;
+    out.push_back({"embed", {{"wte", wte_.ptr()}, {"wpe", wpe_.ptr()}, {"drop", drop_.ptr()}},
+                   [wte_, wpe_, drop_, seq_len](const at::Tensor& tokens) mutable {
+                     TORCH_CHECK(tokens.dim() == 2, "Gpt expects token ids [batch, seq], got shape ", tokens.sizes());
+                     const int64_t s = tokens.size(1);
+                     TORCH_CHECK(s >= 1 && s <= seq_len, "Gpt: sequence length ", s, " is outside [1, ", seq_len,
+                                 "] (model.seq_len)");
+                     TORCH_CHECK(!at::isFloatingType(tokens.scalar_type()), "Gpt expects integer token ids, got ",
+                                 tokens.scalar_type());
+                     const at::Tensor ids = tokens.to(torch::kLong);
+                     const at::Tensor positions =
+                         torch::arange(s, torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
+                     return drop_->forward(wte_->forward(ids) + wpe_->forward(positions));
+                   }});
+    for (size_t i = 0; i < blocks->size(); ++i) {
+      auto block = blocks->ptr<Block>(i);
+      const std::string name = "blocks." + std::to_string(i);
+      out.push_back({name, {{name, block}}, [block](const at::Tensor& h) { return block->forward(h); }});
+    }
+    torch::nn::LayerNorm ln = ln_f;
     // The tied head: logits = ln_f(h) @ wte.weight^T, no bias.
-    return torch::nn::functional::linear(ln_f->forward(h), wte->weight);
+    out.push_back({"head", {{"ln_f", ln.ptr()}},
+                   [ln, wte_](const at::Tensor& h) mutable {
+                     return torch::nn::functional::linear(ln->forward(h), wte_->weight);
+                   },
+                   {{"wte", wte_.ptr()}}});
+    return out;
   }
 
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};

@@ -41,10 +41,12 @@ struct GptOptions {
 // does not grow with depth. Draws from torch's default generator:
 // deterministic after torch::manual_seed. Throws c10::Error on bad sizes.
 //
-// layers() is empty: the LM head uses wte's weight, so an embedding stage and
-// a head stage would each need it and their gradients would have to be
-// summed across stages (Megatron's tied-embedding all-reduce), which the
-// pipeline does not do. The pipeline strategy rejects such a model.
+// layers(): embed, blocks.0 .. blocks.<layers-1>, head. The head reads wte's
+// weight (Layer::reads), so an embedding stage and a head stage would each
+// need it and their gradients would have to be summed across stages
+// (Megatron's tied-embedding all-reduce), which the pipeline does not do:
+// the pipeline strategy rejects the model. Parameter servers use the layers
+// to wait for each block's parameters just before it runs.
 std::shared_ptr<Model> make_gpt(const GptOptions& options);
 
 }  // namespace paratrain::models

@@ -316,6 +316,11 @@ struct PsConfig {
   /// ready, overlapping the transfer with the rest of backward; false pushes
   /// everything after backward (the same messages, later: the naive twin).
   bool overlap = true;
+  /// async: workers take the epoch's batches from a queue on server 0, so a
+  /// fast worker trains more of them (Note [Dynamic batches] in
+  /// param_server/server.h); false keeps each worker's fixed share, as sync
+  /// and ssp always do.
+  bool dynamic_batches = true;
 
   bool operator==(const PsConfig&) const = default;
 };
