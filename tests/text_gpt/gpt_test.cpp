@@ -1,5 +1,6 @@
 // The GPT model alone: shapes, parameter names (the tensor-parallel code
-// shards by them), causality, the tied LM head and the GPT-2 init scale.
+// shards by them), causality, the tied LM head, its layers and the GPT-2
+// init scale.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -83,6 +84,30 @@ TEST(Gpt, HeadIsTiedToTheTokenEmbedding) {
   auto unused = torch::ones({256}, torch::kBool);
   unused.index_put_({tokens.flatten()}, false);
   EXPECT_GT(g.index({unused}).abs().sum().item<double>(), 0);
+}
+
+// layers(): embed, the blocks, head; every parameter belongs to exactly one
+// layer's modules, and the head lists wte (which embed owns) in `reads`,
+// which is how parameter servers know to have wte before embed and why a
+// pipeline refuses the model.
+TEST(Gpt, LayersAreEmbedBlocksAndAHeadThatReadsWte) {
+  auto model = make_gpt(tiny());
+  const auto layers = model->layers();
+  std::vector<std::string> names;
+  for (const auto& layer : layers) names.push_back(layer.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"embed", "blocks.0", "blocks.1", "head"}));
+  std::map<const void*, int> owners;
+  for (const auto& layer : layers) {
+    for (const auto& [name, module] : layer.modules) {
+      for (const auto& p : module->parameters()) ++owners[p.unsafeGetTensorImpl()];
+    }
+  }
+  EXPECT_EQ(owners.size(), model->parameters().size());
+  for (const auto& [impl, count] : owners) EXPECT_EQ(count, 1);
+  ASSERT_EQ(layers.back().reads.size(), 1u);
+  EXPECT_EQ(layers.back().reads[0].first, "wte");
+  EXPECT_EQ(layers.back().reads[0].second.get(), model->named_children()["wte"].get());
+  for (size_t i = 0; i + 1 < layers.size(); ++i) EXPECT_TRUE(layers[i].reads.empty()) << layers[i].name;
 }
 
 TEST(Gpt, Gpt2InitScalesResidualProjections) {
