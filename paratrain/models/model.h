@@ -24,6 +24,11 @@ struct Layer {
   /// The submodules it owns, under the names the model registered them with.
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules;
   std::function<at::Tensor(const at::Tensor&)> forward;  ///< this layer's share of the model's forward
+  /// Modules that an earlier layer owns whose parameters this forward reads
+  /// too (a tied weight: GPT's head reads wte), named as in `modules`. A
+  /// pipeline cannot put such a layer on another stage than the owner (it
+  /// rejects the model); parameter servers wait for them before this layer.
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> reads = {};
 };
 
 /// What the Trainer trains: a module mapping a batch to logits, optionally cut
@@ -34,7 +39,8 @@ class Model : public torch::nn::Module {
   /// Returns logits for a batch; the first dimension of x is the batch.
   virtual at::Tensor forward(const at::Tensor& x) = 0;
   /// The model as a sequence of layers whose composition is forward(), for
-  /// pipeline partitioning; empty when the model cannot be cut.
+  /// pipeline partitioning and for waiting on parameters layer by layer
+  /// (parameter servers); empty when the model cannot be cut.
   virtual std::vector<Layer> layers() { return {}; }
 
  protected:

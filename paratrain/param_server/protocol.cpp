@@ -41,6 +41,12 @@ int push_tag(int64_t range_index) {
   return 0x50540000 + static_cast<int>(range_index);
 }
 
+int reply_tag(int64_t range_index) {
+  TORCH_CHECK(range_index >= 0 && range_index < kMaxRangesPerServer, "reply_tag: range ", range_index, " of a server; at most ",
+              kMaxRangesPerServer, " ranges per server");
+  return 0x50550000 + static_cast<int>(range_index);
+}
+
 PushDtype parse_push_dtype(std::string_view name) {
   if (name == "fp32") return PushDtype::kFp32;
   if (name == "fp16") return PushDtype::kFp16;

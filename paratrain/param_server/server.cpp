@@ -279,14 +279,16 @@ void Server::apply(const at::Tensor& flat_grad, torch::optim::Optimizer& optimiz
   optimizer.step();
 }
 
+// One message per range, in key order: the worker can run its first
+// layers while the later ranges are still on the wire.
 void Server::reply(int worker, int64_t staleness, int64_t item) {
   auto header = torch::tensor({static_cast<float>(version_), static_cast<float>(staleness), static_cast<float>(item)},
                               torch::kFloat);
-  std::vector<at::Tensor> parts{header};
-  for (const auto& p : pieces_) parts.push_back(p.detach());
-  auto message = torch::cat(parts);
-  auto work = world_.send(message, worker, kReplyTag);
-  sends_.push_back({message, work, worker});
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    auto message = torch::cat({header, pieces_[k].detach()});
+    auto work = world_.send(message, worker, reply_tag(static_cast<int64_t>(k)));
+    sends_.push_back({message, work, worker});
+  }
 }
 
 void Server::drain_replies() {

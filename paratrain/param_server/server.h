@@ -42,7 +42,7 @@
 // the R rounds of each server handle exactly the W * R pushes. sync must
 // equal one process and ssp ties each worker to within s clocks of the
 // slowest, where fixed shares lose at most s batches' time: both keep
-// fixed shares.
+// fixed shares, as async does with ps.dynamic_batches = false.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -20,18 +20,15 @@ constexpr const char* kServerHint =
 Worker::Worker(comm::ProcessGroup& world, Roles roles, const KeyRangePlan& plan, std::vector<at::Tensor> params,
                WorkerOptions options)
     : world_(world), roles_(roles), options_(options), slots_(params.size()), params_(std::move(params)),
-      versions_(roles.servers, 0), pushed_(params_.size(), false), replies_(roles.servers),
-      receives_(roles.servers) {
+      versions_(roles.servers, 0), pushed_(params_.size(), false), replies_(roles.servers) {
   TORCH_CHECK(!roles.is_server(world.rank()), "Worker built on rank ", world.rank(), ", a server");
   for (int s = 0; s < roles.servers; ++s) {
     ranges_.push_back(plan.ranges_of(s));
-    int64_t n = 0;
     for (size_t k = 0; k < ranges_.back().size(); ++k) {
       const auto& r = ranges_.back()[k];
       slots_.at(r.tensor).push_back({s, static_cast<int>(k), r});
-      n += r.numel();
     }
-    numel_.push_back(n);
+    replies_[s].resize(ranges_[s].size());
   }
 }
 
@@ -41,9 +38,16 @@ Worker::Worker(comm::ProcessGroup& world, Roles roles, const KeyRangePlan& plan,
 void Worker::open_step() {
   if (open_) return;
   ++clock_;
+  due_ = 0;
+  staleness_ = 0;
   for (int s = 0; s < roles_.servers; ++s) {
-    replies_[s] = torch::empty({kHeader + numel_[s]}, torch::kFloat);
-    receives_[s] = world_.recv(replies_[s], roles_.server_rank(s), kReplyTag);
+    for (size_t k = 0; k < ranges_[s].size(); ++k) {
+      auto& in = replies_[s][k];
+      in.message = torch::empty({kHeader + ranges_[s][k].numel()}, torch::kFloat);
+      in.work = world_.recv(in.message, roles_.server_rank(s), reply_tag(static_cast<int64_t>(k)));
+      in.arrived = false;
+      ++due_;
+    }
   }
   std::fill(pushed_.begin(), pushed_.end(), false);
   open_ = true;
@@ -104,7 +108,41 @@ void Worker::push() {
 
 int64_t Worker::pull() {
   TORCH_CHECK(pulling_, "Worker::pull: nothing was pushed since the last pull");
-  pulling_ = false;
+  for (int s = 0; s < roles_.servers; ++s) {
+    for (size_t k = 0; k < replies_[s].size(); ++k) receive(s, static_cast<int>(k));
+  }
+  return staleness_;
+}
+
+void Worker::pull_tensor(int tensor) {
+  if (!pulling_) return;
+  for (const auto& slot : slots_.at(tensor)) receive(slot.server, slot.index);
+}
+
+int64_t Worker::assigned_item() {
+  // Every range of server 0's answer carries the item: the first will do.
+  if (pulling_) receive(0, 0);
+  return assigned_;
+}
+
+void Worker::receive(int server, int index) {
+  auto& in = replies_[server][index];
+  if (in.arrived) return;
+  try {
+    in.work->wait(options_.timeout);
+  } catch (const CommError&) {
+    fail(server);
+  }
+  in.arrived = true;
+  const auto header = in.message.slice(0, 0, kHeader);
+  versions_[server] = static_cast<int64_t>(header[0].item<float>());
+  staleness_ = std::max(staleness_, static_cast<int64_t>(header[1].item<float>()));
+  if (server == 0) assigned_ = static_cast<int64_t>(header[2].item<float>());
+  unpack_ranges(in.message.slice(0, kHeader), params_, {ranges_[server][index]});
+  in.message = at::Tensor();
+  if (--due_ > 0) return;
+  // The last answer: the pushes it answers were received long ago, their
+  // sends only need collecting.
   auto sends = std::move(sends_);
   sends_.clear();
   for (auto& out : sends) {
@@ -114,20 +152,8 @@ int64_t Worker::pull() {
       fail(out.server);
     }
   }
-  int64_t staleness = 0;
-  for (int s = 0; s < roles_.servers; ++s) {
-    try {
-      receives_[s]->wait(options_.timeout);
-    } catch (const CommError&) {
-      fail(s);
-    }
-    versions_[s] = static_cast<int64_t>(replies_[s][0].item<float>());
-    staleness = std::max(staleness, static_cast<int64_t>(replies_[s][1].item<float>()));
-    if (s == 0) assigned_ = static_cast<int64_t>(replies_[s][2].item<float>());
-    unpack_ranges(replies_[s].slice(0, kHeader), params_, ranges_[s]);
-  }
-  ++histogram_[staleness];
-  return staleness;
+  pulling_ = false;
+  ++histogram_[staleness_];
 }
 
 void refresh_parameters(comm::ProcessGroup& world, Roles roles, const KeyRangePlan& plan,

@@ -47,21 +47,31 @@ class Worker {
   // mode).
   int64_t push_pull();
   // push_pull() in two halves, so a worker can do other work (load the
-  // next batch) while the servers step: push() sends what push_pull would,
-  // pull() waits for the sends and the answers and copies the parameters in
-  // (returns the staleness). Until pull() the local parameters are the old
-  // ones; pull_pending() says whether one is due.
+  // next batch, run its first layers) while the servers step: push() sends
+  // what push_pull would, pull() waits for the sends and the answers and
+  // copies the parameters in (returns the staleness). Until pull() the
+  // local parameters are the old ones; pull_pending() says whether one is
+  // due.
   void push();
   int64_t pull();
   bool pull_pending() const { return pulling_; }
+  // Part of pull(): waits only for the answers of tensor `tensor`'s ranges
+  // (one message each) and copies them in; nothing when no pull is due.
+  // Called just before the first layer that reads the tensor, so the later
+  // ranges travel while the earlier layers compute. The pull is complete,
+  // as after pull(), once every range has arrived.
+  void pull_tensor(int tensor);
+  // Answers of the due pull not yet received (0 when none is due).
+  int64_t ranges_due() const { return pulling_ ? due_ : 0; }
 
   // Dynamic batches (Note [Dynamic batches] in server.h): marks the pushes
   // of the next step as this worker's last of the window, so the servers
   // post no receive for it beyond them. Set before the step's first push.
   void set_last_push(bool last) { last_ = last; }
-  // The item server 0 handed this worker in its answer to the last pull
-  // (-1: none, or not a dynamic-batch run).
-  int64_t assigned_item() const { return assigned_; }
+  // The item server 0 handed this worker in its answer to the last push
+  // (-1: none, or not a dynamic-batch run). Waits for that answer's first
+  // range if a pull is due, not for the rest.
+  int64_t assigned_item();
 
   // Pushes done so far (this worker's clock).
   int64_t clock() const { return clock_; }
@@ -82,13 +92,15 @@ class Worker {
   };
   void open_step();
   void send(const Slot& slot, const at::Tensor& grad_of_tensor);
+  // Waits for the answer of range `index` of `server`, once, and copies it
+  // in; the last range of the pull completes it.
+  void receive(int server, int index);
   // Rethrows the CommError in flight naming this worker and `server`.
   [[noreturn]] void fail(int server) const;
 
   comm::ProcessGroup& world_;
   Roles roles_;
   WorkerOptions options_;
-  std::vector<int64_t> numel_;                 // per server
   std::vector<std::vector<KeyRange>> ranges_;  // per server
   std::vector<std::vector<Slot>> slots_;       // per tensor
   std::vector<at::Tensor> params_;
@@ -97,10 +109,12 @@ class Worker {
   bool last_ = false;              // this step's pushes are marked last
   int64_t assigned_ = -1;          // from server 0's last answer
   bool open_ = false;              // this step's replies are posted, pushes may leave
-  bool pulling_ = false;           // pushed, answers not yet waited for
+  bool pulling_ = false;           // pushed, answers not yet all waited for
   std::vector<bool> pushed_;       // per tensor, this step
-  std::vector<at::Tensor> replies_;
-  std::vector<comm::WorkHandle> receives_;
+  struct Incoming { at::Tensor message; comm::WorkHandle work; bool arrived = false; };
+  std::vector<std::vector<Incoming>> replies_;  // per server, per range
+  int64_t due_ = 0;                // ranges of this step's answers not yet received
+  int64_t staleness_ = 0;          // the most any received answer of this step says
   struct Outgoing { at::Tensor message; comm::WorkHandle work; int server; };
   std::vector<Outgoing> sends_;
   std::map<int64_t, int64_t> histogram_;

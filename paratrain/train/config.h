@@ -314,10 +314,15 @@ struct PsConfig {
   /// server widens each push to fp32 before adding, so only the rounding of
   /// each worker's gradient to fp16 is lost). Parameters come back in fp32.
   std::string push_dtype = "fp32";
-  /// Push each tensor's gradient from its backward hook as soon as it is
-  /// ready, overlapping the transfer with the rest of backward; false pushes
-  /// everything after backward (the same messages, later: the naive twin).
+  /// Push each tensor's gradient from its backward hook (overlapping backward)
+  /// and wait for each layer's pulled parameters just before it runs in the
+  /// next forward; false pushes after backward and pulls at once (naive twin).
   bool overlap = true;
+  /// async: workers take the epoch's batches from a queue on server 0, so a
+  /// fast worker trains more of them (Note [Dynamic batches] in
+  /// param_server/server.h); false keeps each worker's fixed share, as sync
+  /// and ssp always do.
+  bool dynamic_batches = true;
 
   bool operator==(const PsConfig&) const = default;
 };

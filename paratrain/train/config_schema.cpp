@@ -400,7 +400,8 @@ const std::vector<FieldSpec>& schema() {
       field("ps.slow_ms", &TC::ps, &PsConfig::slow_ms, "experiments: the slowed worker's delay per forward (ms)", in_range_finite(0.0, 3600e3)),
       field("ps.slow_pattern", &TC::ps, &PsConfig::slow_pattern, "experiments: \"always\" (worker ps.slow_worker before every forward) or \"random\" (every worker before each forward with probability 1 / workers, seeded by run.seed: a straggler that comes and goes)", one_of({"always", "random"})),
       field("ps.push_dtype", &TC::ps, &PsConfig::push_dtype, "gradient pushes on the wire: \"fp32\" or \"fp16\" (half the bytes; rounded per worker, summed in fp32 on the server)", one_of({"fp32", "fp16"})),
-      field("ps.overlap", &TC::ps, &PsConfig::overlap, "push each tensor's gradient from its backward hook as soon as it is ready, and wait for the pulled parameters only when next needed (false: push all after backward, pull at once)"),
+      field("ps.overlap", &TC::ps, &PsConfig::overlap, "push each tensor's gradient from its backward hook as soon as it is ready, and wait for each layer's pulled parameters just before it runs in the next forward (false: push all after backward, pull at once)"),
+      field("ps.dynamic_batches", &TC::ps, &PsConfig::dynamic_batches, "async: workers take the epoch's batches from a queue on server 0, so fast workers train more of them (false: a fixed share per worker, as sync and ssp)"),
 
       field("federated.clients", &TC::federated, &FederatedConfig::clients, "simulated clients, spread over the ranks", in_range<int64_t>(1, kMaxRanks)),
       field("federated.rounds", &TC::federated, &FederatedConfig::rounds, "communication rounds", in_range<int64_t>(1, kMaxCount)),

@@ -6,13 +6,13 @@
 // exactly the examples of the fixed shares. Through the Trainer: an async
 // run with a slowed worker ends with the fast workers having pushed more,
 // all pushes adding up to the planned steps, checkpoints at the windows'
-// ends; ssp (fixed shares) is the control with equal counts.
+// ends; ssp (fixed shares) is the control with equal counts, and so is
+// async with ps.dynamic_batches = false.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -141,12 +141,8 @@ TEST(DynamicBatches, TheItemsOfAnEpochHoldTheFixedSharesExamplesEachOnce) {
 
 // Pushes per worker from the run's ps_staleness records.
 std::vector<int64_t> pushes_of(const std::string& run_dir) {
-  std::ifstream in(run_dir + "/metrics.jsonl");
   std::vector<int64_t> out;
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.value("kind", "") == "ps_staleness") out.push_back(j["pushes"].get<int64_t>());
-  }
+  for (const auto& j : testing::worker_records(run_dir)) out.push_back(j["pushes"].get<int64_t>());
   return out;
 }
 
@@ -184,6 +180,31 @@ TEST(DynamicBatches, TrainerAsyncWithASlowedWorkerLetsTheOthersTakeMoreBatches) 
   ssp.train.max_steps = 0;
   testing::train(ssp, kWorkers + 1);
   EXPECT_EQ(pushes_of(dir + "/ssp/t/version_0"), (std::vector<int64_t>{40, 40, 40}));
+}
+
+// ps.dynamic_batches = false: async keeps each worker's fixed share, so the
+// slowed worker pushes as often as the others (the test above, with the
+// queue, is the control that shows the counts differ when it is on).
+TEST(DynamicBatches, SwitchedOffAsyncKeepsFixedShares) {
+  auto dir = paratrain::testing::temp_dir("ps_dynamic_off");
+  auto cfg = testing::small_config(dir, "sgd");
+  cfg.ps.servers = 1;
+  cfg.ps.mode = "async";
+  cfg.ps.dynamic_batches = false;
+  cfg.ps.slow_worker = 0;
+  cfg.ps.slow_ms = 15;
+  cfg.train.eval_every_epochs = 1;
+  const auto params = testing::train(cfg, kWorkers + 1);
+  for (const auto& [name, p] : params) EXPECT_TRUE(p.isfinite().all().item<bool>()) << name;
+  const auto records = testing::worker_records(dir + "/t/version_0");
+  ASSERT_EQ(records.size(), 3u);
+  for (const auto& r : records) {
+    EXPECT_EQ(r["pushes"].get<int64_t>(), cfg.train.max_steps) << r;
+    EXPECT_FALSE(r["dynamic_batches"].get<bool>()) << r;
+  }
+  EXPECT_EQ(train::config_from_toml_string("[ps]\nservers = 1\nmode = \"async\"\ndynamic_batches = false\n")
+                .ps.dynamic_batches,
+            false);
 }
 
 // A run stopped mid-epoch (train.max_steps) checkpoints at the window's

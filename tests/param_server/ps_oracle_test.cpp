@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -85,19 +84,14 @@ TEST(PsSspMetrics, EachWorkerHasAStalenessHistogramWithinTheBound) {
   cfg.ps.slow_worker = 0;
   cfg.ps.slow_ms = 10;
   train(cfg, 4);
-  std::ifstream in(dir + "/t/version_0/metrics.jsonl");
-  std::string line;
-  int records = 0;
+  const auto records = testing::worker_records(dir + "/t/version_0");
   int64_t most = 0;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.value("kind", "") != "ps_staleness") continue;
-    ++records;
-    EXPECT_EQ(j["pushes"].get<int64_t>(), cfg.train.max_steps) << line;
-    EXPECT_LE(j["max"].get<int64_t>(), 2) << line;
+  for (const auto& j : records) {
+    EXPECT_EQ(j["pushes"].get<int64_t>(), cfg.train.max_steps) << j;
+    EXPECT_LE(j["max"].get<int64_t>(), 2) << j;
     most = std::max(most, j["max"].get<int64_t>());
   }
-  EXPECT_EQ(records, 3);
+  EXPECT_EQ(records.size(), 3u);
   EXPECT_GE(most, 1) << "no gradient was stale: the slowed worker did not hold the others back";
 }
 

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <fstream>
+
 #include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"
 
@@ -58,6 +60,17 @@ double relative_diff(const Params& a, const Params& b) {
     worst = std::max(worst, (a[i].second - b[i].second).abs().max().item<double>() / scale);
   }
   return worst;
+}
+
+std::vector<nlohmann::json> worker_records(const std::string& run_dir) {
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  EXPECT_TRUE(in.good()) << "no metrics.jsonl in " << run_dir;
+  std::vector<nlohmann::json> out;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.value("kind", "") == "ps_staleness") out.push_back(std::move(j));
+  }
+  return out;
 }
 
 }  // namespace paratrain::param_server::testing

@@ -1,5 +1,6 @@
 // Shared by the parameter-server tests: a tiny Trainer config, training it
-// on thread-ranks, and the relative difference of two parameter lists.
+// on thread-ranks, the relative difference of two parameter lists, and the
+// workers' metrics records of a run.
 #pragma once
 
 #include <functional>
@@ -9,6 +10,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "paratrain/train/config.h"
 
@@ -31,5 +33,9 @@ Params train(const train::TrainConfig& cfg, int world, const std::function<void(
 
 // max over tensors of max|a - b| / max|b|.
 double relative_diff(const Params& a, const Params& b);
+
+// The workers' ps_staleness records (one per worker, in worker order) in
+// `run_dir`/metrics.jsonl: staleness, pushes, what the transport did.
+std::vector<nlohmann::json> worker_records(const std::string& run_dir);
 
 }  // namespace paratrain::param_server::testing

@@ -1,15 +1,15 @@
 // How pushes travel: from gradient hooks during backward (ps.overlap, which
-// also defers waiting for the pull to the next use of the parameters) and
-// in fp16 (ps.push_dtype). Overlapped pushes are the same messages sent
-// sooner, so the run must equal the one pushing after backward and pulling
-// at once bit for bit, and one process to the oracle tolerance; the metrics
-// prove the hooks did push.
+// also waits for each layer's pulled parameters just before it runs in the
+// next forward) and in fp16 (ps.push_dtype). Overlapped pushes and pulls
+// are the same messages sent and used sooner, so the run must equal the one
+// pushing after backward and pulling at once bit for bit, and one process
+// to the oracle tolerance; the metrics prove the hooks pushed and the
+// forward waited layer by layer.
 // fp16 pushes lose only each worker's rounding of its gradient: a stated
 // tolerance, the proof that they did differ, and half the bytes.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -28,16 +28,8 @@ using testing::train;
 
 constexpr double kTolerance = 1e-5;  // as in ps_oracle_test.cpp
 
-// The workers' ps_staleness records of a run in metrics.jsonl.
-std::vector<nlohmann::json> push_records(const std::string& dir) {
-  std::ifstream in(dir + "/t/version_0/metrics.jsonl");
-  std::vector<nlohmann::json> out;
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.value("kind", "") == "ps_staleness") out.push_back(j);
-  }
-  return out;
-}
+// The workers' records of a run with small_config's run name.
+std::vector<nlohmann::json> push_records(const std::string& dir) { return testing::worker_records(dir + "/t/version_0"); }
 
 void expect_equal(const Params& a, const Params& b) {
   ASSERT_EQ(a.size(), b.size());
@@ -86,6 +78,13 @@ TEST(PsOverlap, PushesFromHooksEqualPushesAfterBackwardBitForBitAndOneProcess) {
           const int64_t ranges = 7 * cfg.train.max_steps;
           EXPECT_EQ(r["ranges_pushed_in_backward"].get<int64_t>(), overlap ? ranges : 0) << r;
           EXPECT_EQ(r["ranges_pushed_after_backward"].get<int64_t>(), overlap ? 0 : ranges) << r;
+          // Every step but the first starts its forward with the pull due
+          // (Note [Pulling during the forward]); fc0 (3 ranges: its weight
+          // is the one split) is waited for before the first layer, the 4
+          // ranges of fc1 and fc2 after it ran.
+          const int64_t pulls = cfg.train.max_steps - 1;
+          EXPECT_EQ(r["forwards_pulling"].get<int64_t>(), overlap ? pulls : 0) << r;
+          EXPECT_EQ(r["ranges_pulled_in_forward"].get<int64_t>(), overlap ? 4 * pulls : 0) << r;
         }
       }
       expect_equal(runs[true], runs[false]);

@@ -1,8 +1,10 @@
 // The GPT model alone: shapes, parameter names (the tensor-parallel code
-// shards by them), causality, the tied LM head and the GPT-2 init scale.
+// shards by them), causality, the tied LM head, its layers and the GPT-2
+// init scale.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -83,6 +85,31 @@ TEST(Gpt, HeadIsTiedToTheTokenEmbedding) {
   auto unused = torch::ones({256}, torch::kBool);
   unused.index_put_({tokens.flatten()}, false);
   EXPECT_GT(g.index({unused}).abs().sum().item<double>(), 0);
+}
+
+// layers(): embed, the blocks, head; every parameter belongs to exactly one
+// layer's modules except the tied wte, which embed and head both list: a
+// pipeline gives the head's stage its own copy (pipeline/tied.h), and
+// parameter servers wait for it once, before embed, its first reader.
+TEST(Gpt, LayersAreEmbedBlocksAndAHeadThatSharesWte) {
+  auto model = make_gpt(tiny());
+  const auto layers = model->layers();
+  std::vector<std::string> names;
+  for (const auto& layer : layers) names.push_back(layer.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"embed", "blocks.0", "blocks.1", "head"}));
+  std::map<const void*, int> owners;
+  for (const auto& layer : layers) {
+    for (const auto& [name, module] : layer.modules) {
+      for (const auto& p : module->parameters()) ++owners[p.unsafeGetTensorImpl()];
+    }
+  }
+  EXPECT_EQ(owners.size(), model->parameters().size());
+  const void* wte = model->named_parameters()["wte.weight"].unsafeGetTensorImpl();
+  for (const auto& [impl, count] : owners) EXPECT_EQ(count, impl == wte ? 2 : 1);
+  const auto& head = layers.back().modules;
+  EXPECT_TRUE(std::any_of(head.begin(), head.end(), [&](const auto& m) {
+    return m.first == "wte" && m.second.get() == model->named_children()["wte"].get();
+  }));
 }
 
 TEST(Gpt, Gpt2InitScalesResidualProjections) {

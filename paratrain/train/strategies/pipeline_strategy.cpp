@@ -129,6 +129,14 @@ class PipelineStrategy final : public Strategy {
       throw ConfigError(fmt::format("model.kind = \"{}\" cannot be cut into pipeline stages; use parallel.pp = 1",
                                     config_.model.kind));
     }
+    for (const auto& layer : layers) {
+      // A tied weight would need its gradient summed across stages.
+      if (!layer.reads.empty()) {
+        throw ConfigError(fmt::format("model.kind = \"{}\" cannot be cut into pipeline stages: layer {} reads the "
+                                      "parameters of {} (a tied weight); use parallel.pp = 1",
+                                      config_.model.kind, layer.name, layer.reads.front().first));
+      }
+    }
     const int chunks = shape_.stages * shape_.virtual_stages;
     // A GPT reads token ids (model_input_shape: one window).
     const auto shapes = pipeline::infer_boundary_shapes(layers, model_input_shape(config_),

@@ -5,12 +5,15 @@
 // (DataShard::computes), the global batch is split over the workers, and the
 // servers' key ranges and optimizer state are what checkpoints hold.
 // With ps.overlap each parameter's gradient hook pushes its key ranges as
-// soon as backward has computed it (Note [Pushing from gradient hooks]).
-// Under async the workers take the epoch's batches from a queue on server 0
-// (Note [Dynamic batches] in param_server/server.h).
+// soon as backward has computed it (Note [Pushing from gradient hooks]), and
+// the next forward waits for each layer's parameters just before the layer
+// runs (Note [Pulling during the forward]). Under async the workers take the
+// epoch's batches from a queue on server 0 (Note [Dynamic batches] in
+// param_server/server.h; ps.dynamic_batches = false keeps fixed shares).
 #include <torch/torch.h>
 
 #include <chrono>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -90,7 +93,10 @@ class PsStrategy final : public DataParallelStrategy {
       server_ = std::make_unique<ps::Server>(dp_, roles_, plan_, params_, options);
     } else {
       worker_ = std::make_unique<ps::Worker>(dp_, roles_, plan_, params_, ps::WorkerOptions{timeout_, push_dtype_});
-      if (config_.ps.overlap) register_push_hooks();
+      if (config_.ps.overlap) {
+        register_push_hooks();
+        plan_layer_pulls();
+      }
     }
   }
 
@@ -112,7 +118,7 @@ class PsStrategy final : public DataParallelStrategy {
     if (server_ && !dynamic_batches()) server_->expect_pushes(steps);
   }
 
-  bool dynamic_batches() const override { return mode_ == ps::Mode::kAsync; }
+  bool dynamic_batches() const override { return mode_ == ps::Mode::kAsync && config_.ps.dynamic_batches; }
 
   void begin_window(int64_t first_step, int64_t steps) override {
     if (server_) {
@@ -126,7 +132,8 @@ class PsStrategy final : public DataParallelStrategy {
 
   int64_t next_item() override {
     if (server_) return next_step_ < end_step_ ? roles_.workers * next_step_++ : -1;
-    finish_pull();  // the answer to the last push names one more item, or none
+    // The answer to the last push names one more item, or none: its first
+    // range says, the rest may still be on the wire during the forward.
     bool last = false;
     const int64_t item = items_.next(worker_->assigned_item(), last);
     worker_->set_last_push(last);
@@ -135,11 +142,19 @@ class PsStrategy final : public DataParallelStrategy {
 
   StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {
     if (server_) return {torch::zeros({})};
-    finish_pull();
     if (ps::is_slowed(straggler_, dp_.rank(), forwards_++)) {
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(straggler_.slow_ms));
     }
-    auto loss = loss_fn(model_->forward(batch.inputs), batch.targets);
+    at::Tensor output;
+    if (worker_->pull_pending() && !layers_.empty()) {
+      output = forward_pulling(batch.inputs);
+    } else {
+      finish_pull();
+      output = model_->forward(batch.inputs);
+    }
+    // Backward's hooks post the next step's receives: this pull must be done.
+    finish_pull();
+    auto loss = loss_fn(output, batch.targets);
     // Hooks push only on the micro-batch that completes the gradient.
     push_from_hooks_ = sync && config_.ps.overlap;
     try {
@@ -227,8 +242,9 @@ class PsStrategy final : public DataParallelStrategy {
     finish_pull();  // its staleness is counted on arrival
     constexpr int64_t kBuckets = 64;
     // After the buckets: range messages pushed from hooks, after backward,
-    // and push bytes (what ps.overlap and ps.push_dtype did).
-    constexpr int64_t kSlots = kBuckets + 3;
+    // push bytes (what ps.overlap and ps.push_dtype did), forwards that
+    // started with a pull due, and answers waited for after a layer ran.
+    constexpr int64_t kSlots = kBuckets + 5;
     auto mine = torch::zeros({kSlots}, torch::kLong);
     if (worker_) {
       for (const auto& [staleness, count] : worker_->staleness_histogram()) {
@@ -237,6 +253,8 @@ class PsStrategy final : public DataParallelStrategy {
       mine[kBuckets] = worker_->ranges_pushed_early();
       mine[kBuckets + 1] = worker_->ranges_pushed_late();
       mine[kBuckets + 2] = worker_->bytes_pushed();
+      mine[kBuckets + 3] = forwards_pulling_;
+      mine[kBuckets + 4] = ranges_pulled_in_forward_;
     }
     auto all = torch::empty({dp_.size() * kSlots}, torch::kLong);
     dp_.all_gather(all, mine)->wait(timeout_);
@@ -259,6 +277,8 @@ class PsStrategy final : public DataParallelStrategy {
                      {"histogram", histogram}, {"ranges_pushed_in_backward", row[kBuckets].item<int64_t>()},
                      {"ranges_pushed_after_backward", row[kBuckets + 1].item<int64_t>()},
                      {"push_bytes", row[kBuckets + 2].item<int64_t>()}, {"push_dtype", config_.ps.push_dtype},
+                     {"forwards_pulling", row[kBuckets + 3].item<int64_t>()},
+                     {"ranges_pulled_in_forward", row[kBuckets + 4].item<int64_t>()},
                      {"dynamic_batches", dynamic_batches()}});
     }
     return out;
@@ -306,6 +326,55 @@ class PsStrategy final : public DataParallelStrategy {
     }
   }
 
+  // Note [Pulling during the forward]
+  // LibTorch's C++ modules have no forward pre-hooks, but models::Model can
+  // list its layers (Model::layers(): MLP, CNN, GPT), whose composition is
+  // its forward. With ps.overlap and a pull due, the forward runs them one by
+  // one and waits, just before each, for the answers to the key ranges of
+  // the parameters it is the first to read (its modules' and the tied ones
+  // it `reads`; parameters no layer names, before the first): the servers'
+  // answers are one message per range, so the later layers' parameters
+  // travel while the earlier layers compute. The same layers compute on the
+  // same pulled values as model->forward() after a whole pull, so the step
+  // is that of ps.overlap = false bit for bit. A model without layers()
+  // waits for the whole pull before its forward.
+  void plan_layer_pulls() {
+    layers_ = model_->layers();
+    if (layers_.empty()) return;
+    std::map<const void*, int> index;  // TensorImpl -> params_ position
+    for (size_t i = 0; i < params_.size(); ++i) index[params_[i].unsafeGetTensorImpl()] = static_cast<int>(i);
+    std::vector<bool> planned(params_.size(), false);
+    layer_pulls_.assign(layers_.size(), {});
+    for (size_t k = 0; k < layers_.size(); ++k) {
+      auto modules = layers_[k].modules;
+      modules.insert(modules.end(), layers_[k].reads.begin(), layers_[k].reads.end());
+      for (const auto& [name, module] : modules) {
+        for (const auto& p : module->parameters()) {
+          auto it = index.find(p.unsafeGetTensorImpl());
+          if (it == index.end() || planned[it->second]) continue;
+          planned[it->second] = true;
+          layer_pulls_[k].push_back(it->second);
+        }
+      }
+    }
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!planned[i]) layer_pulls_[0].push_back(static_cast<int>(i));
+    }
+  }
+
+  at::Tensor forward_pulling(const at::Tensor& inputs) {
+    ++forwards_pulling_;
+    at::Tensor h = inputs;
+    for (size_t k = 0; k < layers_.size(); ++k) {
+      const int64_t due = worker_->ranges_due();
+      for (int tensor : layer_pulls_[k]) worker_->pull_tensor(tensor);
+      // Answers waited for once an earlier layer has run: what overlapped.
+      if (k > 0) ranges_pulled_in_forward_ += due - worker_->ranges_due();
+      h = layers_[k].forward(h);
+    }
+    return h;
+  }
+
   // Every rank's model gets the servers' current parameters. Collective.
   void refresh() {
     finish_pull();  // a late answer must not overwrite what the refresh brings
@@ -330,6 +399,12 @@ class PsStrategy final : public DataParallelStrategy {
   ps::PushDtype push_dtype_;
   ps::StragglerOptions straggler_;  // ps.slow_*: which forwards sleep
   int64_t forwards_ = 0;            // this worker's forward passes so far
+  // ps.overlap: the model's layers and, per layer, the params_ it is the
+  // first to read (Note [Pulling during the forward]); empty: whole pulls.
+  std::vector<models::Layer> layers_;
+  std::vector<std::vector<int>> layer_pulls_;
+  int64_t forwards_pulling_ = 0;           // forwards run layer by layer with a pull due
+  int64_t ranges_pulled_in_forward_ = 0;  // answers waited for after a layer had run
   bool push_from_hooks_ = false;  // during the backward whose gradients are pushed
   bool accumulating_ = false;     // .grad holds earlier micro-batches' gradients
   std::vector<std::string> names_;
