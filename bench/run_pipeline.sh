@@ -15,8 +15,10 @@
 # Environment: BUILD_DIR (build), MS ("1 2 4 8": micro-batch counts at p=2),
 # STEPS (8), P4 (1: also run p = 4), RECOMPUTE (1: also the two recompute
 # rows), ROUNDS (1: the whole sweep this many times, the table shows the
-# spread), MODEL (extra pipeline_bubble arguments for every run), OUT (JSON
-# lines file; default a temp file).
+# spread), MODEL (extra pipeline_bubble arguments for every run), PIN (1: rank
+# r on core r when there are enough cores), NICE (e.g. -19, as root: the
+# ranks' priority over other processes on a shared machine), OUT (JSON lines
+# file; default a temp file).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,6 +30,8 @@ p4=${P4:-1}
 recompute=${RECOMPUTE:-1}
 rounds=${ROUNDS:-1}
 read -r -a model <<< "${MODEL:-}"
+pin=${PIN:-0}
+nice=${NICE:-}
 out=${OUT:-$(mktemp -t paratrain-pipeline-bench.XXXXXX.jsonl)}
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
@@ -35,8 +39,13 @@ run() {  # nproc, then pipeline_bubble arguments
   local n=$1; shift
   # The 1-minute load before each run: other processes on the 2 cores show up here.
   echo "{\"loadavg_1min\": $(cut -d' ' -f1 /proc/loadavg)}" >> "$out"
-  "$build/paratrain" launch --nproc-per-node "$n" -- "$build/bench/pipeline_bubble" --steps "$steps" --out "$out" \
-    ${model[@]+"${model[@]}"} "$@" \
+  local rank=("$build/bench/pipeline_bubble")
+  if [[ $pin == 1 ]] && (( n <= $(nproc) )); then
+    # Rank r on core r: the two ranks never share a core (other processes still can).
+    rank=(sh -c 'exec taskset -c "$LOCAL_RANK" "$0" "$@"' "$build/bench/pipeline_bubble")
+  fi
+  ${nice:+nice -n "$nice"} "$build/paratrain" launch --nproc-per-node "$n" -- "${rank[@]}" --steps "$steps" \
+    --out "$out" ${model[@]+"${model[@]}"} "$@" \
     > /dev/null 2>&1 || echo "{\"error\": \"pipeline_bubble $* at $n ranks failed\"}" >> "$out"
 }
 
