@@ -88,34 +88,42 @@ std::vector<double> measure_layer_times(const std::vector<models::Layer>& layers
     shape.insert(shape.end(), per_example.begin(), per_example.end());
     return shape;
   };
-  std::vector<double> out;
+  struct Probe {
+    at::Tensor x;     // the layer's input (requires grad unless it is the data)
+    at::Tensor grad;  // what the next stage would send back (empty on the last layer)
+  };
+  std::vector<Probe> probes;
   for (size_t j = 0; j < layers.size(); ++j) {
+    Probe pr;
     const auto dtype = shapes.dtypes[j];
-    at::Tensor x;
     if (at::isFloatingType(dtype)) {
-      x = torch::randn(with_rows(shapes.shapes[j]), generator, at::TensorOptions().dtype(dtype));
+      pr.x = torch::randn(with_rows(shapes.shapes[j]), generator, at::TensorOptions().dtype(dtype));
       // Layer 0's input is the data: the step computes no gradient for it.
-      if (j > 0) x.requires_grad_(true);
+      if (j > 0) pr.x.requires_grad_(true);
     } else {
-      x = torch::zeros(with_rows(shapes.shapes[j]), at::TensorOptions().dtype(dtype));  // token ids
+      pr.x = torch::zeros(with_rows(shapes.shapes[j]), at::TensorOptions().dtype(dtype));  // token ids
     }
-    const bool last = j + 1 == layers.size();
-    at::Tensor grad;  // what the next stage would send back
-    if (!last) grad = torch::randn(with_rows(shapes.shapes[j + 1]), generator);
-    double best = 1e30;
-    for (int rep = 0; rep <= repeats; ++rep) {
+    if (j + 1 < layers.size()) pr.grad = torch::randn(with_rows(shapes.shapes[j + 1]), generator);
+    probes.push_back(std::move(pr));
+  }
+  // Rounds over all layers rather than all repeats of one layer after the
+  // other: a burst of load from other processes then slows one run of every
+  // layer, not every run of one layer, and the minimum stays fair.
+  std::vector<double> out(layers.size(), 1e30);
+  for (int rep = 0; rep <= repeats; ++rep) {
+    for (size_t j = 0; j < layers.size(); ++j) {
+      Probe& pr = probes[j];
       const auto start = std::chrono::steady_clock::now();
-      at::Tensor y = layers[j].forward(x);
-      if (last) {
+      at::Tensor y = layers[j].forward(pr.x);
+      if (!pr.grad.defined()) {
         loss(y).backward();
       } else {
-        y.backward(grad.to(y.scalar_type()));
+        y.backward(pr.grad.to(y.scalar_type()));
       }
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (rep > 0) best = std::min(best, s);  // run 0 allocates
-      if (x.requires_grad()) x.mutable_grad() = at::Tensor();
+      if (rep > 0) out[j] = std::min(out[j], s);  // round 0 allocates
+      if (pr.x.requires_grad()) pr.x.mutable_grad() = at::Tensor();
     }
-    out.push_back(best);
   }
   // The probe's gradients must not leak into training.
   for (const auto& layer : layers) {

@@ -65,10 +65,11 @@ using OutputLoss = std::function<at::Tensor(const at::Tensor& output)>;
 // includes `loss` of its output and its backward, which only the last stage
 // pays. Without either the cut favours the wrong stage: an MLP's first layer
 // costs 2/3 of the others and the loss can cost more than a layer (a large
-// vocabulary). One unmeasured run per layer (allocation), then the best of
-// `repeats` (the least disturbed by other processes). Draws from a generator
-// of its own; leaves every parameter's gradient undefined.
+// vocabulary). One unmeasured round over the layers (allocation), then the
+// best of `repeats` rounds per layer (the least disturbed by other
+// processes). Draws from a generator of its own; leaves every parameter's
+// gradient undefined.
 std::vector<double> measure_layer_times(const std::vector<models::Layer>& layers, const BoundaryShapes& shapes,
-                                        int64_t rows, const OutputLoss& loss, int repeats = 3);
+                                        int64_t rows, const OutputLoss& loss, int repeats = 5);
 
 }  // namespace paratrain::pipeline
