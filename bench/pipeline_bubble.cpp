@@ -104,16 +104,13 @@ int run(const BenchOptions& o) {
   auto loss = [](const at::Tensor& out, const at::Tensor& t) { return torch::nn::functional::cross_entropy(out, t); };
   std::vector<double> costs;
   if (o.balance == "time") {
-    // As the pipeline strategy does: rank 0 times every layer (the loss on
-    // the last), all ranks cut by its figures.
-    std::vector<double> mine(layers.size(), 0.0);
-    if (group->rank() == 0) {
-      mine = pl::measure_layer_times(layers, shapes, o.rows, [&](const at::Tensor& out) {
-        return loss(out, torch::zeros({out.size(0)}, torch::kLong));
-      });
-    }
+    // As the pipeline strategy does: every rank times every layer (the loss
+    // on the last), all cut by the per-layer minimum.
+    const auto mine = pl::measure_layer_times(layers, shapes, o.rows, [&](const at::Tensor& out) {
+      return loss(out, torch::zeros({out.size(0)}, torch::kLong));
+    });
     auto t = torch::tensor(mine, torch::kDouble);
-    group->broadcast(t, 0)->wait();
+    group->all_reduce(t, comm::ReduceOp::kMin)->wait();
     costs.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
   } else {
     costs = pl::layer_parameter_counts(layers);
@@ -220,6 +217,7 @@ int run(const BenchOptions& o) {
       {"balance", o.balance},
       {"layers_per_chunk", layers_per_chunk},
       {"chunk_cost", chunk_cost},
+      {"layer_cost", costs},
       {"rows_per_microbatch", o.rows},
       {"bubble_formula", pl::theoretical_bubble(kind, shape)},
       {"bubble_measured_median", sorted[sorted.size() / 2]},

@@ -299,22 +299,20 @@ class PipelineStrategy final : public Strategy {
  private:
   std::vector<double> layer_costs(const std::vector<models::Layer>& layers, const pipeline::BoundaryShapes& shapes) {
     if (config_.pipeline.balance == "parameters") return pipeline::layer_parameter_counts(layers);
-    // Times differ per rank; every rank must cut the model the same way, so
-    // world rank 0's measurement is used everywhere.
+    // Every rank times the layers (it holds the whole model until the cut)
+    // and all take the per-layer minimum: one cut everywhere, and a probe that
+    // another process disturbed on one rank is corrected by the others.
     auto& world = mesh_.world();
     const int64_t rows = resolve_batch_sizes(config_, dp_.size()).per_rank / config_.pipeline.microbatches;
-    std::vector<double> mine(layers.size(), 0.0);
-    if (world.rank() == 0) {
-      // The last layer's time includes the objective's loss (cross-entropy
-      // over the last dimension; which targets does not change its cost).
-      const LossFn loss = Objective::for_config(config_).loss();
-      mine = pipeline::measure_layer_times(layers, shapes, rows, [&loss](const at::Tensor& out) {
-        const auto lead = out.sizes().slice(0, out.dim() - 1);
-        return loss(out, torch::zeros(lead, torch::kLong));
-      });
-    }
+    // The last layer's time includes the objective's loss (cross-entropy over
+    // the last dimension; which targets does not change its cost).
+    const LossFn loss = Objective::for_config(config_).loss();
+    const auto mine = pipeline::measure_layer_times(layers, shapes, rows, [&loss](const at::Tensor& out) {
+      const auto lead = out.sizes().slice(0, out.dim() - 1);
+      return loss(out, torch::zeros(lead, torch::kLong));
+    });
     at::Tensor t = torch::tensor(mine, torch::kDouble);
-    world.broadcast(t, 0)->wait(timeout_);
+    world.all_reduce(t, comm::ReduceOp::kMin)->wait(timeout_);
     return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
   }
 
