@@ -43,6 +43,8 @@ struct BenchOptions {
   int width = 1024;     // wide enough that compute, not messages, fills a step
   int in_features = 0;  // the model's input width (0: = width)
   std::string balance = "time";  // "time" (measured, loss included) or "parameters"
+  std::vector<int64_t> split;    // layers per chunk, as pipeline.split (overrides balance)
+  bool even_split = false;       // hidden layers evenly over the chunks, the output layer on the last
   int rows = 64;        // per micro-batch
   int steps = 10;       // measured steps
   int warmup = 3;       // unmeasured steps first (allocator, sockets)
@@ -86,7 +88,7 @@ std::vector<std::vector<pl::TimelineEvent>> gather_events(comm::ProcessGroup& gr
   return out;
 }
 
-int run(const BenchOptions& o) {
+int run(BenchOptions o) {
   const comm::WorldInfo world = comm::world_from_env();
   auto group = comm::init_process_group(world);
   at::set_num_threads(1);
@@ -115,7 +117,22 @@ int run(const BenchOptions& o) {
   } else {
     costs = pl::layer_parameter_counts(layers);
   }
-  const auto bounds = pl::balanced_partition(costs, p * o.virtual_stages);
+  const int chunk_count = p * o.virtual_stages;
+  if (o.even_split) {
+    // With --in-features = 1.5 x width every hidden layer costs the same
+    // (the first computes no input gradient), so this cut gives equal
+    // stages up to the output layer and the loss (a few percent of a layer).
+    if (o.layers % chunk_count != 0) {
+      throw std::runtime_error("--even-split: " + std::to_string(o.layers) + " hidden layers over " +
+                               std::to_string(chunk_count) + " chunks");
+    }
+    o.split.assign(chunk_count, o.layers / chunk_count);
+    o.split.back() += 1;
+  }
+  // A given split still reports the probe's chunk costs: how even it is.
+  const auto bounds = o.split.empty() ? pl::balanced_partition(costs, p * o.virtual_stages)
+                                      : pl::explicit_partition(o.split, static_cast<int>(layers.size()),
+                                                               p * o.virtual_stages);
   std::vector<pl::LocalChunk> chunks;
   for (int i = 0; i < o.virtual_stages; ++i) {
     const int mc = i * p + group->rank();
@@ -214,7 +231,7 @@ int run(const BenchOptions& o) {
       {"layers", o.layers + 1},
       {"width", o.width},
       {"in_features", in_features},
-      {"balance", o.balance},
+      {"balance", o.even_split ? "even_split" : o.split.empty() ? o.balance : "split"},
       {"layers_per_chunk", layers_per_chunk},
       {"chunk_cost", chunk_cost},
       {"layer_cost", costs},
@@ -247,6 +264,9 @@ int main(int argc, char** argv) {
   app.add_option("--width", o.width, "hidden width")->check(CLI::PositiveNumber);
   app.add_option("--in-features", o.in_features, "input width (default: the hidden width)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--split", o.split, "layers per chunk, e.g. 16,17 (as pipeline.split; overrides --balance)")
+      ->delimiter(',');
+  app.add_flag("--even-split", o.even_split, "hidden layers evenly over the chunks, the output layer on the last");
   app.add_option("--balance", o.balance, "cut the layers by measured \"time\" (loss included) or \"parameters\"")
       ->check(CLI::IsMember({"time", "parameters"}));
   app.add_option("--events", o.events, "write the measured steps' events here, one JSON line each");
