@@ -41,6 +41,10 @@ struct BenchOptions {
   int virtual_stages = 1;
   int layers = 8;       // hidden layers of the MLP (layers + 1 Linear in all)
   int width = 1024;     // wide enough that compute, not messages, fills a step
+  int in_features = 0;  // the model's input width (0: = width)
+  std::string balance = "time";  // "time" (measured, loss included) or "parameters"
+  std::vector<int64_t> split;    // layers per chunk, as pipeline.split (overrides balance)
+  bool even_split = false;       // hidden layers evenly over the chunks, the output layer on the last
   int rows = 64;        // per micro-batch
   int steps = 10;       // measured steps
   int warmup = 3;       // unmeasured steps first (allocator, sockets)
@@ -84,7 +88,7 @@ std::vector<std::vector<pl::TimelineEvent>> gather_events(comm::ProcessGroup& gr
   return out;
 }
 
-int run(const BenchOptions& o) {
+int run(BenchOptions o) {
   const comm::WorldInfo world = comm::world_from_env();
   auto group = comm::init_process_group(world);
   at::set_num_threads(1);
@@ -93,12 +97,42 @@ int run(const BenchOptions& o) {
   const pl::ScheduleOptions shape{p, o.microbatches, o.virtual_stages};
   pl::validate_schedule(kind, shape);
 
+  const int in_features = o.in_features > 0 ? o.in_features : o.width;
   torch::manual_seed(0);
   auto model = paratrain::models::make_mlp(
-      {.in_features = o.width, .hidden = std::vector<int64_t>(o.layers, o.width), .out_features = 10});
+      {.in_features = in_features, .hidden = std::vector<int64_t>(o.layers, o.width), .out_features = 10});
   const auto layers = model->layers();
-  const auto shapes = pl::infer_boundary_shapes(layers, {o.width});
-  const auto bounds = pl::balanced_partition(pl::layer_parameter_counts(layers), p * o.virtual_stages);
+  const auto shapes = pl::infer_boundary_shapes(layers, {in_features});
+  auto loss = [](const at::Tensor& out, const at::Tensor& t) { return torch::nn::functional::cross_entropy(out, t); };
+  std::vector<double> costs;
+  if (o.balance == "time") {
+    // As the pipeline strategy does: every rank times every layer (the loss
+    // on the last), all cut by the per-layer minimum.
+    const auto mine = pl::measure_layer_times(layers, shapes, o.rows, [&](const at::Tensor& out) {
+      return loss(out, torch::zeros({out.size(0)}, torch::kLong));
+    });
+    auto t = torch::tensor(mine, torch::kDouble);
+    group->all_reduce(t, comm::ReduceOp::kMin)->wait();
+    costs.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  } else {
+    costs = pl::layer_parameter_counts(layers);
+  }
+  const int chunk_count = p * o.virtual_stages;
+  if (o.even_split) {
+    // With --in-features = 1.5 x width every hidden layer costs the same
+    // (the first computes no input gradient), so this cut gives equal
+    // stages up to the output layer and the loss (a few percent of a layer).
+    if (o.layers % chunk_count != 0) {
+      throw std::runtime_error("--even-split: " + std::to_string(o.layers) + " hidden layers over " +
+                               std::to_string(chunk_count) + " chunks");
+    }
+    o.split.assign(chunk_count, o.layers / chunk_count);
+    o.split.back() += 1;
+  }
+  // A given split still reports the probe's chunk costs: how even it is.
+  const auto bounds = o.split.empty() ? pl::balanced_partition(costs, p * o.virtual_stages)
+                                      : pl::explicit_partition(o.split, static_cast<int>(layers.size()),
+                                                               p * o.virtual_stages);
   std::vector<pl::LocalChunk> chunks;
   for (int i = 0; i < o.virtual_stages; ++i) {
     const int mc = i * p + group->rank();
@@ -121,9 +155,8 @@ int run(const BenchOptions& o) {
   pl::Timeline timeline(group->rank(), topts);
 
   const int64_t batch = static_cast<int64_t>(o.rows) * o.microbatches;
-  auto x = torch::randn({batch, o.width});
+  auto x = torch::randn({batch, in_features});
   auto y = torch::randint(0, 10, {batch}, torch::kLong);
-  auto loss = [](const at::Tensor& out, const at::Tensor& t) { return torch::nn::functional::cross_entropy(out, t); };
   pl::StepReport report;
   Clock::time_point start;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
@@ -181,6 +214,13 @@ int run(const BenchOptions& o) {
     in_flight.push_back(all_stats[2 * r].item<int64_t>());
     act_bytes.push_back(all_stats[2 * r + 1].item<int64_t>());
   }
+  nlohmann::json layers_per_chunk = nlohmann::json::array(), chunk_cost = nlohmann::json::array();
+  for (size_t c = 0; c + 1 < bounds.size(); ++c) {
+    layers_per_chunk.push_back(bounds[c + 1] - bounds[c]);
+    double sum = 0;
+    for (int i = bounds[c]; i < bounds[c + 1]; ++i) sum += costs[i];
+    chunk_cost.push_back(o.balance == "time" ? sum * 1e3 : sum);  // ms, or parameters
+  }
   nlohmann::json j = {
       {"bench", "pipeline_bubble"},
       {"schedule", o.schedule},
@@ -190,6 +230,11 @@ int run(const BenchOptions& o) {
       {"recompute", o.recompute},
       {"layers", o.layers + 1},
       {"width", o.width},
+      {"in_features", in_features},
+      {"balance", o.even_split ? "even_split" : o.split.empty() ? o.balance : "split"},
+      {"layers_per_chunk", layers_per_chunk},
+      {"chunk_cost", chunk_cost},
+      {"layer_cost", costs},
       {"rows_per_microbatch", o.rows},
       {"bubble_formula", pl::theoretical_bubble(kind, shape)},
       {"bubble_measured_median", sorted[sorted.size() / 2]},
@@ -217,6 +262,13 @@ int main(int argc, char** argv) {
   app.add_option("--virtual-stages", o.virtual_stages, "chunks per rank (interleaved)")->check(CLI::PositiveNumber);
   app.add_option("--layers", o.layers, "hidden layers")->check(CLI::PositiveNumber);
   app.add_option("--width", o.width, "hidden width")->check(CLI::PositiveNumber);
+  app.add_option("--in-features", o.in_features, "input width (default: the hidden width)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--split", o.split, "layers per chunk, e.g. 16,17 (as pipeline.split; overrides --balance)")
+      ->delimiter(',');
+  app.add_flag("--even-split", o.even_split, "hidden layers evenly over the chunks, the output layer on the last");
+  app.add_option("--balance", o.balance, "cut the layers by measured \"time\" (loss included) or \"parameters\"")
+      ->check(CLI::IsMember({"time", "parameters"}));
   app.add_option("--events", o.events, "write the measured steps' events here, one JSON line each");
   app.add_option("--rows", o.rows, "rows per micro-batch")->check(CLI::PositiveNumber);
   app.add_option("--steps", o.steps, "measured steps")->check(CLI::PositiveNumber);

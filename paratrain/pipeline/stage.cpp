@@ -1,7 +1,11 @@
 // StageModule and the helpers that cut a model into chunks: see stage.h.
 #include "paratrain/pipeline/stage.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
 
 #include <fmt/format.h>
 
@@ -97,6 +101,65 @@ std::vector<double> layer_parameter_counts(const std::vector<models::Layer>& lay
       for (const auto& p : module->parameters()) n += static_cast<double>(p.numel());
     }
     out.push_back(n);
+  }
+  return out;
+}
+
+std::vector<double> measure_layer_times(const std::vector<models::Layer>& layers, const BoundaryShapes& shapes,
+                                        int64_t rows, const OutputLoss& loss, int repeats) {
+  TORCH_CHECK(shapes.shapes.size() == layers.size() + 1, "measure_layer_times: ", shapes.shapes.size(),
+              " boundary shapes for ", layers.size(), " layers");
+  TORCH_CHECK(rows >= 1 && repeats >= 1, "measure_layer_times: rows ", rows, " and repeats ", repeats, " must be >= 1");
+  // Drawing from the global generator would shift every later draw on the
+  // measuring rank only (and, with ranks as threads, race them).
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(0);
+  auto with_rows = [rows](const std::vector<int64_t>& per_example) {
+    std::vector<int64_t> shape{rows};
+    shape.insert(shape.end(), per_example.begin(), per_example.end());
+    return shape;
+  };
+  struct Probe {
+    at::Tensor x;     // the layer's input (requires grad unless it is the data)
+    at::Tensor grad;  // what the next stage would send back (empty on the last layer)
+  };
+  std::vector<Probe> probes;
+  for (size_t j = 0; j < layers.size(); ++j) {
+    Probe pr;
+    const auto dtype = shapes.dtypes[j];
+    if (at::isFloatingType(dtype)) {
+      pr.x = torch::randn(with_rows(shapes.shapes[j]), generator, at::TensorOptions().dtype(dtype));
+      // Layer 0's input is the data: the step computes no gradient for it.
+      if (j > 0) pr.x.requires_grad_(true);
+    } else {
+      pr.x = torch::zeros(with_rows(shapes.shapes[j]), at::TensorOptions().dtype(dtype));  // token ids
+    }
+    if (j + 1 < layers.size()) pr.grad = torch::randn(with_rows(shapes.shapes[j + 1]), generator);
+    probes.push_back(std::move(pr));
+  }
+  // Rounds over all layers rather than all repeats of one layer after the
+  // other: a burst of load from other processes then slows one run of every
+  // layer, not every run of one layer, and the minimum stays fair.
+  std::vector<double> out(layers.size(), 1e30);
+  for (int rep = 0; rep <= repeats; ++rep) {
+    for (size_t j = 0; j < layers.size(); ++j) {
+      Probe& pr = probes[j];
+      const auto start = std::chrono::steady_clock::now();
+      at::Tensor y = layers[j].forward(pr.x);
+      if (!pr.grad.defined()) {
+        loss(y).backward();
+      } else {
+        y.backward(pr.grad.to(y.scalar_type()));
+      }
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (rep > 0) out[j] = std::min(out[j], s);  // round 0 allocates
+      if (pr.x.requires_grad()) pr.x.mutable_grad() = at::Tensor();
+    }
+  }
+  // The probe's gradients must not leak into training.
+  for (const auto& layer : layers) {
+    for (const auto& [name, module] : layer.modules) {
+      for (auto& p : module->parameters()) p.mutable_grad() = at::Tensor();
+    }
   }
   return out;
 }

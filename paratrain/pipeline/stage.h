@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,5 +58,22 @@ BoundaryShapes infer_boundary_shapes(const std::vector<models::Layer>& layers,
 
 // Parameter elements per layer (balancing by parameters).
 std::vector<double> layer_parameter_counts(const std::vector<models::Layer>& layers);
+
+// The loss of the model's output (targets of the caller's choosing): the
+// part of a step that runs on the last stage after its last layer.
+using OutputLoss = std::function<at::Tensor(const at::Tensor& output)>;
+
+// Forward + backward seconds of each layer on a micro-batch of `rows`, as a
+// pipeline step runs them (balancing by time): the model's input needs no
+// gradient, so layer 0 computes none for it, and the last layer's time
+// includes `loss` of its output and its backward, which only the last stage
+// pays. Without either the cut favours the wrong stage: an MLP's first layer
+// costs 2/3 of the others and the loss can cost more than a layer (a large
+// vocabulary). One unmeasured round over the layers (allocation), then the
+// best of `repeats` rounds per layer (the least disturbed by other
+// processes). Draws from a generator of its own; leaves every parameter's
+// gradient undefined.
+std::vector<double> measure_layer_times(const std::vector<models::Layer>& layers, const BoundaryShapes& shapes,
+                                        int64_t rows, const OutputLoss& loss, int repeats = 5);
 
 }  // namespace paratrain::pipeline

@@ -1,10 +1,12 @@
 // Pipeline partitioning (partition.h): the balanced split is the exact
 // min-max optimum (checked against brute force), never worse than an even
 // split by layer count, deterministic; user splits and impossible requests
-// fail with errors naming the config keys.
+// fail with errors naming the config keys; the time probe runs each layer as
+// a pipeline step does (no input gradient for layer 0, the loss on the last).
 #include <gtest/gtest.h>
 
 #include <c10/util/Exception.h>
+#include <torch/torch.h>
 
 #include <functional>
 #include <random>
@@ -13,6 +15,7 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/pipeline/partition.h"
+#include "paratrain/pipeline/stage.h"
 
 namespace paratrain::pipeline {
 namespace {
@@ -143,6 +146,42 @@ TEST(Partition, Errors) {
   EXPECT_NE(msg.find("pipeline.split = [5, 4] covers 9 layers but the model has 8 layers"), std::string::npos) << msg;
   msg = message({2, 3}, 8, 2);
   EXPECT_NE(msg.find("covers 5 layers but the model has 8 layers"), std::string::npos) << msg;
+}
+
+// What balancing by time measures: the step's own work per layer. Layer 0
+// runs on data that needs no gradient; the last layer's time includes the
+// loss and its backward; nothing it ran leaves a gradient behind.
+TEST(MeasureLayerTimes, TimesEachLayerAsAStepRunsIt) {
+  std::vector<models::Layer> layers;
+  std::vector<std::vector<bool>> input_needs_grad(3);
+  for (int i = 0; i < 3; ++i) {
+    auto linear = torch::nn::Linear(6, 6);
+    layers.push_back({"fc" + std::to_string(i), {{"fc" + std::to_string(i), linear.ptr()}},
+                      [linear, &seen = input_needs_grad[i]](const at::Tensor& x) mutable {
+                        seen.push_back(x.requires_grad());
+                        return linear->forward(x);
+                      }});
+  }
+  const BoundaryShapes shapes = infer_boundary_shapes(layers, {6});
+  for (auto& seen : input_needs_grad) seen.clear();  // the shape probe ran under no_grad
+  int losses = 0;
+  std::vector<int64_t> loss_input_shape;
+  const auto times = measure_layer_times(layers, shapes, /*rows=*/4, [&](const at::Tensor& out) {
+    ++losses;
+    loss_input_shape = out.sizes().vec();
+    return out.pow(2).mean();
+  }, /*repeats=*/2);
+  ASSERT_EQ(times.size(), 3u);
+  for (double t : times) EXPECT_GT(t, 0.0);
+  // One unmeasured run, then two measured ones, per layer.
+  EXPECT_EQ(input_needs_grad[0], (std::vector<bool>{false, false, false}));
+  EXPECT_EQ(input_needs_grad[1], (std::vector<bool>{true, true, true}));
+  EXPECT_EQ(input_needs_grad[2], (std::vector<bool>{true, true, true}));
+  EXPECT_EQ(losses, 3);  // the last layer only
+  EXPECT_EQ(loss_input_shape, (std::vector<int64_t>{4, 6}));
+  for (const auto& layer : layers) {
+    for (const auto& p : layer.modules.front().second->parameters()) EXPECT_FALSE(p.grad().defined());
+  }
 }
 
 }  // namespace

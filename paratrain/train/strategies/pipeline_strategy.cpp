@@ -6,7 +6,6 @@
 // last stage, so the Trainer's logging and evaluation see them on every rank.
 // A tensor two stages share (the GPT's tied embedding) has a copy on each,
 // their gradients summed over the mesh's stage group (pipeline/tied.h).
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -27,6 +26,7 @@
 #include "paratrain/pipeline/tied.h"
 #include "paratrain/pipeline/timeline.h"
 #include "paratrain/train/batch_size.h"
+#include "paratrain/train/objective.h"
 #include "paratrain/train/strategies/builtin.h"
 #include "paratrain/train/strategies/common.h"
 #include "paratrain/train/strategies/pipeline_parts.h"
@@ -35,38 +35,6 @@ namespace paratrain::train::strategies {
 namespace {
 
 using topology::Axis;
-
-// Forward + backward time of each layer on a micro-batch of `rows`, in
-// seconds (best of a few runs: the least disturbed by the other ranks).
-std::vector<double> measure_layer_times(const std::vector<models::Layer>& layers,
-                                        const pipeline::BoundaryShapes& shapes, int64_t rows) {
-  // A generator of the probe's own: drawing from the global one would shift
-  // every later draw on rank 0 only (and, with ranks as threads, race them).
-  auto generator = at::make_generator<at::CPUGeneratorImpl>(0);
-  std::vector<double> out;
-  for (size_t j = 0; j < layers.size(); ++j) {
-    std::vector<int64_t> shape{rows};
-    shape.insert(shape.end(), shapes.shapes[j].begin(), shapes.shapes[j].end());
-    double best = 1e30;
-    for (int rep = 0; rep < 3; ++rep) {
-      // Token ids (the GPT's input) are zeros: a valid id, and no gradient.
-      auto x = at::isIntegralType(shapes.dtypes[j], /*includeBool=*/true)
-                   ? torch::zeros(shape, torch::TensorOptions().dtype(shapes.dtypes[j]))
-                   : torch::randn(shape, generator).requires_grad_(true);
-      const auto start = std::chrono::steady_clock::now();
-      layers[j].forward(x).sum().backward();
-      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    }
-    out.push_back(best);
-  }
-  // The probe's gradients must not leak into training.
-  for (const auto& layer : layers) {
-    for (const auto& [name, module] : layer.modules) {
-      for (auto& p : module->parameters()) p.mutable_grad() = at::Tensor();
-    }
-  }
-  return out;
-}
 
 struct ParamInfo {
   std::string name;
@@ -330,14 +298,20 @@ class PipelineStrategy final : public Strategy {
  private:
   std::vector<double> layer_costs(const std::vector<models::Layer>& layers, const pipeline::BoundaryShapes& shapes) {
     if (config_.pipeline.balance == "parameters") return pipeline::layer_parameter_counts(layers);
-    // Times differ per rank; every rank must cut the model the same way, so
-    // world rank 0's measurement is used everywhere.
+    // Every rank times the layers (it holds the whole model until the cut)
+    // and all take the per-layer minimum: one cut everywhere, and a probe that
+    // another process disturbed on one rank is corrected by the others.
     auto& world = mesh_.world();
     const int64_t rows = resolve_batch_sizes(config_, dp_.size()).per_rank / config_.pipeline.microbatches;
-    std::vector<double> mine(layers.size(), 0.0);
-    if (world.rank() == 0) mine = measure_layer_times(layers, shapes, rows);
+    // The last layer's time includes the objective's loss (cross-entropy over
+    // the last dimension; which targets does not change its cost).
+    const LossFn loss = Objective::for_config(config_).loss();
+    const auto mine = pipeline::measure_layer_times(layers, shapes, rows, [&loss](const at::Tensor& out) {
+      const auto lead = out.sizes().slice(0, out.dim() - 1);
+      return loss(out, torch::zeros(lead, torch::kLong));
+    });
     at::Tensor t = torch::tensor(mine, torch::kDouble);
-    world.broadcast(t, 0)->wait(timeout_);
+    world.all_reduce(t, comm::ReduceOp::kMin)->wait(timeout_);
     return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
   }
 
