@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/core/remove_tree.h"
 #include "paratrain/launch/free_port.h"
 #include "paratrain/launch/line_prefixer.h"
 #include "paratrain/launch/report.h"
@@ -115,7 +116,7 @@ class HeartbeatDir {
   }
   ~HeartbeatDir() {
     std::error_code ec;
-    if (!root_.empty()) std::filesystem::remove_all(root_, ec);
+    if (!root_.empty()) core::remove_tree(root_, ec);
   }
   HeartbeatDir(const HeartbeatDir&) = delete;
   HeartbeatDir& operator=(const HeartbeatDir&) = delete;

@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/core/remove_tree.h"
 #include "paratrain/train/checkpoint/checkpoint_index.h"
 #include "paratrain/train/checkpoint/checkpoint_metadata.h"
 #include "paratrain/train/checkpoint/safetensors.h"
@@ -30,7 +31,7 @@ bool is_temporary(const std::string& name) { return name.find(".tmp.") != std::s
 
 void remove_entry(const std::filesystem::path& path, const char* why, int& removed) {
   std::error_code ec;
-  std::filesystem::remove_all(path, ec);
+  core::remove_tree(path, ec);
   if (ec) {
     spdlog::warn("could not delete {} '{}': {}", why, path.string(), ec.message());
   } else {

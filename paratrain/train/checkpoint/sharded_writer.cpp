@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "paratrain/comm/process_group.h"
+#include "paratrain/core/remove_tree.h"
 #include "paratrain/core/error.h"
 #include "paratrain/train/checkpoint/checkpoint_index.h"
 #include "paratrain/train/checkpoint/checkpoint_metadata.h"
@@ -233,7 +234,7 @@ void write_prepared_checkpoint(const std::filesystem::path& dir, comm::ProcessGr
     try {
       std::error_code ec;
       std::filesystem::remove(dir / kIndexFileName, ec);
-      std::filesystem::remove_all(dir, ec);
+      core::remove_tree(dir, ec);
       std::filesystem::create_directories(dir);
     } catch (const std::exception& e) {
       error = e.what();
