@@ -81,7 +81,8 @@ out = {"run": name, "round": rnd, "wall_s": round(end - start, 1),
        "accuracy_at_fit_s": [round(e["time"] - fit_start, 1) for e in evals] if fit_start else None,
        "staleness": {str(r["worker"]): {"mean": round(r["mean"], 2), "max": r["max"], "histogram": r["histogram"],
                                     "pushes": r.get("pushes"), "push_bytes": r.get("push_bytes"),
-                                    "ranges_in_backward": r.get("ranges_pushed_in_backward")}
+                                    "ranges_in_backward": r.get("ranges_pushed_in_backward"),
+                                    "ranges_pulled_in_forward": r.get("ranges_pulled_in_forward")}
                      for r in recs if r.get("kind") == "ps_staleness"}}
 print(json.dumps(out))
 PY

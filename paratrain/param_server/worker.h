@@ -1,8 +1,9 @@
 // A parameter-server worker's side of the protocol: push this step's
-// gradients to every server (its key ranges of each, one message per
-// server), pull the parameters they answer with into the local model, and
-// keep the staleness of every pushed gradient. The worker holds no optimizer
-// state. The servers' side is server.h.
+// gradients to every server (one message per key range), pull the
+// parameters they answer with (one message per range too, usable as each
+// arrives) into the local model, and keep the staleness of every pushed
+// gradient. The worker holds no optimizer state. The servers' side is
+// server.h.
 #pragma once
 
 #include <ATen/core/Tensor.h>
