@@ -4,8 +4,10 @@
 // gathers them and prints one JSON line: the measured bubble per step (idle
 // share of the step from the timelines, pipeline::measure_bubble) next to
 // (p-1)/(m+p-1) (or /v interleaved), peak in-flight micro-batches and
-// activation bytes per stage, samples/s. Not a driver: bench/run_pipeline.sh
-// launches it over schedules and micro-batch counts.
+// activation bytes per stage, samples/s. The layers are cut by measured time
+// (--balance, as pipeline.balance) or by hand (--split, --even-split);
+// --events dumps the timelines for bench/pipeline_events.py. Not a driver:
+// bench/run_pipeline.sh launches it over schedules and micro-batch counts.
 //
 //   paratrain launch --nproc-per-node 2 -- pipeline_bubble --schedule 1f1b --microbatches 8
 #include <algorithm>

@@ -8,7 +8,7 @@ the schedule alone would idle with these stages), the per-rank forward and
 backward times, the delay of every message a rank waited for (sender's send
 start to the receiver's wait end), and time between events on each rank.
 
-  python3 bench/pipeline_events.py EVENTS.jsonl [--stages P]
+  python3 bench/pipeline_events.py EVENTS.jsonl
 """
 import argparse
 import json
@@ -93,7 +93,6 @@ def main():
                     sends[(prev, e["mb"], to_mc)] = e
         step_delays = []
         for r, evs in ranks.items():
-            nxt = None
             for i, e in enumerate(evs):
                 if e["kind"] != "recv":
                     continue

@@ -84,12 +84,13 @@ runs = defaultdict(list)  # one row per configuration, every round's run in it
 for j in rows:
     if "error" not in j:
         runs[(j["stages"], j["schedule"], j["microbatches"], j["virtual_stages"], j["recompute"])].append(j)
-print("\n| p | schedule | m | v | recompute | bubble measured (median of runs) | runs' range | formula | gap (points) "
+print("\n| p | schedule | m | v | recompute | bubble measured (median of all steps) | range of the runs' medians | formula | gap (points) "
       "| peak in-flight per stage | activation MiB per stage | samples/s |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for (p, schedule, m, v, rc), js in runs.items():
     meds = sorted(j["bubble_measured_median"] for j in js)
-    med = meds[len(meds) // 2]
+    steps = sorted(b for j in js for b in j["bubble_measured"])  # every measured step of every round
+    med = steps[len(steps) // 2]
     f = js[0]["bubble_formula"]
     mib = ", ".join(f"{b / 2**20:.1f}" for b in js[0]["peak_activation_bytes"])
     sps = sorted(j["samples_per_s"] for j in js)[len(js) // 2]
