@@ -171,7 +171,7 @@ struct TrainLoopConfig {
 
 /// `[world]`: how the processes talk.
 struct WorldConfig {
-  std::string backend = "gloo";  ///< "gloo" | "mpi" (under mpirun) | "shm" (one host) | "auto" (comm/rendezvous.h)
+  std::string backend = "gloo";  ///< "gloo" | "mpi" (under mpirun) | "shm" (one host) | "hierarchical" | "auto" (comm/rendezvous.h)
   int64_t timeout_s = 300;  ///< collectives and rendezvous give up after this
   /// Hang doctor: collectives each rank keeps in its ring buffer (comm/flight_recorder.h); 0 = off.
   int64_t doctor_records = 256;
