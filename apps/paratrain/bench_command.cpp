@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -236,6 +237,7 @@ int run_ddp(const Common& c, bench::DdpBenchOptions o, std::vector<double> caps,
   init.backend = worker_backend(c);
   auto group = comm::init_process_group(comm::world_from_env(), init);
   std::map<double, std::vector<double>> samples;  // cap -> samples/s per round
+  std::map<double, int64_t> buckets;              // cap -> buckets the reducer planned
   std::vector<double> ceiling;
   for (int round = 0; round < rounds; ++round) {
     for (double cap : caps) {
@@ -243,6 +245,7 @@ int run_ddp(const Common& c, bench::DdpBenchOptions o, std::vector<double> caps,
       nlohmann::json j = bench::run_ddp_bench(*group, o);
       j["round"] = round;
       samples[cap].push_back(j["samples_per_s"].get<double>());
+      if (j.contains("comm")) buckets[cap] = j["comm"]["buckets"].get<int64_t>();
       if (group->rank() == 0) emit(c, j.dump());
     }
     if (nocomm) {
@@ -260,11 +263,14 @@ int run_ddp(const Common& c, bench::DdpBenchOptions o, std::vector<double> caps,
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  nlohmann::json medians = nlohmann::json::object();
+  nlohmann::json medians = nlohmann::json::object(), plans = nlohmann::json::object();
+  std::set<int64_t> distinct;
   double best_cap = caps.front(), best = 0, worst = 0;
   for (double cap : caps) {
     const double m = median(samples[cap]);
     medians[fmt::format("{:g}", cap)] = m;
+    plans[fmt::format("{:g}", cap)] = buckets[cap];
+    distinct.insert(buckets[cap]);
     if (m > best) {
       best = m;
       best_cap = cap;
@@ -274,6 +280,7 @@ int run_ddp(const Common& c, bench::DdpBenchOptions o, std::vector<double> caps,
   nlohmann::json sweep = {{"benchmark", "ddp_bucket_sweep"}, {"backend", group->backend()},
                           {"world", group->size()},         {"model", o.model},
                           {"rounds", rounds},               {"median_samples_per_s", medians},
+                          {"buckets", plans},
                           {"best_bucket_cap_mb", best_cap}};
   std::string ceiling_text;
   if (!ceiling.empty()) {
@@ -281,6 +288,13 @@ int run_ddp(const Common& c, bench::DdpBenchOptions o, std::vector<double> caps,
     ceiling_text = fmt::format("; {:.2f} of the nocomm ceiling ({:.0f})", best / median(ceiling), median(ceiling));
   }
   emit(c, sweep.dump());
+  // Caps that give the same number of buckets (a bucket closes after the
+  // parameter that reaches the cap, so a model of few large tensors has few
+  // distinct plans) differ only by noise: say so instead of crowning one.
+  if (distinct.size() < caps.size())
+    ceiling_text += fmt::format("; NOTE only {} distinct bucket plan(s) among the {} caps (buckets per cap: {}): "
+                                "differences between caps with the same plan are noise",
+                                distinct.size(), caps.size(), plans.dump());
   std::printf("summary: best bucket cap %g MiB on %s x%d (%s): %.0f samples/s, median of %d; the worst cap %.2fx "
               "slower%s\n",
               best_cap, group->backend().c_str(), group->size(), o.model.c_str(), best, rounds,
