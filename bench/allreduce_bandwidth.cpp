@@ -1,14 +1,15 @@
 // How fast one all-reduce is on this group, with nothing else running: times
 // ProcessGroup::all_reduce (sum, float32) over a range of sizes and, for
 // scale, a local memcpy of the same size. Rank 0 prints one JSON line.
+// The measurement is paratrain/bench/comm_bench.h's (also behind `paratrain
+// bench comm`, which runs every backend and summarizes); this file maps
+// flags onto it.
 // Not a DDP benchmark (ddp_throughput.cpp): no model, no overlap; it gives
 // the communication cost that DDP's step has to hide or pay.
 //
 //   paratrain launch --nproc-per-node 2 -- allreduce_bandwidth --sizes-mb 1,4,7.1,16
 //   mpirun -np 2 allreduce_bandwidth --backend mpi
 //   paratrain launch --nproc-per-node 2 -- allreduce_bandwidth --backend shm --sizes-mb 0.00390625,1,16,64
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -18,12 +19,12 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "paratrain/bench/comm_bench.h"
 #include "paratrain/comm/rendezvous.h"
 #include "paratrain/core/error.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 namespace comm = paratrain::comm;
 
 struct BandwidthOptions {
@@ -34,12 +35,15 @@ struct BandwidthOptions {
   std::string backend = "gloo";  // or "shm", "auto"; "mpi": run under mpirun instead of paratrain launch
 };
 
-double median_ms(comm::ProcessGroup& group, at::Tensor& buffer, int iters, int warmup);
-double memcpy_ms(const at::Tensor& src, int iters);
-
 int run(const BandwidthOptions& o) {
-  if (o.iters < 1 || o.warmup < 0 || o.sizes_mb.empty()) {
-    throw paratrain::ConfigError("need --iters >= 1, --warmup >= 0 and at least one --sizes-mb");
+  paratrain::bench::AllReduceBenchOptions bench;
+  bench.iters = o.iters;
+  bench.max_iters = o.iters;  // exactly --iters, as this program always did
+  bench.warmup = o.warmup;
+  bench.sizes_bytes.clear();
+  for (double mb : o.sizes_mb) {
+    if (mb <= 0) throw paratrain::ConfigError(fmt::format("--sizes-mb: {} is not positive", mb));
+    bench.sizes_bytes.push_back(static_cast<int64_t>(mb * 1024 * 1024));
   }
   at::set_num_threads(1);
   const comm::WorldInfo world = comm::world_from_env();
@@ -47,27 +51,7 @@ int run(const BandwidthOptions& o) {
   init.backend = o.backend;
   auto group = comm::init_process_group(world, init);
   nlohmann::json rows = nlohmann::json::array();
-  for (double mb : o.sizes_mb) {
-    if (mb <= 0) throw paratrain::ConfigError(fmt::format("--sizes-mb: {} is not positive", mb));
-    const int64_t numel = std::max<int64_t>(1, static_cast<int64_t>(mb * 1024 * 1024 / 4));
-    at::Tensor buffer = torch::ones({numel});
-    const double ms = median_ms(*group, buffer, o.iters, o.warmup);
-    const double bytes = static_cast<double>(numel) * 4;
-    const int n = world.world_size;
-    rows.push_back({
-        {"mib", bytes / (1024 * 1024)},
-        {"ms", ms},
-        // Algorithm bandwidth: the buffer's size over the time. Bus bandwidth
-        // scales it by 2(n-1)/n, the bytes each rank actually sends in a ring.
-        {"algbw_gb_s", bytes / (ms * 1e6)},
-        {"busbw_gb_s", n > 1 ? bytes * 2.0 * (n - 1) / n / (ms * 1e6) : 0.0},
-    });
-    const double copy_ms = memcpy_ms(buffer, o.iters);
-    rows.back()["memcpy_ms"] = copy_ms;
-    rows.back()["memcpy_gb_s"] = bytes / (copy_ms * 1e6);
-    // The target is busbw >= 50% of memcpy bandwidth.
-    rows.back()["busbw_over_memcpy"] = rows.back()["busbw_gb_s"].get<double>() / (bytes / (copy_ms * 1e6));
-  }
+  for (const auto& row : paratrain::bench::bench_all_reduce(*group, bench)) rows.push_back(paratrain::bench::to_json(row));
   if (world.rank == 0) {
     const nlohmann::json j = {{"benchmark", "allreduce_bandwidth"},
                               {"backend", group->backend()},
@@ -99,38 +83,3 @@ int main(int argc, char** argv) {
     return 1;
   }
 }
-
-namespace {
-
-// Each iteration starts together (barrier) and counts the slowest rank, so a
-// rank that arrives late does not make the other's all-reduce look slow.
-double median_ms(comm::ProcessGroup& group, at::Tensor& buffer, int iters, int warmup) {
-  for (int i = 0; i < warmup; ++i) group.all_reduce(buffer)->wait();
-  std::vector<double> times;
-  at::Tensor t = torch::zeros({1}, torch::kDouble);
-  for (int i = 0; i < iters; ++i) {
-    group.barrier()->wait();
-    const auto start = Clock::now();
-    group.all_reduce(buffer)->wait();
-    t.fill_(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
-    group.all_reduce(t, comm::ReduceOp::kMax)->wait();
-    times.push_back(t.item<double>());
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
-double memcpy_ms(const at::Tensor& src, int iters) {
-  at::Tensor dst = torch::empty_like(src);
-  dst.copy_(src);
-  std::vector<double> times;
-  for (int i = 0; i < iters; ++i) {
-    const auto start = Clock::now();
-    dst.copy_(src);
-    times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
-}  // namespace

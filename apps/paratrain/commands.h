@@ -27,5 +27,6 @@ Command add_runs_command(CLI::App& app);    // runs_command.cpp
 Command add_config_command(CLI::App& app);    // config_command.cpp
 Command add_federated_command(CLI::App& app);  // federated_command.cpp
 Command add_doctor_command(CLI::App& app);     // doctor_command.cpp
+Command add_bench_command(CLI::App& app);      // bench_command.cpp
 
 }  // namespace paratrain::cli

@@ -1,4 +1,4 @@
-// `paratrain` CLI entry: dispatches to sub-commands (launch, train, federated, checkpoint, plan, trace, plot, generate, config).
+// `paratrain` CLI entry: dispatches to sub-commands (launch, train, federated, checkpoint, plan, trace, plot, generate, config, doctor, bench).
 // The only place that turns an exception into an exit code.
 #include <cstdio>
 #include <exception>
@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
       paratrain::cli::add_config_command(app),
       paratrain::cli::add_federated_command(app),
       paratrain::cli::add_doctor_command(app),
+      paratrain::cli::add_bench_command(app),
   };
   try {
     app.parse(argc, argv);

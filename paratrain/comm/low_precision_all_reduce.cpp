@@ -11,10 +11,13 @@ namespace {
 
 // Two collectives and the fp32 sum between them, as one Work. The state
 // machine advances under a lock, from whichever thread polls or waits.
+// With `scatter_to` defined (reduce_scatter_low_precision), the fp32 sum of
+// this rank's slice lands there and the work ends after the first phase.
 class LowPrecisionAllReduce final : public Work {
  public:
-  LowPrecisionAllReduce(ProcessGroup& group, at::Tensor& buffer, at::ScalarType wire, ProcessGroup& gather_group)
-      : group_(group), gather_group_(gather_group), buffer_(buffer), wire_(wire) {
+  LowPrecisionAllReduce(ProcessGroup& group, const at::Tensor& buffer, at::ScalarType wire,
+                        ProcessGroup& gather_group, at::Tensor scatter_to = {})
+      : group_(group), gather_group_(gather_group), buffer_(buffer), wire_(wire), scatter_to_(std::move(scatter_to)) {
     const int64_t p = group.size();
     const int64_t n = buffer.numel();
     chunk_ = (n + p - 1) / p;
@@ -63,6 +66,13 @@ class LowPrecisionAllReduce final : public Work {
   void start_gather() {
     // Row s holds rank s's copy of this rank's slice: add in fp32.
     const auto mine = recv_bytes_.view(wire_).reshape({group_.size(), chunk_}).to(at::kFloat).sum(0);
+    if (scatter_to_.defined()) {
+      scatter_to_.view({-1}).copy_(mine);
+      phase_ = Phase::kDone;
+      done_at_ = Clock::now();
+      stage_.reset();
+      return;
+    }
     slice_bytes_ = mine.to(wire_).view(at::kByte);
     gathered_bytes_ = at::empty({group_.size() * chunk_ * 2}, slice_bytes_.options());
     stage_ = gather_group_.all_gather(gathered_bytes_, slice_bytes_);
@@ -81,6 +91,7 @@ class LowPrecisionAllReduce final : public Work {
   ProcessGroup& gather_group_;
   at::Tensor buffer_;
   at::ScalarType wire_;
+  at::Tensor scatter_to_;
   int64_t chunk_ = 0;
   at::Tensor send_bytes_, recv_bytes_, slice_bytes_, gathered_bytes_;
   WorkHandle stage_;
@@ -106,6 +117,21 @@ WorkHandle all_reduce_low_precision(ProcessGroup& group, at::Tensor& buffer, at:
     throw Error(fmt::format("all_reduce_low_precision: the gather group has {} ranks, the group {}",
                             gather_group->size(), group.size()));
   return std::make_shared<LowPrecisionAllReduce>(group, buffer, wire, gather_group ? *gather_group : group);
+}
+
+WorkHandle reduce_scatter_low_precision(ProcessGroup& group, at::Tensor& output, const at::Tensor& input,
+                                        at::ScalarType wire) {
+  if (wire != at::kBFloat16 && wire != at::kHalf) {
+    throw Error(fmt::format("reduce_scatter_low_precision: the wire dtype must be bf16 or fp16, not {}",
+                            c10::toString(wire)));
+  }
+  if (!input.is_contiguous() || !at::isFloatingType(input.scalar_type()) || !output.is_contiguous() ||
+      input.numel() != output.numel() * group.size()) {
+    throw Error(fmt::format("reduce_scatter_low_precision: input ({} elements, {}) must be contiguous floating "
+                            "point with size ({}) x output ({}) elements, output contiguous",
+                            input.numel(), c10::toString(input.scalar_type()), group.size(), output.numel()));
+  }
+  return std::make_shared<LowPrecisionAllReduce>(group, input, wire, group, output);
 }
 
 }  // namespace paratrain::comm

@@ -35,4 +35,13 @@ namespace paratrain::comm {
 WorkHandle all_reduce_low_precision(ProcessGroup& group, at::Tensor& buffer, at::ScalarType wire,
                                     ProcessGroup* gather_group = nullptr);
 
+// The first half alone, as a sum reduce-scatter: `input` (p x output.numel()
+// elements) crosses the wire as `wire` (all-to-all of 16-bit bytes) and
+// `output` receives the fp32 sum of every rank's slice for this rank, in
+// output's dtype: not rounded to 16 bits again, since nothing is gathered.
+// One collective, so calls in flight need no second group. ZeRO-2's
+// compressed gradient reduce-scatter (zero/reduce_scatter_sink.h).
+WorkHandle reduce_scatter_low_precision(ProcessGroup& group, at::Tensor& output, const at::Tensor& input,
+                                        at::ScalarType wire);
+
 }  // namespace paratrain::comm

@@ -21,6 +21,7 @@
 #include "paratrain/comm/gloo/gloo_group.h"
 #include "paratrain/comm/mpi/mpi_group.h"
 #include "paratrain/comm/recording_group.h"
+#include "paratrain/comm/hierarchical_group.h"
 #include "paratrain/comm/shm/shm_group.h"
 #include "paratrain/comm/store_checkin.h"
 #include "paratrain/core/env.h"
@@ -237,6 +238,13 @@ std::string choose_backend(const WorldInfo& world, const InitOptions& options) {
   } else if (world.world_size > 1 && world.local_world_size == world.world_size && options.cpu_tensors) {
     backend = "shm";
     why = fmt::format("all {} ranks on one host with CPU tensors", world.world_size);
+  } else if (world.local_world_size > 1 && world.world_size > world.local_world_size && options.cpu_tensors) {
+    // Only one rank per host then crosses the network per all-reduce
+    // (Note [Hierarchical all-reduce], comm/hierarchical_group.cpp).
+    backend = "hierarchical";
+    why = fmt::format("{} ranks on several hosts, {} per host, CPU tensors: shared memory inside each host, Gloo "
+                      "among one leader per host",
+                      world.world_size, world.local_world_size);
   } else {
     backend = "gloo";
     why = world.world_size == 1                            ? "a single rank"
@@ -373,8 +381,9 @@ std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOp
                                     world.world_size));
     return group;
   }
-  if (backend != "gloo" && backend != "shm") {
-    throw ConfigError(fmt::format("world.backend '{}' is not a backend: use \"gloo\", \"mpi\", \"shm\" or \"auto\"",
+  if (backend != "gloo" && backend != "shm" && backend != "hierarchical") {
+    throw ConfigError(fmt::format("world.backend '{}' is not a backend: use \"gloo\", \"mpi\", \"shm\", "
+                                  "\"hierarchical\" or \"auto\"",
                                   options.backend));
   }
   if (backend == "shm" && world.local_world_size != world.world_size)
@@ -421,7 +430,27 @@ std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOp
   GlooOptions gloo;
   gloo.timeout = options.timeout;
   gloo.bind_address = bind_address_for(world, options);
-  return make_gloo_group(world_store, world.rank, world.world_size, gloo);
+  auto flat = make_gloo_group(world_store, world.rank, world.world_size, gloo);
+  if (backend != "hierarchical") return flat;
+  // Gloo among the hosts; inside each, shared memory for CPU tensors (a Gloo
+  // sub-group otherwise). $PARATRAIN_NODE_NAME overrides the host name, so
+  // ranks of one machine can act as several nodes (tests, trials).
+  HierarchicalOptions h;
+  h.timeout = options.timeout;
+  h.node = env::get_or("PARATRAIN_NODE_NAME", "");
+  if (options.cpu_tensors) {
+    h.make_node_group = [&](const NodeLayout& layout) {
+      ShmOptions shm;
+      shm.timeout = options.timeout;
+      shm.job = fmt::format("{}.gen{}", world.run_id, world.restart_count);
+      shm.group = fmt::format("node{}", layout.node);
+      auto node_store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("node{}", layout.node), job_store);
+      return make_shm_group(node_store, layout.local_rank, static_cast<int>(layout.local_ranks.size()), shm);
+    };
+  }
+  auto group = make_hierarchical_group(std::move(flat), h);
+  if (world.rank == 0) spdlog::info("world.backend = \"hierarchical\": {}", group->backend());
+  return group;
 }
 
 }  // namespace

@@ -59,8 +59,12 @@ struct InitOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   // "gloo" (TCP), "mpi" (comm/mpi: rank and size from MPI itself, no store),
   // "shm" (comm/shm: shared memory, every rank on one host; ConfigError
-  // otherwise) or "auto" (mpi when started by mpirun and built with MPI,
-  // else shm when all ranks share this host and cpu_tensors, else gloo).
+  // otherwise), "hierarchical" (comm/hierarchical_group.h: all-reduce in
+  // shared memory inside each host and over Gloo among one leader per host;
+  // hosts told apart by name, $PARATRAIN_NODE_NAME overriding it) or "auto"
+  // (mpi when started by mpirun and built with MPI, else shm when all ranks
+  // share this host and cpu_tensors, else hierarchical when several hosts
+  // have several ranks each and cpu_tensors, else gloo).
   std::string backend = "gloo";
   // Whether the job's tensors live in CPU memory; "auto" picks shm only then.
   bool cpu_tensors = true;

@@ -70,7 +70,7 @@ struct LaunchOptions {
   int num_servers = 0;
   // Non-empty: every worker gets PARATRAIN_BACKEND=<backend>, which
   // `paratrain train` (and `federated`, and paratrain::init_from_env) read as
-  // world.backend (an explicit --set world.backend wins): "gloo", "shm" or
+  // world.backend (an explicit --set world.backend wins): "gloo", "shm", "hierarchical" or
   // "auto". "mpi" is refused: MPI ranks must be started by mpirun, which
   // knows them; the launcher's processes are not MPI's.
   std::string backend;

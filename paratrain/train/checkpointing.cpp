@@ -69,6 +69,7 @@ CheckpointContents training_contents(const TrainConfig& config, Strategy& strate
   contents.model = strategy.model_slots();
   contents.optimizer = &optimizer;
   contents.optimizer_slots = strategy.optimizer_slots();
+  contents.strategy_state = strategy.state_slots();
   auto& state = contents.state;
   state.step = position.step;
   state.epoch = position.epoch;
@@ -132,8 +133,10 @@ LoopPosition load_training_checkpoint(const std::filesystem::path& path, Strateg
   contents.model = strategy.model_slots();
   contents.optimizer = &optimizer;
   contents.optimizer_slots = strategy.optimizer_slots();
+  contents.strategy_state = strategy.state_slots();
   auto state = load_sharded_checkpoint(path, contents);
   strategy.after_load();
+  strategy.state_loaded(state.missing_state);
   if (scaler != nullptr) restore_scaler(path, state, *scaler);
   return {state.step, state.epoch, state.batch_in_epoch};
 }

@@ -171,7 +171,7 @@ struct TrainLoopConfig {
 
 /// `[world]`: how the processes talk.
 struct WorldConfig {
-  std::string backend = "gloo";  ///< "gloo" | "mpi" (under mpirun) | "shm" (one host) | "auto" (comm/rendezvous.h)
+  std::string backend = "gloo";  ///< "gloo" | "mpi" (under mpirun) | "shm" (one host) | "hierarchical" | "auto" (comm/rendezvous.h)
   /// "cpu" | "cuda" (GPU LOCAL_RANK % GPUs; needs a CUDA build) | "auto" (core/device.h)
   std::string device = "cpu";
   int64_t timeout_s = 300;  ///< collectives and rendezvous give up after this

@@ -349,7 +349,7 @@ const std::vector<FieldSpec>& schema() {
       field("log.tensorboard", &TC::log, &LogConfig::tensorboard, "also write TensorBoard scalar event files to <run_dir>/tensorboard/"),
       field("log.progress", &TC::log, &LogConfig::progress, "\"auto\" (a progress bar on a terminal, log lines otherwise), \"on\" or \"off\"", one_of({"auto", "on", "off"})),
 
-      field("world.backend", &TC::world, &WorldConfig::backend, "collective backend: \"gloo\" (TCP), \"mpi\" (under mpirun; needs the MPI build), \"shm\" (shared memory, every rank on one host, CPU tensors) or \"auto\" (mpi when started by mpirun, else shm when all ranks share one host, else gloo)", one_of({"gloo", "mpi", "shm", "auto"})),
+      field("world.backend", &TC::world, &WorldConfig::backend, "collective backend: \"gloo\" (TCP), \"mpi\" (under mpirun; needs the MPI build), \"shm\" (shared memory, every rank on one host, CPU tensors) \"hierarchical\" (several hosts: shared memory inside each, gloo among one leader per host) or \"auto\" (mpi when started by mpirun, else shm when all ranks share one host, else hierarchical when several hosts have several ranks each, else gloo)", one_of({"gloo", "mpi", "shm", "hierarchical", "auto"})),
       field("world.device", &TC::world, &WorldConfig::device, "where each rank's model, batches and gradients live: \"cpu\", \"cuda\" (GPU number LOCAL_RANK modulo the GPUs seen; needs a CUDA build of LibTorch, scripts/cuda-build.sh; DDP only for now, collectives over Gloo) or \"auto\" (cuda when this build has CUDA and sees a GPU, else cpu)", one_of({"cpu", "cuda", "auto"})),
       field("world.timeout_s", &TC::world, &WorldConfig::timeout_s, "seconds before a stalled collective fails", in_range<int64_t>(1, kMaxTimeoutS)),
       field("world.doctor_records", &TC::world, &WorldConfig::doctor_records, "hang doctor: the last N collectives each rank records (op, group, sequence number, sizes, start/end) and dumps to <run_dir>/doctor/ on a timeout, SIGUSR1 or `paratrain doctor` (0 = off)", in_range<int64_t>(0, 1 << 20)),
@@ -361,7 +361,7 @@ const std::vector<FieldSpec>& schema() {
       field("ddp.first_bucket_cap_mb", &TC::ddp, &DdpConfig::first_bucket_cap_mb, "first bucket size (MiB): small so its all-reduce starts early", in_range_finite(kMinBucketMiB, kMaxBucketMiB, "MiB: 1 byte to 1 TiB")),
       field("ddp.find_unused_parameters", &TC::ddp, &DdpConfig::find_unused_parameters, "tolerate parameters without gradients"),
       field("ddp.broadcast_buffers", &TC::ddp, &DdpConfig::broadcast_buffers, "copy rank 0's buffers before each forward"),
-      field("ddp.compression", &TC::ddp, &DdpConfig::compression, "gradient compression of the bucketed all-reduce: \"none\", \"fp16\" / \"bf16\" (16-bit wire, fp32 sums) or \"powersgd\" (rank-r factors, error feedback)", one_of({"none", "fp16", "bf16", "powersgd"})),
+      field("ddp.compression", &TC::ddp, &DdpConfig::compression, "gradient compression of the bucketed all-reduce: \"none\", \"fp16\" / \"bf16\" (16-bit wire, fp32 sums; also ZeRO-1/2's all-reduce / reduce-scatter) or \"powersgd\" (rank-r factors, error feedback; DDP only)", one_of({"none", "fp16", "bf16", "powersgd"})),
       field("ddp.powersgd_rank", &TC::ddp, &DdpConfig::powersgd_rank, "PowerSGD: columns of the factors each gradient matrix is sent as (higher: closer to exact, more bytes)", at_least<int64_t>(1)),
       field("ddp.powersgd_start_step", &TC::ddp, &DdpConfig::powersgd_start_step, "PowerSGD: synchronized steps sent uncompressed before compression starts (PyTorch suggests ~10% of training)", at_least<int64_t>(0)),
 
@@ -391,7 +391,7 @@ const std::vector<FieldSpec>& schema() {
       field("precision.growth_factor", &TC::precision, &PrecisionConfig::growth_factor, "dynamic: scale x this after growth_interval good steps", in_range_finite(1.0 + 1e-9, 1e6, "> 1")),
       field("precision.backoff_factor", &TC::precision, &PrecisionConfig::backoff_factor, "dynamic: scale x this on an inf/nan step", in_range_finite(1e-9, 1.0 - 1e-9, "in (0, 1)")),
       field("precision.growth_interval", &TC::precision, &PrecisionConfig::growth_interval, "dynamic: good steps in a row before growing", in_range<int64_t>(1, kMaxCount)),
-      field("precision.comm_dtype", &TC::precision, &PrecisionConfig::comm_dtype, "DDP gradient all-reduce on the wire: \"fp32\", or \"bf16\" / \"fp16\" (half the bytes, summed in fp32)", one_of({"fp32", "bf16", "fp16"})),
+      field("precision.comm_dtype", &TC::precision, &PrecisionConfig::comm_dtype, "DDP and ZeRO-1/2 gradient collectives on the wire: \"fp32\", or \"bf16\" / \"fp16\" (half the bytes, summed in fp32)", one_of({"fp32", "bf16", "fp16"})),
 
       field("ps.servers", &TC::ps, &PsConfig::servers, "parameter servers: the last N ranks (0 = off; the rest are workers)", in_range<int64_t>(0, kMaxRanks)),
       field("ps.mode", &TC::ps, &PsConfig::mode, "\"sync\" (= one process on the global batch), \"async\" (each push applied as it arrives) or \"ssp\" (bounded staleness)", one_of({"sync", "async", "ssp"})),
@@ -603,11 +603,14 @@ std::string cross_key_problem(const TrainConfig& c) {
   if (c.precision.compute == "fp16" && !at::hasCUDA())
     return "precision.compute = \"fp16\" needs a CUDA build (LibTorch autocasts CPU ops to bf16 only); this "
            "build is CPU-only: use precision.compute = \"bf16\" (no loss scaling needed) or \"fp32\"";
+  // fp16/bf16 also compress ZeRO-1/2's all-reduce or reduce-scatter;
+  // PowerSGD's factors only fit DDP's all-reduce.
+  const bool zero_wire = c.zero.stage == 1 || c.zero.stage == 2;
   if (c.ddp.compression != "none" &&
-      (c.zero.stage != 0 || c.ddp.mode != "bucketed" || c.parallel.pp != 1 || c.parallel.tp != 1 || c.parallel.cp != 1 ||
+      ((c.zero.stage != 0 && !(zero_wire && c.ddp.compression != "powersgd")) || c.ddp.mode != "bucketed" || c.parallel.pp != 1 || c.parallel.tp != 1 || c.parallel.cp != 1 ||
        c.ps.servers != 0))
     return fmt::format("ddp.compression = \"{}\" is a comm hook of the bucketed DDP all-reduce (zero.stage = 0, "
-                       "ddp.mode = \"bucketed\", parallel.pp = tp = cp = 1, ps.servers = 0); got zero.stage = {}, "
+                       "or 1-2 for fp16/bf16; ddp.mode = \"bucketed\", parallel.pp = tp = cp = 1, ps.servers = 0); got zero.stage = {}, "
                        "ddp.mode = \"{}\", pp = {}, tp = {}, cp = {}, ps.servers = {}: set ddp.compression = \"none\" "
                        "or change those keys",
                        c.ddp.compression, c.zero.stage, c.ddp.mode, c.parallel.pp, c.parallel.tp, c.parallel.cp,
@@ -617,9 +620,9 @@ std::string cross_key_problem(const TrainConfig& c) {
                        "format: keep one (precision.comm_dtype = \"fp32\", or ddp.compression = \"none\")",
                        c.ddp.compression, c.precision.comm_dtype);
   if (c.precision.comm_dtype != "fp32" &&
-      (c.zero.stage != 0 || c.ddp.mode != "bucketed" || c.parallel.pp != 1 || c.parallel.tp != 1 || c.parallel.cp != 1))
-    return fmt::format("precision.comm_dtype = \"{}\" compresses the bucketed DDP all-reduce only (zero.stage = 0, "
-                       "ddp.mode = \"bucketed\", parallel.pp = tp = cp = 1); got zero.stage = {}, ddp.mode = \"{}\", "
+      ((c.zero.stage != 0 && !zero_wire) || c.ddp.mode != "bucketed" || c.parallel.pp != 1 || c.parallel.tp != 1 || c.parallel.cp != 1))
+    return fmt::format("precision.comm_dtype = \"{}\" compresses the bucketed DDP and ZeRO-1/2 gradient collectives "
+                       "only (zero.stage = 0, 1 or 2, ddp.mode = \"bucketed\", parallel.pp = tp = cp = 1); got zero.stage = {}, ddp.mode = \"{}\", "
                        "pp = {}, tp = {}, cp = {}: set precision.comm_dtype = \"fp32\" or change those keys",
                        c.precision.comm_dtype, c.zero.stage, c.ddp.mode, c.parallel.pp, c.parallel.tp, c.parallel.cp);
   if (auto problem = ps_problem(c); !problem.empty()) return problem;

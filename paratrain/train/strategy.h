@@ -149,6 +149,12 @@ class Strategy {
   virtual std::vector<TensorSlot> model_slots() = 0;
   virtual std::vector<OptimizerSlot> optimizer_slots() = 0;
   virtual void after_load() {}
+  // Other state carried between steps (a comm hook's: PowerSGD's error
+  // feedback and Q), saved as "state/<name>" beside the model and optimizer.
+  // A load fills these slots (called anew for it), then calls state_loaded()
+  // with the names the checkpoint lacked, which must start afresh.
+  virtual std::vector<TensorSlot> state_slots() { return {}; }
+  virtual void state_loaded(const std::vector<std::string>& missing) { (void)missing; }
   // Metadata recorded in the checkpoint (stage, layout); informative only:
   // any layout loads at any other.
   virtual std::vector<std::pair<std::string, std::string>> checkpoint_metadata() const { return {}; }

@@ -240,7 +240,7 @@ void check_device_supported(const c10::Device& device, const std::string& strate
                                   "parallel.pp = tp = cp = 1, ps.servers = 0); this config selects \"{}\": set "
                                   "world.device = \"cpu\" or change those keys",
                                   c.world.device, strategy));
-  if (c.world.backend == "shm" || c.world.backend == "mpi")
+  if (c.world.backend == "shm" || c.world.backend == "mpi" || c.world.backend == "hierarchical")
     throw ConfigError(fmt::format("world.backend = \"{}\" moves CPU tensors only; with world.device = \"{}\" use "
                                   "\"gloo\" (or \"auto\")",
                                   c.world.backend, c.world.device));

@@ -230,11 +230,13 @@ TEST(CommDtype, OnlyBucketedDdpCompresses) {
   validate_config(c);
   EXPECT_THROW(apply_override(c, "precision.comm_dtype=\"fp8\""), ConfigError);
   c.zero.stage = 2;
+  validate_config(c);  // ZeRO-1/2 compress their reduce-scatter / all-reduce too
+  c.zero.stage = 3;
   try {
     validate_config(c);
-    ADD_FAILURE() << "comm_dtype accepted with ZeRO";
+    ADD_FAILURE() << "comm_dtype accepted with FSDP";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("zero.stage = 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("zero.stage = 3"), std::string::npos) << e.what();
   }
 }
 

@@ -19,7 +19,10 @@
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
 #include "paratrain/comm/gloo/gloo_group.h"
+#include "paratrain/comm/hierarchical_group.h"
 #include "paratrain/comm/mpi/mpi_group.h"
 #include "paratrain/comm/shm/shm_group.h"
 
@@ -57,9 +60,29 @@ void run_ranks_mpi(int world_size, const std::function<void(comm::ProcessGroup&)
 // PARATRAIN_TEST_BACKEND=shm: the rank threads build shm groups instead of
 // Gloo ones (threads of one process map the segment as processes would),
 // so the same suites test the shm backend. See tests/CMakeLists.txt.
-bool shm_mode() {
+std::string thread_backend() {
   const char* backend = std::getenv("PARATRAIN_TEST_BACKEND");
-  return backend != nullptr && std::string(backend) == "shm";
+  if (backend != nullptr && (std::string(backend) == "shm" || std::string(backend) == "hierarchical")) return backend;
+  return "gloo";
+}
+
+std::shared_ptr<comm::ProcessGroup> hierarchical_group(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                                       int world_size, std::chrono::milliseconds timeout) {
+  comm::GlooOptions gloo;
+  gloo.timeout = timeout;
+  auto world = comm::make_gloo_group(store, rank, world_size, gloo);
+  comm::HierarchicalOptions options;
+  options.timeout = timeout;
+  options.node = "node" + std::to_string(rank / 2);
+  options.make_node_group = [&](const comm::NodeLayout& layout) {
+    comm::ShmOptions shm;
+    shm.timeout = timeout;
+    shm.job = "test-" + std::to_string(getpid());
+    shm.group = "node" + std::to_string(layout.node);
+    auto node_store = c10::make_intrusive<c10d::PrefixStore>(shm.group, store);
+    return comm::make_shm_group(node_store, layout.local_rank, static_cast<int>(layout.local_ranks.size()), shm);
+  };
+  return comm::make_hierarchical_group(std::move(world), options);
 }
 
 }  // namespace
@@ -67,13 +90,13 @@ bool shm_mode() {
 void run_ranks(int world_size, const std::function<void(comm::ProcessGroup&)>& fn,
                std::chrono::milliseconds timeout) {
   if (mpi_mode()) return run_ranks_mpi(world_size, fn, timeout);
-  run_ranks_on(shm_mode() ? "shm" : "gloo", world_size, fn, timeout);
+  run_ranks_on(thread_backend(), world_size, fn, timeout);
 }
 
 void run_ranks_on(const std::string& backend, int world_size, const std::function<void(comm::ProcessGroup&)>& fn,
                   std::chrono::milliseconds timeout) {
-  if (backend != "gloo" && backend != "shm")
-    throw std::invalid_argument("run_ranks_on: backend '" + backend + "' is not gloo or shm");
+  if (backend != "gloo" && backend != "shm" && backend != "hierarchical")
+    throw std::invalid_argument("run_ranks_on: backend '" + backend + "' is not gloo, shm or hierarchical");
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::mutex mu;
   std::exception_ptr first_error;
@@ -87,6 +110,8 @@ void run_ranks_on(const std::string& backend, int world_size, const std::functio
           options.timeout = timeout;
           options.job = "test-" + std::to_string(getpid());
           group = comm::make_shm_group(store, rank, world_size, options);
+        } else if (backend == "hierarchical") {
+          group = hierarchical_group(store, rank, world_size, timeout);
         } else {
           comm::GlooOptions options;
           options.timeout = timeout;

@@ -19,12 +19,15 @@ namespace paratrain::testing {
 // Under `mpirun` with PARATRAIN_TEST_BACKEND=mpi the ranks are the MPI
 // processes instead: each runs fn once for its own rank over the MPI backend
 // (processes beyond `world_size` skip it), so only checks made inside fn count.
-// With PARATRAIN_TEST_BACKEND=shm the threads hold shm groups (comm/shm).
+// With PARATRAIN_TEST_BACKEND=shm the threads hold shm groups (comm/shm);
+// with =hierarchical, hierarchical groups (below).
 void run_ranks(int world_size, const std::function<void(comm::ProcessGroup& group)>& fn,
                std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
-// Same, as threads over an explicit backend: "gloo" or "shm", whatever
-// PARATRAIN_TEST_BACKEND says.
+// Same, as threads over an explicit backend: "gloo", "shm" or
+// "hierarchical", whatever PARATRAIN_TEST_BACKEND says. "hierarchical":
+// comm/hierarchical_group.h over a Gloo world where ranks 2k and 2k+1
+// pretend to be node k (4 ranks: 2 nodes of 2), with shm node groups.
 void run_ranks_on(const std::string& backend, int world_size,
                   const std::function<void(comm::ProcessGroup& group)>& fn,
                   std::chrono::milliseconds timeout = std::chrono::seconds(60));

@@ -176,6 +176,8 @@ void PowerSgd::attach(const Reducer& reducer) {
   for (const BucketPlan& plan : reducer.plans()) {
     BucketState b;
     b.numel = plan.padded_numel;
+    b.compute = plan.dtype == at::kDouble ? at::kDouble : at::kFloat;
+    b.device = plan.device;
     for (std::size_t k = 0; k < plan.params.size(); ++k) {
       const at::Tensor& t = reducer.params()[plan.params[k]].tensor;
       const int64_t offset = plan.offsets[k];
@@ -186,7 +188,7 @@ void PowerSgd::attach(const Reducer& reducer) {
         const int64_t r = std::min({options_.rank, rows, cols});
         const double rate = r > 0 ? static_cast<double>(rows * cols) / static_cast<double>(r * (rows + cols)) : 0;
         if (r > 0 && rate >= options_.min_compression_rate) {
-          b.matrices.push_back({offset, rows, cols, r});
+          b.matrices.push_back({reducer.params()[plan.params[k]].name, offset, rows, cols, r});
           continue;
         }
       }
@@ -207,6 +209,7 @@ comm::WorkHandle PowerSgd::start(comm::ProcessGroup& group, std::size_t index, a
     throw Error(fmt::format("PowerSGD hook: bucket {} ({} elements) does not match the attached reducer's {} "
                             "buckets; attach() the reducer this hook serves",
                             index, buffer.numel(), buckets_.size()));
+  pending_.reset();  // a checkpoint's snapshot is written by now (saves copy or finish before the next step)
   BucketState& b = buckets_[index];
   const bool warming_up = b.steps++ < options_.start_step;
   if (warming_up || b.matrices.empty()) return group.all_reduce(buffer);

@@ -21,9 +21,11 @@
 // At r = min(n, m) the approximation is exact (P spans G's column space).
 //
 // State (Q and the error per matrix) lives in the hook, on the gradients'
-// device: one extra gradient-sized buffer for the errors. It is not part of
-// checkpoints: a resumed run starts PowerSGD afresh (as PyTorch's hook does
-// unless its state is pickled by hand).
+// device: one extra gradient-sized buffer for the errors. It travels in
+// checkpoints through state_slots() / state_loaded(): see Note [PowerSGD
+// state in checkpoints] in powersgd_state.cpp. A resumed run then continues
+// exactly as the uninterrupted one (PyTorch's hook needs its state pickled
+// by hand for that).
 //
 // Create it with std::make_shared (hook() shares ownership with the reducer).
 //
@@ -39,7 +41,11 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <vector>
+
+#include "paratrain/core/tensor_slot.h"
 
 #include "paratrain/data_parallel/ddp/compress_hook.h"
 #include "paratrain/data_parallel/ddp/reducer.h"
@@ -86,8 +92,21 @@ class PowerSgd : public std::enable_shared_from_this<PowerSgd> {
   /// without error feedback), laid out like the bucket buffer.
   at::Tensor error(std::size_t bucket) const;
 
+  /// This rank's state as checkpoint slots (names "powersgd/...", without
+  /// the checkpoint's prefix), over a snapshot taken now: saving writes them,
+  /// loading fills them in place and then calls state_loaded(). `rank` and
+  /// `world` are the hook's group's (each rank's error is its own row).
+  /// Valid after attach(). See Note [PowerSGD state in checkpoints].
+  std::vector<TensorSlot> state_slots(int rank, int world);
+  /// After a load filled the last state_slots(): installs that state.
+  /// `missing` names the slots the checkpoint did not have (or had at
+  /// another shape: another world size or rank r); those parts start afresh,
+  /// and a log line says so.
+  void state_loaded(const std::vector<std::string>& missing);
+
  private:
   struct Matrix {
+    std::string name;  ///< the parameter's, for checkpoint slots
     int64_t offset = 0, rows = 0, cols = 0, rank = 0;
   };
   struct Plain {
@@ -100,6 +119,15 @@ class PowerSgd : public std::enable_shared_from_this<PowerSgd> {
     int64_t steps = 0;              ///< hook calls so far
     std::vector<at::Tensor> qs;     ///< per matrix, [cols, rank]; empty until first compressed step
     at::Tensor error;               ///< [numel]; zero outside compressed matrices
+    at::ScalarType compute = at::kFloat;  ///< dtype of qs and error (fp32, or fp64 buckets)
+    at::Device device = at::kCPU;         ///< the bucket's (where qs and error live)
+  };
+  /// The snapshot state_slots() hands out and state_loaded() installs.
+  struct Pending {
+    at::Tensor steps;                          ///< int64 {hook calls, compressed calls}
+    at::Tensor generator;                      ///< the Q stream's state
+    std::vector<std::vector<at::Tensor>> qs;   ///< per bucket, per matrix
+    std::vector<at::Tensor> errors;            ///< per bucket (empty without error feedback)
   };
   class StepWork;  ///< one bucket's step: plain + P all-reduce, then Q's
 
@@ -111,6 +139,7 @@ class PowerSgd : public std::enable_shared_from_this<PowerSgd> {
   std::vector<BucketState> buckets_;
   at::Generator generator_;
   bool attached_ = false;
+  std::optional<Pending> pending_;  ///< released by the next step
   mutable std::mutex mu_;
 };
 

@@ -3,9 +3,15 @@
 
 #include <c10/util/Exception.h>
 
+#include "paratrain/comm/low_precision_all_reduce.h"
+
 namespace paratrain::zero {
 
-ReduceScatterSink::ReduceScatterSink(std::vector<at::Tensor> shards) : shards_(std::move(shards)) {}
+ReduceScatterSink::ReduceScatterSink(std::vector<at::Tensor> shards, at::ScalarType wire)
+    : shards_(std::move(shards)), wire_(wire) {
+  TORCH_CHECK(wire == at::kFloat || wire == at::kBFloat16 || wire == at::kHalf,
+              "ReduceScatterSink: the wire is fp32, bf16 or fp16, not ", wire);
+}
 
 comm::WorkHandle ReduceScatterSink::launch(comm::ProcessGroup& group, std::size_t index, at::Tensor& buffer) {
   TORCH_CHECK(index < shards_.size(), "ReduceScatterSink: bucket ", index, " but only ", shards_.size(),
@@ -14,6 +20,10 @@ comm::WorkHandle ReduceScatterSink::launch(comm::ProcessGroup& group, std::size_
   TORCH_CHECK(buffer.numel() == shard.numel() * group.size(), "ReduceScatterSink: bucket ", index, " has ",
               buffer.numel(), " elements, expected shard (", shard.numel(), ") * group size (", group.size(),
               "); plan buckets with pad_to_multiple = group size");
+  // 16-bit wires only make sense for float32 buckets (a bf16 bucket is
+  // already as small, and goes as it is).
+  if (wire_ != at::kFloat && buffer.scalar_type() == at::kFloat)
+    return comm::reduce_scatter_low_precision(group, shard, buffer, wire_);
   return group.reduce_scatter(shard, buffer, comm::ReduceOp::kSum);
 }
 

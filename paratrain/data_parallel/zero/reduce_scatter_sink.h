@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 
 #include <vector>
 
@@ -18,7 +19,10 @@ class ReduceScatterSink final : public ddp::BucketSink {
   // shards[b]: where bucket b's reduced slice lands, contiguous, with
   // padded_numel(b) / group size elements. The tensors are written in place
   // (views of a caller's flat buffer work), when the returned work completes.
-  explicit ReduceScatterSink(std::vector<at::Tensor> shards);
+  // `wire`: kFloat sends the buckets as they are; kBFloat16 / kHalf sends
+  // them as 16 bits and sums in fp32 (comm::reduce_scatter_low_precision):
+  // half the bytes, each average rounded once to 16 bits per rank.
+  explicit ReduceScatterSink(std::vector<at::Tensor> shards, at::ScalarType wire = at::kFloat);
 
   // Reduce-scatter (sum) of `buffer`, already divided by the group size, so
   // shard `index` receives the average over ranks of this rank's slice.
@@ -28,6 +32,7 @@ class ReduceScatterSink final : public ddp::BucketSink {
 
  private:
   std::vector<at::Tensor> shards_;
+  at::ScalarType wire_;
 };
 
 }  // namespace paratrain::zero

@@ -12,6 +12,7 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/core/tensor_alias.h"
+#include "paratrain/data_parallel/ddp/compress_hook.h"
 #include "paratrain/data_parallel/ddp/module_sync.h"
 #include "paratrain/data_parallel/zero/reduce_scatter_sink.h"
 
@@ -121,7 +122,11 @@ ZeroDataParallel::ZeroDataParallel(std::shared_ptr<torch::nn::Module> module, co
   // finish_backward() and step() count the reducer's synchronized steps,
   // which its no-hook shortcut on one rank would leave at 0.
   reducer_options.single_rank_passthrough = false;
-  if (options_.stage == 2) reducer_options.sink = std::make_shared<ReduceScatterSink>(grad_shards_);
+  if (options_.stage == 2) {
+    reducer_options.sink = std::make_shared<ReduceScatterSink>(grad_shards_, options_.comm_wire);
+  } else if (options_.comm_wire != at::kFloat) {
+    reducer_options.comm_hook = ddp::low_precision_hook(options_.comm_wire);
+  }
   reducer_ = std::make_unique<ddp::Reducer>(params_, group_, std::move(reducer_options));
 }
 

@@ -60,6 +60,11 @@ struct ZeroOptions {
   bool broadcast_buffers = true;
   /// Longest wait for one collective before TimeoutError.
   std::chrono::milliseconds timeout = comm::kDefaultTimeout;
+  /// Gradients on the wire: kFloat as they are; kBFloat16 / kHalf half the
+  /// bytes, summed in fp32 (stage 1: the 16-bit all-reduce of DDP's
+  /// low_precision_hook; stage 2: a 16-bit reduce-scatter). Each rank's
+  /// averaged gradient is rounded to 16 bits once on the way.
+  at::ScalarType comm_wire = at::kFloat;
 };
 
 /// ZeRO stages 1 and 2 (arXiv 1910.02054) for a user module: full replicas of

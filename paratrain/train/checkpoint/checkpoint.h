@@ -28,6 +28,9 @@ struct TrainingState {
   nlohmann::json config;       // to_json(TrainConfig) of the run that saved it
   // Free-form string metadata for strategies to add (world size, layout, ...).
   std::map<std::string, std::string> extra;
+  // Filled by load_sharded_checkpoint: the CheckpointContents::strategy_state slots
+  // the checkpoint lacks (or holds at another shape or dtype), left untouched.
+  std::vector<std::string> missing_state;
 };
 
 struct SaveCheckpointOptions {

@@ -17,6 +17,7 @@ inline constexpr std::string_view kCheckpointFormat = "paratrain-checkpoint/1";
 inline constexpr std::string_view kModelPrefix = "model/";
 inline constexpr std::string_view kOptimizerPrefix = "optimizer/";
 inline constexpr std::string_view kRngKey = "rng/cpu";
+inline constexpr std::string_view kStatePrefix = "state/";
 
 struct OptimizerStateIo;
 

@@ -18,7 +18,8 @@
 //                             the single-file format: format, step, epoch,
 //                             config, optimizer, extra.*, ...).
 // Global names are those of the single-file format: model/<param or buffer>,
-// optimizer/<param>/<field>, rng/cpu. Element-wise optimizer state
+// optimizer/<param>/<field>, rng/cpu, and state/<name> for what strategies
+// carry between steps besides (a comm hook's: PowerSGD's error feedback). Element-wise optimizer state
 // (momentum_buffer, exp_avg, ...) is cut like its parameter; scalar state
 // (Adam's step) is stored once, whole.
 #pragma once
@@ -58,6 +59,11 @@ struct CheckpointContents {
   // Optional: without it no optimizer state is saved or loaded.
   torch::optim::Optimizer* optimizer = nullptr;
   std::vector<OptimizerSlot> optimizer_slots;
+  // Other state a strategy carries between steps, saved as "state/<name>"
+  // (Strategy::state_slots). Optional on load: a slot the checkpoint lacks,
+  // or holds at another shape or dtype (saved at another world size), is
+  // left as it is and named in the returned TrainingState::missing_state.
+  std::vector<TensorSlot> strategy_state;
   // step, epoch, batch_in_epoch, sampler_seed, config, extra: rank 0's is
   // written to the index (save) / filled from it (load returns it).
   TrainingState state;

@@ -98,6 +98,18 @@ TrainingState load_sharded_checkpoint(const std::filesystem::path& checkpoint, c
                                       prefix, where));
     }
   }
+  std::vector<at::Tensor> state_values;  // undefined: missing
+  for (const TensorSlot& s : contents.strategy_state) {
+    const std::string name = std::string(kStatePrefix) + s.name;
+    const auto it = reader.index().tensors.find(name);
+    if (it == reader.index().tensors.end() || it->second.shape != s.global_shape ||
+        it->second.dtype != s.local.scalar_type()) {
+      state.missing_state.push_back(s.name);
+      state_values.emplace_back();
+    } else {
+      state_values.push_back(read_slot(reader, name, s.global_shape, slot_segments(s), s.local));
+    }
+  }
   at::Tensor rng;
   if (options.restore_rng && reader.index().tensors.count(std::string(kRngKey)))
     rng = reader.read_whole(std::string(kRngKey));
@@ -105,6 +117,8 @@ TrainingState load_sharded_checkpoint(const std::filesystem::path& checkpoint, c
   {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < contents.model.size(); ++i) contents.model[i].local.copy_(model_values[i]);
+    for (size_t i = 0; i < contents.strategy_state.size(); ++i)
+      if (state_values[i].defined()) contents.strategy_state[i].local.copy_(state_values[i]);
   }
   if (contents.optimizer != nullptr && !contents.optimizer_slots.empty()) {
     contents.optimizer->state().clear();

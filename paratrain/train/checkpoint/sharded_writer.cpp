@@ -118,6 +118,8 @@ RankReport build_report(const CheckpointContents& c, int rank, const std::string
       }
     }
   }
+  for (const TensorSlot& s : c.strategy_state)
+    add_piece(r, std::string(kStatePrefix) + s.name, s.global_shape, slot_segments(s), s.local, s.write, copy);
   if (c.save_rng && rank == 0) {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());

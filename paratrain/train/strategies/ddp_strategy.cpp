@@ -135,6 +135,15 @@ class DdpStrategy final : public DataParallelStrategy {
   }
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() override { return clone_parameters(*model_); }
 
+  // PowerSGD's error feedback, Q and step count (Note [PowerSGD state in
+  // checkpoints], data_parallel/ddp/powersgd_state.cpp).
+  std::vector<TensorSlot> state_slots() override {
+    return powersgd_ ? powersgd_->state_slots(dp_.rank(), dp_.size()) : std::vector<TensorSlot>{};
+  }
+  void state_loaded(const std::vector<std::string>& missing) override {
+    if (powersgd_) powersgd_->state_loaded(missing);
+  }
+
   SyncStats last_stats() const override {
     return ddp_ ? sync_stats(ddp_->last_step_stats()) : SyncStats{};
   }

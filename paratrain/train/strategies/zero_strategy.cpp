@@ -21,7 +21,11 @@ class ZeroStrategy final : public DataParallelStrategy {
     check_bucketed_mode(config_, "zero");
   }
 
-  std::string name() const override { return fmt::format("zero (stage {})", config_.zero.stage); }
+  std::string name() const override {
+    const std::string wire = wire_name();
+    if (wire == "fp32") return fmt::format("zero (stage {})", config_.zero.stage);
+    return fmt::format("zero (stage {}, {} gradients)", config_.zero.stage, wire);
+  }
 
   void build_model(const ModelFactory& factory) override {
     model_ = factory();
@@ -32,6 +36,10 @@ class ZeroStrategy final : public DataParallelStrategy {
     options.find_unused_parameters = config_.ddp.find_unused_parameters;
     options.broadcast_buffers = config_.ddp.broadcast_buffers;
     options.timeout = timeout_;
+    // ddp.compression "fp16"/"bf16" and precision.comm_dtype name the same
+    // wire (the schema rejects the two disagreeing, and powersgd here).
+    const std::string wire = wire_name();
+    if (wire != "fp32") options.comm_wire = wire == "bf16" ? at::kBFloat16 : at::kHalf;
     zero_ = std::make_unique<zero::ZeroDataParallel>(model_, dp_, std::move(options));
   }
 
@@ -97,6 +105,10 @@ class ZeroStrategy final : public DataParallelStrategy {
   }
 
  private:
+  std::string wire_name() const {
+    const auto& c = config_.ddp.compression;
+    return c == "fp16" || c == "bf16" ? c : config_.precision.comm_dtype;
+  }
   std::unique_ptr<zero::ZeroDataParallel> zero_;
 };
 
