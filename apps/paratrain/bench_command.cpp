@@ -349,7 +349,7 @@ Command add_bench_command(CLI::App& app) {
       "times over the caps in turn; prints each run as JSON, the medians, and the best cap");
   add_common(ddp_cmd, a->ddp_common);
   auto& d = a->ddp;
-  ddp_cmd->add_option("--model", d.model, "mlp (784-1024-1024-10) or cnn")->capture_default_str();
+  ddp_cmd->add_option("--model", d.model, "mlp (784-1024-1024-10), cnn or gpt (4 layers, d 256, seq 128)")->capture_default_str();
   ddp_cmd->add_option("--mode", d.mode, "bucketed (DDP) or naive (its twin)")->capture_default_str();
   ddp_cmd->add_option("--steps", d.steps, "timed steps per run")->capture_default_str();
   ddp_cmd->add_option("--warmup", d.warmup, "untimed steps first")->capture_default_str();
