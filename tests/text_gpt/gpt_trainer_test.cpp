@@ -27,25 +27,17 @@ using Params = std::vector<std::pair<std::string, at::Tensor>>;
 
 fs::path write_corpus(const fs::path& dir) { return paratrain::testing::write_word_corpus(dir, 12345); }
 
+// The shared tiny GPT (gpt_run.h) trained by AdamW without clipping, on one
+// process by default, 16 windows per step for 6 steps.
 TrainConfig gpt_config(const std::string& out, const fs::path& corpus) {
-  TrainConfig c;
-  c.run.name = "gpt";
-  c.run.output_dir = out;
+  TrainConfig c = paratrain::testing::tiny_gpt_config(out, corpus);
+  const TrainConfig defaults;
   c.run.seed = 3;
-  c.run.log_every = 0;
-  c.model.kind = "gpt";
-  c.model.layers = 2;
-  c.model.d_model = 32;
-  c.model.heads = 4;
-  c.model.seq_len = 16;
-  c.model.dropout = 0.0;
-  c.data.dataset = "text";
-  c.data.path = corpus.string();
   c.data.batch_size = 16;
   c.optimizer.kind = "adamw";
   c.optimizer.lr = 3e-3;
-  c.optimizer.weight_decay = 0.01;
-  c.train.epochs = 1;
+  c.optimizer.momentum = defaults.optimizer.momentum;
+  c.optimizer.clip_grad_norm = defaults.optimizer.clip_grad_norm;
   c.train.max_steps = 6;
   c.ddp.mode = "none";
   return c;
