@@ -21,7 +21,11 @@ namespace paratrain::models {
 /// the input, which lets a pipeline split a batch into micro-batches.
 struct Layer {
   std::string name;  ///< for partition logs ("fc3")
-  /// The submodules it owns, under the names the model registered them with.
+  /// The submodules it owns, under the names the model registered them with
+  /// (a dotted path such as "blocks.3" for a module inside a container). A
+  /// module two layers share (a tied weight: the GPT's wte in its embedding
+  /// and its head) is listed by both under the same name; a pipeline keeps a
+  /// copy on each stage and sums their gradients (pipeline/tied.h).
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules;
   std::function<at::Tensor(const at::Tensor&)> forward;  ///< this layer's share of the model's forward
   /// Modules that an earlier layer owns whose parameters this forward reads

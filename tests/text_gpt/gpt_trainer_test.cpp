@@ -17,6 +17,7 @@
 #include "paratrain/train/memory_plan.h"
 #include "paratrain/train/objective.h"
 #include "paratrain/train/trainer.h"
+#include "tests/support/gpt_run.h"
 #include "tests/support/multi_rank.h"
 
 namespace paratrain::train {
@@ -24,68 +25,26 @@ namespace {
 namespace fs = std::filesystem;
 using Params = std::vector<std::pair<std::string, at::Tensor>>;
 
-// ~12 KB of English-like text from a fixed word list and a fixed LCG, so
-// the test needs no corpus on the machine.
-fs::path write_corpus(const fs::path& dir) {
-  static const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to",
-                                "big", "red", "house", "in", "sun", "we", "saw", "it", "over", "hill"};
-  std::string text;
-  uint32_t x = 12345;
-  while (text.size() < 12000) {
-    x = x * 1664525u + 1013904223u;
-    text += words[(x >> 16) % 20];
-    text += (x >> 8) % 9 == 0 ? ".\n" : " ";
-  }
-  fs::create_directories(dir);
-  std::ofstream(dir / "corpus.txt") << text;
-  return dir / "corpus.txt";
-}
+fs::path write_corpus(const fs::path& dir) { return paratrain::testing::write_word_corpus(dir, 12345); }
 
+// The shared tiny GPT (gpt_run.h) trained by AdamW without clipping, on one
+// process by default, 16 windows per step for 6 steps.
 TrainConfig gpt_config(const std::string& out, const fs::path& corpus) {
-  TrainConfig c;
-  c.run.name = "gpt";
-  c.run.output_dir = out;
+  TrainConfig c = paratrain::testing::tiny_gpt_config(out, corpus);
+  const TrainConfig defaults;
   c.run.seed = 3;
-  c.run.log_every = 0;
-  c.model.kind = "gpt";
-  c.model.layers = 2;
-  c.model.d_model = 32;
-  c.model.heads = 4;
-  c.model.seq_len = 16;
-  c.model.dropout = 0.0;
-  c.data.dataset = "text";
-  c.data.path = corpus.string();
   c.data.batch_size = 16;
   c.optimizer.kind = "adamw";
   c.optimizer.lr = 3e-3;
-  c.optimizer.weight_decay = 0.01;
-  c.train.epochs = 1;
+  c.optimizer.momentum = defaults.optimizer.momentum;
+  c.optimizer.clip_grad_norm = defaults.optimizer.clip_grad_norm;
   c.train.max_steps = 6;
   c.ddp.mode = "none";
   return c;
 }
 
-struct RunOutput {
-  Params params;
-  TrainResult result;
-};
-
-RunOutput run_training(const TrainConfig& config, int ranks) {
-  std::vector<RunOutput> out(ranks);
-  paratrain::testing::run_ranks(ranks, [&](comm::ProcessGroup& g) {
-    Trainer t(config, g);
-    auto r = t.fit();
-    auto p = t.full_parameters();
-    out[g.rank()] = {std::move(p), r};
-  });
-  // Every rank holds the same full parameters.
-  for (int r = 1; r < ranks; ++r) {
-    for (size_t i = 0; i < out[0].params.size(); ++i) {
-      EXPECT_TRUE(torch::equal(out[0].params[i].second, out[r].params[i].second)) << out[0].params[i].first;
-    }
-  }
-  return out[0];
-}
+using paratrain::testing::run_training;
+using paratrain::testing::RunOutput;
 
 double max_diff(const Params& a, const Params& b) {
   EXPECT_EQ(a.size(), b.size());
