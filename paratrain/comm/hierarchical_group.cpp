@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "paratrain/comm/worker_work.h"
 #include "paratrain/core/error.h"
 
 namespace paratrain::comm {
@@ -47,52 +48,7 @@ std::string host_name() {
   return host;
 }
 
-class HierarchicalWork final : public Work {
- public:
-  HierarchicalWork(std::string what, std::chrono::milliseconds timeout) : what_(std::move(what)), timeout_(timeout) {}
-
-  using Work::wait;
-  void wait(std::chrono::milliseconds timeout) override {
-    std::unique_lock lock(mu_);
-    if (!cv_.wait_for(lock, timeout, [&] { return done_ || error_; }))
-      throw TimeoutError(fmt::format("{} did not complete within {} ms: a peer rank may be slow, stopped, or "
-                                     "skipped this operation",
-                                     what_, timeout.count()));
-    if (error_) std::rethrow_exception(error_);
-  }
-  bool is_completed() override {
-    std::lock_guard lock(mu_);
-    return done_ || error_;
-  }
-  std::optional<Clock::time_point> completed_at() override {
-    std::lock_guard lock(mu_);
-    return at_;
-  }
-  void finish(std::exception_ptr error) {
-    {
-      std::lock_guard lock(mu_);
-      if (error) {
-        error_ = error;
-      } else {
-        done_ = true;
-        at_ = Clock::now();
-      }
-    }
-    cv_.notify_all();
-  }
-
- protected:
-  std::chrono::milliseconds default_timeout() const override { return timeout_; }
-
- private:
-  std::string what_;
-  std::chrono::milliseconds timeout_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::exception_ptr error_;
-  std::optional<Clock::time_point> at_;
-};
+using HierarchicalWork = WorkerWork;  // comm/worker_work.h
 
 class HierarchicalGroup final : public ProcessGroup {
  public:
