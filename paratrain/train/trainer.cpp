@@ -19,8 +19,6 @@
 #include "paratrain/comm/doctor_watchdog.h"
 #include "paratrain/comm/recording_group.h"
 #include "paratrain/core/atomic_file.h"
-#include "paratrain/core/device.h"
-#include "paratrain/core/env.h"
 #include "paratrain/core/error.h"
 #include "paratrain/data/loader.h"
 #include "paratrain/models/model.h"
@@ -33,6 +31,7 @@
 #include "paratrain/train/checkpoint/checkpoint_files.h"
 #include "paratrain/train/checkpoint/sharded.h"
 #include "paratrain/train/checkpointing.h"
+#include "paratrain/train/device_placement.h"
 #include "paratrain/train/memory_plan.h"
 #include "paratrain/train/metrics.h"
 #include "paratrain/train/objective.h"
@@ -231,29 +230,6 @@ std::string host_name() {
   return host;
 }
 
-// world.device = "cuda" is wired through the DDP strategy only: the others
-// allocate flat shards, pipeline and ring buffers on the CPU.
-void check_device_supported(const c10::Device& device, const std::string& strategy, const TrainConfig& c) {
-  if (device.is_cpu()) return;
-  if (strategy != "ddp")
-    throw ConfigError(fmt::format("world.device = \"{}\" runs the ddp strategy only for now (zero.stage = 0, "
-                                  "parallel.pp = tp = cp = 1, ps.servers = 0); this config selects \"{}\": set "
-                                  "world.device = \"cpu\" or change those keys",
-                                  c.world.device, strategy));
-  if (c.world.backend == "shm" || c.world.backend == "mpi" || c.world.backend == "hierarchical")
-    throw ConfigError(fmt::format("world.backend = \"{}\" moves CPU tensors only; with world.device = \"{}\" use "
-                                  "\"gloo\" (or \"auto\")",
-                                  c.world.backend, c.world.device));
-}
-
-data::Batch to_device(data::Batch batch, const c10::Device& device) {
-  if (device.is_cpu()) return batch;
-  // The loader's rows are pageable memory: the copy is synchronous anyway.
-  batch.inputs = batch.inputs.to(device);
-  batch.targets = batch.targets.to(device);
-  return batch;
-}
-
 double unix_time() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -273,8 +249,7 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
   const auto dims = topology::ParallelDims::resolve(c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.cp,
                                                     world.size());
   s.mesh = std::make_unique<topology::DeviceMesh>(world, dims);
-  s.device = core::resolve_device(c.world.device, static_cast<int>(env::get_int_or("LOCAL_RANK", 0)));
-  check_device_supported(s.device, train::strategy_name(c), c);
+  s.device = training_device(c, train::strategy_name(c));
   s.strategy = make_strategy(train::strategy_name(c), StrategyContext{s.config, *s.mesh, s.timeout(), s.run_dir});
 
   // The same seed on every rank: each builds the single-process model's

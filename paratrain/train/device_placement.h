@@ -1,0 +1,22 @@
+// Where the Trainer puts its model and batches (world.device): resolving the
+// device for this rank, refusing what is not wired for GPUs yet, and moving a
+// batch there. Not here: the device arithmetic itself (core/device.h).
+#pragma once
+
+#include <string>
+
+#include <c10/core/Device.h>
+
+#include "paratrain/data/dataset.h"
+#include "paratrain/train/config.h"
+
+namespace paratrain::train {
+
+// world.device resolved for this process (LOCAL_RANK picks the GPU). Throws
+// ConfigError when the strategy `strategy` or world.backend cannot run there.
+c10::Device training_device(const TrainConfig& config, const std::string& strategy);
+
+// The batch with inputs and targets on `device` (unchanged on the CPU).
+data::Batch to_device(data::Batch batch, const c10::Device& device);
+
+}  // namespace paratrain::train
