@@ -20,6 +20,7 @@
 #include "paratrain/comm/auth_store/store.h"
 #include "paratrain/comm/gloo/gloo_group.h"
 #include "paratrain/comm/mpi/mpi_group.h"
+#include "paratrain/comm/host_staging_group.h"
 #include "paratrain/comm/recording_group.h"
 #include "paratrain/comm/hierarchical_group.h"
 #include "paratrain/comm/shm/shm_group.h"
@@ -352,6 +353,12 @@ std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOp
 
 std::shared_ptr<ProcessGroup> init_process_group(const WorldInfo& world, const InitOptions& options) {
   auto group = backend_group(world, options);
+  // GPU tensors over the host-memory backends: comm/host_staging_group.h.
+  if (!options.cpu_tensors) {
+    StagingOptions staging;
+    staging.timeout = options.timeout;
+    group = stage_through_host(std::move(group), staging);
+  }
   if (options.doctor_records == 0) return group;
   // One recorder per rank, shared by every group of the rank; registered so
   // that SIGUSR1 (comm/doctor_watchdog.h) can dump it.
