@@ -5,32 +5,37 @@
 # timeout, so one hang does not eat the run), then the CLI on the GPU: every
 # strategy wired for world.device = cuda trained by `paratrain launch` on 2
 # ranks, consolidated and compared with 1 GPU process on the same global
-# batch, and the launcher's exit code checked. Logs go to $OUT (or
-# /tmp/cuda-check); summary.txt is the digest.
+# batch, and the launcher's exit code checked. Logs and runs go to $LOGS
+# (default /tmp/cuda-check); $OUT (the device tool's folder), when set, gets
+# summary.txt, the digest, and the logs' tails.
 # Needs third_party/vendor (scripts/vendor-headers.sh) and Fashion-MNIST's
 # *-ubyte.gz files in $FASHION_DIR (default data/fashion-mnist).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-/tmp/cuda-check}"; mkdir -p "$out"
+out="${LOGS:-/tmp/cuda-check}"; mkdir -p "$out"
+# Whatever happens, the digest and the logs' tails reach $OUT.
+finish() {
+  [ -n "${OUT:-}" ] || return 0
+  cp "$out/summary.txt" "$OUT/" 2>/dev/null
+  for f in "$out"/*.log; do [ -f "$f" ] && tail -40 "$f" > "$OUT/tail-$(basename "$f")"; done
+}
+trap finish EXIT
 fashion="${FASHION_DIR:-$PWD/data/fashion-mnist}"
 export PARATRAIN_BUILD_JOBS="${PARATRAIN_BUILD_JOBS:-$(nproc)}" OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 step() { echo "== $* ($(date +%T))" | tee -a "$out/summary.txt"; }
 
-step "build paratrain + test_train"
-timeout "${BUILD_S:-300}" ./scripts/cuda-build.sh -k 0 paratrain test_train > "$out/build.log" 2>&1
+step "build ${BUILD_TARGETS:-paratrain test_train}"
+timeout "${BUILD_S:-300}" ./scripts/cuda-build.sh -k 0 ${BUILD_TARGETS:-paratrain test_train} > "$out/build.log" 2>&1
 echo "rc=$?" | tee -a "$out/summary.txt"
 grep -E "error:|FAILED:" "$out/build.log" | sort | uniq -c | sort -rn | head -40 >> "$out/summary.txt"
 
 if [ -x build-cuda/tests/test_train ]; then
-  for t in Device.ResolvesOnThisBuild CudaTrainer.StrategiesNotYetOnTheGpuAreAConfigError \
-           CudaTrainer.DdpOnTheGpuEqualsOneGpuProcess CudaTrainer.ZeroOnTheGpuEqualsOneGpuProcess \
-           CudaTrainer.FsdpOnTheGpuEqualsOneGpuProcess \
-           CudaTrainer.TensorAndContextParallelGptOnTheGpuEqualsOneGpuProcess; do
-    step "test $t"
-    timeout "${TEST_S:-90}" build-cuda/tests/test_train --gtest_filter="$t" > "$out/$t.log" 2>&1
-    echo "rc=$?" >> "$out/summary.txt"
-    grep -E "measured|OK \]|FAILED|Failure|error|Expected|Which is|hung|Skipped" "$out/$t.log" | head -12 >> "$out/summary.txt"
-  done
+  # Thread-rank oracles hang on one GPU (tests/train/device_test.cpp says
+  # why): the multi-rank GPU checks below run as processes.
+  step "device tests"
+  timeout "${TEST_S:-60}" build-cuda/tests/test_train --gtest_filter='Device.*:CudaTrainer.*' > "$out/device-tests.log" 2>&1
+  echo "rc=$?" >> "$out/summary.txt"
+  grep -E "OK \]|FAILED|Failure|Skipped" "$out/device-tests.log" | head -12 >> "$out/summary.txt"
 fi
 
 cli=build-cuda/paratrain
@@ -50,12 +55,11 @@ compare() {  # name, launch exit code
   echo "$1 vs single: $($cli checkpoint compare --all "$out/$1.safetensors" "$out/runs/single/$ckpt" 2>&1 | tail -1)" \
     >> "$out/summary.txt"
 }
-for layout in ddp zero1 zero2 fsdp ddp_shm; do
+for layout in ddp zero1 zero2 ddp_shm; do
   case $layout in
     ddp) args=() ;;
     zero1) args=(--set zero.stage=1) ;;
     zero2) args=(--set zero.stage=2) ;;
-    fsdp) args=(--set zero.stage=3 --set zero.unit_min_params=30000) ;;
     ddp_shm) args=(--set world.backend=shm) ;;
   esac
   step "CLI: $layout, 2 processes on the GPU"
@@ -76,14 +80,17 @@ gckpt=$(printf 'version_0/checkpoints/step_%08d' 20)
 step "CLI: GPT 1 GPU process"
 timeout 150 $cli train "${gpt[@]}" --set run.name=gpt_single > "$out/gpt_single.log" 2>&1
 echo "rc=$?" >> "$out/summary.txt"
+grep -E "error|Error" "$out/gpt_single.log" | head -3 >> "$out/summary.txt"
 grep -E "tokens/s|samples/s|loss" "$out/gpt_single.log" | tail -2 >> "$out/summary.txt"
-step "CLI: GPT tp 2, 2 processes on the GPU"
-timeout 150 $cli launch --nproc-per-node 2 -- $cli train "${gpt[@]}" --set run.name=gpt_tp2 --set parallel.tp=2 \
-  > "$out/gpt_tp2.log" 2>&1
-rc=$?
-grep -E "error|Error|strategy" "$out/gpt_tp2.log" | head -4 >> "$out/summary.txt"
-echo "gpt_tp2: launch rc=$rc" >> "$out/summary.txt"
-$cli checkpoint consolidate "$out/runs/gpt_tp2/$gckpt" -o "$out/gpt_tp2.safetensors" > /dev/null 2>&1 &&
-  echo "gpt_tp2 vs single: $($cli checkpoint compare --all "$out/gpt_tp2.safetensors" "$out/runs/gpt_single/$gckpt" 2>&1 | tail -1)" \
-    >> "$out/summary.txt"
+for layout in tp2 cp2; do
+  step "CLI: GPT $layout, 2 processes on the GPU"
+  timeout 150 $cli launch --nproc-per-node 2 -- $cli train "${gpt[@]}" --set run.name=gpt_$layout \
+    --set parallel.${layout:0:2}=2 > "$out/gpt_$layout.log" 2>&1
+  rc=$?
+  grep -E "error|Error|strategy" "$out/gpt_$layout.log" | head -4 >> "$out/summary.txt"
+  echo "gpt_$layout: launch rc=$rc" >> "$out/summary.txt"
+  $cli checkpoint consolidate "$out/runs/gpt_$layout/$gckpt" -o "$out/gpt_$layout.safetensors" > /dev/null 2>&1 &&
+    echo "gpt_$layout vs single: $($cli checkpoint compare --all "$out/gpt_$layout.safetensors" \
+      "$out/runs/gpt_single/$gckpt" 2>&1 | tail -1)" >> "$out/summary.txt"
+done
 step "done"

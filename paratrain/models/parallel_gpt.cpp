@@ -221,7 +221,8 @@ at::Tensor ParallelGpt::forward(const at::Tensor& tokens) {
                 " divisible by tp = ", tp.size());
   }
   const at::Tensor ids = tokens.to(torch::kLong);
-  const at::Tensor positions = torch::arange(offset, offset + s, torch::TensorOptions().dtype(torch::kLong));
+  const at::Tensor positions =
+      torch::arange(offset, offset + s, torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
   at::Tensor h = torch::dropout(p.wte->forward(ids) + p.wpe->forward(positions), g.dropout, is_training());
   if (use_sp) h = sp::scatter_to_sequence_region(h, spc);
   const BlockContext c = block_context(options_, options_.cp, p.attention_dropout);
@@ -248,7 +249,8 @@ std::vector<Layer> ParallelGpt::layers() {
                    const int64_t s = tokens.size(1);
                    TORCH_CHECK(s >= 1 && s <= g.seq_len, "ParallelGpt: sequence length ", s, " is outside [1, ",
                                g.seq_len, "] (model.seq_len)");
-                   const at::Tensor positions = torch::arange(s, torch::TensorOptions().dtype(torch::kLong));
+                   const at::Tensor positions =
+                       torch::arange(s, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
                    return torch::dropout(wte->forward(tokens.to(torch::kLong)) + wpe->forward(positions), g.dropout,
                                          wte->is_training());
                  }});

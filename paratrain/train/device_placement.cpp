@@ -12,15 +12,16 @@ namespace paratrain::train {
 c10::Device training_device(const TrainConfig& c, const std::string& strategy) {
   const c10::Device device = core::resolve_device(c.world.device, static_cast<int>(env::get_int_or("LOCAL_RANK", 0)));
   if (device.is_cpu()) return device;
-  // Wired for GPUs: the data-parallel family and tensor/context parallelism
-  // (their buffers follow the parameters' device; collectives on host-memory
-  // backends go through comm/host_staging_group.h). Pipeline stages still
-  // make their receive buffers and shape probes on the CPU, and parameter
-  // servers keep their shards in host memory.
-  const bool wired = strategy == "ddp" || strategy == "zero" || strategy == "fsdp" ||
-                     (strategy == "megatron" && c.parallel.pp <= 1);
+  // Wired for GPUs: DDP, ZeRO-1/2 and tensor/context parallelism (their
+  // buffers follow the parameters' device; collectives on host-memory
+  // backends go through comm/host_staging_group.h). Measured on an H200
+  // (bench/results/2026-11-26-cuda-h200.md). Not yet: FSDP (its units swap
+  // storage under the parameters, which LibTorch 2.11 refused on the GPU),
+  // pipeline stages (receive buffers and shape probes made on the CPU), and
+  // parameter servers (shards in host memory).
+  const bool wired = strategy == "ddp" || strategy == "zero" || (strategy == "megatron" && c.parallel.pp <= 1);
   if (!wired)
-    throw ConfigError(fmt::format("world.device = \"{}\" runs the ddp, zero, fsdp and megatron (tp/cp without pp) "
+    throw ConfigError(fmt::format("world.device = \"{}\" runs the ddp, zero (stage 1-2) and megatron (tp/cp without pp) "
                                   "strategies for now; this config selects \"{}\"{}: set world.device = \"cpu\" "
                                   "or change those keys",
                                   c.world.device, strategy,
