@@ -432,6 +432,7 @@ std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOp
     ShmOptions shm;
     shm.timeout = options.timeout;
     shm.job = fmt::format("{}.gen{}", world.run_id, world.restart_count);
+    shm.chunk_bytes = shm_chunk_bytes_from_env(shm.chunk_bytes);
     return make_shm_group(world_store, world.rank, world.world_size, shm);
   }
   GlooOptions gloo;
@@ -451,6 +452,7 @@ std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOp
       shm.timeout = options.timeout;
       shm.job = fmt::format("{}.gen{}", world.run_id, world.restart_count);
       shm.group = fmt::format("node{}", layout.node);
+      shm.chunk_bytes = shm_chunk_bytes_from_env(shm.chunk_bytes);
       auto node_store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("node{}", layout.node), job_store);
       return make_shm_group(node_store, layout.local_rank, static_cast<int>(layout.local_ranks.size()), shm);
     };
