@@ -42,7 +42,7 @@ build=${1:?usage: netns_test.sh BUILD_DIR SOURCE_DIR [CASE...]}
 src=${2:?usage: netns_test.sh BUILD_DIR SOURCE_DIR [CASE...]}
 shift 2
 cases=("$@")
-((${#cases[@]})) || cases=(train kill partition blip rejoin)
+((${#cases[@]})) || cases=(train kill partition blip rejoin hierarchical)
 exe=$build/paratrain
 netns=$src/scripts/netns.sh
 config=$src/configs/fashion_mnist_mlp.toml
@@ -273,8 +273,36 @@ case_kill_rejoin() {
   tail -n 1 "$d.compare.log"
 }
 
+# Hierarchical all-reduce across real hosts (issue 9): 2 ranks per machine,
+# shared memory inside each machine and Gloo between the two node leaders
+# over the veth link. The machines share this host's name, so
+# PARATRAIN_NODE_NAME tells them apart, as a cluster's distinct host names
+# would. 4 ranks x 32 = the 1-process run's global batch of 128.
+case_hierarchical() {
+  local d=$work/hierarchical
+  for node in 0 1; do
+    PARATRAIN_NODE_NAME=machine$node timeout "$guard" "$netns" exec "$node" "$exe" launch --nnodes 2 \
+      --node-rank "$node" --nproc-per-node 2 --master-addr "$master" --master-port 29500 --rdzv-id "netns-$$" \
+      --kill-grace 2 -- "$exe" train -c "$config" --set run.output_dir="$d" "${common[@]}" \
+      --set world.backend=hierarchical --set data.batch_size=32 --set train.max_steps=100 >"$d.node$node.log" 2>&1 &
+    pid[$node]=$!
+  done
+  local rc0=0 rc1=0
+  wait "${pid[0]}" || rc0=$?
+  wait "${pid[1]}" || rc1=$?
+  ((rc0 == 0 && rc1 == 0)) || { fail "the 2 x 2 hierarchical run failed (node 0: $rc0, node 1: $rc1)"; show "$d.node0.log"; show "$d.node1.log"; return; }
+  grep -h 'world.backend = "hierarchical"' "$d.node0.log" | sed 's/^/  /'
+  grep -q 'hierarchical.*2 nodes' "$d.node0.log" || { fail "rank 0 did not see 2 nodes of 2"; show "$d.node0.log"; }
+  one_process || { fail "the 1-process run failed"; return; }
+  "$exe" checkpoint consolidate "$(final_of "$d")" -o "$d.consolidated.safetensors" >"$d.consolidate.log" 2>&1 ||
+    { fail "consolidate failed"; show "$d.consolidate.log"; return; }
+  "$exe" checkpoint compare "$d.consolidated.safetensors" "$(one_at 100)" --rtol 1e-5 >"$d.compare.log" 2>&1 ||
+    { fail "2 x 2 hierarchical != 1 process at step 100 (rtol 1e-5)"; show "$d.compare.log"; return; }
+  tail -n 1 "$d.compare.log"
+}
+
 for case in "${cases[@]}"; do
-  declare -F "case_$case" >/dev/null || { echo "unknown case '$case' (train kill partition blip rejoin kill_rejoin)" >&2; exit 2; }
+  declare -F "case_$case" >/dev/null || { echo "unknown case '$case' (train kill partition blip rejoin hierarchical kill_rejoin)" >&2; exit 2; }
   echo "== $case"
   before=$failures
   start=$SECONDS
