@@ -190,6 +190,22 @@ TEST_F(Mesh4d, ZeroOneWithStagesAndSequenceParallelEqualsOneProcessAndConsolidat
   expect_consolidates(multi, "dp2_tp2_pp2_sp_zero1");
 }
 
+// A ZeRO checkpoint written at one layout resumes at another: the pieces of
+// dp 2 x tp 2 x pp 2 (momentum sharded over 2 replicas, tp shard segments)
+// load into the pieces of dp 2 x tp 2 x cp 2 (sharded over 4 replicas).
+TEST_F(Mesh4d, ZeroCheckpointResumesAtAnotherLayout) {
+  auto first = config("zero_resume", {.dp = 2, .tp = 2, .pp = 2, .zero = 1});
+  first.train.max_steps = 5;
+  run_training(first, 8);
+  auto second = config("zero_resume", {.dp = 2, .tp = 2, .cp = 2, .zero = 1});
+  second.train.resume = "auto";
+  const RunOutput resumed = run_training(second, 8);
+  EXPECT_EQ(resumed.result.start_step, 5);
+  const double diff = max_rel_diff(resumed.params, single_->params);
+  std::printf("[ resumed zero 1: dp2 x tp2 x pp2 -> dp2 x tp2 x cp2 ] worst relative diff %.3g\n", diff);
+  EXPECT_LE(diff, kTolerance);
+}
+
 void expect_config_error(const TrainConfig& cfg, const std::vector<std::string>& fragments) {
   try {
     validate_config(cfg);
