@@ -197,7 +197,8 @@ std::string gpt_problem(const TrainConfig& c) {
   if (c.parallel.pp > 1 && c.zero.stage > 0 && c.parallel.tp == 1 && c.parallel.cp == 1)
     return fmt::format("zero.stage = {} with parallel.pp = {} and model.kind = \"gpt\" (parallel.tp = 1, parallel.cp = "
                        "1: the pipeline strategy): the tied embedding's copies on the first and last stage sum full "
-                       "gradients, which ZeRO shards; set zero.stage = 0",
+                       "gradients, which ZeRO shards; set zero.stage = 0 (ZeRO-1 with GPT stages runs on the megatron "
+                       "strategy: parallel.tp or parallel.cp > 1)",
                        c.zero.stage, c.parallel.pp);
   return "";
 }

@@ -138,6 +138,20 @@ int64_t optimizer_bytes(const RunOutput& run) {
 // rank with the same cp coordinate; the last stage's loss is over the chunk.
 TEST_F(Mesh4d, PipelineTimesContextParallelEqualsOneProcess) { check("pp2_cp2", {.pp = 2, .cp = 2}); }
 
+// Interleaved 1F1B (two chunks per stage: one layer each) with ZeRO-1 over
+// the cp replicas: one ZeroDataParallel per chunk, one optimizer over both
+// chunks' pieces.
+TEST_F(Mesh4d, InterleavedStagesWithContextParallelAndZeroEqualOneProcess) {
+  auto cfg = config("pp2_v2_cp2_zero1", {.pp = 2, .cp = 2, .zero = 1});
+  cfg.pipeline.schedule = "interleaved_1f1b";
+  cfg.pipeline.virtual_stages = 2;
+  const RunOutput multi = run_training(cfg, 4);
+  const double diff = max_rel_diff(multi.params, single_->params);
+  std::printf("[ pp2_v2_cp2_zero1 ] interleaved pp 2 x 2 chunks x cp 2 + zero 1: worst relative diff %.3g\n", diff);
+  EXPECT_LE(diff, kTolerance);
+  EXPECT_NEAR(multi.result.test.loss, single_->result.test.loss, 1e-5 * single_->result.test.loss);
+}
+
 // Megatron-SP inside stages: boundaries carry [b, S/tp, d] (Megatron-LM's
 // sequence-parallel p2p), the embedding scatters, the head gathers, and the
 // LayerNorms' partial gradients are summed over tp on each stage. It equals
