@@ -20,7 +20,9 @@
 #include "paratrain/comm/auth_store/store.h"
 #include "paratrain/comm/gloo/gloo_group.h"
 #include "paratrain/comm/mpi/mpi_group.h"
+#include "paratrain/comm/host_staging_group.h"
 #include "paratrain/comm/recording_group.h"
+#include "paratrain/comm/route.h"
 #include "paratrain/comm/hierarchical_group.h"
 #include "paratrain/comm/shm/shm_group.h"
 #include "paratrain/comm/store_checkin.h"
@@ -216,11 +218,19 @@ c10::intrusive_ptr<c10d::Store> connect_store(const WorldInfo& world, const Init
 
 // The address this rank's Gloo device binds to and advertises. Loopback only
 // when the whole job runs on this machine: on a multi-node job even the
-// master's node must advertise an address the other nodes can reach.
+// master's node must advertise an address the other nodes can reach. That
+// is the address of the interface that routes to the master, not what this
+// host's name resolves to: Debian's /etc/hosts maps the name to 127.0.1.1,
+// containers and network namespaces to 127.0.0.1 or to another namespace's
+// address, and a loopback device advertised to other nodes hangs the job
+// at start-up (docs/elastic.md, "Multi-node across network namespaces").
+// The host name stays the fallback when no route is found.
 std::string bind_address_for(const WorldInfo& world, const InitOptions& options) {
   if (!options.bind_address.empty()) return options.bind_address;
   if (auto addr = env::get("PARATRAIN_BIND_ADDR")) return *addr;
   if (world.local_world_size == world.world_size && is_local_address(world.master_addr)) return "127.0.0.1";
+  const std::string routed = source_address_towards(world.master_addr, world.master_port);
+  if (!routed.empty() && routed.rfind("127.", 0) != 0 && routed != "::1") return routed;
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   return host;
@@ -352,6 +362,12 @@ std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOp
 
 std::shared_ptr<ProcessGroup> init_process_group(const WorldInfo& world, const InitOptions& options) {
   auto group = backend_group(world, options);
+  // GPU tensors over the host-memory backends: comm/host_staging_group.h.
+  if (!options.cpu_tensors) {
+    StagingOptions staging;
+    staging.timeout = options.timeout;
+    group = stage_through_host(std::move(group), staging);
+  }
   if (options.doctor_records == 0) return group;
   // One recorder per rank, shared by every group of the rank; registered so
   // that SIGUSR1 (comm/doctor_watchdog.h) can dump it.
@@ -425,6 +441,7 @@ std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOp
     ShmOptions shm;
     shm.timeout = options.timeout;
     shm.job = fmt::format("{}.gen{}", world.run_id, world.restart_count);
+    shm.chunk_bytes = shm_chunk_bytes_from_env(shm.chunk_bytes);
     return make_shm_group(world_store, world.rank, world.world_size, shm);
   }
   GlooOptions gloo;
@@ -444,6 +461,7 @@ std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOp
       shm.timeout = options.timeout;
       shm.job = fmt::format("{}.gen{}", world.run_id, world.restart_count);
       shm.group = fmt::format("node{}", layout.node);
+      shm.chunk_bytes = shm_chunk_bytes_from_env(shm.chunk_bytes);
       auto node_store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("node{}", layout.node), job_store);
       return make_shm_group(node_store, layout.local_rank, static_cast<int>(layout.local_ranks.size()), shm);
     };

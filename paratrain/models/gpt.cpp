@@ -29,7 +29,7 @@ class CausalSelfAttention : public torch::nn::Module {
     const at::Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
     at::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
     // Position t attends to 0..t: mask the strict upper triangle.
-    const at::Tensor future = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool)).triu(1);
+    const at::Tensor future = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
     att = torch::softmax(att.masked_fill(future, -std::numeric_limits<float>::infinity()), -1);
     att = torch::dropout(att, dropout_, is_training());
     at::Tensor y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, s, d});

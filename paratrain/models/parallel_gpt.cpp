@@ -221,7 +221,8 @@ at::Tensor ParallelGpt::forward(const at::Tensor& tokens) {
                 " divisible by tp = ", tp.size());
   }
   const at::Tensor ids = tokens.to(torch::kLong);
-  const at::Tensor positions = torch::arange(offset, offset + s, torch::TensorOptions().dtype(torch::kLong));
+  const at::Tensor positions =
+      torch::arange(offset, offset + s, torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
   at::Tensor h = torch::dropout(p.wte->forward(ids) + p.wpe->forward(positions), g.dropout, is_training());
   if (use_sp) h = sp::scatter_to_sequence_region(h, spc);
   const BlockContext c = block_context(options_, options_.cp, p.attention_dropout);
@@ -253,8 +254,8 @@ std::vector<Layer> ParallelGpt::layers() {
                    const int64_t s = tokens.size(1), offset = cp_rank * s;
                    TORCH_CHECK(s >= 1 && offset + s <= g.seq_len, "ParallelGpt: chunk of ", s, " tokens at cp rank ",
                                cp_rank, " covers positions up to ", offset + s, ", beyond model.seq_len ", g.seq_len);
-                   const at::Tensor positions =
-                       torch::arange(offset, offset + s, torch::TensorOptions().dtype(torch::kLong));
+                   const at::Tensor positions = torch::arange(
+                       offset, offset + s, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
                    at::Tensor h = torch::dropout(wte->forward(tokens.to(torch::kLong)) + wpe->forward(positions),
                                                  g.dropout, wte->is_training());
                    return use_sp ? sp::scatter_to_sequence_region(h, spc) : h;

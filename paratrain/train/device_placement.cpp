@@ -12,17 +12,20 @@ namespace paratrain::train {
 c10::Device training_device(const TrainConfig& c, const std::string& strategy) {
   const c10::Device device = core::resolve_device(c.world.device, static_cast<int>(env::get_int_or("LOCAL_RANK", 0)));
   if (device.is_cpu()) return device;
-  // Only the DDP strategy is wired for GPUs: the others allocate flat shards,
-  // pipeline and ring buffers on the CPU.
-  if (strategy != "ddp")
-    throw ConfigError(fmt::format("world.device = \"{}\" runs the ddp strategy only for now (zero.stage = 0, "
-                                  "parallel.pp = tp = cp = 1, ps.servers = 0); this config selects \"{}\": set "
-                                  "world.device = \"cpu\" or change those keys",
-                                  c.world.device, strategy));
-  if (c.world.backend == "shm" || c.world.backend == "mpi" || c.world.backend == "hierarchical")
-    throw ConfigError(fmt::format("world.backend = \"{}\" moves CPU tensors only; with world.device = \"{}\" use "
-                                  "\"gloo\" (or \"auto\")",
-                                  c.world.backend, c.world.device));
+  // Wired for GPUs: DDP, ZeRO-1/2 and tensor/context parallelism (their
+  // buffers follow the parameters' device; collectives on host-memory
+  // backends go through comm/host_staging_group.h). Measured on an H200
+  // (bench/results/2026-11-26-cuda-h200.md). Not yet: FSDP (its units swap
+  // storage under the parameters, which LibTorch 2.11 refused on the GPU),
+  // pipeline stages (receive buffers and shape probes made on the CPU), and
+  // parameter servers (shards in host memory).
+  const bool wired = strategy == "ddp" || strategy == "zero" || (strategy == "megatron" && c.parallel.pp <= 1);
+  if (!wired)
+    throw ConfigError(fmt::format("world.device = \"{}\" runs the ddp, zero (stage 1-2) and megatron (tp/cp without pp) "
+                                  "strategies for now; this config selects \"{}\"{}: set world.device = \"cpu\" "
+                                  "or change those keys",
+                                  c.world.device, strategy,
+                                  strategy == "megatron" ? fmt::format(" with parallel.pp = {}", c.parallel.pp) : ""));
   return device;
 }
 

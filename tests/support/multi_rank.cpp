@@ -23,6 +23,7 @@
 
 #include "paratrain/comm/gloo/gloo_group.h"
 #include "paratrain/comm/hierarchical_group.h"
+#include "paratrain/comm/host_staging_group.h"
 #include "paratrain/comm/mpi/mpi_group.h"
 #include "paratrain/comm/shm/shm_group.h"
 
@@ -64,6 +65,11 @@ std::string thread_backend() {
   const char* backend = std::getenv("PARATRAIN_TEST_BACKEND");
   if (backend != nullptr && (std::string(backend) == "shm" || std::string(backend) == "hierarchical")) return backend;
   return "gloo";
+}
+
+bool staging_every_tensor() {
+  const char* v = std::getenv("PARATRAIN_TEST_STAGING");
+  return v != nullptr && std::string(v) == "1";
 }
 
 std::shared_ptr<comm::ProcessGroup> hierarchical_group(const c10::intrusive_ptr<c10d::Store>& store, int rank,
@@ -117,6 +123,14 @@ void run_ranks_on(const std::string& backend, int world_size, const std::functio
           options.timeout = timeout;
           group = comm::make_gloo_group(store, rank, world_size, options);
         }
+        // As init_process_group does for GPU runs: tensors off the CPU go
+        // through host copies (comm/host_staging_group.h); CPU tensors pass
+        // untouched, unless PARATRAIN_TEST_STAGING=1 stages them too, so the
+        // CPU suites exercise the decorator (tests/CMakeLists.txt).
+        comm::StagingOptions staging;
+        staging.timeout = timeout;
+        staging.stage_cpu_tensors = staging_every_tensor();
+        group = comm::stage_through_host(std::move(group), staging);
         // Gloo's constructor can return on one rank while a peer still reads
         // the connection handshake; a rank whose fn runs no collective would
         // then close its sockets under that peer ("Connection closed by

@@ -23,6 +23,7 @@
 #include "paratrain/comm/shm/shm_collectives.h"
 #include "paratrain/comm/shm/shm_segment.h"
 #include "paratrain/comm/worker_work.h"
+#include "paratrain/core/env.h"
 #include "paratrain/core/error.h"
 
 namespace paratrain::comm {
@@ -337,6 +338,16 @@ std::shared_ptr<ProcessGroup> make_shm_group(const c10::intrusive_ptr<c10d::Stor
   std::vector<int> globals(size);
   for (int r = 0; r < size; ++r) globals[r] = r;
   return std::make_shared<ShmProcessGroup>(store, rank, size, std::move(globals), options);
+}
+
+std::size_t shm_chunk_bytes_from_env(std::size_t fallback) {
+  const auto kib = env::get_int("PARATRAIN_SHM_CHUNK_KB");
+  if (!kib) return fallback;
+  if (*kib < 1 || *kib > (1L << 20))
+    throw ConfigError(fmt::format("PARATRAIN_SHM_CHUNK_KB = {} must be a whole number of KiB in [1, 1048576] "
+                                  "(the shm backend's chunk per rank; unset it for the default {} KiB)",
+                                  *kib, fallback >> 10));
+  return static_cast<std::size_t>(*kib) << 10;
 }
 
 std::string shm_segment_prefix(const std::string& job) {

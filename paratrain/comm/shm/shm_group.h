@@ -55,6 +55,12 @@ struct ShmOptions {
 std::shared_ptr<ProcessGroup> make_shm_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                              const ShmOptions& options);
 
+// $PARATRAIN_SHM_CHUNK_KB (KiB one rank moves per chunk) when set, else
+// `fallback`: lets a sweep (bench/run_shm_chunk_sweep.sh) try chunk sizes on
+// launched jobs without a config key. Throws ConfigError naming the variable
+// unless it is a whole number of KiB in [1, 1048576].
+std::size_t shm_chunk_bytes_from_env(std::size_t fallback);
+
 // The /dev/shm name prefix of a job's segments ("paratrain-shm.<job>.").
 std::string shm_segment_prefix(const std::string& job);
 

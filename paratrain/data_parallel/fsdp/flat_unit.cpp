@@ -5,7 +5,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cstring>
 
 namespace paratrain::fsdp {
 
@@ -120,7 +119,8 @@ void FlatUnit::free(std::chrono::milliseconds timeout) {
 void FlatUnit::fill_zeros_if_freed() {
   if (state_ != UnitState::kFreed) return;
   allocate();
-  std::memset(storage()->data_ptr().get(), 0, storage()->nbytes());
+  // zero_() and not memset: the memory may be a GPU's.
+  full_.zero_();
   state_ = UnitState::kGathered;
 }
 

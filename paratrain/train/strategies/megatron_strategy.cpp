@@ -123,6 +123,8 @@ class MegatronStrategy final : public Strategy {
     o.seed = static_cast<uint64_t>(config_.run.seed);
     model_ = std::make_shared<models::ParallelGpt>(o);
     tpl::load_full_parameters(*model_, full->named_parameters(), o.tp);
+    // The shards are made in host memory; the full model is on world.device.
+    model_->to(full->parameters().front().device());
     layout_ = tpl::parameter_layout(*model_);
     module_ = model_;
     sp_params_ = model_->sequence_parallel_params();
