@@ -234,27 +234,33 @@ at::Tensor ParallelGpt::forward(const at::Tensor& tokens) {
 
 // As the single-process GPT's layers (gpt.h): embed, blocks.<i>, head, the
 // head holding this rank's vocabulary rows of wte (tied), giving this rank's
-// logit columns. Boundaries carry [B, S, d] replicated over tp.
+// logit columns. A boundary carries what forward() carries between blocks:
+// [B, S/cp, d], this cp rank's chunk (the embedding adds its positions, the
+// blocks run ring attention over cp), replicated over tp; under Megatron-SP
+// this tp rank's part of it, [B, S/(cp tp), d] (the embedding scatters, the
+// head gathers), as Megatron-LM sends sequence-parallel activations between
+// stages.
 std::vector<Layer> ParallelGpt::layers() {
-  // Under cp or Megatron-SP a boundary would carry a part of the sequence,
-  // which the pipeline's shapes do not describe: not cut.
-  if (cp_size() > 1 || options_.megatron_sp) return {};
   auto& p = *parts_;
   const GptOptions g = options_.gpt;
   const tpl::TpContext tp = options_.tp;
+  const bool use_sp = options_.megatron_sp;
+  const sp::SequenceParallelContext spc{tp.group, /*seq_dim=*/1, tp.timeout};
+  const int64_t cp_rank = this->cp_rank();
   std::vector<Layer> out;
   out.push_back({"embed",
                  {{"wte", p.wte.ptr()}, {"wpe", p.wpe.ptr()}},
-                 [wte = p.wte, wpe = p.wpe, g](const at::Tensor& tokens) mutable {
-                   const int64_t s = tokens.size(1);
-                   TORCH_CHECK(s >= 1 && s <= g.seq_len, "ParallelGpt: sequence length ", s, " is outside [1, ",
-                               g.seq_len, "] (model.seq_len)");
-                   const at::Tensor positions =
-                       torch::arange(s, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
-                   return torch::dropout(wte->forward(tokens.to(torch::kLong)) + wpe->forward(positions), g.dropout,
-                                         wte->is_training());
+                 [wte = p.wte, wpe = p.wpe, g, use_sp, spc, cp_rank](const at::Tensor& tokens) mutable {
+                   const int64_t s = tokens.size(1), offset = cp_rank * s;
+                   TORCH_CHECK(s >= 1 && offset + s <= g.seq_len, "ParallelGpt: chunk of ", s, " tokens at cp rank ",
+                               cp_rank, " covers positions up to ", offset + s, ", beyond model.seq_len ", g.seq_len);
+                   const at::Tensor positions = torch::arange(
+                       offset, offset + s, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+                   at::Tensor h = torch::dropout(wte->forward(tokens.to(torch::kLong)) + wpe->forward(positions),
+                                                 g.dropout, wte->is_training());
+                   return use_sp ? sp::scatter_to_sequence_region(h, spc) : h;
                  }});
-  const BlockContext c = block_context(options_, nullptr, p.attention_dropout);
+  const BlockContext c = block_context(options_, options_.cp, p.attention_dropout);
   for (size_t i = 0; i < p.block_list.size(); ++i) {
     auto block = p.block_list[i];
     const std::string name = "blocks." + std::to_string(i);
@@ -264,8 +270,10 @@ std::vector<Layer> ParallelGpt::layers() {
   }
   out.push_back({"head",
                  {{"ln_f", p.ln_f.ptr()}, {"wte", p.wte.ptr()}},
-                 [ln_f = p.ln_f, wte = p.wte, tp](const at::Tensor& h) mutable {
-                   return at::linear(tpl::copy_to_region(ln_f->forward(h), tp), wte->weight);
+                 [ln_f = p.ln_f, wte = p.wte, tp, use_sp, spc](const at::Tensor& h) mutable {
+                   const at::Tensor x = ln_f->forward(h);
+                   return at::linear(use_sp ? sp::gather_from_sequence_region(x, spc) : tpl::copy_to_region(x, tp),
+                                     wte->weight);
                  }});
   return out;
 }

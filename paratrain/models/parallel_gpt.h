@@ -54,9 +54,12 @@ class ParallelGpt : public Model {
   at::Tensor forward(const at::Tensor& tokens) override;
 
   // embed, blocks.<i>, head as in gpt.h, each on this rank's shards: the
-  // head's output is this rank's logit columns [B, S, vocab/tp]; the head
-  // lists wte too (tied: a pipeline sums the copies' gradients). Empty under
-  // cp > 1 or megatron_sp (a stage boundary would carry a sequence part).
+  // embedding takes this cp rank's chunk [B, S/cp], the head's output is this
+  // rank's logit columns [B, S/cp, vocab/tp]; the head lists wte too (tied:
+  // a pipeline sums the copies' gradients). Boundaries carry [B, S/cp, d],
+  // or under megatron_sp this tp rank's part [B, S/(cp tp), d]. Each layer
+  // runs the model's tp / cp collectives: every rank of those groups must
+  // run the same layers in the same order (a pipeline stage's schedule).
   std::vector<Layer> layers() override;
 
   // Parameters replicated over tp whose gradient each tp rank computes from

@@ -191,9 +191,14 @@ std::string gpt_problem(const TrainConfig& c) {
                        "parallel.pp ({}) x pipeline.virtual_stages ({}) = {} chunks of at least one layer each: "
                        "raise model.layers or lower parallel.pp",
                        c.model.layers, c.model.layers + 2, c.parallel.pp, c.pipeline.virtual_stages, chunks);
-  if (c.parallel.pp > 1 && c.zero.stage > 0)
-    return fmt::format("zero.stage = {} with parallel.pp = {} and model.kind = \"gpt\": the tied embedding's copies on "
-                       "the first and last stage sum full gradients, which ZeRO shards; set zero.stage = 0",
+  // The pipeline strategy (tp = cp = 1) runs ZeRO per chunk but sums the
+  // tied copies' gradients only as whole tensors; the megatron strategy
+  // (tp or cp > 1) does ZeRO-1 with stages (megatron_problem).
+  if (c.parallel.pp > 1 && c.zero.stage > 0 && c.parallel.tp == 1 && c.parallel.cp == 1)
+    return fmt::format("zero.stage = {} with parallel.pp = {} and model.kind = \"gpt\" (parallel.tp = 1, parallel.cp = "
+                       "1: the pipeline strategy): the tied embedding's copies on the first and last stage sum full "
+                       "gradients, which ZeRO shards; set zero.stage = 0 (ZeRO-1 with GPT stages runs on the megatron "
+                       "strategy: parallel.tp or parallel.cp > 1)",
                        c.zero.stage, c.parallel.pp);
   return "";
 }
@@ -209,11 +214,6 @@ std::string megatron_problem(const TrainConfig& c) {
                        "parallel.tp = {}: set parallel.tp >= 2 or parallel.megatron_sp = false",
                        p.tp);
   if (p.tp == 1 && p.cp == 1) return "";
-  if (p.pp > 1 && (p.cp > 1 || p.megatron_sp))
-    return fmt::format("parallel.pp = {} with parallel.cp = {} / parallel.megatron_sp = {}: pipeline stages compose "
-                       "with tensor parallelism (parallel.tp = {}) and dp only; set parallel.cp = 1 and "
-                       "parallel.megatron_sp = false",
-                       p.pp, p.cp, p.megatron_sp, p.tp);
   if (c.model.kind != "gpt")
     return fmt::format("parallel.tp = {} and parallel.cp = {} split a transformer's heads and sequence; only "
                        "model.kind = \"gpt\" supports them (got \"{}\"): set parallel.tp = 1 and parallel.cp = 1",
@@ -245,10 +245,20 @@ std::string megatron_problem(const TrainConfig& c) {
                        "context-parallel collectives run in fp32 only (Gloo has no bf16 kernels); set "
                        "precision.compute = \"fp32\"",
                        c.precision.compute, p.tp, p.cp);
-  if (c.zero.stage != 0)
-    return fmt::format("zero.stage = {} with parallel.tp = {} / parallel.cp = {}: the megatron strategy runs DDP "
-                       "on the data-parallel axis only; set zero.stage = 0",
-                       c.zero.stage, p.tp, p.cp);
+  if (c.zero.stage == 3)
+    return fmt::format("zero.stage = 3 with parallel.tp = {} / parallel.cp = {}: the megatron strategy shards "
+                       "optimizer state (1) and gradients (2) over its replicas, not parameters (FSDP); set "
+                       "zero.stage = 0, 1 or 2",
+                       p.tp, p.cp);
+  // ZeRO-2 keeps only this rank's piece of each reduced gradient, but the
+  // tied embedding's copies (pp) and Megatron-SP's LayerNorm gradients are
+  // summed over whole tensors after the reduction; ZeRO-1 keeps them whole.
+  if (c.zero.stage == 2 && (p.pp > 1 || p.megatron_sp))
+    return fmt::format("zero.stage = 2 with parallel.pp = {} / parallel.megatron_sp = {} (parallel.tp = {}, "
+                       "parallel.cp = {}): the tied embedding's stage copies and Megatron-SP's sequence-parallel "
+                       "gradients are summed as whole tensors after the data-parallel reduction, which ZeRO-2 "
+                       "frees; set zero.stage = 1 (or parallel.pp = 1 and parallel.megatron_sp = false)",
+                       p.pp, p.megatron_sp, p.tp, p.cp);
   if (c.optimizer.kind == "lars" || c.optimizer.kind == "lamb")
     return fmt::format("optimizer.kind = \"{}\" with parallel.tp = {} / parallel.cp = {}: its per-tensor norms "
                        "across tensor-parallel shards are not computed yet; use sgd, adam or adamw",

@@ -1,9 +1,10 @@
 // The "megatron" strategy (model.kind = "gpt" with parallel.tp > 1 or
 // parallel.cp > 1): the GPT with tensor parallelism over the tp group, ring
-// self-attention over the cp group, optionally Megatron-SP, and DDP over
-// every replica of a rank's shards (the dp x cp ranks with its tp
-// coordinate). With parallel.pp > 1 the tensor-parallel GPT is also cut into
-// pipeline stages run by pipeline/'s executor and schedules (tp x pp x dp).
+// self-attention over the cp group, optionally Megatron-SP, and DDP or
+// ZeRO-1/2 over every replica of a rank's shards (the dp x cp ranks with its
+// tp and pp coordinates: replica_sync.h). With parallel.pp > 1 the GPT is
+// also cut into pipeline stages run by pipeline/'s executor and schedules
+// (megatron_stages.h): the full dp x tp x pp x cp mesh.
 // docs/notes/megatron.md explains which gradient is reduced over which group
 // and why the update equals one process on the global batch.
 // Not here: the model (models/parallel_gpt.h), the layers and collectives
@@ -17,11 +18,8 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
-#include "paratrain/data_parallel/ddp/ddp.h"
 #include "paratrain/models/parallel_gpt.h"
 #include "paratrain/optim/grad_scaler.h"
-#include "paratrain/pipeline/partition.h"
-#include "paratrain/pipeline/tied.h"
 #include "paratrain/sequence_parallel/megatron_sp.h"
 #include "paratrain/sequence_parallel/ring_attention.h"
 #include "paratrain/tensor_parallel/layers.h"
@@ -30,7 +28,9 @@
 #include "paratrain/train/objective.h"
 #include "paratrain/train/strategies/builtin.h"
 #include "paratrain/train/strategies/common.h"
+#include "paratrain/train/strategies/megatron_stages.h"
 #include "paratrain/train/strategies/pipeline_parts.h"
+#include "paratrain/train/strategies/replica_sync.h"
 
 namespace paratrain::train::strategies {
 namespace {
@@ -92,22 +92,15 @@ class MegatronStrategy final : public Strategy {
                                     "\"gpt\"; got \"{}\"",
                                     config_.model.kind));
     }
-    if (pp_.size() > 1) {
-      if (cp_.size() > 1 || config_.parallel.megatron_sp) {
-        throw ConfigError(fmt::format("parallel.pp = {} with parallel.cp = {} / parallel.megatron_sp = {}: pipeline "
-                                      "stages compose with parallel.tp ({}) and dp only; set parallel.cp = 1 and "
-                                      "parallel.megatron_sp = false",
-                                      pp_.size(), cp_.size(), config_.parallel.megatron_sp, tp_.size()));
-      }
-      shape_ = pipeline_shape(config_, pp_.size(), dp_.size());
-    }
+    if (pp_.size() > 1) shape_ = pipeline_shape(config_, pp_.size(), dp_.size());
     // Collective over the world, like the mesh's own groups.
     replicas_ = ctx.mesh.new_joint_group({Axis::kDp, Axis::kCp});
   }
 
   std::string name() const override {
-    return fmt::format("megatron (tp {}, cp {}, dp {}{}{})", tp_.size(), cp_.size(), dp_.size(),
+    return fmt::format("megatron (tp {}, cp {}, dp {}{}{}{})", tp_.size(), cp_.size(), dp_.size(),
                        config_.parallel.megatron_sp ? ", megatron_sp" : "",
+                       config_.zero.stage > 0 ? fmt::format(", zero {}", config_.zero.stage) : "",
                        pp_.size() > 1 ? fmt::format(", pp {} {}, {} micro-batches", pp_.size(),
                                                     config_.pipeline.schedule, shape_.microbatches)
                                       : "");
@@ -134,22 +127,23 @@ class MegatronStrategy final : public Strategy {
     model_->to(full->parameters().front().device());
     layout_ = tpl::parameter_layout(*model_);
     module_ = model_;
+    sp_params_ = model_->sequence_parallel_params();
+    std::vector<std::shared_ptr<torch::nn::Module>> modules{model_};
     if (pp_.size() > 1) {
-      build_stages();
-      return;
+      stages_ = std::make_unique<MegatronStages>(config_, *model_, mesh_, shape_, timeout_);
+      module_ = stages_->module();
+      modules = stages_->chunks();
+      // Megatron-SP: only this stage's LayerNorms and row-parallel biases.
+      std::set<const void*> mine;
+      for (const auto& p : module_->parameters()) mine.insert(p.unsafeGetTensorImpl());
+      std::erase_if(sp_params_, [&](const at::Tensor& t) { return !mine.count(t.unsafeGetTensorImpl()); });
+      model_.reset();  // the other stages' layers go
     }
-    if (replicas_->size() > 1) {
-      ddp::DdpOptions options;
-      options.broadcast_buffers = config_.ddp.broadcast_buffers;
-      options.reducer.buckets = bucket_options(config_);
-      options.reducer.find_unused_parameters = config_.ddp.find_unused_parameters;
-      options.reducer.timeout = timeout_;
-      ddp_ = std::make_unique<ddp::DistributedDataParallel>(model_, *replicas_, std::move(options));
-    }
+    sync_ = std::make_unique<ReplicaSync>(config_, modules, *replicas_, timeout_);
   }
 
   std::shared_ptr<torch::nn::Module> module() const override { return module_; }
-  std::vector<at::Tensor> optimizer_params() override { return module_->parameters(); }
+  std::vector<at::Tensor> optimizer_params() override { return sync_->optimizer_params(); }
   // tp and cp peers read the same sequences: the sampler shards over dp only.
   DataShard data_shard() const override { return {dp_.rank(), dp_.size()}; }
 
@@ -159,12 +153,9 @@ class MegatronStrategy final : public Strategy {
   }
 
   StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {
-    if (executor_) return pipeline_forward_backward(batch, loss_fn, sync);
-    std::optional<ddp::DistributedDataParallel::NoSyncGuard> no_sync;
-    if (ddp_) {
-      ddp_->prepare_forward();
-      if (!sync) no_sync.emplace(ddp_->reducer());
-    }
+    if (stages_) return pipeline_forward_backward(batch, loss_fn, sync);
+    sync_->prepare_forward(0);
+    sync_->set_sync(0, sync);
     // This cp rank's chunk of every sequence; the model adds the chunk's
     // positions. Each rank's loss is the mean over its chunk's tokens: the
     // mean of the cp ranks' losses is the batch mean (equal chunks), which is
@@ -175,33 +166,26 @@ class MegatronStrategy final : public Strategy {
     const at::Tensor ce = tpl::vocab_parallel_cross_entropy(logits, targets, tp_context());
     const at::Tensor loss = ce * loss_factor(loss_fn);
     loss.backward();
-    if (ddp_ && sync) ddp_->finish_backward();
-    // Megatron-SP: LayerNorms and row-parallel biases saw a part of the
-    // sequence on each tp rank: their gradient is the sum over tp (after the
-    // average over replicas; both are linear, so the order does not matter).
-    if (sync && config_.parallel.megatron_sp) {
-      sequence_parallel::sync_sequence_parallel_grads(model_->sequence_parallel_params(),
-                                                      {.group = &tp_, .seq_dim = 1, .timeout = timeout_});
-    }
-    // Reported: the mean over the whole sequences, as one process reports.
-    at::Tensor reported = loss.detach().clone().reshape({1});
-    if (cp_.size() > 1) {
-      cp_.all_reduce(reported, comm::ReduceOp::kSum)->wait(timeout_);
-      reported.div_(cp_.size());
-    }
-    return {reported.reshape({})};
+    if (sync) sync_->finish_backward(0);
+    sync_->set_sync(0, true);
+    if (sync) sum_sequence_parallel_grads();
+    return {mean_over_cp(loss)};
   }
 
   bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm,
                       optim::GradScaler* scaler) override {
-    // After the reductions gradients differ only across tp (different shards).
+    // After the reductions gradients differ across tp (shards) and pp
+    // (stages), and under ZeRO across replicas (pieces).
+    sync_->finish_all();
     const bool skip =
-        unscale_found_inf(scaler, grads_of(module_->parameters()), {&tp_, replicas_.get(), &pp_}, timeout_);
+        unscale_found_inf(scaler, grads_of(sync_->optimizer_params()), {&tp_, replicas_.get(), &pp_}, timeout_);
     if (!skip) {
       if (clip_grad_norm > 0) clip_global_norm(clip_grad_norm);
-      optimizer.step();
+      sync_->step(optimizer);
     }
-    optimizer.zero_grad();
+    // ZeRO clears its full gradients itself; a skipped ZeRO step is cleared
+    // by the next prepare_forward().
+    if (!sync_->sharded()) optimizer.zero_grad();
     if (scaler) scaler->update();
     return !skip;
   }
@@ -213,20 +197,15 @@ class MegatronStrategy final : public Strategy {
     // this replica's tp and cp groups alike (they share the dp rank): skip
     // the collectives together.
     if (inputs.size(0) == 0) return at::zeros({0, inputs.size(1), kVocab});
-    if (executor_) {
-      // The last stage gathers the vocabulary columns over its tp group,
-      // then hands the full logits to the other stages.
-      at::Tensor logits = executor_->forward_only(inputs);
-      if (logits.defined()) logits = tpl::all_gather_last_dim(logits.contiguous(), tp_context());
+    const at::Tensor chunk = sequence_parallel::sequence_chunk(inputs, 1, cp_);
+    if (stages_) {
+      // The last stage gathers the logits over its tp and cp groups, then
+      // hands them to the other stages.
+      at::Tensor logits = stages_->forward_only(chunk);
+      if (logits.defined()) logits = gather_logits(logits);
       return from_last_stage(logits, {inputs.size(0), inputs.size(1), kVocab}, pp_, timeout_);
     }
-    at::Tensor logits = model_->forward(sequence_parallel::sequence_chunk(inputs, 1, cp_));
-    logits = tpl::all_gather_last_dim(logits.contiguous(), tp_context());
-    if (cp_.size() == 1) return logits;
-    at::Tensor stacked = at::empty({cp_.size(), logits.size(0), logits.size(1), logits.size(2)}, logits.options());
-    cp_.all_gather(stacked, logits.contiguous())->wait(timeout_);
-    // [cp, B, S/cp, V] -> [B, S, V]
-    return stacked.permute({1, 0, 2, 3}).reshape({logits.size(0), -1, logits.size(2)});
+    return gather_logits(model_->forward(chunk));
   }
 
   std::vector<TensorSlot> model_slots() override {
@@ -237,7 +216,7 @@ class MegatronStrategy final : public Strategy {
     for (const auto& item : module_->named_parameters()) {
       const tpl::ShardSpec& spec = layout_[item.key()];
       // A tied copy (the last stage's wte) is written by the first stage.
-      const bool writer = replica_writer && !(tied_ && tied_->is_copy(item.key()));
+      const bool writer = replica_writer && !is_tied_copy(item.key());
       TensorSlot slot{item.key(), spec.full_shape, 0, item.value(), writer};
       if (spec.replicated()) {
         slot.write = writer && tp_.rank() == 0;
@@ -251,22 +230,24 @@ class MegatronStrategy final : public Strategy {
     return out;
   }
 
+  // Under ZeRO each replica writes its pieces (disjoint) of what this tp
+  // rank and stage writes: its shards, tp rank 0 the replicated tensors,
+  // the first stage a tied tensor.
   std::vector<OptimizerSlot> optimizer_slots() override {
-    std::vector<OptimizerSlot> out;
-    for (auto& slot : model_slots()) {
-      if (!slot.local.requires_grad()) continue;  // buffers
-      out.push_back(OptimizerSlot{slot.local, slot});
-    }
-    return out;
+    return sync_->optimizer_slots(model_slots(), [this](const std::string& name) {
+      return !is_tied_copy(name) && (!layout_[name].replicated() || tp_.rank() == 0);
+    });
   }
+  void after_load() override { sync_->after_load(); }
 
   std::vector<std::pair<std::string, std::string>> checkpoint_metadata() const override {
     return {{"parallel.tp", std::to_string(tp_.size())},
             {"parallel.cp", std::to_string(cp_.size())},
             {"parallel.megatron_sp", config_.parallel.megatron_sp ? "true" : "false"},
             {"dp", std::to_string(dp_.size())},
+            {"zero.stage", std::to_string(config_.zero.stage)},
             {"pipeline.stages", std::to_string(pp_.size())},
-            {"pipeline.layer_bounds", fmt::format("{}", fmt::join(bounds_, ","))}};
+            {"pipeline.layer_bounds", stages_ ? fmt::format("{}", fmt::join(stages_->bounds(), ",")) : ""}};
   }
 
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
@@ -277,7 +258,7 @@ class MegatronStrategy final : public Strategy {
       return out;
     }
     // In the single-process order, each from the first stage holding it.
-    for (const auto& [name, owner] : stage_of_) {
+    for (const auto& [name, owner] : stages_->stage_of()) {
       at::Tensor t = owner == pp_.rank() ? mine[name].contiguous() : torch::empty(layout_[name].full_shape);
       pp_.broadcast(t, owner)->wait(timeout_);
       out.emplace_back(name, t);
@@ -285,17 +266,10 @@ class MegatronStrategy final : public Strategy {
     return out;
   }
 
-  SyncStats last_stats() const override {
-    if (!chunk_ddp_.empty()) return sync_stats(chunk_ddp_[0]->last_step_stats());
-    return ddp_ ? sync_stats(ddp_->last_step_stats()) : SyncStats{};
-  }
+  SyncStats last_stats() const override { return sync_->stats(); }
 
   ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const override {
-    ModelStateBytes m;
-    m.params = tensor_bytes(module_->parameters());
-    m.grads = tensor_bytes(grads_of(module_->parameters()));
-    m.optimizer_state = tensor_bytes(optimizer_state_tensors(optimizer));
-    return m;
+    return sync_->memory({module_}, optimizer);
   }
 
  private:
@@ -303,86 +277,80 @@ class MegatronStrategy final : public Strategy {
 
   // clip_grad_norm_ over the whole model: squared norms of sharded gradients
   // are summed over tp, those of tensors every tp rank holds in full counted
-  // once; gradients are the same on every replica after the reduction. With
+  // once; gradients are the same on every replica after the reduction (under
+  // ZeRO each replica holds disjoint pieces: summed over the replicas). With
   // pp, each stage's sum is added over pp, a tied copy counted once.
   void clip_global_norm(double max_norm) {
     at::NoGradGuard no_grad;
-    double sharded = 0, replicated = 0;
-    for (const auto& item : module_->named_parameters()) {
-      const at::Tensor& g = item.value().grad();
-      if (!g.defined() || (tied_ && tied_->is_copy(item.key()))) continue;
-      const double sq = g.to(at::kDouble).pow(2).sum().item<double>();
-      (layout_[item.key()].replicated() ? replicated : sharded) += sq;
+    at::Tensor sums = torch::zeros({2}, torch::kDouble);  // sharded, replicated
+    for (const auto& [name, g] : sync_->named_grads()) {
+      if (!g.defined() || is_tied_copy(name)) continue;
+      sums[layout_[name].replicated() ? 1 : 0] += g.to(at::kDouble).pow(2).sum();
     }
-    at::Tensor total = torch::tensor({sharded}, torch::kDouble);
+    if (sync_->sharded() && replicas_->size() > 1) replicas_->all_reduce(sums, comm::ReduceOp::kSum)->wait(timeout_);
+    at::Tensor total = sums.narrow(0, 0, 1).clone();
     if (tp_.size() > 1) tp_.all_reduce(total, comm::ReduceOp::kSum)->wait(timeout_);
-    total += replicated;
+    total += sums[1];
     if (pp_.size() > 1) pp_.all_reduce(total, comm::ReduceOp::kSum)->wait(timeout_);
     const double norm = std::sqrt(total.item<double>());
     // As torch::nn::utils::clip_grad_norm_: scale only when above the bound.
     const double coef = max_norm / (norm + 1e-6);
-    if (coef >= 1) return;
-    for (const auto& p : module_->parameters()) {
-      if (p.grad().defined()) p.grad().mul_(coef);
-    }
+    if (coef < 1) sync_->scale_gradients(coef);
   }
 
-  // pp > 1: the tensor-parallel GPT's layers cut into chunks (balanced by
-  // parameters, or pipeline.split: a time probe would run tp collectives on
-  // one rank only), this rank's chunks kept, DDP on each over the replicas,
-  // the tied wte's copies summed over the first and last stage.
-  void build_stages() {
-    const auto layers = model_->layers();
-    const int chunks = shape_.stages * shape_.virtual_stages;
-    const auto shapes = pipeline::infer_boundary_shapes(layers, {config_.model.seq_len}, at::kLong);
-    bounds_ = config_.pipeline.split.empty()
-                  ? pipeline::balanced_partition(pipeline::layer_parameter_counts(layers), chunks)
-                  : pipeline::explicit_partition(config_.pipeline.split, static_cast<int>(layers.size()), chunks);
-    std::set<std::string> listed;
-    for (int mc = 0; mc < chunks; ++mc) {
-      for (int j = bounds_[mc]; j < bounds_[mc + 1]; ++j) {
-        for (const auto& [prefix, module] : layers[j].modules) {
-          for (const auto& p : module->named_parameters()) {
-            const std::string name = prefix + "." + p.key();
-            if (listed.insert(name).second) stage_of_.emplace_back(name, mc % shape_.stages);
-          }
-        }
-      }
+  bool is_tied_copy(const std::string& name) const { return stages_ && stages_->is_copy(name); }
+
+  // Megatron-SP: LayerNorms and row-parallel biases saw a part of the
+  // sequence on each tp rank: their gradient is the sum over tp (after the
+  // average over replicas; both are linear, so the order does not matter).
+  // In place, so ZeRO-1's pieces (views of the full .grad) see the sums.
+  void sum_sequence_parallel_grads() {
+    if (!config_.parallel.megatron_sp) return;
+    sequence_parallel::sync_sequence_parallel_grads(sp_params_, {.group = &tp_, .seq_dim = 1, .timeout = timeout_});
+  }
+
+  // Reported: the mean over the whole sequences (each cp rank's loss is the
+  // mean over its chunk), as one process reports.
+  at::Tensor mean_over_cp(const at::Tensor& loss) {
+    at::Tensor reported = loss.detach().to(at::kFloat).clone().reshape({1});
+    if (cp_.size() > 1) {
+      cp_.all_reduce(reported, comm::ReduceOp::kSum)->wait(timeout_);
+      reported.div_(cp_.size());
     }
-    auto local = local_chunks(layers, shapes, bounds_, shape_, pp_.rank());
-    std::vector<std::shared_ptr<pipeline::StageModule>> modules;
-    for (const auto& c : local) modules.push_back(c.module);
-    module_ = pipeline::merge_chunks(modules);
-    model_.reset();  // the other stages' layers go
-    tied_ = std::make_unique<pipeline::TiedGradients>(
-        mesh_, pipeline::find_tied_parameters(layers, bounds_, shape_.stages), *module_, timeout_);
-    tied_->broadcast_from_first();
-    for (const auto& m : modules) {
-      if (replicas_->size() == 1) break;
-      ddp::DdpOptions options;
-      options.broadcast_buffers = config_.ddp.broadcast_buffers;
-      options.reducer.buckets = bucket_options(config_);
-      options.reducer.find_unused_parameters = config_.ddp.find_unused_parameters;
-      options.reducer.timeout = timeout_;
-      chunk_ddp_.push_back(std::make_unique<ddp::DistributedDataParallel>(m, *replicas_, std::move(options)));
-    }
-    executor_ = std::make_unique<pipeline::Executor>(pp_, std::move(local), executor_options(config_, shape_, timeout_));
+    return reported.reshape({});
+  }
+
+  // Full logits from this rank's [B, S/cp, V/tp]: the vocabulary columns
+  // gathered over tp, the sequence chunks over cp.
+  at::Tensor gather_logits(const at::Tensor& part) {
+    at::Tensor logits = tpl::all_gather_last_dim(part.contiguous(), tp_context());
+    if (cp_.size() == 1) return logits;
+    at::Tensor stacked = at::empty({cp_.size(), logits.size(0), logits.size(1), logits.size(2)}, logits.options());
+    cp_.all_gather(stacked, logits.contiguous())->wait(timeout_);
+    // [cp, B, S/cp, V] -> [B, S, V]
+    return stacked.permute({1, 0, 2, 3}).reshape({logits.size(0), -1, logits.size(2)});
   }
 
   // Note [The Trainer's loss under tensor parallelism] applies per
   // micro-batch: the last stage's loss is the vocab-parallel cross-entropy
   // of its logit columns times the LossFn's factor.
+  // With cp, every stage takes this cp rank's chunk of the sequences (only
+  // the first stage reads the tokens, only the last the targets).
   StepOutput pipeline_forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) {
     const double factor = loss_factor(loss_fn);
     auto loss = [this, factor](const at::Tensor& logits, const at::Tensor& targets) {
       return tpl::vocab_parallel_cross_entropy(logits, targets.to(at::kLong), tp_context()) * factor;
     };
-    const auto report =
-        executor_->train_step(batch.inputs, batch.targets, loss, ddp_chunk_hooks(chunk_ddp_, sync), nullptr, steps_++);
-    // After DDP's average over the replicas (both are sums: order is free).
-    if (sync) tied_->all_reduce_gradients();
+    const at::Tensor inputs = sequence_parallel::sequence_chunk(batch.inputs, 1, cp_);
+    const at::Tensor targets = sequence_parallel::sequence_chunk(batch.targets, 1, cp_);
+    const auto report = stages_->train_step(inputs, targets, loss, sync_->hooks(sync));
+    // After the replicas' average (all three are sums: order is free).
+    if (sync) {
+      stages_->sum_tied_gradients();
+      sum_sequence_parallel_grads();
+    }
     // Reported with the factor, as without pp.
-    return {from_last_stage(report.loss, {1}, pp_, timeout_).reshape({})};
+    return {mean_over_cp(from_last_stage(report.loss, {1}, pp_, timeout_))};
   }
 
   TrainConfig config_;
@@ -395,16 +363,11 @@ class MegatronStrategy final : public Strategy {
   std::shared_ptr<comm::ProcessGroup> replicas_;  // dp x cp: the ranks holding this rank's shards
   std::shared_ptr<models::ParallelGpt> model_;
   torch::OrderedDict<std::string, tpl::ShardSpec> layout_;
-  std::unique_ptr<ddp::DistributedDataParallel> ddp_;
   std::shared_ptr<torch::nn::Module> module_;  // the model, or this rank's stages (pp > 1)
-  // pp > 1:
-  pipeline::ScheduleOptions shape_;
-  std::vector<int> bounds_;
-  std::vector<std::pair<std::string, int>> stage_of_;  // each parameter's first stage, in model order
-  std::vector<std::unique_ptr<ddp::DistributedDataParallel>> chunk_ddp_;
-  std::unique_ptr<pipeline::TiedGradients> tied_;
-  std::unique_ptr<pipeline::Executor> executor_;
-  int64_t steps_ = 0;
+  std::vector<at::Tensor> sp_params_;           // Megatron-SP: this rank's, summed over tp
+  std::unique_ptr<ReplicaSync> sync_;          // DDP or ZeRO over replicas_
+  pipeline::ScheduleOptions shape_;             // pp > 1
+  std::unique_ptr<MegatronStages> stages_;      // pp > 1
 };
 
 }  // namespace

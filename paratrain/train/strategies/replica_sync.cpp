@@ -1,0 +1,181 @@
+// DDP or ZeRO over the megatron strategy's replicas: see replica_sync.h.
+#include "paratrain/train/strategies/replica_sync.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "paratrain/train/strategies/common.h"
+
+namespace paratrain::train::strategies {
+
+ReplicaSync::ReplicaSync(const TrainConfig& config, const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                         comm::ProcessGroup& replicas, std::chrono::milliseconds timeout)
+    : modules_(modules) {
+  for (const auto& m : modules) {
+    if (config.zero.stage > 0) {
+      zero::ZeroOptions options;
+      options.stage = static_cast<int>(config.zero.stage);
+      options.buckets = bucket_options(config);
+      options.find_unused_parameters = config.ddp.find_unused_parameters;
+      options.broadcast_buffers = config.ddp.broadcast_buffers;
+      options.timeout = timeout;
+      zero_.push_back(std::make_unique<zero::ZeroDataParallel>(m, replicas, std::move(options)));
+    } else if (replicas.size() > 1) {
+      ddp::DdpOptions options;
+      options.broadcast_buffers = config.ddp.broadcast_buffers;
+      options.reducer.buckets = bucket_options(config);
+      options.reducer.find_unused_parameters = config.ddp.find_unused_parameters;
+      options.reducer.timeout = timeout;
+      ddp_.push_back(std::make_unique<ddp::DistributedDataParallel>(m, replicas, std::move(options)));
+    }
+  }
+}
+
+ReplicaSync::~ReplicaSync() = default;
+
+std::vector<at::Tensor> ReplicaSync::optimizer_params() const {
+  std::vector<at::Tensor> out;
+  if (zero_.empty()) {
+    for (const auto& m : modules_) {
+      const auto p = m->parameters();
+      out.insert(out.end(), p.begin(), p.end());
+    }
+    return out;
+  }
+  for (const auto& z : zero_) out.insert(out.end(), z->optimizer_params().begin(), z->optimizer_params().end());
+  return out;
+}
+
+void ReplicaSync::prepare_forward(int i) {
+  if (!ddp_.empty()) ddp_[i]->prepare_forward();
+  if (!zero_.empty()) zero_[i]->prepare_forward();
+}
+
+void ReplicaSync::set_sync(int i, bool sync) {
+  if (!ddp_.empty()) ddp_[i]->reducer().set_sync_enabled(sync);
+  if (!zero_.empty()) zero_[i]->reducer().set_sync_enabled(sync);
+}
+
+void ReplicaSync::finish_backward(int i) {
+  if (!ddp_.empty()) ddp_[i]->finish_backward();
+  if (!zero_.empty()) zero_[i]->finish_backward();
+}
+
+pipeline::ExecutorHooks ReplicaSync::hooks(bool sync) {
+  pipeline::ExecutorHooks hooks;
+  if (ddp_.empty() && zero_.empty()) return hooks;
+  hooks.before_forward = [this](int chunk) { prepare_forward(chunk); };
+  hooks.before_backward = [this, sync](int chunk, bool last) { set_sync(chunk, sync && last); };
+  hooks.after_backward = [this, sync](int chunk, bool last) {
+    if (sync && last) finish_backward(chunk);
+  };
+  return hooks;
+}
+
+void ReplicaSync::finish_all() {
+  for (auto& z : zero_) z->finish_backward();
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ReplicaSync::named_grads() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  if (zero_.empty()) {
+    for (const auto& m : modules_) {
+      for (const auto& item : m->named_parameters()) out.emplace_back(item.key(), item.value().grad());
+    }
+    return out;
+  }
+  for (const auto& z : zero_) {
+    for (const auto& [param, slot] : z->optimizer_param_slots()) out.emplace_back(slot.name, param.grad());
+  }
+  return out;
+}
+
+void ReplicaSync::scale_gradients(double coef) {
+  at::NoGradGuard no_grad;
+  if (!zero_.empty()) {
+    for (auto& z : zero_) z->scale_gradients(coef);
+    return;
+  }
+  for (const auto& m : modules_) {
+    for (const auto& p : m->parameters()) {
+      if (p.grad().defined()) p.grad().mul_(coef);
+    }
+  }
+}
+
+void ReplicaSync::step(torch::optim::Optimizer& optimizer) {
+  if (zero_.empty()) {
+    optimizer.step();
+    return;
+  }
+  // One optimizer over every chunk's pieces: step it once, then each chunk
+  // all-gathers its updated parameters (and clears its full gradients).
+  for (auto& z : zero_) z->begin_step();
+  optimizer.step();
+  for (auto& z : zero_) z->end_step();
+}
+
+std::vector<OptimizerSlot> ReplicaSync::optimizer_slots(const std::vector<TensorSlot>& model,
+                                                        const std::function<bool(const std::string&)>& writes) const {
+  std::vector<OptimizerSlot> out;
+  if (zero_.empty()) {
+    for (const auto& slot : model) {
+      if (slot.local.requires_grad()) out.push_back(OptimizerSlot{slot.local, slot});  // not buffers
+    }
+    return out;
+  }
+  std::map<std::string, const TensorSlot*> by_name;
+  for (const auto& slot : model) by_name[slot.name] = &slot;
+  for (const auto& z : zero_) {
+    for (const auto& [param, piece] : z->optimizer_param_slots()) {
+      const TensorSlot& whole = *by_name.at(piece.name);
+      TensorSlot slot{piece.name, whole.global_shape, 0, piece.local, writes(piece.name)};
+      slot.segments = sub_segments(whole, piece.flat_offset, piece.local.numel());
+      out.push_back(OptimizerSlot{param, std::move(slot)});
+    }
+  }
+  return out;
+}
+
+void ReplicaSync::after_load() {
+  for (auto& z : zero_) z->gather_parameters();
+}
+
+SyncStats ReplicaSync::stats() const {
+  if (!ddp_.empty()) return sync_stats(ddp_[0]->last_step_stats());
+  if (!zero_.empty()) return sync_stats(zero_[0]->reducer().last_step());
+  return {};
+}
+
+ModelStateBytes ReplicaSync::memory(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                                    const torch::optim::Optimizer& optimizer) const {
+  ModelStateBytes m;
+  if (zero_.empty()) {
+    for (const auto& mod : modules) {
+      m.params += tensor_bytes(mod->parameters());
+      m.grads += tensor_bytes(grads_of(mod->parameters()));
+    }
+  } else {
+    for (const auto& z : zero_) {
+      const ModelStateBytes b = z->model_state_bytes(nullptr);
+      m.params += b.params;
+      m.grads += b.grads;
+      m.comm_buffers += b.comm_buffers;
+    }
+  }
+  m.optimizer_state = tensor_bytes(optimizer_state_tensors(optimizer));
+  return m;
+}
+
+std::vector<SlotSegment> sub_segments(const TensorSlot& model, int64_t offset, int64_t numel) {
+  std::vector<SlotSegment> out;
+  const int64_t end = offset + numel;
+  for (const SlotSegment& s : slot_segments(model)) {
+    const int64_t lo = std::max(offset, s.local_offset), hi = std::min(end, s.local_offset + s.numel);
+    if (lo < hi) out.push_back({lo - offset, s.global_offset + (lo - s.local_offset), hi - lo});
+  }
+  return out;
+}
+
+}  // namespace paratrain::train::strategies

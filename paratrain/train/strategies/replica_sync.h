@@ -1,0 +1,89 @@
+// The data-parallel side of the megatron strategy: the ranks that hold the
+// same shards (its dp x cp "replicas": same tp and pp coordinates) average
+// their gradients with DDP (zero.stage = 0) or with ZeroDataParallel
+// (zero.stage = 1 or 2: the optimizer steps only this rank's pieces, so its
+// state is sharded over the replicas). One wrapper per module: the whole
+// tensor-parallel GPT, or each local pipeline chunk. Not here: the model,
+// the tp / pp reductions (megatron_strategy.cpp, megatron_stages.cpp).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "paratrain/comm/process_group.h"
+#include "paratrain/core/model_state.h"
+#include "paratrain/core/tensor_slot.h"
+#include "paratrain/data_parallel/ddp/ddp.h"
+#include "paratrain/data_parallel/zero/zero.h"
+#include "paratrain/pipeline/executor.h"
+#include "paratrain/train/config.h"
+#include "paratrain/train/strategy.h"
+
+namespace paratrain::train::strategies {
+
+class ReplicaSync {
+ public:
+  // Collective over `replicas` (the wrappers broadcast rank 0's state).
+  // DDP is skipped when `replicas` has one rank; ZeRO is built even then, so
+  // the optimizer state and checkpoint layout are the ZeRO ones (as the zero
+  // strategy on one rank).
+  ReplicaSync(const TrainConfig& config, const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+              comm::ProcessGroup& replicas, std::chrono::milliseconds timeout);
+  ~ReplicaSync();
+
+  bool sharded() const { return !zero_.empty(); }
+  // What the optimizer steps: every module's parameters, or the ZeRO pieces.
+  std::vector<at::Tensor> optimizer_params() const;
+
+  // Around module i's forward and backward. `sync` false: accumulate only.
+  void prepare_forward(int i);
+  void set_sync(int i, bool sync);
+  void finish_backward(int i);
+  // The same for a pipeline executor: reduce only in a chunk's last
+  // backward of the step.
+  pipeline::ExecutorHooks hooks(bool sync);
+
+  // Before the optimizer step: ZeRO points the pieces' .grad at the reduced
+  // gradients (idempotent). Then named_grads() lists what this rank steps,
+  // each with its parameter's name: with ZeRO, disjoint pieces whose squares
+  // sum over the replicas to the whole tensor's; without, whole gradients
+  // equal on every replica.
+  void finish_all();
+  std::vector<std::pair<std::string, at::Tensor>> named_grads() const;
+  void scale_gradients(double coef);
+  // optimizer.step() (ZeRO: on the pieces, then all-gather each module's
+  // parameters and clear the full gradients; otherwise the caller clears
+  // them with optimizer.zero_grad()).
+  void step(torch::optim::Optimizer& optimizer);
+
+  // Optimizer slots: without ZeRO each model slot with write as given; with
+  // ZeRO each piece placed inside its parameter's model slot (`model`, by
+  // name: a tp shard's segments), written by every replica (disjoint), where
+  // `writes(name)` says this tp rank / stage writes the tensor at all.
+  std::vector<OptimizerSlot> optimizer_slots(const std::vector<TensorSlot>& model,
+                                             const std::function<bool(const std::string&)>& writes) const;
+  // After a checkpoint load: ZeRO all-gathers (the pieces alias the loaded
+  // parameters; kept for the wrappers' own state).
+  void after_load();
+
+  SyncStats stats() const;
+  ModelStateBytes memory(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+                         const torch::optim::Optimizer& optimizer) const;
+
+ private:
+  std::vector<std::unique_ptr<ddp::DistributedDataParallel>> ddp_;
+  std::vector<std::unique_ptr<zero::ZeroDataParallel>> zero_;
+  std::vector<std::shared_ptr<torch::nn::Module>> modules_;
+};
+
+// The runs of `model` (a tp shard's slot: its segments, or one run) that its
+// local flat elements [offset, offset + numel) hold, relative to offset: a
+// ZeRO piece of a tensor-parallel shard as TensorSlot::segments.
+std::vector<SlotSegment> sub_segments(const TensorSlot& model, int64_t offset, int64_t numel);
+
+}  // namespace paratrain::train::strategies

@@ -1,0 +1,248 @@
+// The whole dp x tp x pp x cp mesh on the GPT through the Trainer (the
+// megatron strategy with pipeline stages): context parallelism and
+// Megatron-SP inside pipeline stages (boundaries carry this rank's sequence
+// part), and ZeRO on the replicas' axis. Each layout equals one process
+// taking the same micro-batches (train.accumulate = 4) after 10 steps.
+// gpt_pipeline_trainer_test.cpp covers tp x pp without a sequence split,
+// megatron_trainer_test.cpp the layouts without stages.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "paratrain/core/error.h"
+#include "paratrain/train/checkpoint/compare.h"
+#include "paratrain/train/checkpoint/sharded.h"
+#include "paratrain/train/config.h"
+#include "paratrain/train/trainer.h"
+#include "tests/support/gpt_run.h"
+#include "tests/support/multi_rank.h"
+
+namespace paratrain::train {
+namespace {
+namespace fs = std::filesystem;
+using paratrain::testing::max_rel_diff;
+using paratrain::testing::run_training;
+using paratrain::testing::RunOutput;
+
+constexpr int kMicrobatches = 4;
+// Note [GPT pipeline oracle tolerance] (gpt_pipeline_trainer_test.cpp) and
+// Note [Megatron oracle tolerance] (megatron_trainer_test.cpp): the same
+// float32 terms summed in another order (micro-batches, tp shards, ring
+// steps, the tied copies, ZeRO's pieces), a few ulps after 10 SGD steps.
+// Negative controls, measured by switching one piece off in the code and
+// rerunning these tests: the embedding without its cp chunk's position
+// offset 0.194 (pp2_cp2 and the full mesh), the tied copies' gradients not
+// summed 0.899 (every layout with stages), the Megatron-SP LayerNorm
+// gradients not summed over tp 0.48 (tp2_pp2_sp) and 0.469 (the full mesh):
+// each far above this bound, so these comparisons can fail.
+constexpr double kTolerance = 1e-5;
+
+struct Layout {
+  int dp = 1, tp = 1, pp = 1, cp = 1;
+  bool sp = false;
+  int zero = 0;
+  int world() const { return dp * tp * pp * cp; }
+};
+
+class Mesh4d : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(paratrain::testing::temp_dir("mesh4d"));
+    corpus_ = new fs::path(paratrain::testing::write_word_corpus(fs::path(*dir_) / "text", 777));
+    // One process: the global batch of 8 as 4 accumulated micro-batches of 2.
+    auto cfg = paratrain::testing::tiny_gpt_config(*dir_ + "/single", *corpus_);
+    cfg.data.batch_size = 8 / kMicrobatches;
+    cfg.train.accumulate = kMicrobatches;
+    cfg.ddp.mode = "none";
+    single_ = new RunOutput(run_training(cfg, 1));
+  }
+  static void TearDownTestSuite() {
+    delete single_;
+    delete corpus_;
+    delete dir_;
+  }
+
+  // The same global batch of 8 and the same micro-batches: with stages,
+  // pipeline.microbatches = 4 / dp; without, train.accumulate = 4 / dp.
+  static TrainConfig config(const std::string& name, const Layout& l) {
+    auto cfg = paratrain::testing::tiny_gpt_config(*dir_ + "/" + name, *corpus_);
+    cfg.run.log_every = 5;  // metrics.jsonl records optimizer_bytes
+    cfg.parallel.tp = l.tp;
+    cfg.parallel.pp = l.pp;
+    cfg.parallel.cp = l.cp;
+    cfg.parallel.megatron_sp = l.sp;
+    cfg.zero.stage = l.zero;
+    cfg.data.batch_size = 8 / l.dp;
+    if (l.pp > 1) {
+      cfg.pipeline.schedule = "1f1b";
+      cfg.pipeline.microbatches = kMicrobatches / l.dp;
+      cfg.pipeline.trace_steps = 0;
+    }
+    return cfg;
+  }
+
+  static RunOutput check(const std::string& name, const Layout& l) {
+    const RunOutput multi = run_training(config(name, l), l.world());
+    const double diff = max_rel_diff(multi.params, single_->params);
+    std::printf("[ %s ] dp %d x tp %d x pp %d x cp %d%s%s on %d ranks vs 1 process: worst relative diff %.3g "
+                "(tolerance %.0e)\n",
+                name.c_str(), l.dp, l.tp, l.pp, l.cp, l.sp ? " + megatron_sp" : "",
+                l.zero ? (" + zero " + std::to_string(l.zero)).c_str() : "", l.world(), diff, kTolerance);
+    EXPECT_LE(diff, kTolerance);
+    EXPECT_EQ(multi.result.steps, 10);
+    EXPECT_NEAR(multi.result.test.loss, single_->result.test.loss, 1e-5 * single_->result.test.loss);
+    return multi;
+  }
+
+  // The run's checkpoint consolidated equals the single process's:
+  // parameters and SGD's momentum, each by its single-process name.
+  static void expect_consolidates(const RunOutput& multi, const std::string& name) {
+    ASSERT_FALSE(multi.result.last_checkpoint.empty());
+    const fs::path file = fs::path(*dir_) / (name + ".safetensors");
+    consolidate_checkpoint(multi.result.last_checkpoint, file);
+    CompareOptions options;
+    options.prefix = "";
+    const CompareReport report = compare_checkpoints(file, single_->result.last_checkpoint, options);
+    std::printf("%s\n", report.format().c_str());
+    EXPECT_TRUE(report.ok());
+    EXPECT_TRUE(report.only_in_a.empty());
+    EXPECT_TRUE(report.only_in_b.empty());
+  }
+
+  static std::string* dir_;
+  static fs::path* corpus_;
+  static RunOutput* single_;
+};
+std::string* Mesh4d::dir_ = nullptr;
+fs::path* Mesh4d::corpus_ = nullptr;
+RunOutput* Mesh4d::single_ = nullptr;
+
+// Rank 0's optimizer_bytes in the last train record of metrics.jsonl.
+int64_t optimizer_bytes(const RunOutput& run) {
+  std::ifstream in(run.result.run_dir / "metrics.jsonl");
+  int64_t bytes = -1;
+  for (std::string line; std::getline(in, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record.value("kind", "") == "train") bytes = record.at("optimizer_bytes").get<int64_t>();
+  }
+  return bytes;
+}
+
+// Ring attention inside each stage's blocks over the cp group; each stage
+// boundary carries this cp rank's chunk [b, S/cp, d] to the next stage's
+// rank with the same cp coordinate; the last stage's loss is over the chunk.
+TEST_F(Mesh4d, PipelineTimesContextParallelEqualsOneProcess) { check("pp2_cp2", {.pp = 2, .cp = 2}); }
+
+// Interleaved 1F1B (two chunks per stage: one layer each) with ZeRO-1 over
+// the cp replicas: one ZeroDataParallel per chunk, one optimizer over both
+// chunks' pieces.
+TEST_F(Mesh4d, InterleavedStagesWithContextParallelAndZeroEqualOneProcess) {
+  auto cfg = config("pp2_v2_cp2_zero1", {.pp = 2, .cp = 2, .zero = 1});
+  cfg.pipeline.schedule = "interleaved_1f1b";
+  cfg.pipeline.virtual_stages = 2;
+  const RunOutput multi = run_training(cfg, 4);
+  const double diff = max_rel_diff(multi.params, single_->params);
+  std::printf("[ pp2_v2_cp2_zero1 ] interleaved pp 2 x 2 chunks x cp 2 + zero 1: worst relative diff %.3g\n", diff);
+  EXPECT_LE(diff, kTolerance);
+  EXPECT_NEAR(multi.result.test.loss, single_->result.test.loss, 1e-5 * single_->result.test.loss);
+}
+
+// Megatron-SP inside stages: boundaries carry [b, S/tp, d] (Megatron-LM's
+// sequence-parallel p2p), the embedding scatters, the head gathers, and the
+// LayerNorms' partial gradients are summed over tp on each stage. It equals
+// one process and plain tp 2 x pp 2 (the same weights up to rounding).
+TEST_F(Mesh4d, MegatronSpWithStagesEqualsOneProcessAndPlainTensorPipeline) {
+  const RunOutput sp = check("tp2_pp2_sp", {.tp = 2, .pp = 2, .sp = true});
+  const RunOutput plain = check("tp2_pp2", {.tp = 2, .pp = 2});
+  const double diff = max_rel_diff(sp.params, plain.params);
+  std::printf("[ tp2_pp2_sp vs tp2_pp2 ] worst relative diff %.3g\n", diff);
+  EXPECT_LE(diff, kTolerance);
+}
+
+// Every axis > 1 at its smallest: 16 thread-ranks, Megatron-SP on too (the
+// sequence of 16 is cut into cp chunks of 8, each into tp parts of 4).
+TEST_F(Mesh4d, FullMeshEqualsOneProcessAndConsolidates) {
+  const RunOutput multi = check("dp2_tp2_pp2_cp2_sp", {.dp = 2, .tp = 2, .pp = 2, .cp = 2, .sp = true});
+  expect_consolidates(multi, "dp2_tp2_pp2_cp2_sp");
+}
+
+// ZeRO-1 on the replicas' axis (dp x cp: the ranks holding the same shards):
+// each replica steps its pieces of its tp shards. Equals one process and
+// DDP (zero.stage = 0); the optimizer state per rank is about 1/dp of DDP's
+// (the negative control: DDP's is the whole tensors').
+TEST_F(Mesh4d, ZeroOneOnDataAxisEqualsOneProcessAndShardsOptimizerState) {
+  const RunOutput zero = check("dp2_tp2_zero1", {.dp = 2, .tp = 2, .zero = 1});
+  const RunOutput ddp = check("dp2_tp2_zero0", {.dp = 2, .tp = 2});
+  const double diff = max_rel_diff(zero.params, ddp.params);
+  const int64_t zero_bytes = optimizer_bytes(zero), ddp_bytes = optimizer_bytes(ddp);
+  std::printf("[ zero 1 vs zero 0 ] worst relative diff %.3g; rank 0 optimizer state %lld vs %lld bytes (%.3f)\n",
+              diff, static_cast<long long>(zero_bytes), static_cast<long long>(ddp_bytes),
+              static_cast<double>(zero_bytes) / ddp_bytes);
+  EXPECT_LE(diff, kTolerance);
+  ASSERT_GT(ddp_bytes, 0);
+  // 1/dp plus at most one padding element per bucket and rank.
+  EXPECT_LE(zero_bytes, ddp_bytes / 2 + 1024);
+  EXPECT_GE(zero_bytes, ddp_bytes / 2 - 1024);
+  expect_consolidates(zero, "dp2_tp2_zero1");
+}
+
+// ZeRO-2 (gradients reduce-scattered) where nothing sums whole gradients
+// after the reduction: no stages, no Megatron-SP.
+TEST_F(Mesh4d, ZeroTwoWithTensorAndContextParallelEqualsOneProcess) {
+  check("dp2_tp2_cp2_zero2", {.dp = 2, .tp = 2, .cp = 2, .zero = 2});
+}
+
+// ZeRO-1 with stages: the tied wte copies' and Megatron-SP's sums run in
+// place on the full reduced gradients, of which the pieces are views.
+TEST_F(Mesh4d, ZeroOneWithStagesAndSequenceParallelEqualsOneProcessAndConsolidates) {
+  const RunOutput multi = check("dp2_tp2_pp2_sp_zero1", {.dp = 2, .tp = 2, .pp = 2, .sp = true, .zero = 1});
+  expect_consolidates(multi, "dp2_tp2_pp2_sp_zero1");
+}
+
+// A ZeRO checkpoint written at one layout resumes at another: the pieces of
+// dp 2 x tp 2 x pp 2 (momentum sharded over 2 replicas, tp shard segments)
+// load into the pieces of dp 2 x tp 2 x cp 2 (sharded over 4 replicas).
+TEST_F(Mesh4d, ZeroCheckpointResumesAtAnotherLayout) {
+  auto first = config("zero_resume", {.dp = 2, .tp = 2, .pp = 2, .zero = 1});
+  first.train.max_steps = 5;
+  run_training(first, 8);
+  auto second = config("zero_resume", {.dp = 2, .tp = 2, .cp = 2, .zero = 1});
+  second.train.resume = "auto";
+  const RunOutput resumed = run_training(second, 8);
+  EXPECT_EQ(resumed.result.start_step, 5);
+  const double diff = max_rel_diff(resumed.params, single_->params);
+  std::printf("[ resumed zero 1: dp2 x tp2 x pp2 -> dp2 x tp2 x cp2 ] worst relative diff %.3g\n", diff);
+  EXPECT_LE(diff, kTolerance);
+}
+
+void expect_config_error(const TrainConfig& cfg, const std::vector<std::string>& fragments) {
+  try {
+    validate_config(cfg);
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    for (const auto& f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Mesh4d, BadLayoutsAreConfigErrorsNamingEveryFactor) {
+  expect_config_error(config("bad_zero2_pp", {.tp = 2, .pp = 2, .zero = 2}),
+                      {"zero.stage = 2", "parallel.pp = 2", "parallel.megatron_sp = false", "parallel.tp = 2",
+                       "parallel.cp = 1"});
+  expect_config_error(config("bad_zero2_sp", {.tp = 2, .sp = true, .zero = 2}),
+                      {"zero.stage = 2", "parallel.pp = 1", "parallel.megatron_sp = true", "parallel.tp = 2"});
+  expect_config_error(config("bad_zero3", {.tp = 2, .cp = 2, .zero = 3}),
+                      {"zero.stage = 3", "parallel.tp = 2", "parallel.cp = 2"});
+  // The sequence split inside stages: each cp chunk (12 / 4 = 3 tokens)
+  // must split into tp parts.
+  auto odd = config("bad_sp", {.tp = 2, .pp = 2, .cp = 4, .sp = true});
+  odd.model.seq_len = 12;
+  expect_config_error(odd, {"model.seq_len (12)", "parallel.cp (4)", "parallel.tp (2)"});
+}
+
+}  // namespace
+}  // namespace paratrain::train
