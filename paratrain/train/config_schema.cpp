@@ -191,15 +191,6 @@ std::string gpt_problem(const TrainConfig& c) {
                        "parallel.pp ({}) x pipeline.virtual_stages ({}) = {} chunks of at least one layer each: "
                        "raise model.layers or lower parallel.pp",
                        c.model.layers, c.model.layers + 2, c.parallel.pp, c.pipeline.virtual_stages, chunks);
-  // The pipeline strategy (tp = cp = 1) runs ZeRO per chunk but sums the
-  // tied copies' gradients only as whole tensors; the megatron strategy
-  // (tp or cp > 1) does ZeRO-1 with stages (megatron_problem).
-  if (c.parallel.pp > 1 && c.zero.stage > 0 && c.parallel.tp == 1 && c.parallel.cp == 1)
-    return fmt::format("zero.stage = {} with parallel.pp = {} and model.kind = \"gpt\" (parallel.tp = 1, parallel.cp = "
-                       "1: the pipeline strategy): the tied embedding's copies on the first and last stage sum full "
-                       "gradients, which ZeRO shards; set zero.stage = 0 (ZeRO-1 with GPT stages runs on the megatron "
-                       "strategy: parallel.tp or parallel.cp > 1)",
-                       c.zero.stage, c.parallel.pp);
   return "";
 }
 
@@ -213,7 +204,10 @@ std::string megatron_problem(const TrainConfig& c) {
     return fmt::format("parallel.megatron_sp = true shards the sequence inside the tensor-parallel group, but "
                        "parallel.tp = {}: set parallel.tp >= 2 or parallel.megatron_sp = false",
                        p.tp);
-  if (p.tp == 1 && p.cp == 1) return "";
+  // A GPT with stages and ZeRO runs on the megatron strategy at tp = cp = 1
+  // too (train::strategy_name), under the same rules.
+  const bool gpt_stages_zero = c.model.kind == "gpt" && p.pp > 1 && c.zero.stage > 0;
+  if (p.tp == 1 && p.cp == 1 && !gpt_stages_zero) return "";
   if (c.model.kind != "gpt")
     return fmt::format("parallel.tp = {} and parallel.cp = {} split a transformer's heads and sequence; only "
                        "model.kind = \"gpt\" supports them (got \"{}\"): set parallel.tp = 1 and parallel.cp = 1",

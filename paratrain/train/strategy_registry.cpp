@@ -68,7 +68,12 @@ std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyC
 
 std::string strategy_name(const TrainConfig& config) {
   if (config.ps.servers > 0) return "ps";
-  if (config.model.kind == "gpt" && (config.parallel.tp > 1 || config.parallel.cp > 1)) return "megatron";
+  // A GPT in pipeline stages with ZeRO goes to the megatron strategy too (at
+  // tp = cp = 1): it shards over the replicas around the tied embedding's
+  // stage copies, which the pipeline strategy's per-chunk ZeRO cannot.
+  const bool gpt_stages_zero = config.parallel.pp > 1 && config.zero.stage > 0;
+  if (config.model.kind == "gpt" && (config.parallel.tp > 1 || config.parallel.cp > 1 || gpt_stages_zero))
+    return "megatron";
   if (config.parallel.pp > 1) return "pipeline";
   if (config.zero.stage == 0) return "ddp";
   if (config.zero.stage <= 2) return "zero";

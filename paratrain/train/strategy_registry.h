@@ -33,7 +33,7 @@ std::unique_ptr<Strategy> make_strategy(const std::string& name, const StrategyC
 std::vector<std::string> registered_strategies();
 
 // The strategy a config asks for: ps.servers > 0 -> "ps"; a GPT with parallel.tp > 1 or parallel.cp >
-// 1 -> "megatron"; parallel.pp > 1 -> "pipeline"; else
+// 1, or with parallel.pp > 1 and zero.stage > 0 -> "megatron"; parallel.pp > 1 -> "pipeline"; else
 // zero.stage 0 -> "ddp", 1-2 -> "zero", 3 -> "fsdp".
 std::string strategy_name(const TrainConfig& config);
 

@@ -18,6 +18,7 @@
 #include "paratrain/train/checkpoint/compare.h"
 #include "paratrain/train/checkpoint/sharded.h"
 #include "paratrain/train/config.h"
+#include "paratrain/train/strategy_registry.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/gpt_run.h"
 #include "tests/support/multi_rank.h"
@@ -189,6 +190,13 @@ TEST_F(Mesh4d, ZeroOneOnDataAxisEqualsOneProcessAndShardsOptimizerState) {
   EXPECT_LE(zero_bytes, ddp_bytes / 2 + 1024);
   EXPECT_GE(zero_bytes, ddp_bytes / 2 - 1024);
   expect_consolidates(zero, "dp2_tp2_zero1");
+}
+
+// A GPT in stages with ZeRO-1 and no tp or cp: routed to the megatron
+// strategy (train::strategy_name), which shards around the tied copies.
+TEST_F(Mesh4d, ZeroOneWithStagesAloneEqualsOneProcess) {
+  EXPECT_EQ(strategy_name(config("dp2_pp2_zero1", {.dp = 2, .pp = 2, .zero = 1})), "megatron");
+  check("dp2_pp2_zero1", {.dp = 2, .pp = 2, .zero = 1});
 }
 
 // ZeRO-2 (gradients reduce-scattered) where nothing sums whole gradients
