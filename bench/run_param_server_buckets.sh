@@ -16,7 +16,9 @@
 # MODELS ("mlp gpt"), LAYOUTS ("1x3 2x2": servers x workers), MODES
 # ("sync async"), KBS ("0 256": the bucket_kb values), OVERLAP_OFF (1: also
 # sync with ps.overlap = false at the last KBS value), MLP_STEPS (300),
-# GPT_STEPS (50), OUT_DIR.
+# GPT_STEPS (50), GPT_BATCH (16: sequences per worker), LOG_EVERY (25: must
+# divide the step counts, samples/s is the last log line's, since fit start),
+# OUT_DIR.
 # Servers and workers share this machine's cores (and other jobs' load):
 # what it hides is said in bench/results/2026-11-26-param-server-buckets.md.
 set -euo pipefail
@@ -43,7 +45,8 @@ runs=$out_dir/runs.jsonl
 run_one() {
   local name=$1 model=$2 servers=$3 workers=$4
   shift 4
-  local sets=(--set run.output_dir="$out_dir" --set run.name="$name" --set ps.servers="$servers")
+  local sets=(--set run.output_dir="$out_dir" --set run.name="$name" --set ps.servers="$servers"
+              --set run.log_every="${LOG_EVERY:-25}")
   if [[ $model = mlp ]]; then
     sets+=(-c "$root/configs/fashion_mnist_mlp.toml" --set train.max_steps="${MLP_STEPS:-300}" --set train.epochs=1
            --set train.eval_every_epochs=0 --set data.global_batch_size=$((64 * workers)) --set optimizer.lr=0.02)
@@ -51,7 +54,7 @@ run_one() {
     # Gradient clipping across servers is refused; the rest is the config's.
     sets+=(-c "$root/configs/gpt_fortunes.toml" --set train.max_steps="${GPT_STEPS:-50}"
            --set train.checkpoint_every_steps=0 --set optimizer.clip_grad_norm=0
-           --set data.global_batch_size=$((16 * workers)))
+           --set data.global_batch_size=$((${GPT_BATCH:-16} * workers)))
   fi
   for kv in "$@"; do sets+=(--set "$kv"); done
   if ! "$exe" launch --nproc-per-node $((servers + workers)) -- "$exe" train "${sets[@]}" >"$out_dir/$name.$round.log" 2>&1; then
