@@ -35,16 +35,16 @@ void rethrow_naming(const std::string& what, const std::string& hint) {
   }
 }
 
-int push_tag(int64_t range_index) {
-  TORCH_CHECK(range_index >= 0 && range_index < kMaxRangesPerServer, "push_tag: range ", range_index, " of a server; at most ",
-              kMaxRangesPerServer, " ranges per server");
-  return 0x50540000 + static_cast<int>(range_index);
+int push_tag(int64_t bucket_index) {
+  TORCH_CHECK(bucket_index >= 0 && bucket_index < kMaxRangesPerServer, "push_tag: bucket ", bucket_index,
+              " of a server; at most ", kMaxRangesPerServer, " per server");
+  return 0x50540000 + static_cast<int>(bucket_index);
 }
 
-int reply_tag(int64_t range_index) {
-  TORCH_CHECK(range_index >= 0 && range_index < kMaxRangesPerServer, "reply_tag: range ", range_index, " of a server; at most ",
-              kMaxRangesPerServer, " ranges per server");
-  return 0x50550000 + static_cast<int>(range_index);
+int reply_tag(int64_t bucket_index) {
+  TORCH_CHECK(bucket_index >= 0 && bucket_index < kMaxRangesPerServer, "reply_tag: bucket ", bucket_index,
+              " of a server; at most ", kMaxRangesPerServer, " per server");
+  return 0x50550000 + static_cast<int>(bucket_index);
 }
 
 PushDtype parse_push_dtype(std::string_view name) {

@@ -1,9 +1,9 @@
 // The parameter-server wire protocol and roles: which ranks are servers,
 // the three consistency modes, and the messages between workers and servers
 // (float32 tensors, a small header followed by the payload: one message per
-// key range each way, so a worker can use the first parameters that arrive).
-// Not the partitioning (key_ranges.h), not the loops (server.h,
-// worker.h).
+// bucket of a server's key ranges each way, so a worker can use the first
+// parameters that arrive). Not the partitioning (key_ranges.h,
+// bucket_plan.h), not the loops (server.h, worker.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -35,17 +35,18 @@ struct Roles {
 // Tags of the point-to-point messages on the world group: a message can only
 // match the receive posted for its kind, whatever else is in flight.
 inline constexpr int kRefreshTag = 0x50530003;  // server -> every rank: parameters only
-// A push is one message per key range of the server (KeyRangePlan::ranges_of
-// order), [clock, version read, last] + that range's gradient, each on its own tag
-// so ranges can leave in whatever order backward makes them ready.
-inline constexpr int kMaxRangesPerServer = 1 << 16;
-int push_tag(int64_t range_index);
-// A reply is one message per key range of the server too, [version,
-// staleness, item] + that range's parameters, each on its own tag: a worker
-// waits for the ranges of a layer just before its forward runs (Note
-// [Pulling during the forward] in ps_strategy.cpp). Every range of one
-// reply carries the same header.
-int reply_tag(int64_t range_index);
+// A push is one message per bucket of the server's key ranges (BucketPlan,
+// Note [Parameter-server buckets] in bucket_plan.h), [clock, version read,
+// last] + the bucket's ranges' gradients back to back, each bucket on its
+// own tag so buckets can leave in whatever order backward makes them ready.
+inline constexpr int kMaxRangesPerServer = 1 << 16;  // and so buckets
+int push_tag(int64_t bucket_index);
+// A reply is one message per bucket too, [version, staleness, item] + the
+// bucket's ranges' parameters, each on its own tag: a worker waits for the
+// bucket holding a layer's ranges just before that layer's forward runs
+// (Note [Pulling during the forward] in ps_strategy.cpp). Every bucket of
+// one reply carries the same header.
+int reply_tag(int64_t bucket_index);
 
 // Wire dtype of gradient pushes (ps.push_dtype). Replies and refreshes are
 // always fp32: they carry the parameters themselves.

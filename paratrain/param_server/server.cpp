@@ -54,7 +54,7 @@ void unpack_ranges(const at::Tensor& flat, const std::vector<at::Tensor>& tensor
   TORCH_CHECK(offset == flat.numel(), "unpack_ranges: ", flat.numel(), " elements for ranges of ", offset);
 }
 
-Server::Server(comm::ProcessGroup& world, Roles roles, const KeyRangePlan& plan,
+Server::Server(comm::ProcessGroup& world, Roles roles, const KeyRangePlan& plan, const BucketPlan& buckets,
                const std::vector<at::Tensor>& params, ServerOptions options)
     : world_(world), roles_(roles), index_(roles.server_index(world.rank())), options_(options),
       ranges_(plan.ranges_of(roles.server_index(world.rank()))), clocks_(roles.workers, 0),
@@ -66,6 +66,11 @@ Server::Server(comm::ProcessGroup& world, Roles roles, const KeyRangePlan& plan,
                                   "bytes than there are servers ({}); use fewer ps.servers",
                                   index_, world.rank(), roles.servers));
   }
+  TORCH_CHECK(static_cast<int>(buckets.buckets.size()) == roles.servers, "Server: a bucket plan for ",
+              buckets.buckets.size(), " servers, not ", roles.servers);
+  buckets_ = buckets.buckets[index_];
+  TORCH_CHECK(!buckets_.empty() && buckets_.back().last == static_cast<int>(ranges_.size()),
+              "Server: the bucket plan does not cover the ", ranges_.size(), " ranges of server ", index_);
   torch::NoGradGuard no_grad;
   for (const auto& r : ranges_) {
     const auto& p = params.at(r.tensor);
@@ -110,17 +115,19 @@ void Server::serve_round(torch::optim::Optimizer& optimizer) {
 
 Server::Push Server::post_push(int worker) {
   Push push;
-  for (size_t k = 0; k < ranges_.size(); ++k) {
-    push.messages.push_back(torch::empty({push_message_numel(ranges_[k].numel(), options_.push_dtype)}, torch::kFloat));
-    push.works.push_back(world_.recv(push.messages.back(), worker, push_tag(static_cast<int64_t>(k))));
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    push.messages.push_back(torch::empty({push_message_numel(buckets_[b].numel, options_.push_dtype)}, torch::kFloat));
+    push.works.push_back(world_.recv(push.messages.back(), worker, push_tag(static_cast<int64_t>(b))));
   }
   return push;
 }
 
 at::Tensor Server::gradient_of(const Push& push) const {
+  // Buckets hold the ranges in order: their payloads back to back are the
+  // ranges back to back, whatever the buckets.
   std::vector<at::Tensor> parts;
-  for (size_t k = 0; k < ranges_.size(); ++k) {
-    parts.push_back(decode_push(push.messages[k], ranges_[k].numel(), options_.push_dtype));
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    parts.push_back(decode_push(push.messages[b], buckets_[b].numel, options_.push_dtype));
   }
   return parts.empty() ? torch::empty({0}, torch::kFloat) : torch::cat(parts);
 }
@@ -279,14 +286,16 @@ void Server::apply(const at::Tensor& flat_grad, torch::optim::Optimizer& optimiz
   optimizer.step();
 }
 
-// One message per range, in key order: the worker can run its first
-// layers while the later ranges are still on the wire.
+// One message per bucket, in key order: the worker can run its first
+// layers while the later buckets are still on the wire.
 void Server::reply(int worker, int64_t staleness, int64_t item) {
   auto header = torch::tensor({static_cast<float>(version_), static_cast<float>(staleness), static_cast<float>(item)},
                               torch::kFloat);
-  for (size_t k = 0; k < pieces_.size(); ++k) {
-    auto message = torch::cat({header, pieces_[k].detach()});
-    auto work = world_.send(message, worker, reply_tag(static_cast<int64_t>(k)));
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    std::vector<at::Tensor> parts{header};
+    for (int k = buckets_[b].first; k < buckets_[b].last; ++k) parts.push_back(pieces_[k].detach());
+    auto message = torch::cat(parts);
+    auto work = world_.send(message, worker, reply_tag(static_cast<int64_t>(b)));
     sends_.push_back({message, work, worker});
   }
 }

@@ -1,6 +1,7 @@
 // A parameter server: owns its key ranges of every parameter (key_ranges.h)
 // and the optimizer state for them, receives workers' gradient pushes and
-// answers each with its ranges of the current parameters. Driven one round
+// answers each with its ranges of the current parameters, one message per
+// bucket of ranges each way (bucket_plan.h). Driven one round
 // per training step by the "ps" strategy (train/strategies/ps_strategy.cpp);
 // the workers' side is worker.h.
 //
@@ -56,6 +57,7 @@
 #include <vector>
 
 #include "paratrain/comm/process_group.h"
+#include "paratrain/param_server/bucket_plan.h"
 #include "paratrain/param_server/key_ranges.h"
 #include "paratrain/param_server/protocol.h"
 
@@ -79,9 +81,10 @@ class Server {
  public:
   // `world` holds workers and servers (Roles) and must outlive this object.
   // `params` are the model's parameters in plan order (the plan was built
-  // from their sizes); this server copies its ranges of them.
-  Server(comm::ProcessGroup& world, Roles roles, const KeyRangePlan& plan, const std::vector<at::Tensor>& params,
-         ServerOptions options);
+  // from their sizes); this server copies its ranges of them. `buckets`
+  // (built from `plan`) says which ranges share a message.
+  Server(comm::ProcessGroup& world, Roles roles, const KeyRangePlan& plan, const BucketPlan& buckets,
+         const std::vector<at::Tensor>& params, ServerOptions options);
   // Aborts `world` if a receive is still posted (only after a failed
   // round): its waiter must not hold the process until the timeout.
   ~Server();
@@ -120,7 +123,7 @@ class Server {
   void serve_unordered(torch::optim::Optimizer& optimizer);
   // Applies `flat_grad` (this server's ranges back to back) as one step.
   void apply(const at::Tensor& flat_grad, torch::optim::Optimizer& optimizer);
-  // One push: a message per range (push_tag), and their receives.
+  // One push: a message per bucket (push_tag), and their receives.
   struct Push {
     std::vector<at::Tensor> messages;
     std::vector<comm::WorkHandle> works;
@@ -139,6 +142,7 @@ class Server {
   int index_;
   ServerOptions options_;
   std::vector<KeyRange> ranges_;
+  std::vector<Bucket> buckets_;  // of ranges_, in order
   std::vector<at::Tensor> pieces_;
   int64_t numel_ = 0;
   int64_t version_ = 0;

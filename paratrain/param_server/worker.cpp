@@ -17,18 +17,28 @@ constexpr const char* kServerHint =
 
 }  // namespace
 
-Worker::Worker(comm::ProcessGroup& world, Roles roles, const KeyRangePlan& plan, std::vector<at::Tensor> params,
-               WorkerOptions options)
-    : world_(world), roles_(roles), options_(options), slots_(params.size()), params_(std::move(params)),
-      versions_(roles.servers, 0), pushed_(params_.size(), false), replies_(roles.servers) {
+Worker::Worker(comm::ProcessGroup& world, Roles roles, const KeyRangePlan& plan, const BucketPlan& buckets,
+               std::vector<at::Tensor> params, WorkerOptions options)
+    : world_(world), roles_(roles), options_(options), buckets_(buckets.buckets), slots_(params.size()),
+      params_(std::move(params)), versions_(roles.servers, 0), pushed_(params_.size(), false),
+      staged_(roles.servers), replies_(roles.servers) {
   TORCH_CHECK(!roles.is_server(world.rank()), "Worker built on rank ", world.rank(), ", a server");
+  TORCH_CHECK(static_cast<int>(buckets_.size()) == roles.servers, "Worker: a bucket plan for ", buckets_.size(),
+              " servers, not ", roles.servers);
   for (int s = 0; s < roles.servers; ++s) {
     ranges_.push_back(plan.ranges_of(s));
-    for (size_t k = 0; k < ranges_.back().size(); ++k) {
-      const auto& r = ranges_.back()[k];
-      slots_.at(r.tensor).push_back({s, static_cast<int>(k), r});
+    const auto& ranges = ranges_.back();
+    TORCH_CHECK(buckets.bucket_of.at(s).size() == ranges.size(), "Worker: the bucket plan of server ", s, " has ",
+                buckets.bucket_of.at(s).size(), " ranges, the key-range plan ", ranges.size());
+    int64_t offset = 0;
+    for (size_t k = 0; k < ranges.size(); ++k) {
+      const int b = buckets.bucket_of[s][k];
+      if (static_cast<int>(k) == buckets_[s][b].first) offset = 0;
+      slots_.at(ranges[k].tensor).push_back({s, b, offset, ranges[k]});
+      offset += ranges[k].numel();
     }
-    replies_[s].resize(ranges_[s].size());
+    staged_[s].resize(buckets_[s].size());
+    replies_[s].resize(buckets_[s].size());
   }
 }
 
@@ -39,44 +49,57 @@ void Worker::open_step() {
   if (open_) return;
   ++clock_;
   due_ = 0;
+  messages_due_ = 0;
   staleness_ = 0;
   for (int s = 0; s < roles_.servers; ++s) {
-    for (size_t k = 0; k < ranges_[s].size(); ++k) {
-      auto& in = replies_[s][k];
-      in.message = torch::empty({kHeader + ranges_[s][k].numel()}, torch::kFloat);
-      in.work = world_.recv(in.message, roles_.server_rank(s), reply_tag(static_cast<int64_t>(k)));
+    for (size_t b = 0; b < buckets_[s].size(); ++b) {
+      const auto& bucket = buckets_[s][b];
+      auto& in = replies_[s][b];
+      in.message = torch::empty({kHeader + bucket.numel}, torch::kFloat);
+      in.work = world_.recv(in.message, roles_.server_rank(s), reply_tag(static_cast<int64_t>(b)));
       in.arrived = false;
-      ++due_;
+      due_ += bucket.size();
+      ++messages_due_;
+      staged_[s][b] = {torch::empty({bucket.numel}, torch::kFloat), bucket.size()};
     }
   }
   std::fill(pushed_.begin(), pushed_.end(), false);
   open_ = true;
 }
 
-void Worker::send(const Slot& slot, const at::Tensor& grad_of_tensor) {
+void Worker::stage(const Slot& slot, const at::Tensor& grad_of_tensor, bool early) {
   const auto& r = slot.range;
-  auto message = encode_push(clock_, versions_[slot.server], grad_of_tensor.reshape(-1).slice(0, r.begin, r.end),
-                             options_.push_dtype, last_);
+  auto& bucket = staged_[slot.server][slot.bucket];
+  TORCH_CHECK(bucket.missing > 0, "Worker: bucket ", slot.bucket, " of server ", slot.server, " staged twice");
+  bucket.payload.slice(0, slot.offset, slot.offset + r.numel())
+      .copy_(grad_of_tensor.detach().reshape(-1).slice(0, r.begin, r.end));
+  if (--bucket.missing == 0) send(slot.server, slot.bucket, early);
+}
+
+void Worker::send(int server, int bucket, bool early) {
+  auto& staged = staged_[server][bucket];
+  auto message = encode_push(clock_, versions_[server], staged.payload, options_.push_dtype, last_);
+  staged.payload = at::Tensor();
   bytes_ += message.numel() * static_cast<int64_t>(sizeof(float));
+  const int ranges = buckets_[server][bucket].size();
+  (early ? early_ : late_) += ranges;
+  ++(early ? messages_early_ : messages_late_);
   comm::WorkHandle work;
   try {
     // May run inside backward (a gradient hook): an error here leaves
     // backward with this message.
-    work = world_.send(message, roles_.server_rank(slot.server), push_tag(slot.index));
+    work = world_.send(message, roles_.server_rank(server), push_tag(bucket));
   } catch (const CommError&) {
-    fail(slot.server);
+    fail(server);
   }
-  sends_.push_back({message, work, slot.server});
+  sends_.push_back({message, work, server});
 }
 
 void Worker::push_tensor(int tensor, const at::Tensor& grad) {
   open_step();
   TORCH_CHECK(!pushed_.at(tensor), "Worker::push_tensor: tensor ", tensor, " pushed twice in clock ", clock_);
   pushed_[tensor] = true;
-  for (const auto& slot : slots_[tensor]) {
-    send(slot, grad);
-    ++early_;
-  }
+  for (const auto& slot : slots_[tensor]) stage(slot, grad, true);
 }
 
 void Worker::fail(int server) const {
@@ -97,9 +120,13 @@ void Worker::push() {
     if (pushed_[t]) continue;
     const auto& p = params_[t];
     const auto grad = p.grad().defined() ? p.grad() : torch::zeros_like(p);
-    for (const auto& slot : slots_[t]) {
-      send(slot, grad);
-      ++late_;
+    for (const auto& slot : slots_[t]) stage(slot, grad, false);
+  }
+  // Every range was staged once, so every bucket has left.
+  for (int s = 0; s < roles_.servers; ++s) {
+    for (size_t b = 0; b < staged_[s].size(); ++b) {
+      TORCH_CHECK(staged_[s][b].missing == 0, "Worker::push: bucket ", b, " of server ", s, " still misses ",
+                  staged_[s][b].missing, " ranges");
     }
   }
   open_ = false;
@@ -109,24 +136,24 @@ void Worker::push() {
 int64_t Worker::pull() {
   TORCH_CHECK(pulling_, "Worker::pull: nothing was pushed since the last pull");
   for (int s = 0; s < roles_.servers; ++s) {
-    for (size_t k = 0; k < replies_[s].size(); ++k) receive(s, static_cast<int>(k));
+    for (size_t b = 0; b < replies_[s].size(); ++b) receive(s, static_cast<int>(b));
   }
   return staleness_;
 }
 
 void Worker::pull_tensor(int tensor) {
   if (!pulling_) return;
-  for (const auto& slot : slots_.at(tensor)) receive(slot.server, slot.index);
+  for (const auto& slot : slots_.at(tensor)) receive(slot.server, slot.bucket);
 }
 
 int64_t Worker::assigned_item() {
-  // Every range of server 0's answer carries the item: the first will do.
+  // Every bucket of server 0's answer carries the item: the first will do.
   if (pulling_) receive(0, 0);
   return assigned_;
 }
 
-void Worker::receive(int server, int index) {
-  auto& in = replies_[server][index];
+void Worker::receive(int server, int bucket) {
+  auto& in = replies_[server][bucket];
   if (in.arrived) return;
   try {
     in.work->wait(options_.timeout);
@@ -134,13 +161,17 @@ void Worker::receive(int server, int index) {
     fail(server);
   }
   in.arrived = true;
+  ++messages_pulled_;
   const auto header = in.message.slice(0, 0, kHeader);
   versions_[server] = static_cast<int64_t>(header[0].item<float>());
   staleness_ = std::max(staleness_, static_cast<int64_t>(header[1].item<float>()));
   if (server == 0) assigned_ = static_cast<int64_t>(header[2].item<float>());
-  unpack_ranges(in.message.slice(0, kHeader), params_, {ranges_[server][index]});
+  const auto& b = buckets_[server][bucket];
+  const std::vector<KeyRange> ranges(ranges_[server].begin() + b.first, ranges_[server].begin() + b.last);
+  unpack_ranges(in.message.slice(0, kHeader), params_, ranges);
   in.message = at::Tensor();
-  if (--due_ > 0) return;
+  due_ -= b.size();
+  if (--messages_due_ > 0) return;
   // The last answer: the pushes it answers were received long ago, their
   // sends only need collecting.
   auto sends = std::move(sends_);

@@ -1,6 +1,7 @@
 // A parameter-server worker's side of the protocol: push this step's
-// gradients to every server (one message per key range), pull the
-// parameters they answer with (one message per range too, usable as each
+// gradients to every server (one message per bucket of key ranges,
+// bucket_plan.h, sent as soon as all of its gradients are in), pull the
+// parameters they answer with (one message per bucket too, usable as each
 // arrives) into the local model, and keep the staleness of every pushed
 // gradient. The worker holds no optimizer state. The servers' side is
 // server.h.
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "paratrain/comm/process_group.h"
+#include "paratrain/param_server/bucket_plan.h"
 #include "paratrain/param_server/key_ranges.h"
 #include "paratrain/param_server/protocol.h"
 
@@ -29,14 +31,16 @@ struct WorkerOptions {
 class Worker {
  public:
   // `params`: the local model's parameters in plan order (updated in place).
-  // `world` must outlive this object.
-  Worker(comm::ProcessGroup& world, Roles roles, const KeyRangePlan& plan, std::vector<at::Tensor> params,
-         WorkerOptions options);
+  // `world` must outlive this object. `buckets` (built from `plan`, the same
+  // on every rank) says which ranges share a message.
+  Worker(comm::ProcessGroup& world, Roles roles, const KeyRangePlan& plan, const BucketPlan& buckets,
+         std::vector<at::Tensor> params, WorkerOptions options);
 
-  // Sends tensor `tensor`'s ranges of `grad` (its full gradient for this
-  // step) to their servers now: called from the tensor's backward hook, so
-  // the transfer overlaps the rest of backward. At most once per tensor and
-  // step; push_pull() sends the tensors this missed.
+  // Hands tensor `tensor`'s ranges of `grad` (its full gradient for this
+  // step) to their buckets and sends each bucket this completes now: called
+  // from the tensor's backward hook, so the transfer overlaps the rest of
+  // backward. At most once per tensor and step; push_pull() adds the
+  // tensors this missed and sends the buckets still open.
   void push_tensor(int tensor, const at::Tensor& grad);
 
   // Sends every range push_tensor did not send this step, from the params'
@@ -56,14 +60,16 @@ class Worker {
   void push();
   int64_t pull();
   bool pull_pending() const { return pulling_; }
-  // Part of pull(): waits only for the answers of tensor `tensor`'s ranges
-  // (one message each) and copies them in; nothing when no pull is due.
-  // Called just before the first layer that reads the tensor, so the later
-  // ranges travel while the earlier layers compute. The pull is complete,
-  // as after pull(), once every range has arrived.
+  // Part of pull(): waits only for the answers holding tensor `tensor`'s
+  // ranges (one bucket message per server) and copies them in; nothing
+  // when no pull is due. Called just before the first layer that reads the
+  // tensor, so the later buckets travel while the earlier layers compute.
+  // The pull is complete, as after pull(), once every bucket has arrived.
   void pull_tensor(int tensor);
-  // Answers of the due pull not yet received (0 when none is due).
+  // Ranges, and bucket messages, of the due pull not yet received (0 when
+  // none is due).
   int64_t ranges_due() const { return pulling_ ? due_ : 0; }
+  int64_t messages_due() const { return pulling_ ? messages_due_ : 0; }
 
   // Dynamic batches (Note [Dynamic batches] in server.h): marks the pushes
   // of the next step as this worker's last of the window, so the servers
@@ -71,31 +77,39 @@ class Worker {
   void set_last_push(bool last) { last_ = last; }
   // The item server 0 handed this worker in its answer to the last push
   // (-1: none, or not a dynamic-batch run). Waits for that answer's first
-  // range if a pull is due, not for the rest.
+  // bucket if a pull is due, not for the rest.
   int64_t assigned_item();
 
   // Pushes done so far (this worker's clock).
   int64_t clock() const { return clock_; }
   // How many pushed gradients had each staleness.
   const std::map<int64_t, int64_t>& staleness_histogram() const { return histogram_; }
-  // Range messages sent by push_tensor (during backward) and by push_pull
-  // (after it), and the bytes of all push messages: what overlap and
-  // compression did, for tests and benchmarks.
+  // Ranges and bucket messages sent from push_tensor (during backward) and
+  // by push_pull (after it), reply messages received, and the bytes of all
+  // push messages: what overlap, buckets and compression did, for tests
+  // and benchmarks.
   int64_t ranges_pushed_early() const { return early_; }
   int64_t ranges_pushed_late() const { return late_; }
+  int64_t messages_pushed_early() const { return messages_early_; }
+  int64_t messages_pushed_late() const { return messages_late_; }
+  int64_t messages_pulled() const { return messages_pulled_; }
   int64_t bytes_pushed() const { return bytes_; }
 
  private:
-  struct Slot {  // one range: where it goes and what its message is
+  struct Slot {  // one range: its bucket and where it lies in its messages
     int server = 0;
-    int index = 0;  // in the server's ranges (its tag)
+    int bucket = 0;      // in the server's buckets (its tag)
+    int64_t offset = 0;  // elements before it in the bucket's payload
     KeyRange range;
   };
   void open_step();
-  void send(const Slot& slot, const at::Tensor& grad_of_tensor);
-  // Waits for the answer of range `index` of `server`, once, and copies it
-  // in; the last range of the pull completes it.
-  void receive(int server, int index);
+  // Copies the slot's part of `grad_of_tensor` into its bucket; sends the
+  // bucket when that was its last range (`early`: from a hook).
+  void stage(const Slot& slot, const at::Tensor& grad_of_tensor, bool early);
+  void send(int server, int bucket, bool early);
+  // Waits for the answer of bucket `bucket` of `server`, once, and copies
+  // its ranges in; the last bucket of the pull completes it.
+  void receive(int server, int bucket);
   // Rethrows the CommError in flight naming this worker and `server`.
   [[noreturn]] void fail(int server) const;
 
@@ -103,6 +117,7 @@ class Worker {
   Roles roles_;
   WorkerOptions options_;
   std::vector<std::vector<KeyRange>> ranges_;  // per server
+  std::vector<std::vector<Bucket>> buckets_;   // per server
   std::vector<std::vector<Slot>> slots_;       // per tensor
   std::vector<at::Tensor> params_;
   std::vector<int64_t> versions_;  // per server: version of the parameters last pulled
@@ -112,14 +127,18 @@ class Worker {
   bool open_ = false;              // this step's replies are posted, pushes may leave
   bool pulling_ = false;           // pushed, answers not yet all waited for
   std::vector<bool> pushed_;       // per tensor, this step
+  struct Staged { at::Tensor payload; int missing = 0; };  // a push bucket being filled
+  std::vector<std::vector<Staged>> staged_;     // per server, per bucket, this step
   struct Incoming { at::Tensor message; comm::WorkHandle work; bool arrived = false; };
-  std::vector<std::vector<Incoming>> replies_;  // per server, per range
+  std::vector<std::vector<Incoming>> replies_;  // per server, per bucket
   int64_t due_ = 0;                // ranges of this step's answers not yet received
+  int64_t messages_due_ = 0;       // and their bucket messages
   int64_t staleness_ = 0;          // the most any received answer of this step says
   struct Outgoing { at::Tensor message; comm::WorkHandle work; int server; };
   std::vector<Outgoing> sends_;
   std::map<int64_t, int64_t> histogram_;
   int64_t early_ = 0, late_ = 0, bytes_ = 0;
+  int64_t messages_early_ = 0, messages_late_ = 0, messages_pulled_ = 0;
 };
 
 // Every rank ends with every server's current ranges in `params` (servers

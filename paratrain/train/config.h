@@ -323,6 +323,15 @@ struct PsConfig {
   /// param_server/server.h); false keeps each worker's fixed share, as sync
   /// and ssp always do.
   bool dynamic_batches = true;
+  /// Messages between a worker and a server carry buckets of that server's
+  /// neighbouring key ranges: each layer's ranges (what the forward's
+  /// layer-wise pull waits for; each tensor's without Model::layers()),
+  /// merged with neighbouring layers while the bucket stays within
+  /// bucket_kb KiB (a layer larger than that travels alone). One push and one
+  /// reply message per bucket and step, so small tensors (biases) do not
+  /// travel alone. 0 = one message per key range. See
+  /// param_server/bucket_plan.h.
+  int64_t bucket_kb = 256;
 
   bool operator==(const PsConfig&) const = default;
 };

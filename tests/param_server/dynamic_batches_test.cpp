@@ -44,8 +44,9 @@ Taken run_windows(int servers) {
     const Roles roles = Roles::for_world(g.size(), servers);
     std::vector<at::Tensor> params{torch::zeros({6, 2})};
     const auto plan = plan_key_ranges({12}, {4}, servers);
+    const auto buckets = plan_buckets(plan, {}, {4}, 0);
     if (roles.is_server(g.rank())) {
-      Server server(g, roles, plan, params, {Mode::kAsync, 0, std::chrono::seconds(60)});
+      Server server(g, roles, plan, buckets, params, {Mode::kAsync, 0, std::chrono::seconds(60)});
       torch::optim::SGD sgd(server.pieces(), torch::optim::SGDOptions(0.1));
       for (const auto& [first, steps] : windows) {
         server.begin_window(kWorkers * first, steps);
@@ -54,7 +55,7 @@ Taken run_windows(int servers) {
       return;
     }
     const int w = g.rank();
-    Worker worker(g, roles, plan, params, WorkerOptions{std::chrono::seconds(60)});
+    Worker worker(g, roles, plan, buckets, params, WorkerOptions{std::chrono::seconds(60)});
     ItemQueue queue;
     for (size_t i = 0; i < windows.size(); ++i) {
       queue.begin_window(w, kWorkers, windows[i].first, windows[i].second);

@@ -14,6 +14,7 @@
 #include <future>
 
 #include "paratrain/models/model.h"
+#include "paratrain/param_server/bucket_plan.h"
 #include "paratrain/param_server/key_ranges.h"
 #include "paratrain/param_server/protocol.h"
 #include "paratrain/param_server/worker.h"
@@ -43,6 +44,7 @@ void expect_equal(const Params& a, const Params& b) {
 TEST(PsPullWorker, ATensorIsUsableWhileTheServerStillHoldsTheLaterRanges) {
   const std::vector<int64_t> numel{4, 3, 2};
   const auto plan = plan_key_ranges(numel, {4, 4, 4}, 1);  // one server: one range per tensor
+  const auto buckets = plan_buckets(plan, {}, {4, 4, 4}, 0);  // one message per range
   std::promise<void> first_used;
   auto used = first_used.get_future();
   paratrain::testing::run_ranks(2, [&](comm::ProcessGroup& g) {
@@ -69,7 +71,7 @@ TEST(PsPullWorker, ATensorIsUsableWhileTheServerStillHoldsTheLaterRanges) {
       params.push_back(torch::zeros({n}));
       params.back().mutable_grad() = torch::ones({n});
     }
-    Worker worker(g, roles, plan, params, WorkerOptions{std::chrono::seconds(20)});
+    Worker worker(g, roles, plan, buckets, params, WorkerOptions{std::chrono::seconds(20)});
     worker.push();
     EXPECT_EQ(worker.ranges_due(), 3);
     worker.pull_tensor(0);
@@ -119,6 +121,7 @@ TEST(PsPullInForward, GptWaitsPerLayerAndEqualsTheWholePullAndOneProcess) {
     auto cfg = gpt_config(dir + (overlap ? "/overlap" : "/whole"));
     cfg.ps.servers = 1;
     cfg.ps.overlap = overlap;
+    cfg.ps.bucket_kb = 0;  // a message per range, counted below (buckets: bucket_test.cpp)
     runs[overlap] = train(cfg, 3);
     // Note [GPT oracle tolerance] (tests/text_gpt): absolute, since AdamW
     // moves the zero-initialised biases by a few lr only, so a relative

@@ -38,15 +38,16 @@ void run(Mode mode, int64_t staleness, Recorded& rec) {
     const Roles roles = Roles::for_world(g.size(), 1);
     std::vector<at::Tensor> params{torch::zeros({5, 2})};
     const auto plan = plan_key_ranges({10}, {4}, 1);
+    const auto buckets = plan_buckets(plan, {}, {4}, 0);
     if (roles.is_server(g.rank())) {
-      Server server(g, roles, plan, params, {mode, staleness, std::chrono::seconds(60)});
+      Server server(g, roles, plan, buckets, params, {mode, staleness, std::chrono::seconds(60)});
       torch::optim::SGD sgd(server.pieces(), torch::optim::SGDOptions(0.1));
       server.expect_pushes(kSteps);
       for (int r = 0; r < kSteps; ++r) server.serve_round(sgd);
       return;
     }
     const int w = g.rank();
-    Worker worker(g, roles, plan, params, WorkerOptions{std::chrono::seconds(60)});
+    Worker worker(g, roles, plan, buckets, params, WorkerOptions{std::chrono::seconds(60)});
     params[0].mutable_grad() = torch::ones({5, 2});
     for (int64_t c = 1; c <= kSteps; ++c) {
       if (w == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -86,17 +87,18 @@ TEST(ServerFailure, WorkersFailFastNamingTheDeadServer) {
     const Roles roles = Roles::for_world(g.size(), 1);
     std::vector<at::Tensor> params{torch::zeros({4})};
     const auto plan = plan_key_ranges({4}, {4}, 1);
+    const auto buckets = plan_buckets(plan, {}, {4}, 0);
     // A long timeout: the workers must learn of the death from the closed
     // connections, not by timing out.
     const auto timeout = std::chrono::seconds(120);
     if (roles.is_server(g.rank())) {
-      Server server(g, roles, plan, params, {Mode::kSync, 0, timeout});
+      Server server(g, roles, plan, buckets, params, {Mode::kSync, 0, timeout});
       torch::optim::SGD sgd(server.pieces(), torch::optim::SGDOptions(0.1));
       for (int r = 0; r < 3; ++r) server.serve_round(sgd);
       g.abort();  // dies: its connections close
       return;
     }
-    Worker worker(g, roles, plan, params, WorkerOptions{timeout});
+    Worker worker(g, roles, plan, buckets, params, WorkerOptions{timeout});
     params[0].mutable_grad() = torch::ones({4});
     try {
       for (int c = 0; c < 10; ++c) worker.push_pull();

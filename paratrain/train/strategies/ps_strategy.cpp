@@ -4,16 +4,18 @@
 // (param_server/server.h). Servers read no data and evaluate nothing
 // (DataShard::computes), the global batch is split over the workers, and the
 // servers' key ranges and optimizer state are what checkpoints hold.
-// With ps.overlap each parameter's gradient hook pushes its key ranges as
-// soon as backward has computed it (Note [Pushing from gradient hooks]), and
-// the next forward waits for each layer's parameters just before the layer
-// runs (Note [Pulling during the forward]). Under async the workers take the
+// Pushes and replies travel as one message per bucket of a server's key
+// ranges (Note [Parameter-server buckets] in param_server/bucket_plan.h).
+// With ps.overlap each parameter's gradient hook hands its key ranges to
+// their buckets as soon as backward has computed it and a complete bucket
+// leaves at once (Note [Pushing from gradient hooks]), and the next forward
+// waits for each layer's bucket just before the layer runs (Note [Pulling
+// during the forward]). Under async the workers take the
 // epoch's batches from a queue on server 0 (Note [Dynamic batches] in
 // param_server/server.h; ps.dynamic_batches = false keeps fixed shares).
 #include <torch/torch.h>
 
 #include <chrono>
-#include <map>
 #include <set>
 #include <thread>
 
@@ -21,12 +23,14 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/models/model.h"
+#include "paratrain/param_server/bucket_plan.h"
 #include "paratrain/param_server/item_queue.h"
 #include "paratrain/param_server/server.h"
 #include "paratrain/param_server/straggler.h"
 #include "paratrain/param_server/worker.h"
 #include "paratrain/train/strategies/builtin.h"
 #include "paratrain/train/strategies/common.h"
+#include "paratrain/train/strategies/ps_layers.h"
 
 namespace paratrain::train::strategies {
 namespace {
@@ -77,6 +81,11 @@ class PsStrategy final : public DataParallelStrategy {
       element_bytes.push_back(static_cast<int64_t>(p.element_size()));
     }
     plan_ = ps::plan_key_ranges(numel, element_bytes, roles_.servers);
+    // Every rank plans the same buckets: the same model, layers and cap.
+    layers_ = model_->layers();
+    layer_pulls_ = first_reads(layers_, params_);
+    buckets_ = ps::plan_buckets(plan_, layer_of_param(layer_pulls_, params_.size()), element_bytes,
+                                config_.ps.bucket_kb * 1024);
     const bool layerwise = config_.optimizer.kind == "lars" || config_.optimizer.kind == "lamb";
     if (layerwise) {
       // Collective over the world: every rank names the same members.
@@ -90,13 +99,11 @@ class PsStrategy final : public DataParallelStrategy {
       options.staleness = config_.ps.staleness;
       options.timeout = timeout_;
       options.push_dtype = push_dtype_;
-      server_ = std::make_unique<ps::Server>(dp_, roles_, plan_, params_, options);
+      server_ = std::make_unique<ps::Server>(dp_, roles_, plan_, buckets_, params_, options);
     } else {
-      worker_ = std::make_unique<ps::Worker>(dp_, roles_, plan_, params_, ps::WorkerOptions{timeout_, push_dtype_});
-      if (config_.ps.overlap) {
-        register_push_hooks();
-        plan_layer_pulls();
-      }
+      worker_ = std::make_unique<ps::Worker>(dp_, roles_, plan_, buckets_, params_,
+                                             ps::WorkerOptions{timeout_, push_dtype_});
+      if (config_.ps.overlap) register_push_hooks();
     }
   }
 
@@ -146,7 +153,7 @@ class PsStrategy final : public DataParallelStrategy {
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(straggler_.slow_ms));
     }
     at::Tensor output;
-    if (worker_->pull_pending() && !layers_.empty()) {
+    if (worker_->pull_pending() && config_.ps.overlap && !layers_.empty()) {
       output = forward_pulling(batch.inputs);
     } else {
       finish_pull();
@@ -241,10 +248,12 @@ class PsStrategy final : public DataParallelStrategy {
     // the last bucket counts everything at least that stale.
     finish_pull();  // its staleness is counted on arrival
     constexpr int64_t kBuckets = 64;
-    // After the buckets: range messages pushed from hooks, after backward,
-    // push bytes (what ps.overlap and ps.push_dtype did), forwards that
-    // started with a pull due, and answers waited for after a layer ran.
-    constexpr int64_t kSlots = kBuckets + 5;
+    // After the histogram's buckets: ranges pushed from hooks, after
+    // backward, push bytes (what ps.overlap and ps.push_dtype did), forwards
+    // that started with a pull due, ranges waited for after a layer ran, and
+    // the same in messages (what ps.bucket_kb did): pushed from hooks, after
+    // backward, replies received, replies waited for after a layer ran.
+    constexpr int64_t kSlots = kBuckets + 9;
     auto mine = torch::zeros({kSlots}, torch::kLong);
     if (worker_) {
       for (const auto& [staleness, count] : worker_->staleness_histogram()) {
@@ -255,6 +264,10 @@ class PsStrategy final : public DataParallelStrategy {
       mine[kBuckets + 2] = worker_->bytes_pushed();
       mine[kBuckets + 3] = forwards_pulling_;
       mine[kBuckets + 4] = ranges_pulled_in_forward_;
+      mine[kBuckets + 5] = worker_->messages_pushed_early();
+      mine[kBuckets + 6] = worker_->messages_pushed_late();
+      mine[kBuckets + 7] = worker_->messages_pulled();
+      mine[kBuckets + 8] = messages_pulled_in_forward_;
     }
     auto all = torch::empty({dp_.size() * kSlots}, torch::kLong);
     dp_.all_gather(all, mine)->wait(timeout_);
@@ -279,6 +292,11 @@ class PsStrategy final : public DataParallelStrategy {
                      {"push_bytes", row[kBuckets + 2].item<int64_t>()}, {"push_dtype", config_.ps.push_dtype},
                      {"forwards_pulling", row[kBuckets + 3].item<int64_t>()},
                      {"ranges_pulled_in_forward", row[kBuckets + 4].item<int64_t>()},
+                     {"bucket_kb", config_.ps.bucket_kb}, {"messages_per_step", buckets_.messages()},
+                     {"push_messages_in_backward", row[kBuckets + 5].item<int64_t>()},
+                     {"push_messages_after_backward", row[kBuckets + 6].item<int64_t>()},
+                     {"pull_messages", row[kBuckets + 7].item<int64_t>()},
+                     {"pull_messages_in_forward", row[kBuckets + 8].item<int64_t>()},
                      {"dynamic_batches", dynamic_batches()}});
     }
     return out;
@@ -306,7 +324,10 @@ class PsStrategy final : public DataParallelStrategy {
   // A leaf's tensor hook runs when backward has summed that parameter's
   // gradient for this backward, just before it is accumulated into .grad;
   // the parameters of the last layers are ready first, so their pushes
-  // travel while backward computes the earlier layers. The value pushed is
+  // travel while backward computes the earlier layers. The hook hands the
+  // gradient to its buckets (Note [Parameter-server buckets]); the hook
+  // that completes a bucket sends it, so buckets leave in the order
+  // backward completes them. The value pushed is
   // what .grad will hold: the hook's gradient, plus .grad when earlier
   // micro-batches accumulated into it (train.accumulate). A parameter whose
   // hook did not run (unused this step) is pushed by push_pull after
@@ -330,46 +351,29 @@ class PsStrategy final : public DataParallelStrategy {
   // LibTorch's C++ modules have no forward pre-hooks, but models::Model can
   // list its layers (Model::layers(): MLP, CNN, GPT), whose composition is
   // its forward. With ps.overlap and a pull due, the forward runs them one by
-  // one and waits, just before each, for the answers to the key ranges of
-  // the parameters it is the first to read (its modules' and the tied ones
-  // it `reads`; parameters no layer names, before the first): the servers'
-  // answers are one message per range, so the later layers' parameters
-  // travel while the earlier layers compute. The same layers compute on the
-  // same pulled values as model->forward() after a whole pull, so the step
-  // is that of ps.overlap = false bit for bit. A model without layers()
-  // waits for the whole pull before its forward.
-  void plan_layer_pulls() {
-    layers_ = model_->layers();
-    if (layers_.empty()) return;
-    std::map<const void*, int> index;  // TensorImpl -> params_ position
-    for (size_t i = 0; i < params_.size(); ++i) index[params_[i].unsafeGetTensorImpl()] = static_cast<int>(i);
-    std::vector<bool> planned(params_.size(), false);
-    layer_pulls_.assign(layers_.size(), {});
-    for (size_t k = 0; k < layers_.size(); ++k) {
-      auto modules = layers_[k].modules;
-      modules.insert(modules.end(), layers_[k].reads.begin(), layers_[k].reads.end());
-      for (const auto& [name, module] : modules) {
-        for (const auto& p : module->parameters()) {
-          auto it = index.find(p.unsafeGetTensorImpl());
-          if (it == index.end() || planned[it->second]) continue;
-          planned[it->second] = true;
-          layer_pulls_[k].push_back(it->second);
-        }
-      }
-    }
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (!planned[i]) layer_pulls_[0].push_back(static_cast<int>(i));
-    }
-  }
-
+  // one and waits, just before each, for the answers holding the key ranges
+  // of the parameters it is the first to read (its modules' and the tied
+  // ones it `reads`; parameters no layer names, before the first:
+  // first_reads() in ps_layers.h), so the later layers' parameters travel
+  // while the earlier layers compute. The answers are one message per
+  // bucket, cut along these layers (Note [Parameter-server buckets]): a
+  // layer waits for at most one message per server, and where neighbouring
+  // layers share a bucket the first of them waits for the others'
+  // parameters too. The same layers compute on the same pulled values as
+  // model->forward() after a whole pull, so the step is that of ps.overlap
+  // = false bit for bit. A model without layers() waits for the whole pull
+  // before its forward.
   at::Tensor forward_pulling(const at::Tensor& inputs) {
     ++forwards_pulling_;
     at::Tensor h = inputs;
     for (size_t k = 0; k < layers_.size(); ++k) {
-      const int64_t due = worker_->ranges_due();
+      const int64_t due = worker_->ranges_due(), messages = worker_->messages_due();
       for (int tensor : layer_pulls_[k]) worker_->pull_tensor(tensor);
       // Answers waited for once an earlier layer has run: what overlapped.
-      if (k > 0) ranges_pulled_in_forward_ += due - worker_->ranges_due();
+      if (k > 0) {
+        ranges_pulled_in_forward_ += due - worker_->ranges_due();
+        messages_pulled_in_forward_ += messages - worker_->messages_due();
+      }
       h = layers_[k].forward(h);
     }
     return h;
@@ -404,12 +408,14 @@ class PsStrategy final : public DataParallelStrategy {
   std::vector<models::Layer> layers_;
   std::vector<std::vector<int>> layer_pulls_;
   int64_t forwards_pulling_ = 0;           // forwards run layer by layer with a pull due
-  int64_t ranges_pulled_in_forward_ = 0;  // answers waited for after a layer had run
+  int64_t ranges_pulled_in_forward_ = 0;  // ranges waited for after a layer had run
+  int64_t messages_pulled_in_forward_ = 0;  // and their bucket messages
   bool push_from_hooks_ = false;  // during the backward whose gradients are pushed
   bool accumulating_ = false;     // .grad holds earlier micro-batches' gradients
   std::vector<std::string> names_;
   std::vector<at::Tensor> params_;  // model order, tied weights once
   ps::KeyRangePlan plan_;
+  ps::BucketPlan buckets_;  // which ranges share a message (ps.bucket_kb)
   std::shared_ptr<comm::ProcessGroup> server_group_;  // LARS/LAMB: per-tensor norms over the servers
   std::unique_ptr<ps::Server> server_;
   std::unique_ptr<ps::Worker> worker_;
