@@ -19,6 +19,7 @@
 #include "paratrain/core/error.h"
 #include "paratrain/core/remove_tree.h"
 #include "paratrain/launch/agent_store.h"
+#include "paratrain/launch/elastic_agent.h"
 #include "paratrain/launch/free_port.h"
 #include "paratrain/launch/line_prefixer.h"
 #include "paratrain/launch/report.h"
@@ -196,6 +197,9 @@ LaunchReport launch_with_report(const LaunchOptions& options) {
   SignalCapture signals;
   HeartbeatDir heartbeats;
   if (!heartbeats.ok()) say("paratrain launch: cannot create a folder for heartbeats under $TMPDIR or /tmp; a stopped worker will go unnoticed until its peers time out");
+  if (resolved.multi_agent) {
+    return run_multi_agent(resolved, program, signals, [&](int k) { return heartbeats.generation(k); });
+  }
   // The agent store: node 0's launcher serves the job's store for every
   // generation (workers are its clients), so a worker's death, rank 0's
   // included, never takes the store down. Its port stays for the launch.
