@@ -121,11 +121,23 @@ std::optional<fs::path> continued_run_dir(const TrainConfig& config, const Resta
 // fixes G: nothing to do.
 RestartResume keep_global_batch(const TrainConfig& config, const fs::path& run_dir, int world_size) {
   RestartResume out;
-  if (!config.elastic.keep_global_batch) return out;
   const auto status = read_status(run_dir);
   if (!status.contains(kStartWorldSizeKey) || !status[kStartWorldSizeKey].is_number_integer()) return out;
   const int start = status[kStartWorldSizeKey].get<int>();
   if (start == world_size) return out;
+  if (!config.elastic.keep_global_batch) {
+    // The checkpoint's epoch position counts batches of the old global
+    // batch: with another one it lands elsewhere in the epoch (samples
+    // skipped or seen twice), or past its end (a CheckpointError).
+    if (config.data.global_batch_size == 0) {
+      out.message = fmt::format("world size {} -> {} with elastic.keep_global_batch = false: the global batch "
+                                "follows the world size, and the epoch position of the checkpoint (in batches) "
+                                "no longer matches its samples; set elastic.keep_global_batch = true (or "
+                                "data.global_batch_size) to continue the same optimisation",
+                                start, world_size);
+    }
+    return out;
+  }
   const int64_t model_parallel = int64_t{config.parallel.tp} * config.parallel.pp * config.parallel.cp;
   const int64_t dp_start = start / model_parallel, dp = world_size / model_parallel;
   if (config.ps.servers > 0 || dp_start < 1 || dp < 1) {

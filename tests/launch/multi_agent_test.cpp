@@ -112,6 +112,13 @@ std::vector<pid_t> children_of(pid_t pid) {
   return kids;
 }
 
+// Node a serves the store: started first, and waited for, so that killing
+// node b never takes the store down (the endpoint's agent must outlive the job).
+void wait_until_serving(const Agent& a) {
+  ASSERT_TRUE(wait_for([&] { return a.output().find("serves the rendezvous store") != std::string::npos; }, 60s))
+      << a.output();
+}
+
 std::string endpoint() {
   return "127.0.0.1:" + std::to_string(find_free_port());
 }
@@ -125,6 +132,7 @@ TEST(MultiAgent, AKilledWorkerMakesBothAgentsMeetAgainAndTheRunEqualsTheCheckpoi
   // the job's token: the agent store is the authenticated one.
   const std::vector<std::string> env = {"PARATRAIN_FAULT_KILL=1:5", "PARATRAIN_JOB_TOKEN=multi-agent-test-secret"};
   start_agent(a, dir + "/a.log", agent_args("a", ep, "1:2", config, dir + "/A", 2, 30), env);
+  wait_until_serving(a);
   start_agent(b, dir + "/b.log", agent_args("b", ep, "1:2", config, dir + "/A", 2, 30), env);
   const int code_a = a.wait_exit(), code_b = b.wait_exit();
   const std::string log = a.output() + "\n----- b -----\n" + b.output();
@@ -163,6 +171,7 @@ TEST(MultiAgent, AKilledNodeLeavesTheSurvivorToFinishAtWorldSizeOne) {
   const std::string ep = endpoint();
   Agent a, b;
   start_agent(a, dir + "/a.log", agent_args("a", ep, "1:2", config, dir + "/B", 1, 3));
+  wait_until_serving(a);
   start_agent(b, dir + "/b.log", agent_args("b", ep, "1:2", config, dir + "/B", 1, 3));
   // After the first checkpoint, node b dies whole: its agent and its worker.
   ASSERT_TRUE(wait_for([&] { return fs::exists(checkpoints(dir + "/B") / "step_00000004" / "index.json"); }))
