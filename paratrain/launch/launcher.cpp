@@ -181,7 +181,9 @@ LaunchReport launch_with_report(const LaunchOptions& options) {
       say(fmt::format("paratrain launch: --nnodes {} without PARATRAIN_JOB_TOKEN: the rendezvous store admits any "
                       "process that reaches port {}; export the same secret as PARATRAIN_JOB_TOKEN on every node "
                       "(e.g. `openssl rand -hex 32`) to admit only this job's",
-                      resolved.nnodes, resolved.master_port));
+                      resolved.multi_agent ? fmt::format("{}:{}", resolved.nnodes_min, resolved.nnodes_max)
+                                           : std::to_string(resolved.nnodes),
+                      resolved.master_port));
     }
   }
   if (resolved.nnodes_min != resolved.nnodes_max && !resolved.multi_agent) {
