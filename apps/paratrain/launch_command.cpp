@@ -23,6 +23,9 @@ Command add_launch_command(CLI::App& app) {
     double monitor_interval_s = 0.05;
     std::string nnodes = "1";
     std::string rdzv_endpoint;
+    double rdzv_timeout_s = 600;
+    double rdzv_last_call_s = 10;
+    double rdzv_keep_alive_s = 15;
     bool no_prefix = false;
   };
   auto flags = std::make_shared<Flags>();
@@ -38,8 +41,9 @@ Command add_launch_command(CLI::App& app) {
                   "worker processes (ranks) on this node")
       ->capture_default_str();
   sub->add_option("--nnodes", flags->nnodes,
-                  "nodes in the job (each runs its own launcher): N, or MIN:MAX as torchrun has it (only "
-                  "1:MAX runs today, as this node alone)")
+                  "nodes in the job (each runs its own launcher): N, or MIN:MAX as torchrun has it (with "
+                  "--rdzv-endpoint the agents meet there and nodes may fail, leave and join; without it, this "
+                  "node alone)")
       ->capture_default_str();
   sub->add_option("--node-rank,--node_rank", o.node_rank, "this node's index in [0, nnodes)")
       ->capture_default_str();
@@ -67,6 +71,22 @@ Command add_launch_command(CLI::App& app) {
                   "and --master-port");
   sub->add_option("--rdzv-id,--rdzv_id", o.rdzv_id,
                   "job id: workers get it as TORCHELASTIC_RUN_ID and it prefixes every rendezvous key");
+  sub->add_option("--node-id,--node_id", o.node_id,
+                  "this agent's name in the rendezvous (--nnodes MIN:MAX with --rdzv-endpoint); nodes are ranked "
+                  "by it; default host-pid")
+      ;
+  sub->add_option("--rdzv-timeout,--rdzv_timeout", flags->rdzv_timeout_s,
+                  "seconds the agents wait for MIN nodes before the launch fails (torchrun's --rdzv-conf "
+                  "join_timeout)")
+      ->capture_default_str();
+  sub->add_option("--rdzv-last-call,--rdzv_last_call", flags->rdzv_last_call_s,
+                  "once MIN nodes are in, seconds to wait for more (up to MAX) before a generation starts "
+                  "(torchrun's --rdzv-conf last_call_timeout)")
+      ->capture_default_str();
+  sub->add_option("--rdzv-keep-alive-timeout", flags->rdzv_keep_alive_s,
+                  "seconds without a keep-alive after which a node's agent counts as dead and the others "
+                  "re-rendezvous without it")
+      ->capture_default_str();
   sub->add_option("--kill-grace", flags->kill_grace_s,
                   "seconds stopped workers get between SIGTERM and SIGKILL")
       ->capture_default_str();
@@ -103,7 +123,16 @@ Command add_launch_command(CLI::App& app) {
                                       flags->rdzv_endpoint));
       }
       std::tie(options.master_addr, options.master_port) = launch::parse_endpoint(flags->rdzv_endpoint);
+      // The agents meet there and agree on each generation's nodes
+      // (launch/agent_rendezvous.h); a fixed size keeps today's static path.
+      options.multi_agent = options.nnodes_min != options.nnodes_max;
     }
+    auto to_ms = [](double s) {
+      return std::chrono::milliseconds(static_cast<long long>(std::llround(std::isfinite(s) ? s * 1000.0 : -1.0)));
+    };
+    options.rdzv_timeout = to_ms(flags->rdzv_timeout_s);
+    options.rdzv_last_call = to_ms(flags->rdzv_last_call_s);
+    options.rdzv_keep_alive_timeout = to_ms(flags->rdzv_keep_alive_s);
     return launch::launch(options);
   };
   return Command{sub, run};

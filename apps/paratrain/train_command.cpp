@@ -149,6 +149,16 @@ Command add_train_command(CLI::App& app) {
         overrides.insert(overrides.end(), plan.overrides.begin(), plan.overrides.end());
         config = train::load_config(args->config, overrides);
       }
+      // elastic.keep_global_batch: a generation at another world size keeps
+      // the starting global batch (restart_resume.h).
+      if (const auto dir = train::continued_run_dir(config, plan)) {
+        const auto keep = train::keep_global_batch(config, *dir, world.world_size);
+        if (world.rank == 0 && !keep.message.empty()) spdlog::info("{}", keep.message);
+        if (!keep.overrides.empty()) {
+          overrides.insert(overrides.end(), keep.overrides.begin(), keep.overrides.end());
+          config = train::load_config(args->config, overrides);
+        }
+      }
     }
     const auto kill_step = fault_step(world, "PARATRAIN_FAULT_KILL", "kills");
     const auto stop_step = fault_step(world, "PARATRAIN_FAULT_STOP", "stops");
@@ -167,7 +177,7 @@ Command add_train_command(CLI::App& app) {
 
     train::Trainer trainer(config, *group);
     // Lets a later generation of this launch find the version (run.json).
-    if (world.rank == 0) train::record_launch_id(trainer.run_dir(), launch_id);
+    if (world.rank == 0) train::record_launch_id(trainer.run_dir(), launch_id, world.world_size);
     if (kill_step) trainer.add_callback(std::make_shared<FaultKill>(*kill_step));
     if (stop_step) trainer.add_callback(std::make_shared<FaultStop>(*stop_step, watchdog.get()));
     auto result = trainer.fit();

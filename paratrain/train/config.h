@@ -185,6 +185,18 @@ struct WorldConfig {
   bool operator==(const WorldConfig&) const = default;
 };
 
+/// `[elastic]`: keeping a job going when ranks or nodes come and go (docs/elastic.md).
+struct ElasticConfig {
+  /// When a restarted generation runs at another world size than the run
+  /// started with (`paratrain launch --nnodes MIN:MAX`), keep the global batch
+  /// (and so the steps per epoch and the LR schedule) of the run's start by
+  /// changing the per-rank batch, or train.accumulate when that does not
+  /// divide; false lets the global batch follow the world size.
+  bool keep_global_batch = false;
+
+  bool operator==(const ElasticConfig&) const = default;
+};
+
 /// `[ddp]`: DistributedDataParallel's options (data_parallel/ddp/ddp.h).
 struct DdpConfig {
   std::string mode = "bucketed";  ///< "bucketed" | "naive" | "none"
@@ -411,6 +423,7 @@ struct TrainConfig {
   DataConfig data;              ///< [data]
   TrainLoopConfig train;        ///< [train]
   WorldConfig world;            ///< [world]
+  ElasticConfig elastic;        ///< [elastic]
   DdpConfig ddp;                ///< [ddp]
   ParallelConfig parallel;      ///< [parallel]
   ZeroConfig zero;              ///< [zero]

@@ -360,6 +360,8 @@ const std::vector<FieldSpec>& schema() {
       field("world.heartbeat_s", &TC::world, &WorldConfig::heartbeat_s, "seconds between heartbeats from each rank to `paratrain launch` (0 = none); a watchdog thread sends them, so a long collective keeps beating", in_range_finite(0.0, 3600.0, "seconds: 0 (off) to 3600")),
       field("world.heartbeat_timeout_s", &TC::world, &WorldConfig::heartbeat_timeout_s, "`paratrain launch` fails the job (or restarts it under --max-restarts) when a rank's heartbeat is older than this: a stopped (SIGSTOP) or frozen process, named with its last collective", in_range_finite(0.1, 86400.0, "seconds: 0.1 to 86400")),
 
+      field("elastic.keep_global_batch", &TC::elastic, &ElasticConfig::keep_global_batch, "when a restarted generation (`paratrain launch --nnodes MIN:MAX`) runs at another world size than the run started with, keep the starting global batch by changing the per-rank batch (train.accumulate when it does not divide), so steps per epoch and the LR schedule stay; a ConfigError when neither divides"),
+
       field("ddp.mode", &TC::ddp, &DdpConfig::mode, "\"bucketed\", \"naive\" or \"none\"", one_of({"bucketed", "naive", "none"})),
       field("ddp.bucket_cap_mb", &TC::ddp, &DdpConfig::bucket_cap_mb, "gradient bucket size (MiB)", in_range_finite(kMinBucketMiB, kMaxBucketMiB, "MiB: 1 byte to 1 TiB")),
       field("ddp.first_bucket_cap_mb", &TC::ddp, &DdpConfig::first_bucket_cap_mb, "first bucket size (MiB): small so its all-reduce starts early", in_range_finite(kMinBucketMiB, kMaxBucketMiB, "MiB: 1 byte to 1 TiB")),

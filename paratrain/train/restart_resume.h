@@ -6,6 +6,7 @@
 #pragma once
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,7 +40,24 @@ struct RestartResume {
 RestartResume restart_resume(const TrainConfig& config, const std::string& launch_id, int restart_count);
 
 // Records `launch_id` in <run_dir>/run.json; call on rank 0 once the Trainer
-// made the run folder. Does nothing for an empty or "none" id.
-void record_launch_id(const std::filesystem::path& run_dir, const std::string& launch_id);
+// made the run folder. Does nothing for an empty or "none" id. With
+// world_size > 0 it also records it as the run's starting world size
+// (kStartWorldSizeKey), once: later generations keep the first's.
+void record_launch_id(const std::filesystem::path& run_dir, const std::string& launch_id, int world_size = 0);
+
+// The key in run.json that holds the world size the run started with.
+inline constexpr const char* kStartWorldSizeKey = "start_world_size";
+
+// elastic.keep_global_batch (Note [Keeping the global batch] in the .cpp):
+// for a worker about to continue `run_dir` at `world_size` ranks, the
+// overrides that keep the global batch the run started with, and a log line
+// saying what changed. Nothing when the option is off, the run has no
+// recorded start, or nothing needs to change. Throws ConfigError naming
+// elastic.keep_global_batch and the sizes when neither the per-rank batch
+// nor train.accumulate can make the starting global batch.
+RestartResume keep_global_batch(const TrainConfig& config, const std::filesystem::path& run_dir, int world_size);
+
+// The run version `plan` (from restart_resume) continues, or nullopt.
+std::optional<std::filesystem::path> continued_run_dir(const TrainConfig& config, const RestartResume& plan);
 
 }  // namespace paratrain::train

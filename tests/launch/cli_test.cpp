@@ -70,7 +70,7 @@ TEST(LaunchCli, BadOptionsAreConfigurationErrorsNamingEveryValue) {
       {{"launch", "--nproc-per-node", "2"}, "no program to launch: put it after `--`"},
       {{"launch", "--", "no-such-program-xyz"}, "cannot launch 'no-such-program-xyz'"},
       {{"launch", "--nproc-per-node", "100000000", "--", w}, "--nproc-per-node 100000000 is more than the 4096"},
-      // Elastic flags: parsed as torchrun has them, refused where not built yet (elastic_flags.cpp).
+      // Elastic flags: parsed as torchrun has them; MIN > 1 needs the agents' rendezvous (--rdzv-endpoint).
       {{"launch", "--nnodes", "2:3", "--", w}, "needs a multi-agent rendezvous"},
       {{"launch", "--nnodes", "x", "--", w}, "--nnodes 'x' must be a node count N or a range MIN:MAX"},
       {{"launch", "--rdzv-endpoint", "h:", "--", w}, "the port after ':' is missing"},

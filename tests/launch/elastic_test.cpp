@@ -123,6 +123,66 @@ TEST(ElasticLaunch, AKilledWorkerIsRestartedAndTheRunEndsAsTheSameCheckpointResu
   EXPECT_NE(differs.exit_code, 0) << differs.output;
 }
 
+// elastic.keep_global_batch: generation 0 runs 2 ranks (global batch 32)
+// and dies after step 5; the next generation runs as 1 process (a node
+// lost), resumed through the restart path (TORCHELASTIC_RESTART_COUNT=1,
+// the launch's id). With the option its per-rank batch doubles to 32 and it
+// equals a 1-process run resumed by hand from the same checkpoint with batch
+// 32; without it (the negative control) the batch stays 16 and it differs.
+TEST(ElasticLaunch, KeepGlobalBatchDoublesThePerRankBatchWhenTheWorldHalves) {
+  const std::string dir = testing::temp_dir("elastic_keep_batch");
+  const std::string config = write_config(dir);
+  auto first_generation = [&](const std::string& out, const std::string& id) {
+    ScopedEnv kill("PARATRAIN_FAULT_KILL", "1:5");
+    LaunchOptions o = train_job(config, {"run.output_dir=" + out});
+    o.rdzv_id = id;
+    const auto c = run_captured(o, dir);
+    EXPECT_NE(c.report.exit_code, 0) << c.err;
+    return c.out + c.err;
+  };
+  auto next_generation = [&](const std::string& out, const std::string& id, bool keep) {
+    ScopedEnv restart("TORCHELASTIC_RESTART_COUNT", "1");
+    ScopedEnv launch_id("PARATRAIN_LAUNCH_ID", id);
+    return testing::run_cli({"train", "-c", config, "--set", "run.output_dir=" + out, "--set",
+                             std::string("elastic.keep_global_batch=") + (keep ? "true" : "false")});
+  };
+  first_generation(dir + "/a", "keep-a");
+  const auto a = next_generation(dir + "/a", "keep-a", true);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_NE(a.output.find("elastic.keep_global_batch: world size 2 -> 1 (dp 2 -> 1): per-rank batch 16 -> 32 "
+                          "(train.accumulate 1), global batch 32 kept"),
+            std::string::npos)
+      << a.output;
+  static const std::regex resumed(R"(resumed from (\S+) at epoch \d+, batch \d+, step (\d+))");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(a.output, m, resumed)) << a.output;
+  const std::string checkpoint = m[1];
+  EXPECT_EQ(m[2], "4") << a.output;
+
+  // The oracle: one process, batch 32, from the same checkpoint.
+  const auto b = testing::run_cli({"train", "-c", config, "--set", "run.output_dir=" + dir + "/b", "--set",
+                                   "data.batch_size=32", "--set", "train.resume=" + checkpoint});
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  const auto same = testing::run_cli({"checkpoint", "compare", final_checkpoint(dir + "/a").string(),
+                                      final_checkpoint(dir + "/b").string(), "--all", "--rtol", "1e-5"});
+  EXPECT_EQ(same.exit_code, 0) << same.output;
+
+  // Negative control: without the option the per-rank batch stays 16, so the
+  // global batch halves (twice the steps) and the model differs.
+  first_generation(dir + "/c", "keep-c");
+  const auto c = next_generation(dir + "/c", "keep-c", false);
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  EXPECT_EQ(c.output.find("elastic.keep_global_batch:"), std::string::npos) << c.output;
+  fs::path c_final;  // the newest checkpoint: more than 12 steps at the smaller global batch
+  for (const auto& e : fs::directory_iterator(fs::path(dir) / "c" / "elastic" / "version_0" / "checkpoints")) {
+    if (e.path().filename().string().rfind("step_", 0) == 0 && e.path() > c_final) c_final = e.path();
+  }
+  ASSERT_GT(c_final.filename().string(), "step_00000012") << c.output;
+  const auto differs = testing::run_cli({"checkpoint", "compare", c_final.string(),
+                                         final_checkpoint(dir + "/b").string(), "--rtol", "1e-5"});
+  EXPECT_NE(differs.exit_code, 0) << differs.output;
+}
+
 TEST(ElasticLaunch, WithoutRestartsLeftTheLaunchFailsWithTheWorkersCode) {
   const std::string dir = testing::temp_dir("elastic_fail");
   // Every generation's rank 0 exits 3: one restart, then the launch fails.
