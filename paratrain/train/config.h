@@ -185,6 +185,15 @@ struct WorldConfig {
   bool operator==(const WorldConfig&) const = default;
 };
 
+/// `[elastic]`: keeping a job going when ranks die (docs/elastic.md).
+struct ElasticConfig {
+  /// In-job recovery: survivors of a dead rank re-form the world through the
+  /// store and redo the failed step from memory, without restarting (DDP only).
+  bool in_job = false;
+
+  bool operator==(const ElasticConfig&) const = default;
+};
+
 /// `[ddp]`: DistributedDataParallel's options (data_parallel/ddp/ddp.h).
 struct DdpConfig {
   std::string mode = "bucketed";  ///< "bucketed" | "naive" | "none"
@@ -402,6 +411,7 @@ struct TrainConfig {
   DataConfig data;              ///< [data]
   TrainLoopConfig train;        ///< [train]
   WorldConfig world;            ///< [world]
+  ElasticConfig elastic;        ///< [elastic]
   DdpConfig ddp;                ///< [ddp]
   ParallelConfig parallel;      ///< [parallel]
   ZeroConfig zero;              ///< [zero]
