@@ -263,7 +263,11 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
   }
   if (auto position = resume(s)) {
     s.step = position->step;
-    s.loader->load_state({position->epoch, position->next_batch});
+    if (position->consumed_positions > 0) {  // saved after an in-job recovery: where the survivors stood
+      s.loader->load_state({position->epoch, 0, position->consumed_positions});
+    } else {
+      s.loader->load_state({position->epoch, position->next_batch});
+    }
   } else if (c.train.resume.empty() && !list_checkpoints(s.run_dir).empty()) {
     throw ConfigError(fmt::format("the run directory {} already holds checkpoints of an earlier run; set "
                                   "train.resume=auto to continue it, or run.version=-1 to start a new version",
@@ -403,7 +407,9 @@ TrainResult Trainer::fit_loop() {
     saved_step = s.step;
     auto st = s.loader->state();
     if (auto done = s.checkpointer->save(s.run_dir, c, *s.strategy, *s.optimizer,
-                                         {.step = s.step, .epoch = st.epoch, .next_batch = st.next_batch},
+                                         {.step = s.step, .epoch = st.epoch, .next_batch = st.next_batch,
+                                          .consumed_positions = st.first_position > 0 ? consumed_positions(
+                                              st, s.loader->options().batch_size, s.loader->sampler().options().num_replicas) : 0},
                                          s.scaler.get(), why))
       committed(*done);
   };
@@ -428,6 +434,21 @@ TrainResult Trainer::fit_loop() {
   int64_t steps_per_epoch = batches / k;
   int64_t global_batch = s.batch.global;
   int64_t total_steps = planned_steps(c, steps_per_epoch);
+  // After an in-job recovery (or a resume from a checkpoint saved after one)
+  // the loader splits the rest of the epoch over the survivors: recount the
+  // batches, the global batch and the steps left from there.
+  auto recount = [&](int64_t epoch) {
+    batches = s.loader->num_batches();
+    global_batch = s.batch.global;
+    const int64_t full_epoch =  // the next epochs' batches at this size
+        data::Loader(s.datasets.train, data::DistributedSampler(s.datasets.train.size(), s.loader->sampler().options()),
+                     s.loader->options()).num_batches();
+    steps_per_epoch = full_epoch / k;
+    const int64_t planned = s.step + (batches - s.loader->state().next_batch) / k +
+                            (c.train.epochs - epoch - 1) * steps_per_epoch;
+    total_steps = c.train.max_steps > 0 ? std::min(c.train.max_steps, planned) : planned;
+  };
+  if (s.loader->state().first_position > 0) recount(s.loader->state().epoch);
   const auto start = Clock::now();
   const int64_t first_step = s.step;
   double window_loss = 0;
@@ -552,20 +573,12 @@ TrainResult Trainer::fit_loop() {
   };
 
   // elastic.in_job: re-form the world without the dead rank and go on from
-  // `resume_at` (in_job.h), then recount what the world size decides.
+  // `resume_at` (in_job.h).
   auto recover = [&](const data::LoaderState& resume_at, const CommError& e, int64_t epoch) {
     if (!s.rejoiner) throw;
     (void)recover_in_job(s, resume_at, e);
     ++result.recoveries;
-    batches = s.loader->num_batches();
-    steps_per_epoch = batches / k;
-    global_batch = s.batch.global;
-    const int64_t full_epoch =  // the next epochs' batches at the new size
-        data::Loader(s.datasets.train, data::DistributedSampler(s.datasets.train.size(), s.loader->sampler().options()),
-                     s.loader->options()).num_batches();
-    int64_t planned = s.step + (batches - s.loader->state().next_batch) / k +
-                      (c.train.epochs - epoch - 1) * (full_epoch / k);
-    total_steps = c.train.max_steps > 0 ? std::min(c.train.max_steps, planned) : planned;
+    recount(epoch);
     window_loss = 0;
     window_steps = 0;
   };

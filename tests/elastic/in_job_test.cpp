@@ -114,7 +114,7 @@ std::vector<RankOutcome> run_job(const train::TrainConfig& c, int dying, bool wi
 // then 2 x kPerRank per step over the rest of P. The strided split makes a
 // step of R ranks with per-rank batch B the step of one process over the
 // next R*B positions of P (Note [Strided split] in data/sampler.cpp).
-Params oracle(const train::TrainConfig& c) {
+Params oracle(const train::TrainConfig& c, int64_t steps = kSteps, int resumed_world = kWorld - 1) {
   auto data = train::load_datasets(c);
   torch::manual_seed(static_cast<uint64_t>(c.run.seed));
   auto model = train::make_model(c);
@@ -124,8 +124,8 @@ Params oracle(const train::TrainConfig& c) {
   one.seed = static_cast<uint64_t>(c.run.seed);
   const auto order = data::DistributedSampler(data.train.size(), one).indices();
   int64_t at = 0;
-  for (int64_t step = 0; step < kSteps; ++step) {
-    const int64_t batch = (step < kDeath ? kWorld : kWorld - 1) * kPerRank;
+  for (int64_t step = 0; step < steps; ++step) {
+    const int64_t batch = (step < kDeath ? kWorld : step < kSteps ? kWorld - 1 : resumed_world) * kPerRank;
     auto b = data::gather(data.train, order.slice(0, at, at + batch));
     at += batch;
     optimizer->zero_grad();
@@ -196,6 +196,33 @@ TEST(InJob, SurvivorsOfADeadRankEqualTheRunContinuedAtTheSmallerWorldOverTheRema
   EXPECT_EQ(records[0]["world_size"], 2);
   EXPECT_EQ(records[0]["redo_step"], kDeath + 1);
   EXPECT_EQ(records[0]["first_position"], kDeath * kWorld * kPerRank);
+}
+
+// The survivors' last checkpoint (step kSteps, mid-epoch) records where they
+// stood in the epoch's permutation, so a restart resumes it exactly, on the
+// survivors' world size or on the configured one.
+TEST(InJob, ACheckpointSavedAfterARecoveryResumesFromWhereTheSurvivorsStood) {
+  const auto dir = testing::temp_dir("in_job_resume");
+  const auto c = config(dir, true);
+  const auto out = run_job(c, /*dying=*/2, true);
+  ASSERT_FALSE(out[0].error);
+  const auto checkpoint = out[0].result.last_checkpoint;
+  ASSERT_EQ(checkpoint.filename(), "step_00000020");
+  for (int world : {kWorld - 1, kWorld}) {
+    auto resumed = c;
+    resumed.elastic.in_job = false;
+    resumed.run.name = fmt::format("resumed_on_{}", world);
+    resumed.train.resume = checkpoint.string();
+    resumed.train.max_steps = kSteps + 4;
+    resumed.data.global_batch_size = world * kPerRank;
+    std::vector<Params> params(world);
+    testing::run_ranks(world, [&](comm::ProcessGroup& group) {
+      params[group.rank()] = testing::train_on(resumed, group);
+    });
+    const double diff = testing::relative_diff(params[0], oracle(c, kSteps + 4, world));
+    EXPECT_LT(diff, 1e-5) << "resumed on " << world << " ranks";
+    RecordProperty(fmt::format("resumed_on_{}_relative_diff", world), fmt::format("{:.3g}", diff));
+  }
 }
 
 TEST(InJob, RankZeroDyingReElectsTheLowestSurvivorAsRankZero) {
