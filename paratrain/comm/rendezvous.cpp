@@ -69,6 +69,16 @@ bool agent_store_flag() {
                                 v));
 }
 
+// PARATRAIN_AGENT_STORE: which store `paratrain launch`'s agent serves.
+bool agent_store_authenticated() {
+  const auto v = env::get_or("PARATRAIN_AGENT_STORE", "");
+  if (v.empty() || v == "tcp") return false;
+  if (v == "auth") return true;
+  throw ConfigError(fmt::format("environment variable PARATRAIN_AGENT_STORE='{}' is not auth or tcp (paratrain "
+                                "launch sets it); unset it",
+                                v));
+}
+
 bool is_local_address(const std::string& addr) {
   if (addr == "127.0.0.1" || addr == "localhost" || addr == "::1") return true;
   char host[256] = {0};
@@ -99,9 +109,13 @@ void validate(const WorldInfo& w) {
 // names the same job id (TORCHELASTIC_RUN_ID), and the server proves the
 // same back. It listens on loopback when the whole job runs on this machine,
 // else on MASTER_ADDR's address, or where PARATRAIN_STORE_BIND says.
+// Under `paratrain launch` the launcher (the agent) serves that store for the
+// whole launch (launch/agent_store.h) and sets TORCHELASTIC_USE_AGENT_STORE=True
+// with PARATRAIN_AGENT_STORE=auth: then every rank, rank 0 included, is an
+// AuthStore client, and a worker's death never takes the store down.
 // Without a token (hand-started or torchrun jobs), under torchrun's agent
-// store (which is the agent's, not ours to replace), or without libsodium,
-// the TCPStore path below stays as it was. docs/launchers.md says what the
+// store (a TCPStore: no PARATRAIN_AGENT_STORE), or without libsodium, the
+// TCPStore path below stays as it was. docs/launchers.md says what the
 // token does not protect (Gloo's own connections).
 
 // PARATRAIN_JOB_TOKEN, when set. An empty token would be a secret everyone
@@ -140,7 +154,9 @@ c10::intrusive_ptr<c10d::Store> connect_auth_store(const WorldInfo& world, const
   auto with_rank = [&](const std::exception& e) { return fmt::format("rank {}: {}", world.rank, e.what()); };
   try {
     std::shared_ptr<auth::StoreServer> server;
-    if (world.rank == 0) {
+    // Under an agent store the launcher serves it (launch/agent_store.h), for
+    // every generation: rank 0 is a client like the others.
+    if (world.rank == 0 && !world.use_agent_store) {
       auth::StoreServerOptions so;
       so.bind_address = ep.bind;
       so.port = world.master_port;
@@ -172,10 +188,11 @@ c10::intrusive_ptr<c10d::Store> connect_auth_store(const WorldInfo& world, const
 c10::intrusive_ptr<c10d::Store> connect_store(const WorldInfo& world, const InitOptions& options,
                                               std::string& where) {
   if (auto token = job_token()) {
-    if (!world.use_agent_store && auth::available()) return connect_auth_store(world, options, *token, where);
+    const bool ours = !world.use_agent_store || world.agent_store_authenticated;
+    if (ours && auth::available()) return connect_auth_store(world, options, *token, where);
     if (world.rank == 0) {
       spdlog::warn("rendezvous: PARATRAIN_JOB_TOKEN is set but {}: using c10d's unauthenticated TCPStore",
-                   world.use_agent_store ? "torchrun's agent serves the store (TORCHELASTIC_USE_AGENT_STORE)"
+                   world.use_agent_store ? "the agent serves a TCPStore (TORCHELASTIC_USE_AGENT_STORE)"
                                          : "this paratrain was built without libsodium (install libsodium-dev "
                                            "and rebuild for the authenticated store)");
     }
@@ -293,6 +310,7 @@ WorldInfo world_from_env() {
   w.run_id = env::get_or("TORCHELASTIC_RUN_ID", "none");
   if (w.run_id.empty()) w.run_id = "none";
   w.use_agent_store = agent_store_flag();
+  w.agent_store_authenticated = w.use_agent_store && agent_store_authenticated();
   if (env::get("RANK") || env::get("WORLD_SIZE")) {
     w.source = "torchrun";
     w.rank = static_cast<int>(env::get_int_or("RANK", 0));

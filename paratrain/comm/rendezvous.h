@@ -34,6 +34,11 @@ struct WorldInfo {
   // TCPStore at master_addr:master_port, so rank 0 connects to it as a client
   // instead of serving one (which would fail: the port is taken).
   bool use_agent_store = false;
+  // PARATRAIN_AGENT_STORE=auth (set by `paratrain launch`, whose agent serves
+  // the store for the whole launch): the agent store is comm/auth_store's,
+  // so every rank (rank 0 too) connects an AuthStore client with
+  // PARATRAIN_JOB_TOKEN. Unset or "tcp": a TCPStore client, as under torchrun.
+  bool agent_store_authenticated = false;
 };
 
 // torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,

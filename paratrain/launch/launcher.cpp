@@ -18,6 +18,7 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/core/remove_tree.h"
+#include "paratrain/launch/agent_store.h"
 #include "paratrain/launch/free_port.h"
 #include "paratrain/launch/line_prefixer.h"
 #include "paratrain/launch/report.h"
@@ -156,8 +157,8 @@ int launch(const LaunchOptions& options) {
 //   train.resume = "auto" (train/restart_resume.h): the newest checkpoint
 //   that has its index.json. A save interrupted by the failure has none and
 //   is never loaded.
-// A port the launcher picked itself is picked again for each generation: the
-// old store's socket may linger in TIME_WAIT. A port the user gave is kept.
+// The store is the agent's (node 0's launcher serves it for the whole launch,
+// agent_store.h), so every generation meets at the same port.
 LaunchReport launch_with_report(const LaunchOptions& options) {
   validate(options);
   // Only the exec path is resolved; argv[0] stays as the user wrote it.
@@ -173,7 +174,7 @@ LaunchReport launch_with_report(const LaunchOptions& options) {
   if (resolved.job_token.empty()) {
     if (const char* token = std::getenv("PARATRAIN_JOB_TOKEN"); token != nullptr && *token != '\0') {
       resolved.job_token = token;
-    } else if (resolved.nnodes == 1) {
+    } else if (resolved.nnodes == 1 && !resolved.multi_agent) {
       resolved.job_token = make_job_token();
     } else {
       say(fmt::format("paratrain launch: --nnodes {} without PARATRAIN_JOB_TOKEN: the rendezvous store admits any "
@@ -182,9 +183,10 @@ LaunchReport launch_with_report(const LaunchOptions& options) {
                       resolved.nnodes, resolved.master_port));
     }
   }
-  if (resolved.nnodes_min != resolved.nnodes_max) {
-    say(fmt::format("paratrain launch: --nnodes {}:{}: nodes cannot join a running job yet (no multi-agent "
-                    "rendezvous); this node runs the job alone with its {} rank{}",
+  if (resolved.nnodes_min != resolved.nnodes_max && !resolved.multi_agent) {
+    say(fmt::format("paratrain launch: --nnodes {}:{} without --rdzv-endpoint: no other agent can find this one; "
+                    "this node runs the job alone with its {} rank{} (give --rdzv-endpoint HOST:PORT and --rdzv-id "
+                    "on every node to let nodes join and leave)",
                     resolved.nnodes_min, resolved.nnodes_max, resolved.nproc_per_node,
                     resolved.nproc_per_node == 1 ? "" : "s"));
   }
@@ -194,11 +196,26 @@ LaunchReport launch_with_report(const LaunchOptions& options) {
   SignalCapture signals;
   HeartbeatDir heartbeats;
   if (!heartbeats.ok()) say("paratrain launch: cannot create a folder for heartbeats under $TMPDIR or /tmp; a stopped worker will go unnoticed until its peers time out");
+  // The agent store: node 0's launcher serves the job's store for every
+  // generation (workers are its clients), so a worker's death, rank 0's
+  // included, never takes the store down. Its port stays for the launch.
+  resolved.agent_store = agent_store_name(agent_store_kind(resolved.job_token));
+  std::unique_ptr<AgentStore> store;
+  if (resolved.node_rank == 0) {
+    AgentStoreOptions so;
+    const char* bind = std::getenv("PARATRAIN_STORE_BIND");
+    so.bind_address = bind != nullptr && *bind != '\0' ? bind
+                      : resolved.nnodes == 1               ? std::string("127.0.0.1")
+                                                           : resolved.master_addr;
+    so.port = resolved.master_port;
+    so.token = resolved.job_token;
+    so.job_id = resolved.rdzv_id.empty() ? std::string("none") : resolved.rdzv_id;
+    store = std::make_unique<AgentStore>(so);
+  }
   std::vector<WorkerOutcome> failures;
   for (int generation = 0;; ++generation) {
     resolved.restart_count = generation;
     resolved.heartbeat_dir = heartbeats.generation(generation);
-    if (generation > 0 && options.master_port == 0) resolved.master_port = find_free_port();
     LaunchReport report;
     {
       Supervisor supervisor(resolved, program, signals);
@@ -236,10 +253,10 @@ void validate(const LaunchOptions& o) {
     }
     // Elastic membership needs agents that meet and agree on who is in; until
     // then only MIN = 1 runs (this node alone), or a fixed size.
-    if (o.nnodes_min != o.nnodes_max && o.nnodes_min > 1) {
+    if (o.nnodes_min != o.nnodes_max && o.nnodes_min > 1 && !o.multi_agent) {
       bad(fmt::format("--nnodes {}:{}: a job that waits for {} nodes and lets more join needs a multi-agent "
-                      "rendezvous, which paratrain launch does not have yet; run a fixed size (--nnodes {} with "
-                      "--master-addr/--master-port on every node) or --nnodes 1:{} on one node",
+                      "rendezvous: give --rdzv-endpoint HOST:PORT and --rdzv-id on every node; or run a fixed "
+                      "size (--nnodes {} with --master-addr/--master-port) or --nnodes 1:{} on one node",
                       o.nnodes_min, o.nnodes_max, o.nnodes_min, o.nnodes_min, o.nnodes_max));
     }
   }
@@ -292,6 +309,17 @@ void validate(const LaunchOptions& o) {
       bad(fmt::format("--rdzv-id '{}' may hold only letters, digits, '-', '_' and '.' (it becomes part of "
                       "every rendezvous key)", o.rdzv_id));
     }
+  }
+  if (o.multi_agent) {
+    if (o.master_addr.empty() || o.master_port == 0)
+      bad("--nnodes MIN:MAX with agents that meet needs --rdzv-endpoint HOST:PORT, the same on every node");
+    if (o.keep_going) bad("--keep-going with --rdzv-endpoint: an elastic job re-rendezvouses after a failure; pick one");
+    if (o.rdzv_timeout.count() <= 0 || o.rdzv_last_call.count() < 0 || o.rdzv_keep_alive_timeout.count() <= 0)
+      bad(fmt::format("--rdzv-timeout {:g} s must be > 0, --rdzv-last-call {:g} s >= 0 and the keep-alive timeout "
+                      "{:g} s > 0",
+                      static_cast<double>(o.rdzv_timeout.count()) / 1000.0,
+                      static_cast<double>(o.rdzv_last_call.count()) / 1000.0,
+                      static_cast<double>(o.rdzv_keep_alive_timeout.count()) / 1000.0));
   }
   if (o.kill_grace.count() < 0) {
     bad(fmt::format("--kill-grace {} s must be >= 0", static_cast<double>(o.kill_grace.count()) / 1000.0));

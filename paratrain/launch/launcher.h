@@ -5,10 +5,12 @@
 // launch then fails; with max_restarts > 0 the launcher starts the workers
 // again as a new generation (TORCHELASTIC_RESTART_COUNT), and `paratrain
 // train` resumes from the run's latest complete checkpoint (Note [Restarting
-// workers] in launcher.cpp). Not a rendezvous: workers meet on their own at
+// workers] in launcher.cpp). The launcher of node 0 (the agent) serves the
+// job's store for the whole launch (agent_store.h); workers meet in it at
 // MASTER_ADDR:MASTER_PORT (paratrain/comm/rendezvous.h), under keys that carry
-// the generation. Restarts are per node: there is no multi-agent rendezvous
-// yet, so nodes cannot join or leave a running job. std + POSIX only.
+// the generation. With --rdzv-endpoint and --nnodes MIN:MAX the agents of all
+// nodes first meet in that store and agree on each generation's membership
+// (agent_rendezvous.h, elastic_agent.cpp): nodes may fail, leave and join.
 #pragma once
 
 #include <sys/types.h>
@@ -114,6 +116,32 @@ struct LaunchOptions {
   // How long the launcher waits, after a rank went silent, for the other
   // ranks' hang-doctor dumps (asked for with SIGUSR1) before it stops them.
   std::chrono::milliseconds doctor_wait{3000};
+  // Which store the agent serves ("auth" or "tcp", agent_store.h); workers
+  // get TORCHELASTIC_USE_AGENT_STORE=True and PARATRAIN_AGENT_STORE=<this>.
+  // Set by launch(); empty (callers, unit tests) = rank 0 serves, as before.
+  std::string agent_store;
+
+  // Multi-agent rendezvous (torchrun's c10d rendezvous; Note [Multi-agent
+  // rendezvous] in agent_rendezvous.cpp): true when --rdzv-endpoint is given
+  // with --nnodes MIN:MAX, MIN < MAX. master_addr:master_port is then the
+  // rendezvous endpoint, whose agent serves the store; node_rank and nnodes
+  // are decided per generation by the rendezvous.
+  bool multi_agent = false;
+  // This agent's name in the rendezvous; nodes are ranked by it, so a node
+  // keeps its node rank across generations when membership allows. Empty:
+  // host-pid. Two agents of one job must not share it.
+  std::string node_id;
+  // torchrun's join_timeout: how long an agent waits for MIN nodes before the
+  // launch fails. Longer tolerates slow schedulers; shorter fails sooner.
+  std::chrono::milliseconds rdzv_timeout{std::chrono::seconds(600)};
+  // torchrun's last_call_timeout: once MIN nodes are in, how long to wait for
+  // more (up to MAX) before the generation closes. Longer gathers stragglers
+  // into the first generation (no restart later to absorb them); shorter
+  // starts sooner.
+  std::chrono::milliseconds rdzv_last_call{std::chrono::seconds(10)};
+  // An agent whose keep-alive counter in the store has not moved for this
+  // long is dead: the others stop their workers and re-rendezvous without it.
+  std::chrono::milliseconds rdzv_keep_alive_timeout{std::chrono::seconds(15)};
 };
 
 // How one worker ended.
@@ -161,6 +189,13 @@ struct LaunchReport {
   // generation, `failures` the failure that ended each earlier one.
   int restarts = 0;
   std::vector<WorkerOutcome> failures;
+  // Multi-agent launches: the rendezvous generations this agent's workers
+  // ran in (one per generation), with each one's world size.
+  std::vector<int> generations;
+  // Non-empty: the agent stopped the last generation's workers to
+  // re-rendezvous (Supervisor::set_interrupt), and why.
+  std::string rendezvous_stop;
+  std::vector<int> world_sizes;
 };
 
 // Runs the workers to completion and returns the launcher's exit code. Throws

@@ -130,10 +130,11 @@ LaunchReport Supervisor::run() {
   say(fmt::format("paratrain launch: started {} of {} (node {} of {}), MASTER_ADDR={} MASTER_PORT={}{}",
                   rank_list(ranks), options_.nproc_per_node * options_.nnodes, options_.node_rank,
                   options_.nnodes, options_.master_addr, options_.master_port,
-                  options_.restart_count > 0 ? fmt::format(", generation {} (restart {} of {})",
-                                                           options_.restart_count, options_.restart_count,
-                                                           options_.max_restarts)
-                                             : std::string()));
+                  options_.restart_count == 0 ? std::string()
+                  // Multi-agent generations count membership changes too: no "restart k".
+                  : options_.multi_agent ? fmt::format(", generation {}", options_.restart_count)
+                                         : fmt::format(", generation {} (restart {} of {})", options_.restart_count,
+                                                       options_.restart_count, options_.max_restarts)));
   while (true) {
     const auto now = Clock::now();
     reap(now);
@@ -152,6 +153,15 @@ LaunchReport Supervisor::run() {
       }
     }
     if (!stopping_ && silent_ < 0) check_heartbeats(now);
+    if (!stopping_ && silent_ < 0 && interrupt_) {
+      interrupted_ = interrupt_(now);
+      if (!interrupted_.empty()) {
+        say(fmt::format("paratrain launch: {}; stopping this node's workers to re-rendezvous (SIGTERM, SIGKILL "
+                        "after {})",
+                        interrupted_, seconds(options_.kill_grace)));
+        stop_all(SIGTERM, now);
+      }
+    }
     if (!stopping_ && silent_ >= 0) finish_doctor_wait(now);
     escalate(now);
     pump(options_.monitor_interval);
@@ -168,6 +178,7 @@ LaunchReport Supervisor::run() {
   // [Naming the first failure]). A launch stopped by a signal names none.
   report.first_failed = first_failed_ >= 0 ? pick_first_failure(report.workers) : -1;
   report.received_signal = received_signal_;
+  report.rendezvous_stop = interrupted_;
   report.master_addr = options_.master_addr;
   report.master_port = options_.master_port;
   // Printed by launch_with_report, which knows whether a restart follows.

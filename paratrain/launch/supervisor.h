@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -31,6 +32,10 @@ class Supervisor {
   void start();
   // Runs until every worker and its process group are gone; returns the report.
   LaunchReport run();
+  // Multi-agent launches: asked every loop turn while no stop is under way;
+  // a non-empty answer (why) stops every worker (SIGTERM, then SIGKILL) as
+  // for a failure, but names no worker: the report's rendezvous_stop says why.
+  void set_interrupt(std::function<std::string(Clock::time_point)> interrupt) { interrupt_ = std::move(interrupt); }
 
  private:
   struct Stream {
@@ -77,6 +82,8 @@ class Supervisor {
   int silent_ = -1;  // local rank that went silent, while the others dump
   Clock::time_point doctor_deadline_{};
   std::map<int, std::filesystem::file_time_type> doctor_pending_;
+  std::function<std::string(Clock::time_point)> interrupt_;
+  std::string interrupted_;
 };
 
 }  // namespace paratrain::launch

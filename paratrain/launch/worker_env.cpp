@@ -62,6 +62,11 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
   if (o.num_servers > 0) vars.emplace_back("PARATRAIN_PS_SERVERS", std::to_string(o.num_servers));
   if (!o.backend.empty()) vars.emplace_back("PARATRAIN_BACKEND", o.backend);
   if (!o.heartbeat_dir.empty()) vars.emplace_back("PARATRAIN_HEARTBEAT_DIR", o.heartbeat_dir);
+  if (!o.agent_store.empty()) {
+    // The launcher serves the store (agent_store.h); workers are its clients.
+    vars.emplace_back("TORCHELASTIC_USE_AGENT_STORE", "True");
+    vars.emplace_back("PARATRAIN_AGENT_STORE", o.agent_store);
+  }
   if (o.nproc_per_node > 1) {
     for (const char* key : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
       if (!base_has(base, key)) vars.emplace_back(key, "1");
@@ -72,8 +77,8 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
   for (auto p = base; p != nullptr && *p != nullptr; ++p) {
     const std::string_view key = key_of(*p);
     // Set by a torchrun around this launcher: it would make our workers look
-    // for torchrun's agent store, but here rank 0 serves the store.
-    if (key == "TORCHELASTIC_USE_AGENT_STORE") continue;
+    // for torchrun's agent store, but here our agent (or rank 0) serves it.
+    if (key == "TORCHELASTIC_USE_AGENT_STORE" || key == "PARATRAIN_AGENT_STORE") continue;
     bool replaced = false;
     for (const auto& [name, value] : vars) replaced = replaced || key == name;
     if (!replaced) env.emplace_back(*p);

@@ -469,7 +469,18 @@ TEST(ElasticFlags, ValidateNamesBadRestartAndRangeValues) {
   EXPECT_EQ(rejection(range), "");  // this node alone, said at start
   range.nnodes_min = 2;
   range.nnodes_max = 3;
-  EXPECT_NE(rejection(range).find("needs a multi-agent rendezvous"), std::string::npos) << rejection(range);
+  EXPECT_NE(rejection(range).find("needs a multi-agent rendezvous: give --rdzv-endpoint"), std::string::npos)
+      << rejection(range);
+  // With the agents' rendezvous (--rdzv-endpoint) MIN > 1 runs.
+  range.multi_agent = true;
+  range.master_addr = "127.0.0.1";
+  range.master_port = 29400;
+  EXPECT_EQ(rejection(range), "");
+  range.rdzv_last_call = std::chrono::milliseconds(-1000);
+  EXPECT_NE(rejection(range).find("--rdzv-last-call -1 s >= 0"), std::string::npos) << rejection(range);
+  range.rdzv_last_call = std::chrono::milliseconds(0);
+  range.keep_going = true;
+  EXPECT_NE(rejection(range).find("--keep-going with --rdzv-endpoint"), std::string::npos) << rejection(range);
   LaunchOptions id = o;
   id.rdzv_id = "a/b";
   EXPECT_NE(rejection(id).find("--rdzv-id 'a/b' may hold only"), std::string::npos);
