@@ -92,7 +92,11 @@ Command add_launch_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_flag("--keep-going", o.keep_going,
                 "a worker other than rank 0 that fails is reported and the others run on (for `paratrain "
-                "federated`, which survives a client process dying); rank 0 failing still stops all");
+                "federated`, which survives a client process dying, and `paratrain train` with "
+                "elastic.in_job=true, whose survivors re-form the world); rank 0 failing still stops all");
+  sub->add_flag("--keep-going-rank0", o.keep_going_rank0,
+                "with --keep-going, rank 0 failing lets the others run on too (`paratrain train` with "
+                "elastic.in_job=true: the survivors elect a new rank 0; the launcher serves the store)");
   sub->add_flag("--no-prefix", flags->no_prefix,
                 "let workers write to the terminal directly instead of prefixing lines with [rank]");
   sub->add_option("command", o.command, "the program to run on every rank and its arguments (after --)");

@@ -20,6 +20,7 @@
 
 #include "apps/paratrain/commands.h"
 #include "paratrain/comm/doctor_watchdog.h"
+#include "paratrain/comm/rejoin.h"
 #include "paratrain/comm/recording_group.h"
 #include "paratrain/comm/rendezvous.h"
 #include "paratrain/core/device.h"
@@ -172,23 +173,38 @@ Command add_train_command(CLI::App& app) {
     // "auto" must not pick shared memory for GPU tensors.
     init.cpu_tensors = core::resolve_device(config.world.device, world.local_rank).is_cpu();
     init.doctor_records = static_cast<std::size_t>(config.world.doctor_records);
-    auto group = comm::init_process_group(world, init);
+    // elastic.in_job: the store stays in use after the rendezvous, for the
+    // survivors' membership rounds; a rank that has not arrived within
+    // world.heartbeat_timeout_s counts as dead (docs/elastic.md).
+    std::shared_ptr<comm::ProcessGroup> group;
+    std::shared_ptr<comm::Rejoiner> rejoiner;
+    if (config.elastic.in_job) {
+      auto elastic = comm::init_elastic_process_group(
+          world, init, std::chrono::milliseconds(static_cast<int64_t>(1000 * config.world.heartbeat_timeout_s)));
+      group = std::move(elastic.group);
+      rejoiner = std::move(elastic.rejoiner);
+    } else {
+      group = comm::init_process_group(world, init);
+    }
     auto watchdog = start_watchdog(*group, config);
 
     train::Trainer trainer(config, *group);
+    if (rejoiner) trainer.enable_in_job_recovery(rejoiner);
     // Lets a later generation of this launch find the version (run.json).
     if (world.rank == 0) train::record_launch_id(trainer.run_dir(), launch_id, world.world_size);
     if (kill_step) trainer.add_callback(std::make_shared<FaultKill>(*kill_step));
     if (stop_step) trainer.add_callback(std::make_shared<FaultStop>(*stop_step, watchdog.get()));
     auto result = trainer.fit();
-    if (world.rank == 0) {
+    if (result.rank == 0) {  // after an in-job recovery: the re-elected rank 0
       std::string acc = result.test.count > 0 ? fmt::format("test accuracy {:.2f}% (loss {:.4f})",
                                                             100 * result.test.accuracy, result.test.loss)
                                               : std::string("no evaluation");
       spdlog::info("done: {} steps, {} epochs, {}, {:.0f} samples/s; run dir {}", result.steps,
                    result.epochs_completed, acc, result.samples_per_second, result.run_dir.string());
     }
-    group->barrier()->wait();
+    // After an in-job recovery the first world is aborted; the Trainer's
+    // last collective (the final evaluation or save) already met the survivors.
+    if (result.recoveries == 0) group->barrier()->wait();
     return 0;
   };
   return {sub, run};

@@ -22,6 +22,7 @@
 #include "paratrain/comm/mpi/mpi_group.h"
 #include "paratrain/comm/host_staging_group.h"
 #include "paratrain/comm/recording_group.h"
+#include "paratrain/comm/rejoin.h"
 #include "paratrain/comm/route.h"
 #include "paratrain/comm/hierarchical_group.h"
 #include "paratrain/comm/shm/shm_group.h"
@@ -375,12 +376,46 @@ void check_master_resolves(const WorldInfo& world) {
 }
 
 namespace {
-std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOptions& options);
+// `elastic`, when given, receives the job's store and the Gloo options of the world.
+struct ElasticParts {
+  c10::intrusive_ptr<c10d::Store> job_store;
+  GlooOptions gloo;
+};
+std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOptions& options,
+                                            ElasticParts* elastic = nullptr);
+std::shared_ptr<ProcessGroup> with_recorder(std::shared_ptr<ProcessGroup> group, const WorldInfo& world,
+                                            const InitOptions& options);
 }  // namespace
 
+ElasticWorld init_elastic_process_group(const WorldInfo& world, const InitOptions& options,
+                                        std::chrono::milliseconds rejoin_window) {
+  std::string backend = options.backend == "auto" ? "gloo" : options.backend;
+  if (backend != "gloo") {
+    throw ConfigError(fmt::format("elastic.in_job = true needs world.backend = \"gloo\" (or \"auto\"), got \"{}\": "
+                                  "the survivors rebuild their world as a Gloo group",
+                                  options.backend));
+  }
+  InitOptions gloo_only = options;
+  gloo_only.backend = "gloo";
+  ElasticParts parts;
+  ElasticWorld out;
+  out.group = with_recorder(backend_group(world, gloo_only, &parts), world, options);
+  RejoinOptions rejoin;
+  rejoin.window = rejoin_window;
+  rejoin.gloo = parts.gloo;
+  out.rejoiner = std::make_shared<Rejoiner>(parts.job_store, "elastic", rejoin);
+  return out;
+}
+
 std::shared_ptr<ProcessGroup> init_process_group(const WorldInfo& world, const InitOptions& options) {
-  auto group = backend_group(world, options);
-  // GPU tensors over the host-memory backends: comm/host_staging_group.h.
+  return with_recorder(backend_group(world, options), world, options);
+}
+
+namespace {
+// The layers every world group gets above its backend: host staging for GPU
+// tensors (comm/host_staging_group.h), then the hang doctor's recorder.
+std::shared_ptr<ProcessGroup> with_recorder(std::shared_ptr<ProcessGroup> group, const WorldInfo& world,
+                                            const InitOptions& options) {
   if (!options.cpu_tensors) {
     StagingOptions staging;
     staging.timeout = options.timeout;
@@ -397,8 +432,8 @@ std::shared_ptr<ProcessGroup> init_process_group(const WorldInfo& world, const I
   return record_collectives(std::move(group), std::move(recorder), recording);
 }
 
-namespace {
-std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOptions& options) {
+std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOptions& options,
+                                            ElasticParts* elastic) {
   validate(world);
   std::string backend = options.backend;
   if (backend == "auto") backend = choose_backend(world, options);
@@ -466,6 +501,7 @@ std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOp
   gloo.timeout = options.timeout;
   gloo.bind_address = bind_address_for(world, options);
   auto flat = make_gloo_group(world_store, world.rank, world.world_size, gloo);
+  if (elastic != nullptr) *elastic = ElasticParts{job_store, gloo};
   if (backend != "hierarchical") return flat;
   // Gloo among the hosts; inside each, shared memory for CPU tensors (a Gloo
   // sub-group otherwise). $PARATRAIN_NODE_NAME overrides the host name, so

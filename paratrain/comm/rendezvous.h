@@ -88,4 +88,16 @@ struct InitOptions {
 std::shared_ptr<ProcessGroup> init_process_group(const WorldInfo& world,
                                                  const InitOptions& options = {});
 
+class Rejoiner;
+// elastic.in_job: the world group and a Rejoiner (comm/rejoin.h) over the
+// same store and generation, for the membership rounds after a rank dies.
+// The rounds need the store: while rank 0 serves it, rank 0 dying ends the
+// job. Gloo only (ConfigError otherwise): the rebuilt worlds are Gloo groups.
+struct ElasticWorld {
+  std::shared_ptr<ProcessGroup> group;
+  std::shared_ptr<Rejoiner> rejoiner;
+};
+ElasticWorld init_elastic_process_group(const WorldInfo& world, const InitOptions& options,
+                                        std::chrono::milliseconds rejoin_window);
+
 }  // namespace paratrain::comm

@@ -40,10 +40,18 @@ int64_t Loader::num_batches() const {
   return options_.drop_last ? n / b : (n + b - 1) / b;
 }
 
-void Loader::set_epoch(int64_t epoch) { load_state(LoaderState{epoch, 0}); }
 
 void Loader::load_state(const LoaderState& state) {
-  if (state.epoch < 0 || state.next_batch < 0 || state.next_batch > num_batches()) {
+  if (state.epoch < 0 || state.first_position < 0 || state.first_position >= std::max<int64_t>(dataset_.size(), 1)) {
+    throw CheckpointError(fmt::format("Loader state (epoch {}, first position {}) does not fit a dataset of {} items",
+                                      state.epoch, state.first_position, dataset_.size()));
+  }
+  prefetcher_.reset();  // joins the thread before the position changes
+  epoch_indices_ = at::Tensor();
+  const LoaderState before = state_;
+  sampler_.set_epoch(state.epoch, state.first_position);
+  if (state.next_batch < 0 || state.next_batch > num_batches()) {
+    sampler_.set_epoch(before.epoch, before.first_position);  // a refused state changes nothing
     throw CheckpointError(fmt::format(
         "Loader state (epoch {}, next_batch {}) does not fit this loader: an epoch has {} batches "
         "of {} items on rank {} of {} for {} dataset items; was the checkpoint written with another "
@@ -51,9 +59,6 @@ void Loader::load_state(const LoaderState& state) {
         state.epoch, state.next_batch, num_batches(), options_.batch_size, sampler_.options().rank,
         sampler_.options().num_replicas, sampler_.dataset_size()));
   }
-  prefetcher_.reset();  // joins the thread before the position changes
-  epoch_indices_ = at::Tensor();
-  sampler_.set_epoch(state.epoch);
   state_ = state;
 }
 

@@ -45,7 +45,10 @@ struct LoaderOptions {
 /// (Note [Strided split] in sampler.cpp; exact outside the padded tail).
 struct LoaderState {
   int64_t epoch = 0;       ///< the epoch in progress
-  int64_t next_batch = 0;  ///< batches of it already taken
+  int64_t next_batch = 0;  ///< batches of it already taken (after first_position)
+  /// Positions of the epoch's permutation trained before an in-job recovery
+  /// changed the number of ranks (DistributedSampler::set_epoch); 0 otherwise.
+  int64_t first_position = 0;
   bool operator==(const LoaderState&) const = default;
 };
 
@@ -68,7 +71,7 @@ class Loader {
   Loader& operator=(Loader&&) noexcept;  ///< moves the background thread too
 
   /// Starts `epoch` at batch 0 (sets the sampler's epoch too).
-  void set_epoch(int64_t epoch);
+  void set_epoch(int64_t epoch) { load_state(LoaderState{epoch, 0}); }
   /// Continues at batch state.next_batch of state.epoch. Throws
   /// CheckpointError if next_batch is past this epoch's num_batches() (a
   /// checkpoint from another batch size, world size or dataset).

@@ -21,6 +21,16 @@ namespace paratrain::data {
 // PyTorch does, so within the padded tail the property holds against P's
 // padded extension, not against the N-item single-process epoch.
 
+// Note [Remaining samples]
+// In-job recovery (train/in_job.h) changes the number of ranks in the middle
+// of an epoch. The steps taken so far trained the prefix P[0, c) of the
+// epoch's permutation (strided split: c = steps * global batch, plus the
+// start of an earlier recovery in the same epoch). The survivors go on with
+// the same P cut at c: P[c, N) padded or truncated for the new R and split
+// by stride, so over the whole epoch every item of P[0, N) is trained exactly
+// once (as often as without a failure, padding aside), the dead rank's share
+// of the rest included. Later epochs start at 0 again.
+
 DistributedSampler::DistributedSampler(int64_t dataset_size, SamplerOptions options)
     : dataset_size_(dataset_size), options_(options) {
   TORCH_CHECK(options_.num_replicas >= 1, "SamplerOptions.num_replicas must be >= 1, got ",
@@ -31,15 +41,21 @@ DistributedSampler::DistributedSampler(int64_t dataset_size, SamplerOptions opti
   TORCH_CHECK(dataset_size_ > 0 || options_.drop_last,
               "DistributedSampler: cannot pad an empty dataset to ", options_.num_replicas,
               " replicas; the dataset has no items");
-  const int64_t R = options_.num_replicas;
-  // PyTorch: drop_last -> ceil((N - R) / R) == floor(N / R) when N % R != 0;
-  // otherwise ceil(N / R).
-  num_samples_ = options_.drop_last ? dataset_size_ / R : (dataset_size_ + R - 1) / R;
+  set_epoch(0);
 }
 
-void DistributedSampler::set_epoch(int64_t epoch) {
+void DistributedSampler::set_epoch(int64_t epoch, int64_t first_position) {
   TORCH_CHECK(epoch >= 0, "DistributedSampler::set_epoch: epoch must be >= 0, got ", epoch);
+  TORCH_CHECK(first_position >= 0 && (first_position < dataset_size_ || first_position == 0),
+              "DistributedSampler::set_epoch: first_position ", first_position, " is outside the epoch of ",
+              dataset_size_, " items");
   epoch_ = epoch;
+  first_position_ = first_position;
+  const int64_t R = options_.num_replicas;
+  const int64_t n = dataset_size_ - first_position_;
+  // PyTorch: drop_last -> ceil((N - R) / R) == floor(N / R) when N % R != 0;
+  // otherwise ceil(N / R).
+  num_samples_ = options_.drop_last ? n / R : (n + R - 1) / R;
 }
 
 at::Tensor DistributedSampler::indices() const {
@@ -57,9 +73,11 @@ at::Tensor DistributedSampler::indices() const {
     order = at::arange(dataset_size_, long_opts);
   }
   // Padding: position i of the padded epoch holds order[i mod N]; with
-  // drop_last total <= N and this is a plain truncation.
+  // drop_last total <= N and this is a plain truncation. After a recovery
+  // the same over order[first_position:].
   const at::Tensor positions = at::arange(options_.rank, total, options_.num_replicas, long_opts);
-  return order.index_select(0, positions.remainder(dataset_size_));
+  if (first_position_ == 0) return order.index_select(0, positions.remainder(dataset_size_));
+  return order.slice(0, first_position_).index_select(0, positions.remainder(dataset_size_ - first_position_));
 }
 
 }  // namespace paratrain::data

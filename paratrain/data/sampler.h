@@ -41,14 +41,19 @@ class DistributedSampler {
 
   /// Chooses the epoch whose permutation indices() returns. Every rank must
   /// call it with the same value before each epoch, as in PyTorch.
-  void set_epoch(int64_t epoch);
+  /// `first_position` > 0 splits only P[first_position, N) among the ranks
+  /// (padded or truncated as above, over those N - first_position items):
+  /// the positions before it were trained before an in-job recovery changed
+  /// the number of ranks (Note [Remaining samples] in sampler.cpp).
+  void set_epoch(int64_t epoch, int64_t first_position = 0);
   int64_t epoch() const { return epoch_; }  ///< the epoch set last (0 at first)
+  int64_t first_position() const { return first_position_; }  ///< as set with the epoch
 
   /// This rank's indices for the current epoch: int64 [num_samples()].
   /// Recomputed on each call (one randperm of N: ~1.5 ms for 60000 here).
   at::Tensor indices() const;
 
-  /// Items per rank per epoch, and over all ranks (>= N when padding).
+  /// Items per rank per epoch, and over all ranks (>= N - first_position when padding).
   int64_t num_samples() const { return num_samples_; }
   int64_t total_size() const { return num_samples_ * options_.num_replicas; }  ///< over all ranks
   int64_t dataset_size() const { return dataset_size_; }  ///< N
@@ -59,6 +64,7 @@ class DistributedSampler {
   SamplerOptions options_;
   int64_t num_samples_;
   int64_t epoch_ = 0;
+  int64_t first_position_ = 0;
 };
 
 }  // namespace paratrain::data

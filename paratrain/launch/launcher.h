@@ -89,6 +89,10 @@ struct LaunchOptions {
   // in the exit code. Not with max_restarts > 0 (a restart replaces every
   // worker, which is the opposite policy).
   bool keep_going = false;
+  // With keep_going: rank 0 failing is tolerated too. For jobs whose
+  // survivors elect a new rank 0 (`paratrain train` with elastic.in_job);
+  // the store is the launcher's (agent_store.h), so it outlives rank 0.
+  bool keep_going_rank0 = false;
   // How often the launcher checks its workers for exits (torchrun's
   // --monitor-interval). Output and signals wake it sooner; a shorter interval
   // notices a dead worker sooner at the cost of more wake-ups.

@@ -218,7 +218,8 @@ void Supervisor::reap(Clock::time_point now) {
       w.outcome.signal = WTERMSIG(status);
     }
     w.outcome.ended_at = now;
-    if (!w.outcome.ok() && !stopping_ && options_.keep_going && w.outcome.rank != 0) {
+    if (!w.outcome.ok() && !stopping_ && options_.keep_going &&
+        (w.outcome.rank != 0 || options_.keep_going_rank0)) {
       w.outcome.tolerated = true;
       say(fmt::format("paratrain launch: {}; --keep-going: the other ranks go on", describe(w.outcome)));
       continue;

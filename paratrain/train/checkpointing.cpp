@@ -19,6 +19,7 @@ namespace {
 // The scaler's state rides in the checkpoint's string metadata: two numbers,
 // the same on every rank, printed so they parse back exactly.
 constexpr const char* kScaleKey = "loss_scaler.scale";
+constexpr const char* kConsumedKey = "loader.consumed_positions";
 constexpr const char* kGrowthKey = "loss_scaler.growth_tracker";
 
 void restore_scaler(const std::filesystem::path& path, const TrainingState& state, optim::GradScaler& scaler) {
@@ -77,6 +78,7 @@ CheckpointContents training_contents(const TrainConfig& config, Strategy& strate
   state.sampler_seed = static_cast<uint64_t>(config.run.seed);
   state.config = to_json(config);
   state.extra["strategy"] = strategy.name();
+  if (position.consumed_positions > 0) state.extra[kConsumedKey] = std::to_string(position.consumed_positions);
   for (auto& [k, v] : strategy.checkpoint_metadata()) state.extra[k] = v;
   for (auto& [k, v] : preprocessing_metadata(config)) state.extra[k] = v;
   if (scaler != nullptr) {
@@ -138,7 +140,16 @@ LoopPosition load_training_checkpoint(const std::filesystem::path& path, Strateg
   strategy.after_load();
   strategy.state_loaded(state.missing_state);
   if (scaler != nullptr) restore_scaler(path, state, *scaler);
-  return {state.step, state.epoch, state.batch_in_epoch};
+  LoopPosition position{state.step, state.epoch, state.batch_in_epoch};
+  if (auto consumed = state.extra.find(kConsumedKey); consumed != state.extra.end()) {
+    try {
+      position.consumed_positions = std::stoll(consumed->second);
+    } catch (const std::exception&) {
+      throw CheckpointError(fmt::format("checkpoint {}: {} = '{}' is not a count", path.string(), kConsumedKey,
+                                        consumed->second));
+    }
+  }
+  return position;
 }
 
 std::vector<std::filesystem::path> resume_candidates(const TrainConfig& config, const std::filesystem::path& run_dir) {

@@ -193,6 +193,9 @@ struct ElasticConfig {
   /// changing the per-rank batch, or train.accumulate when that does not
   /// divide; false lets the global batch follow the world size.
   bool keep_global_batch = false;
+  /// In-job recovery: survivors of a dead rank re-form the world through the
+  /// store and redo the failed step from memory, without restarting (DDP only).
+  bool in_job = false;
 
   bool operator==(const ElasticConfig&) const = default;
 };

@@ -361,6 +361,7 @@ const std::vector<FieldSpec>& schema() {
       field("world.heartbeat_timeout_s", &TC::world, &WorldConfig::heartbeat_timeout_s, "`paratrain launch` fails the job (or restarts it under --max-restarts) when a rank's heartbeat is older than this: a stopped (SIGSTOP) or frozen process, named with its last collective", in_range_finite(0.1, 86400.0, "seconds: 0.1 to 86400")),
 
       field("elastic.keep_global_batch", &TC::elastic, &ElasticConfig::keep_global_batch, "when a restarted generation (`paratrain launch --nnodes MIN:MAX`) runs at another world size than the run started with, keep the starting global batch by changing the per-rank batch (train.accumulate when it does not divide), so steps per epoch and the LR schedule stay; a ConfigError when neither divides"),
+      field("elastic.in_job", &TC::elastic, &ElasticConfig::in_job, "in-job recovery: when a rank dies mid-step, the survivors abort the world group, agree on the new membership through the store, rebuild the group and redo the failed step from memory, without restarting processes; the dead rank's remaining samples of the epoch are split among them (DDP only: zero.stage = 0, no tp/pp/cp, no parameter servers)"),
 
       field("ddp.mode", &TC::ddp, &DdpConfig::mode, "\"bucketed\", \"naive\" or \"none\"", one_of({"bucketed", "naive", "none"})),
       field("ddp.bucket_cap_mb", &TC::ddp, &DdpConfig::bucket_cap_mb, "gradient bucket size (MiB)", in_range_finite(kMinBucketMiB, kMaxBucketMiB, "MiB: 1 byte to 1 TiB")),
@@ -543,6 +544,39 @@ std::string lr_problem(const TrainConfig& c) {
   return "";
 }
 
+// elastic.in_job redoes a step from what each survivor holds in memory: only
+// DDP replicas hold the whole model and optimizer state. ZeRO/FSDP shards,
+// pipeline stages and tensor-parallel pieces of a dead rank are gone (they
+// would have to come from a checkpoint: restart-based recovery,
+// `paratrain launch --max-restarts`, does that). State that is not replicated
+// (PowerSGD's error feedback) or a save in flight would not survive either.
+std::string in_job_problem(const TrainConfig& c) {
+  if (!c.elastic.in_job) return "";
+  std::string strategy;
+  if (c.ps.servers > 0) strategy = fmt::format("parameter servers (ps.servers = {})", c.ps.servers);
+  else if (c.parallel.tp > 1 || c.parallel.pp > 1 || c.parallel.cp > 1)
+    strategy = fmt::format("parallel.tp = {}, parallel.pp = {}, parallel.cp = {}", c.parallel.tp, c.parallel.pp,
+                           c.parallel.cp);
+  else if (c.zero.stage > 0) strategy = fmt::format("zero.stage = {} ({})", c.zero.stage, c.zero.stage <= 2 ? "ZeRO" : "FSDP");
+  if (!strategy.empty())
+    return fmt::format("elastic.in_job = true needs every rank to hold the whole model and optimizer state (DDP: "
+                       "zero.stage = 0, no tp/pp/cp, no parameter servers), but this run uses {}: a dead rank's "
+                       "shard could only come back from a checkpoint. Use restart-based recovery "
+                       "(`paratrain launch --max-restarts N` with train.checkpoint_every_steps) or set "
+                       "elastic.in_job = false",
+                       strategy);
+  if (c.ddp.compression == "powersgd")
+    return "elastic.in_job = true with ddp.compression = \"powersgd\": PowerSGD's per-rank error feedback "
+           "does not survive re-forming the group; use another ddp.compression or elastic.in_job = false";
+  if (c.model.sync_batchnorm)
+    return "elastic.in_job = true with model.sync_batchnorm = true: the SyncBatchNorm layers keep the group they "
+           "were built on, which a dead rank ends; set model.sync_batchnorm = false or elastic.in_job = false";
+  if (c.train.async_checkpoint)
+    return "elastic.in_job = true with train.async_checkpoint = true: a background save in flight when a rank "
+           "dies cannot be completed by the survivors; set train.async_checkpoint = false";
+  return "";
+}
+
 }  // namespace
 
 std::string cross_key_problem(const TrainConfig& c) {
@@ -555,6 +589,7 @@ std::string cross_key_problem(const TrainConfig& c) {
         "world.heartbeat_timeout_s = {} must be at least twice world.heartbeat_s = {}, or a rank whose beat is "
         "only late would be taken for a stopped one: raise the timeout or beat more often",
         c.world.heartbeat_timeout_s, c.world.heartbeat_s);
+  if (std::string problem = in_job_problem(c); !problem.empty()) return problem;
   if (c.optimizer.nesterov && (c.optimizer.kind != "sgd" || c.optimizer.momentum <= 0))
     return fmt::format(
         "optimizer.nesterov = true needs optimizer.kind = \"sgd\" and optimizer.momentum > 0 "

@@ -32,6 +32,7 @@
 #include "paratrain/train/checkpoint/sharded.h"
 #include "paratrain/train/checkpointing.h"
 #include "paratrain/train/device_placement.h"
+#include "paratrain/train/in_job.h"
 #include "paratrain/train/memory_plan.h"
 #include "paratrain/train/metrics.h"
 #include "paratrain/train/objective.h"
@@ -40,50 +41,11 @@
 #include "paratrain/train/run_dir.h"
 #include "paratrain/train/strategy_registry.h"
 #include "paratrain/train/tensorboard.h"
+#include "paratrain/train/trainer_state.h"
 
 namespace paratrain::train {
 
 using Clock = std::chrono::steady_clock;
-using topology::Axis;
-
-struct Trainer::State {
-  TrainConfig config;
-  comm::ProcessGroup& world;
-  std::filesystem::path run_dir;
-  std::unique_ptr<topology::DeviceMesh> mesh;
-  std::unique_ptr<Strategy> strategy;
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-  std::unique_ptr<optim::GradScaler> scaler;  // precision.loss_scale; null for "none"
-  Datasets datasets;
-  BatchSizes batch;
-  std::unique_ptr<data::Loader> loader;
-  c10::Device device{c10::kCPU};  // world.device: the model's, and every batch is moved here
-  std::optional<optim::LrSchedule> lr_schedule;  // [lr]: the rate of every optimizer step
-  MetricsLog metrics;
-  std::vector<CallbackPtr> callbacks;  // built-ins from the config, then the user's
-  bool progress_bar = false;           // a bar replaces the periodic step log lines
-  int64_t step = 0;
-  int64_t start_step = 0;  // where this process started (after a resume)
-  // Last: destroyed first, waiting for a background save before the rest goes.
-  std::unique_ptr<TrainingCheckpointer> checkpointer;
-
-  State(TrainConfig c, comm::ProcessGroup& w, std::filesystem::path dir)
-      : config(std::move(c)), world(w), run_dir(std::move(dir)),
-        metrics(w.rank() == 0 ? run_dir / "metrics.jsonl" : std::filesystem::path()) {}
-  bool is_main() const { return world.rank() == 0; }
-  template <typename F>
-  void each_callback(F&& f) {
-    for (auto& cb : callbacks) f(*cb);
-  }
-  // One metrics.jsonl record (rank 0), also handed to the callbacks.
-  void log_record(nlohmann::json record) {
-    record["time"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    metrics.write(record);
-    each_callback([&](Callback& cb) { cb.on_log(record); });
-  }
-  comm::ProcessGroup& dp() const { return mesh->group(Axis::kDp); }
-  std::chrono::milliseconds timeout() const { return std::chrono::seconds(config.world.timeout_s); }
-};
 
 namespace {
 
@@ -181,21 +143,21 @@ std::optional<LoopPosition> resume(Trainer::State& s) {
     } catch (const CheckpointError& e) {
       last_error = e.what();
     }
-    if (!all_ranks(s.world, position.has_value(), s.timeout())) {
+    if (!all_ranks(*s.world, position.has_value(), s.timeout())) {
       if (s.config.train.resume != "auto") {
         throw CheckpointError(last_error.empty()
                                   ? fmt::format("rank {}: another rank could not load {}; see its log",
-                                                s.world.rank(), path.string())
+                                                s.world->rank(), path.string())
                                   : last_error);
       }
-      spdlog::warn("rank {}: skipping checkpoint {}: {}", s.world.rank(), path.string(),
+      spdlog::warn("rank {}: skipping checkpoint {}: {}", s.world->rank(), path.string(),
                    last_error.empty() ? "another rank could not load it" : last_error);
       // Every rank is past reading it (the collective above). Keep it for a
       // post-mortem, out of the way of the step the continued run will save.
       if (s.is_main()) quarantine_checkpoint(path);
       continue;
     }
-    if (!all_ranks(s.world, parameters_finite(*s.strategy), s.timeout())) {
+    if (!all_ranks(*s.world, parameters_finite(*s.strategy), s.timeout())) {
       throw CheckpointError(fmt::format(
           "checkpoint {} holds non-finite (NaN or inf) parameters: training from it cannot recover. "
           "Resume from an earlier checkpoint (train.resume=<path>) or lower the learning rate",
@@ -220,7 +182,7 @@ void add_builtin_callbacks(Trainer::State& s) {
     if (t.patience > 0) s.callbacks.push_back(std::make_shared<EarlyStopping>(t.monitor, t.mode, t.patience, t.min_delta));
   }
   if (s.config.log.tensorboard) s.callbacks.push_back(std::make_shared<TensorBoardLogger>());
-  s.progress_bar = progress_bar_wanted(s.config.log, s.world.rank());
+  s.progress_bar = progress_bar_wanted(s.config.log, s.world->rank());
   if (s.progress_bar) s.callbacks.push_back(std::make_shared<ProgressBar>());
 }
 
@@ -301,7 +263,11 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
   }
   if (auto position = resume(s)) {
     s.step = position->step;
-    s.loader->load_state({position->epoch, position->next_batch});
+    if (position->consumed_positions > 0) {  // saved after an in-job recovery: where the survivors stood
+      s.loader->load_state({position->epoch, 0, position->consumed_positions});
+    } else {
+      s.loader->load_state({position->epoch, position->next_batch});
+    }
   } else if (c.train.resume.empty() && !list_checkpoints(s.run_dir).empty()) {
     throw ConfigError(fmt::format("the run directory {} already holds checkpoints of an earlier run; set "
                                   "train.resume=auto to continue it, or run.version=-1 to start a new version",
@@ -336,15 +302,23 @@ std::string Trainer::strategy_name() const { return s_->strategy->name(); }
 
 torch::optim::Optimizer& Trainer::optimizer() { return *s_->optimizer; }
 
+void Trainer::enable_in_job_recovery(std::shared_ptr<comm::Rejoiner> rejoiner) {
+  s_->rejoiner = std::move(rejoiner);
+}
+
 void Trainer::add_callback(std::shared_ptr<Callback> callback) { s_->callbacks.push_back(std::move(callback)); }
 
 std::filesystem::path Trainer::run_dir() const { return s_->run_dir; }
 
 TrainResult Trainer::fit() {
   auto& s = *s_;
+  if (s.config.elastic.in_job && !s.rejoiner) {
+    throw ConfigError("elastic.in_job = true, but this Trainer has no store to re-form the world in: call "
+                      "Trainer::enable_in_job_recovery() (paratrain train does), or set elastic.in_job = false");
+  }
   if (s.is_main()) {
     update_run_status(s.run_dir, {{"status", "running"}, {"host", host_name()}, {"pid", ::getpid()},
-                                  {"started", unix_time()}, {"world_size", s.world.size()},
+                                  {"started", unix_time()}, {"world_size", s.world->size()},
                                   {"strategy", s.strategy->name()}, {"version", s.run_dir.filename().string()}});
   }
   try {
@@ -433,7 +407,9 @@ TrainResult Trainer::fit_loop() {
     saved_step = s.step;
     auto st = s.loader->state();
     if (auto done = s.checkpointer->save(s.run_dir, c, *s.strategy, *s.optimizer,
-                                         {.step = s.step, .epoch = st.epoch, .next_batch = st.next_batch},
+                                         {.step = s.step, .epoch = st.epoch, .next_batch = st.next_batch,
+                                          .consumed_positions = st.first_position > 0 ? consumed_positions(
+                                              st, s.loader->options().batch_size, s.loader->sampler().options().num_replicas) : 0},
                                          s.scaler.get(), why))
       committed(*done);
   };
@@ -452,10 +428,27 @@ TrainResult Trainer::fit_loop() {
   const LossFn micro_loss = k == 1 ? LossFn(loss_fn) : LossFn([&loss_fn, k](const at::Tensor& o, const at::Tensor& t) {
     return loss_fn(o, t) / static_cast<double>(k);
   });
-  const int64_t batches = s.loader->num_batches();
-  const int64_t steps_per_epoch = batches / k;
-  const int64_t global_batch = s.batch.global;
-  const int64_t total_steps = planned_steps(c, steps_per_epoch);
+  // Not const: an in-job recovery changes the world size, and with it the
+  // batches of an epoch, the global batch and the steps left.
+  int64_t batches = s.loader->num_batches();
+  int64_t steps_per_epoch = batches / k;
+  int64_t global_batch = s.batch.global;
+  int64_t total_steps = planned_steps(c, steps_per_epoch);
+  // After an in-job recovery (or a resume from a checkpoint saved after one)
+  // the loader splits the rest of the epoch over the survivors: recount the
+  // batches, the global batch and the steps left from there.
+  auto recount = [&](int64_t epoch) {
+    batches = s.loader->num_batches();
+    global_batch = s.batch.global;
+    const int64_t full_epoch =  // the next epochs' batches at this size
+        data::Loader(s.datasets.train, data::DistributedSampler(s.datasets.train.size(), s.loader->sampler().options()),
+                     s.loader->options()).num_batches();
+    steps_per_epoch = full_epoch / k;
+    const int64_t planned = s.step + (batches - s.loader->state().next_batch) / k +
+                            (c.train.epochs - epoch - 1) * steps_per_epoch;
+    total_steps = c.train.max_steps > 0 ? std::min(c.train.max_steps, planned) : planned;
+  };
+  if (s.loader->state().first_position > 0) recount(s.loader->state().epoch);
   const auto start = Clock::now();
   const int64_t first_step = s.step;
   double window_loss = 0;
@@ -562,7 +555,7 @@ TrainResult Trainer::fit_loop() {
       if (!std::isfinite(result.last_train_loss)) {
         throw Error(fmt::format("rank {}: the training loss became {} by step {}: training diverged. Lower "
                                 "optimizer.lr or set optimizer.clip_grad_norm; no checkpoint was written for this "
-                                "state", s.world.rank(), result.last_train_loss, s.step));
+                                "state", s.world->rank(), result.last_train_loss, s.step));
       }
       StepInfo info{.step = s.step, .total_steps = total_steps, .epoch = epoch, .epochs = c.train.epochs,
                     .batch = s.loader->state().next_batch, .batches = batches, .lr = applied_lr,
@@ -579,27 +572,48 @@ TrainResult Trainer::fit_loop() {
     }
   };
 
+  // elastic.in_job: re-form the world without the dead rank and go on from
+  // `resume_at` (in_job.h).
+  auto recover = [&](const data::LoaderState& resume_at, const CommError& e, int64_t epoch) {
+    if (!s.rejoiner) throw;
+    (void)recover_in_job(s, resume_at, e);
+    ++result.recoveries;
+    recount(epoch);
+    window_loss = 0;
+    window_steps = 0;
+  };
+
   for (int64_t epoch = s.loader->state().epoch; epoch < c.train.epochs && !stop; ++epoch) {
-    if (epoch != s.loader->state().epoch || s.loader->state().next_batch == 0) s.loader->set_epoch(epoch);
+    if (epoch != s.loader->state().epoch ||
+        (s.loader->state().next_batch == 0 && s.loader->state().first_position == 0)) {
+      s.loader->set_epoch(epoch);
+    }
+    batches = s.loader->num_batches();
     if (dynamic) run_dynamic_epoch(epoch);
     while (!dynamic && batches - s.loader->state().next_batch >= k) {
       double step_loss = 0;  // the micro-batch losses are divided by k: their sum is the step's mean
       // The loss is scaled in backward (precision.loss_scale); logged unscaled.
       const double loss_scale = s.scaler ? s.scaler->get_scale() : 1.0;
-      for (int64_t i = 0; i < k; ++i) {
-        auto batch = s.loader->next();
-        if (!batch) {
-          throw Error(fmt::format("rank {}: the loader ended epoch {} at batch {} of {}", s.world.rank(), epoch + 1,
-                                  s.loader->state().next_batch, batches));
+      const data::LoaderState at_step = s.loader->state();
+      try {
+        for (int64_t i = 0; i < k; ++i) {
+          auto batch = s.loader->next();
+          if (!batch) {
+            throw Error(fmt::format("rank {}: the loader ended epoch {} at batch {} of {}", s.world->rank(),
+                                    epoch + 1, s.loader->state().next_batch, batches));
+          }
+          auto out = s.strategy->forward_backward(to_device(std::move(*batch), s.device), micro_loss,
+                                                  /*sync=*/i == k - 1);
+          step_loss += out.loss.item<double>();
         }
-        auto out = s.strategy->forward_backward(to_device(std::move(*batch), s.device), micro_loss,
-                                                /*sync=*/i == k - 1);
-        step_loss += out.loss.item<double>();
-      }
-      applied_lr = s.lr_schedule->lr(s.step);  // steps count from 0
-      optim::set_learning_rate(*s.optimizer, applied_lr);
-      if (!s.strategy->optimizer_step(*s.optimizer, c.optimizer.clip_grad_norm, s.scaler.get())) {
-        ++result.skipped_steps;
+        applied_lr = s.lr_schedule->lr(s.step);  // steps count from 0
+        optim::set_learning_rate(*s.optimizer, applied_lr);
+        if (!s.strategy->optimizer_step(*s.optimizer, c.optimizer.clip_grad_norm, s.scaler.get())) {
+          ++result.skipped_steps;
+        }
+      } catch (const CommError& e) {
+        recover(at_step, e, epoch);  // rethrows without elastic.in_job
+        continue;                    // redo the step
       }
       ++s.step;
       window_loss += step_loss / loss_scale;
@@ -617,14 +631,22 @@ TrainResult Trainer::fit_loop() {
         const bool computes = s.strategy->data_shard().computes;
         auto mean = torch::tensor({computes ? window_loss / window_steps : 0.0, computes ? 1.0 : 0.0},
                                   torch::kDouble);
-        s.dp().all_reduce(mean, comm::ReduceOp::kSum)->wait(s.timeout());
+        try {
+          s.dp().all_reduce(mean, comm::ReduceOp::kSum)->wait(s.timeout());
+        } catch (const CommError& e) {
+          // Every survivor took this step (its gradient all-reduce needed
+          // every rank): go on after it; this window's line is lost.
+          const double own = window_loss / std::max<int64_t>(window_steps, 1);
+          recover(s.loader->state(), e, epoch);
+          mean = torch::tensor({own, 1.0}, torch::kDouble);
+        }
         result.last_train_loss = mean[0].item<double>() / mean[1].item<double>();
         if (!std::isfinite(result.last_train_loss)) {
           throw Error(fmt::format(
               "rank {}: the training loss became {} by step {} (mean over steps {}..{}): training diverged. Lower "
               "optimizer.lr, set optimizer.clip_grad_norm, or resume from an earlier checkpoint; no checkpoint "
               "was written for this state",
-              s.world.rank(), result.last_train_loss, s.step, s.step - window_steps + 1, s.step));
+              s.world->rank(), result.last_train_loss, s.step, s.step - window_steps + 1, s.step));
         }
         info.loss = result.last_train_loss;
         if (s.is_main()) log_train(info);
@@ -688,6 +710,8 @@ TrainResult Trainer::fit_loop() {
   const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
   result.steps = s.step;
   result.start_step = s.start_step;
+  result.world_size = s.world->size();
+  result.rank = s.world->rank();
   result.samples_per_second = (s.step - first_step) * global_batch / std::max(elapsed, 1e-9);
   result.loss_scale = s.scaler ? s.scaler->get_scale() : 1.0;
   return result;

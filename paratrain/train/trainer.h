@@ -18,6 +18,9 @@
 #include "paratrain/train/callbacks.h"
 #include "paratrain/train/config.h"
 
+namespace paratrain::comm {
+class Rejoiner;
+}
 namespace torch::nn {
 class Module;
 }
@@ -49,6 +52,9 @@ struct TrainResult {
   int64_t skipped_steps = 0;     ///< steps the loss scaler skipped (inf/nan gradients) in this process
   double loss_scale = 1.0;       ///< the loss scaler's scale at the end (1 without one)
   bool stopped_early = false;    ///< a callback (train.patience) ended training
+  int64_t recoveries = 0;        ///< in-job recoveries from a dead rank (elastic.in_job)
+  int world_size = 0;            ///< ranks at the end (fewer than at the start after recoveries)
+  int rank = 0;                  ///< this process's rank at the end (renumbered by recoveries)
 };
 
 /// Trains a model from a TrainConfig on every rank: builds the strategy the
@@ -67,6 +73,12 @@ class Trainer {
   /// Records the run's status in `<run_dir>/run.json` (running, finished, or
   /// failed with the error).
   TrainResult fit();
+
+  /// elastic.in_job = true: when a peer dies, this rank re-forms the world
+  /// with the other survivors through `rejoiner`'s store and goes on (see
+  /// docs/elastic.md, "In-job recovery"). Call on every rank before fit();
+  /// fit() refuses elastic.in_job without it (ConfigError).
+  void enable_in_job_recovery(std::shared_ptr<comm::Rejoiner> rejoiner);
 
   /// Runs after the config's built-ins (best checkpoint, early stopping,
   /// TensorBoard, progress bar); add on every rank, before fit().

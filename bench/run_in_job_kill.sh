@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The CLI check of in-job recovery (elastic.in_job, docs/elastic.md): the
+# same Fashion-MNIST run under `paratrain launch --keep-going --nproc-per-node
+# NPROC`, undisturbed and with rank KILL_RANK SIGKILLing itself after step
+# KILL_STEP (PARATRAIN_FAULT_KILL: a real kill -9 mid-epoch). The disturbed
+# run must finish on NPROC-1 ranks with the test accuracy within 0.5 points
+# of the undisturbed one. Prints one JSON line per run, then a summary.
+# Builds nothing: build `paratrain` first.
+#
+#   bench/run_in_job_kill.sh                       # 3 ranks, rank 2 killed after step 150, 3 epochs
+#   EPOCHS=1 KILL_STEP=100 bench/run_in_job_kill.sh
+#
+# Environment: BUILD_DIR (build), NPROC (3), KILL_RANK (NPROC-1), KILL_STEP
+# (150), EPOCHS (3), CONFIG (configs/fashion_mnist_mlp.toml), OUT_DIR.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${BUILD_DIR:-build}
+[[ $build = /* ]] || build=$root/$build
+nproc=${NPROC:-3}
+kill_rank=${KILL_RANK:-$((nproc - 1))}
+kill_step=${KILL_STEP:-150}
+epochs=${EPOCHS:-3}
+config=${CONFIG:-$root/configs/fashion_mnist_mlp.toml}
+out_dir=${OUT_DIR:-$(mktemp -d -t paratrain-in-job.XXXXXX)}
+exe=$build/paratrain
+[[ -x $exe ]] || { echo "run_in_job_kill.sh: $exe is missing; build it first" >&2; exit 2; }
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+mkdir -p "$out_dir"
+
+run() {  # name, extra env...
+  local name=$1; shift
+  local log=$out_dir/$name.log
+  local start=$(date +%s.%N) rc=0
+  env "$@" "$exe" launch --keep-going --nproc-per-node "$nproc" -- "$exe" train -c "$config" \
+      --set run.output_dir="$out_dir/runs" --set run.name="$name" --set train.epochs="$epochs" \
+      --set elastic.in_job=true --set log.progress=off >"$log" 2>&1 || rc=$?
+  local end=$(date +%s.%N)
+  local acc=$(grep -o 'test accuracy [0-9.]*%' "$log" | tail -1 | grep -o '[0-9.]*' || echo null)
+  local metrics=$out_dir/runs/$name/version_0/metrics.jsonl
+  local recovery=$(grep '"kind":"recovery"' "$metrics" 2>/dev/null | head -1)
+  printf '{"run":"%s","exit_code":%s,"seconds":%.1f,"test_accuracy_pct":%s,"recovery":%s}\n' \
+      "$name" "$rc" "$(echo "$end - $start" | bc)" "${acc:-null}" "${recovery:-null}"
+  echo "$acc" >"$out_dir/$name.acc"
+}
+
+run undisturbed
+run killed PARATRAIN_FAULT_KILL="$kill_rank:$kill_step"
+a=$(cat "$out_dir/undisturbed.acc"); b=$(cat "$out_dir/killed.acc")
+echo "in_job_kill: $nproc ranks, rank $kill_rank killed after step $kill_step: accuracy $b% vs $a% undisturbed" \
+     "(diff $(echo "$b - $a" | bc) points); logs in $out_dir"

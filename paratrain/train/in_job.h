@@ -1,0 +1,41 @@
+// In-job recovery (elastic.in_job): when a peer dies in the middle of
+// training, the surviving ranks abort the world group, meet in a membership
+// round of the store (comm/rejoin.h), and rebuild over the new world what
+// spans it (mesh, strategy wrapper, checkpointer, loader), keeping the model
+// and optimizer state each of them holds in memory. DDP only: every replica
+// holds everything (config_schema.cpp refuses the other strategies).
+// Not here: the decision to recover (the loop in trainer.cpp catches the
+// CommError of a collective) and the round itself (comm/rejoin.cpp).
+#pragma once
+
+#include <exception>
+#include <vector>
+
+#include "paratrain/data/loader.h"
+#include "paratrain/train/trainer_state.h"
+
+namespace paratrain::train {
+
+struct Recovery {
+  int old_world_size = 0;
+  int world_size = 0;
+  std::vector<int> dead_ranks;  // ranks of the old world
+  int64_t first_position = 0;   // where the survivors' share of the epoch starts
+  double seconds = 0;           // failure caught -> new world ready
+};
+
+// Positions [0, result) of the epoch's permutation were trained when every
+// rank's loader stands at `at` (Note [Consumed samples] in in_job.cpp).
+int64_t consumed_positions(const data::LoaderState& at, int64_t per_rank_batch, int64_t replicas);
+
+// Re-forms the world and puts the loader at `resume_at` (the loader's state
+// at the last point where every survivor had completed the same steps: the
+// start of the failed step, which is then redone). The positions of the
+// epoch's permutation before it count as consumed; the rest, the dead
+// rank's share included, is split among the survivors. Collective among the
+// survivors; throws CommError when they disagree on the step they stand at
+// (one completed the failed step's all-reduce, another did not), or when
+// this rank is left out of the new membership.
+Recovery recover_in_job(Trainer::State& s, const data::LoaderState& resume_at, const std::exception& failure);
+
+}  // namespace paratrain::train
