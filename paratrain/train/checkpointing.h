@@ -31,11 +31,11 @@ struct LoopPosition {
   int64_t step = 0;
   int64_t epoch = 0;
   int64_t next_batch = 0;
-  // > 0 after an in-job recovery in this epoch (train/in_job.h): the
-  // positions of the epoch's permutation trained so far, which a resume
-  // continues from at any world size (next_batch counts batches of the
-  // survivors' split, not of the configured one). Saved as the checkpoint's
-  // "loader.consumed_positions".
+  // The positions of the epoch's permutation trained so far, which a resume
+  // continues from at any world size (Note [Resuming at another world size]
+  // in trainer.cpp; after an in-job recovery next_batch counts batches of the
+  // survivors' split, train/in_job.h). Saved as the checkpoint's
+  // "loader.consumed_positions" when > 0.
   int64_t consumed_positions = 0;
 };
 

@@ -263,7 +263,17 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
   }
   if (auto position = resume(s)) {
     s.step = position->step;
-    if (position->consumed_positions > 0) {  // saved after an in-job recovery: where the survivors stood
+    // Note [Resuming at another world size]
+    // A checkpoint records the epoch's consumed positions (the sampler's
+    // permutation trained so far: first_position + next_batch x per-rank batch
+    // x replicas). When this run's ranks and batch reach the same place in
+    // whole batches, the batch count resumes as before; otherwise (a world
+    // size or per-rank batch that changed since: an elastic restart at a new
+    // size without elastic.keep_global_batch, or after an in-job recovery)
+    // the loader starts the rest of the epoch at that position, split over
+    // this run's ranks, so no sample is skipped or repeated.
+    const int64_t per_step_now = s.loader->options().batch_size * s.loader->sampler().options().num_replicas;
+    if (position->consumed_positions > 0 && position->consumed_positions != position->next_batch * per_step_now) {
       s.loader->load_state({position->epoch, 0, position->consumed_positions});
     } else {
       s.loader->load_state({position->epoch, position->next_batch});
@@ -408,8 +418,8 @@ TrainResult Trainer::fit_loop() {
     auto st = s.loader->state();
     if (auto done = s.checkpointer->save(s.run_dir, c, *s.strategy, *s.optimizer,
                                          {.step = s.step, .epoch = st.epoch, .next_batch = st.next_batch,
-                                          .consumed_positions = st.first_position > 0 ? consumed_positions(
-                                              st, s.loader->options().batch_size, s.loader->sampler().options().num_replicas) : 0},
+                                          .consumed_positions = consumed_positions(
+                                              st, s.loader->options().batch_size, s.loader->sampler().options().num_replicas)},
                                          s.scaler.get(), why))
       committed(*done);
   };
