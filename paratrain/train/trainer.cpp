@@ -274,7 +274,13 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
     // this run's ranks, so no sample is skipped or repeated.
     const int64_t per_step_now = s.loader->options().batch_size * s.loader->sampler().options().num_replicas;
     if (position->consumed_positions > 0 && position->consumed_positions != position->next_batch * per_step_now) {
-      s.loader->load_state({position->epoch, 0, position->consumed_positions});
+      if (position->consumed_positions >= s.loader->sampler().dataset_size()) {
+        // Saved at its epoch's end: end this split's epoch there too.
+        s.loader->load_state({position->epoch, 0});
+        s.loader->load_state({position->epoch, s.loader->num_batches()});
+      } else {
+        s.loader->load_state({position->epoch, 0, position->consumed_positions});
+      }
     } else {
       s.loader->load_state({position->epoch, position->next_batch});
     }
