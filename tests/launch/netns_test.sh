@@ -126,6 +126,18 @@ one_process() {
 one_at() { echo "$work/one/fashion_mnist_mlp/version_0/checkpoints/step_$(printf %08d "$1")"; }
 final_of() { ls -d "$1"/fashion_mnist_mlp/version_0/checkpoints/step_* | sort | tail -1; }
 
+# equals_one_process DIR STEP: DIR's newest checkpoint, consolidated, equals
+# the undisturbed 1-process run's at STEP (rtol 1e-5); prints the comparison.
+equals_one_process() {
+  local d=$1 step=$2
+  one_process || { fail "the 1-process run failed"; return 1; }
+  "$exe" checkpoint consolidate "$(final_of "$d")" -o "$d.consolidated.safetensors" >"$d.consolidate.log" 2>&1 ||
+    { fail "consolidate failed"; show "$d.consolidate.log"; return 1; }
+  "$exe" checkpoint compare "$d.consolidated.safetensors" "$(one_at "$step")" --rtol 1e-5 >"$d.compare.log" 2>&1 ||
+    { fail "not equal to the 1-process run at step $step (rtol 1e-5)"; show "$d.compare.log"; return 1; }
+  tail -n 1 "$d.compare.log"
+}
+
 case_train() {
   local d=$work/train
   launch 0 "$d" "$d.node0.log" -- --set train.max_steps=100
@@ -134,14 +146,7 @@ case_train() {
   wait "${pid[0]}" || rc0=$?
   wait "${pid[1]}" || rc1=$?
   ((rc0 == 0 && rc1 == 0)) || { fail "the 2-node run failed (node 0: $rc0, node 1: $rc1)"; show "$d.node0.log"; show "$d.node1.log"; return; }
-  one_process || { fail "the 1-process run failed"; return; }
-  local final
-  final=$(final_of "$d")
-  "$exe" checkpoint consolidate "$final" -o "$d.consolidated.safetensors" >"$d.consolidate.log" 2>&1 ||
-    { fail "consolidate failed"; show "$d.consolidate.log"; return; }
-  "$exe" checkpoint compare "$d.consolidated.safetensors" "$(one_at 100)" --rtol 1e-5 >"$d.compare.log" 2>&1 ||
-    { fail "2 nodes != 1 process at step 100 (rtol 1e-5)"; show "$d.compare.log"; return; }
-  tail -n 1 "$d.compare.log"
+  equals_one_process "$d" 100 || return
   # Negative control: 50 steps less of the same training is told apart.
   "$exe" checkpoint compare "$d.consolidated.safetensors" "$(one_at 50)" \
     --rtol 1e-5 >"$d.control.log" 2>&1 && { fail "the comparison cannot fail (step 100 == step 50?)"; show "$d.control.log"; }
@@ -211,12 +216,7 @@ t = [r["time"] for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "
 print(round(max(b - a for a, b in zip(t, t[1:])), 1))' "$d/fashion_mnist_mlp/version_0/metrics.jsonl")
   echo "blip: the longest pause between two steps was $gap s (cut: 3 s)"
   /usr/bin/python3 -c "import sys; sys.exit(0 if $gap >= 2 else 1)" || fail "no step paused during the cut ($gap s)"
-  one_process || { fail "the 1-process run failed"; return; }
-  "$exe" checkpoint consolidate "$(final_of "$d")" -o "$d.consolidated.safetensors" >"$d.consolidate.log" 2>&1 ||
-    { fail "consolidate failed"; show "$d.consolidate.log"; return; }
-  "$exe" checkpoint compare "$d.consolidated.safetensors" "$(one_at 250)" --rtol 1e-5 >"$d.compare.log" 2>&1 ||
-    { fail "the job != the 1-process run at step 250 (rtol 1e-5)"; show "$d.compare.log"; return; }
-  tail -n 1 "$d.compare.log"
+  equals_one_process "$d" 250
 }
 
 case_rejoin() {
@@ -242,12 +242,7 @@ case_rejoin() {
   grep -h "generation 0 failed\|resumed from\|succeeded\|FAILED" "$d.node0.log" "$d.node1.log" | sed 's/^/  /'
   ((rc0 == 0 && rc1 == 0)) || { fail "the job did not finish after the link healed"; show "$d.node0.log" 40; show "$d.node1.log" 40; return; }
   grep -q "resumed from .* step 100" "$d.node0.log" || { fail "generation 1 did not resume from step 100"; show "$d.node0.log"; }
-  one_process || { fail "the 1-process run failed"; return; }
-  "$exe" checkpoint consolidate "$(final_of "$d")" -o "$d.consolidated.safetensors" >"$d.consolidate.log" 2>&1 ||
-    { fail "consolidate failed"; show "$d.consolidate.log"; return; }
-  "$exe" checkpoint compare "$d.consolidated.safetensors" "$(one_at 250)" --rtol 1e-5 >"$d.compare.log" 2>&1 ||
-    { fail "the rejoined job != the undisturbed 1-process run at step 250 (rtol 1e-5)"; show "$d.compare.log"; return; }
-  tail -n 1 "$d.compare.log"
+  equals_one_process "$d" 250
 }
 
 # A node lost and replaced, with elastic agents (`--rdzv-endpoint` and
@@ -284,12 +279,7 @@ case_kill_rejoin() {
   grep -h "generation\|resumed from\|succeeded\|FAILED\|paratrain: error" "$d.node0.log" "$d.node1b.log" | sed 's/^/  /' | head -20
   ((rc0 == 0 && rc1 == 0)) || { fail "the job did not continue with the replacement node"; show "$d.node0.log" 40; show "$d.node1b.log" 40; return; }
   grep -q "world size 2 -> 1\|2 -> 1" "$d.node0.log" || echo "  (note: no 2 -> 1 generation logged)"
-  one_process || { fail "the 1-process run failed"; return; }
-  "$exe" checkpoint consolidate "$(final_of "$d")" -o "$d.consolidated.safetensors" >"$d.consolidate.log" 2>&1 ||
-    { fail "consolidate failed"; show "$d.consolidate.log"; return; }
-  "$exe" checkpoint compare "$d.consolidated.safetensors" "$(one_at 250)" --rtol 1e-5 >"$d.compare.log" 2>&1 ||
-    { fail "the job != the 1-process run at step 250 (rtol 1e-5)"; show "$d.compare.log"; return; }
-  tail -n 1 "$d.compare.log"
+  equals_one_process "$d" 250
 }
 
 # Hierarchical all-reduce across real hosts (issue 9): 2 ranks per machine,
@@ -312,12 +302,7 @@ case_hierarchical() {
   ((rc0 == 0 && rc1 == 0)) || { fail "the 2 x 2 hierarchical run failed (node 0: $rc0, node 1: $rc1)"; show "$d.node0.log"; show "$d.node1.log"; return; }
   grep -h 'world.backend = "hierarchical"' "$d.node0.log" | sed 's/^/  /'
   grep -q 'hierarchical.*2 nodes' "$d.node0.log" || { fail "rank 0 did not see 2 nodes of 2"; show "$d.node0.log"; }
-  one_process || { fail "the 1-process run failed"; return; }
-  "$exe" checkpoint consolidate "$(final_of "$d")" -o "$d.consolidated.safetensors" >"$d.consolidate.log" 2>&1 ||
-    { fail "consolidate failed"; show "$d.consolidate.log"; return; }
-  "$exe" checkpoint compare "$d.consolidated.safetensors" "$(one_at 100)" --rtol 1e-5 >"$d.compare.log" 2>&1 ||
-    { fail "2 x 2 hierarchical != 1 process at step 100 (rtol 1e-5)"; show "$d.compare.log"; return; }
-  tail -n 1 "$d.compare.log"
+  equals_one_process "$d" 100
 }
 
 for case in "${cases[@]}"; do

@@ -11,6 +11,7 @@
 #include "paratrain/core/autocast.h"
 #include "paratrain/core/error.h"
 #include "paratrain/data_parallel/sync_batchnorm/convert_sync_batchnorm.h"
+#include "paratrain/data_parallel/zero/zero.h"
 #include "paratrain/models/model.h"
 #include "paratrain/optim/grad_scaler.h"
 
@@ -136,6 +137,19 @@ std::vector<TensorSlot> DataParallelStrategy::with_buffer_slots(std::vector<Tens
   auto buffers = buffer_slots(*model_, dp_.rank() == 0);
   params.insert(params.end(), buffers.begin(), buffers.end());
   return params;
+}
+
+ModelStateBytes zero_chunks_memory(const std::vector<std::unique_ptr<zero::ZeroDataParallel>>& engines,
+                                   const torch::optim::Optimizer& optimizer) {
+  ModelStateBytes m;
+  for (const auto& z : engines) {
+    const ModelStateBytes b = z->model_state_bytes(nullptr);
+    m.params += b.params;
+    m.grads += b.grads;
+    m.comm_buffers += b.comm_buffers;
+  }
+  m.optimizer_state = tensor_bytes(optimizer_state_tensors(optimizer));
+  return m;
 }
 
 }  // namespace paratrain::train::strategies

@@ -3,6 +3,7 @@
 // that no model-parallel axis is configured, and the cross-entropy step.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +16,10 @@
 #include "paratrain/train/strategy.h"
 #include "paratrain/train/strategy_registry.h"
 
+
+namespace paratrain::zero {
+class ZeroDataParallel;
+}  // namespace paratrain::zero
 
 namespace paratrain::train::strategies {
 
@@ -60,6 +65,11 @@ at::ScalarType compute_dtype(const TrainConfig& config);
 // SyncBatchNorm over `dp` (before DDP/ZeRO/FSDP wrap it). No-op when off.
 void convert_batchnorm(const TrainConfig& config, models::Model& model, comm::ProcessGroup& dp,
                        std::chrono::milliseconds timeout);
+
+// The model-state bytes of several ZeRO engines (one per local pipeline
+// chunk) added up; optimizer state is the optimizer's own count.
+ModelStateBytes zero_chunks_memory(const std::vector<std::unique_ptr<zero::ZeroDataParallel>>& engines,
+                                   const torch::optim::Optimizer& optimizer);
 
 // What the ddp, zero and fsdp adapters hold and answer alike: the config, the
 // dp group, the model, the data shard, and buffers (replicated, rank 0 writes).

@@ -275,17 +275,7 @@ class PipelineStrategy final : public Strategy {
   }
 
   ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const override {
-    if (!zero_.empty()) {
-      ModelStateBytes m;
-      for (const auto& z : zero_) {
-        const auto b = z->model_state_bytes(nullptr);
-        m.params += b.params;
-        m.grads += b.grads;
-        m.comm_buffers += b.comm_buffers;
-      }
-      m.optimizer_state = tensor_bytes(optimizer_state_tensors(optimizer));
-      return m;
-    }
+    if (!zero_.empty()) return zero_chunks_memory(zero_, optimizer);
     std::vector<at::Tensor> grads;
     for (const auto& p : module_->parameters()) grads.push_back(p.grad());
     ModelStateBytes m;

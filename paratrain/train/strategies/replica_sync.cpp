@@ -150,19 +150,11 @@ SyncStats ReplicaSync::stats() const {
 
 ModelStateBytes ReplicaSync::memory(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
                                     const torch::optim::Optimizer& optimizer) const {
+  if (!zero_.empty()) return zero_chunks_memory(zero_, optimizer);
   ModelStateBytes m;
-  if (zero_.empty()) {
-    for (const auto& mod : modules) {
-      m.params += tensor_bytes(mod->parameters());
-      m.grads += tensor_bytes(grads_of(mod->parameters()));
-    }
-  } else {
-    for (const auto& z : zero_) {
-      const ModelStateBytes b = z->model_state_bytes(nullptr);
-      m.params += b.params;
-      m.grads += b.grads;
-      m.comm_buffers += b.comm_buffers;
-    }
+  for (const auto& mod : modules) {
+    m.params += tensor_bytes(mod->parameters());
+    m.grads += tensor_bytes(grads_of(mod->parameters()));
   }
   m.optimizer_state = tensor_bytes(optimizer_state_tensors(optimizer));
   return m;
