@@ -10,6 +10,7 @@
 
 #include "paratrain/core/autocast.h"
 #include "paratrain/core/error.h"
+#include "paratrain/data_parallel/ddp/ddp.h"
 #include "paratrain/data_parallel/sync_batchnorm/convert_sync_batchnorm.h"
 #include "paratrain/data_parallel/zero/zero.h"
 #include "paratrain/models/model.h"
@@ -137,6 +138,25 @@ std::vector<TensorSlot> DataParallelStrategy::with_buffer_slots(std::vector<Tens
   auto buffers = buffer_slots(*model_, dp_.rank() == 0);
   params.insert(params.end(), buffers.begin(), buffers.end());
   return params;
+}
+
+zero::ZeroOptions zero_options(const TrainConfig& config, std::chrono::milliseconds timeout) {
+  zero::ZeroOptions options;
+  options.stage = static_cast<int>(config.zero.stage);
+  options.buckets = bucket_options(config);
+  options.find_unused_parameters = config.ddp.find_unused_parameters;
+  options.broadcast_buffers = config.ddp.broadcast_buffers;
+  options.timeout = timeout;
+  return options;
+}
+
+ddp::DdpOptions ddp_options(const TrainConfig& config, std::chrono::milliseconds timeout) {
+  ddp::DdpOptions options;
+  options.broadcast_buffers = config.ddp.broadcast_buffers;
+  options.reducer.buckets = bucket_options(config);
+  options.reducer.find_unused_parameters = config.ddp.find_unused_parameters;
+  options.reducer.timeout = timeout;
+  return options;
 }
 
 ModelStateBytes zero_chunks_memory(const std::vector<std::unique_ptr<zero::ZeroDataParallel>>& engines,

@@ -19,7 +19,11 @@
 
 namespace paratrain::zero {
 class ZeroDataParallel;
+struct ZeroOptions;
 }  // namespace paratrain::zero
+namespace paratrain::ddp {
+struct DdpOptions;
+}  // namespace paratrain::ddp
 
 namespace paratrain::train::strategies {
 
@@ -65,6 +69,12 @@ at::ScalarType compute_dtype(const TrainConfig& config);
 // SyncBatchNorm over `dp` (before DDP/ZeRO/FSDP wrap it). No-op when off.
 void convert_batchnorm(const TrainConfig& config, models::Model& model, comm::ProcessGroup& dp,
                        std::chrono::milliseconds timeout);
+
+// The engine options every strategy derives alike from the config (zero.stage,
+// bucket caps, ddp.find_unused_parameters, ddp.broadcast_buffers) and the
+// collective timeout; strategies add what is theirs (compression hooks).
+zero::ZeroOptions zero_options(const TrainConfig& config, std::chrono::milliseconds timeout);
+ddp::DdpOptions ddp_options(const TrainConfig& config, std::chrono::milliseconds timeout);
 
 // The model-state bytes of several ZeRO engines (one per local pipeline
 // chunk) added up; optimizer state is the optimizer's own count.

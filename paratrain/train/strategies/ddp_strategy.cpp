@@ -44,11 +44,7 @@ class DdpStrategy final : public DataParallelStrategy {
     convert_batchnorm(config_, *model_, dp_, timeout_);
     const auto& d = config_.ddp;
     if (d.mode == "bucketed") {
-      ddp::DdpOptions options;
-      options.broadcast_buffers = d.broadcast_buffers;
-      options.reducer.buckets = bucket_options(config_);
-      options.reducer.find_unused_parameters = d.find_unused_parameters;
-      options.reducer.timeout = timeout_;
+      ddp::DdpOptions options = ddp_options(config_, timeout_);
       // ddp.compression "fp16"/"bf16" is the same wire as precision.comm_dtype
       // (the schema rejects the two disagreeing).
       const std::string wire_name = d.compression == "fp16" || d.compression == "bf16"

@@ -332,25 +332,14 @@ class PipelineStrategy final : public Strategy {
       // Even at dp = 1: the optimizer state and checkpoint layout are the
       // ZeRO ones, as for the zero strategy on one rank.
       for (auto& chunk : modules_) {
-        zero::ZeroOptions options;
-        options.stage = static_cast<int>(config_.zero.stage);
-        options.buckets = bucket_options(config_);
-        options.find_unused_parameters = config_.ddp.find_unused_parameters;
-        options.broadcast_buffers = config_.ddp.broadcast_buffers;
-        options.timeout = timeout_;
-        zero_.push_back(std::make_unique<zero::ZeroDataParallel>(chunk, dp_, std::move(options)));
+        zero_.push_back(std::make_unique<zero::ZeroDataParallel>(chunk, dp_, zero_options(config_, timeout_)));
       }
       return;
     }
     if (dp_.size() == 1 || config_.ddp.mode == "none") return;
     for (auto& chunk : modules_) {
       if (config_.ddp.mode == "bucketed") {
-        ddp::DdpOptions options;
-        options.broadcast_buffers = config_.ddp.broadcast_buffers;
-        options.reducer.buckets = bucket_options(config_);
-        options.reducer.find_unused_parameters = config_.ddp.find_unused_parameters;
-        options.reducer.timeout = timeout_;
-        ddp_.push_back(std::make_unique<ddp::DistributedDataParallel>(chunk, dp_, std::move(options)));
+        ddp_.push_back(std::make_unique<ddp::DistributedDataParallel>(chunk, dp_, ddp_options(config_, timeout_)));
       } else {
         ddp::NaiveOptions options;
         options.broadcast_buffers = config_.ddp.broadcast_buffers;

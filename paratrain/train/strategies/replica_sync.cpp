@@ -14,20 +14,9 @@ ReplicaSync::ReplicaSync(const TrainConfig& config, const std::vector<std::share
     : modules_(modules) {
   for (const auto& m : modules) {
     if (config.zero.stage > 0) {
-      zero::ZeroOptions options;
-      options.stage = static_cast<int>(config.zero.stage);
-      options.buckets = bucket_options(config);
-      options.find_unused_parameters = config.ddp.find_unused_parameters;
-      options.broadcast_buffers = config.ddp.broadcast_buffers;
-      options.timeout = timeout;
-      zero_.push_back(std::make_unique<zero::ZeroDataParallel>(m, replicas, std::move(options)));
+      zero_.push_back(std::make_unique<zero::ZeroDataParallel>(m, replicas, zero_options(config, timeout)));
     } else if (replicas.size() > 1) {
-      ddp::DdpOptions options;
-      options.broadcast_buffers = config.ddp.broadcast_buffers;
-      options.reducer.buckets = bucket_options(config);
-      options.reducer.find_unused_parameters = config.ddp.find_unused_parameters;
-      options.reducer.timeout = timeout;
-      ddp_.push_back(std::make_unique<ddp::DistributedDataParallel>(m, replicas, std::move(options)));
+      ddp_.push_back(std::make_unique<ddp::DistributedDataParallel>(m, replicas, ddp_options(config, timeout)));
     }
   }
 }

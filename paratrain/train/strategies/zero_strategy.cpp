@@ -30,12 +30,7 @@ class ZeroStrategy final : public DataParallelStrategy {
   void build_model(const ModelFactory& factory) override {
     model_ = factory();
     convert_batchnorm(config_, *model_, dp_, timeout_);
-    zero::ZeroOptions options;
-    options.stage = static_cast<int>(config_.zero.stage);
-    options.buckets = bucket_options(config_);
-    options.find_unused_parameters = config_.ddp.find_unused_parameters;
-    options.broadcast_buffers = config_.ddp.broadcast_buffers;
-    options.timeout = timeout_;
+    zero::ZeroOptions options = zero_options(config_, timeout_);
     // ddp.compression "fp16"/"bf16" and precision.comm_dtype name the same
     // wire (the schema rejects the two disagreeing, and powersgd here).
     const std::string wire = wire_name();
