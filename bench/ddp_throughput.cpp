@@ -71,6 +71,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--gradient-as-bucket-view", o.gradient_as_bucket_view,
                "let .grad alias the bucket buffers");
+  bool ordinary_buffers = false;
+  app.add_flag("--no-symmetric-buffers", ordinary_buffers,
+               "bucket buffers in ordinary memory even on shm (the A/B of the in-place all-reduce)");
   app.add_option("--seed", o.seed, "seeds the model and this rank's data (+rank)")->capture_default_str();
   app.add_option("--comm", backend, "process group backend: gloo, shm (shared memory, one host) or mpi (under mpirun)")
       ->capture_default_str();
@@ -79,6 +82,7 @@ int main(int argc, char** argv) {
   app.add_option("--powersgd-rank", o.powersgd_rank, "PowerSGD's r")->capture_default_str();
   app.add_option("--out", out, "also append the JSON line to this file");
   CLI11_PARSE(app, argc, argv);
+  o.symmetric_buffers = !ordinary_buffers;
   try {
     if (backend != "gloo" && backend != "shm" && backend != "mpi")
       throw paratrain::ConfigError(fmt::format("--comm must be gloo, mpi or shm, got '{}'", backend));

@@ -229,6 +229,8 @@ int run_ddp(const Common& c, bench::DdpBenchOptions o, std::vector<double> caps,
                                   "--rounds", std::to_string(rounds), "--compression", o.compression,
                                   "--powersgd-rank", std::to_string(o.powersgd_rank), "--seed", std::to_string(o.seed)};
     if (nocomm) args.push_back("--with-nocomm");
+    if (o.gradient_as_bucket_view) args.push_back("--gradient-as-bucket-view");
+    if (!o.symmetric_buffers) args.push_back("--no-symmetric-buffers");
     if (!c.out.empty()) args.insert(args.end(), {"--out", c.out});
     return spawn_ranks(args, c.nproc, c.backend.empty() ? "auto" : c.backend);
   }
@@ -362,6 +364,9 @@ Command add_bench_command(CLI::App& app) {
   ddp_cmd->add_option("--compression", d.compression, "none, fp16, bf16 or powersgd")->capture_default_str();
   ddp_cmd->add_option("--powersgd-rank", d.powersgd_rank, "PowerSGD's r")->capture_default_str();
   ddp_cmd->add_option("--seed", d.seed, "seeds the model and each rank's data")->capture_default_str();
+  ddp_cmd->add_flag("--gradient-as-bucket-view", d.gradient_as_bucket_view, "let .grad alias the bucket buffers");
+  ddp_cmd->add_flag("--no-symmetric-buffers{false}", d.symmetric_buffers,
+                    "bucket buffers in ordinary memory even on shm (the A/B of the in-place all-reduce)");
   ddp_cmd->add_flag("--with-nocomm", a->nocomm, "also run DDP without communication each round (the ceiling)");
 
   auto run = [a, comm_cmd, ddp_cmd]() -> int {

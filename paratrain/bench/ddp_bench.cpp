@@ -54,6 +54,7 @@ ddp::DdpOptions ddp_options(const DdpBenchOptions& o, std::shared_ptr<ddp::Power
   d.reducer.buckets.bucket_cap_bytes = static_cast<int64_t>(o.bucket_cap_mb * 1024 * 1024);
   d.reducer.buckets.first_bucket_cap_bytes = static_cast<int64_t>(o.first_bucket_cap_mb * 1024 * 1024);
   d.reducer.gradient_as_bucket_view = o.gradient_as_bucket_view;
+  d.reducer.symmetric_buffers = o.symmetric_buffers;
   if (o.compression == "fp16" || o.compression == "bf16") {
     const auto wire = o.compression == "bf16" ? at::kBFloat16 : at::kHalf;
     d.reducer.comm_hook = ddp::low_precision_hook(wire);
@@ -184,6 +185,7 @@ nlohmann::json result_json(const DdpBenchOptions& o, comm::ProcessGroup& group, 
       {"bucket_cap_mb", o.bucket_cap_mb},
       {"first_bucket_cap_mb", o.first_bucket_cap_mb},
       {"gradient_as_bucket_view", o.gradient_as_bucket_view},
+      {"symmetric_buffers", o.symmetric_buffers && group.backend() == "shm"},
       {"threads", at::get_num_threads()},
       {"params", params},
       {"grad_bytes", params * 4},

@@ -26,6 +26,9 @@ struct DdpBenchOptions {
   double bucket_cap_mb = 25;     ///< MiB, as PyTorch's bucket_cap_mb
   double first_bucket_cap_mb = 1;  ///< MiB, PyTorch's fixed first bucket
   bool gradient_as_bucket_view = false;
+  /// ReducerOptions::symmetric_buffers: bucket buffers in the backend's
+  /// symmetric memory (shm: the all-reduce reads them in place).
+  bool symmetric_buffers = true;
   uint64_t seed = 0;             ///< seeds the model, and each rank's data (+ rank)
   /// none, fp16/bf16 (16-bit wire, fp32 sums) or powersgd (rank-r factors).
   std::string compression = "none";

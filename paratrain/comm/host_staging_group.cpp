@@ -134,6 +134,11 @@ class HostStagingGroup final : public ProcessGroup {
     return p.issue(inner_->all_gather_uneven(ho, p.in(input), counts), options_.timeout);
   }
   void abort() override { inner_->abort(); }
+  // Host memory, reduced in place by the inner backend: a CPU tensor passes
+  // through this group uncopied, so it stays in the inner group's block.
+  at::Tensor allocate_symmetric(int64_t numel, at::ScalarType dtype) override {
+    return inner_->allocate_symmetric(numel, dtype);
+  }
   std::shared_ptr<ProcessGroup> new_subgroup(const std::vector<int>& ranks) override {
     auto sub = inner_->new_subgroup(ranks);
     return sub ? std::make_shared<HostStagingGroup>(std::move(sub), options_) : nullptr;

@@ -123,6 +123,17 @@ class ProcessGroup {
   /// ranks (ranks of this group, strictly increasing). Members get the new
   /// group, non-members nullptr. Later strategies build dp/tp/pp groups this way.
   virtual std::shared_ptr<ProcessGroup> new_subgroup(const std::vector<int>& ranks) = 0;
+
+  /// Symmetric memory: a zeroed CPU tensor of `numel` elements that every
+  /// member's collectives can read directly (the shm backend maps every
+  /// member's copy into every member's process). An all_reduce of exactly
+  /// such a tensor (or of one contiguous piece of it, the same piece on every
+  /// member) then reduces in place from the peers' copies instead of copying
+  /// through the transport. Collective: every member calls it with the same
+  /// sizes in the same order. Undefined tensor when the backend has no such
+  /// memory (the default): allocate normally then. DDP's bucket buffers come
+  /// from here, so backward writes gradients straight into shared memory.
+  virtual at::Tensor allocate_symmetric(int64_t numel, at::ScalarType dtype) { return {}; }
 };
 
 }  // namespace paratrain::comm

@@ -56,6 +56,9 @@ class RecordingGroup : public ProcessGroup {
   WorkHandle all_gather_uneven(at::Tensor& output, const at::Tensor& input,
                                const std::vector<int64_t>& counts) override;
   void abort() override { inner_->abort(); }
+  at::Tensor allocate_symmetric(int64_t numel, at::ScalarType dtype) override {
+    return inner_->allocate_symmetric(numel, dtype);
+  }
   /// The inner group's sub-group, wrapped with the same recorder (named "group" until name_group()).
   std::shared_ptr<ProcessGroup> new_subgroup(const std::vector<int>& ranks) override;
 

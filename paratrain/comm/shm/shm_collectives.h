@@ -11,6 +11,7 @@
 
 #include "paratrain/comm/process_group.h"
 #include "paratrain/comm/shm/shm_segment.h"
+#include "paratrain/comm/shm/shm_symmetric.h"
 
 namespace paratrain::comm::shm_detail {
 
@@ -26,6 +27,12 @@ struct Channel {
 // Reduces `tensor` over the ranks in place; only ranks with copy_out get the
 // result (reduce() to a root passes copy_out on the root alone).
 void all_reduce(Channel ch, at::Tensor& tensor, ReduceOp op, bool copy_out);
+// all_reduce of a tensor that is this rank's copy in `block` at `offset`
+// (bytes), the same offset on every rank: reduced in place from the peers'
+// copies, no copy through the slots. Same bits as all_reduce(). See Note
+// [Reducing in place].
+void all_reduce_symmetric(Channel ch, const SymmetricBlock& block, std::size_t offset, at::Tensor& tensor,
+                          ReduceOp op);
 void reduce_scatter(Channel ch, at::Tensor& output, const at::Tensor& input, ReduceOp op);
 // counts: elements per rank (all_gather: all equal). copy_out false: this
 // rank only contributes (gather to another root).

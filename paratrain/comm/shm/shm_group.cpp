@@ -22,6 +22,7 @@
 #include "paratrain/comm/gloo/gloo_group.h"
 #include "paratrain/comm/shm/shm_collectives.h"
 #include "paratrain/comm/shm/shm_segment.h"
+#include "paratrain/comm/shm/shm_symmetric.h"
 #include "paratrain/comm/worker_work.h"
 #include "paratrain/core/env.h"
 #include "paratrain/core/error.h"
@@ -79,6 +80,16 @@ class ShmProcessGroup final : public ProcessGroup {
   WorkHandle all_reduce(at::Tensor& tensor, ReduceOp op) override {
     check_tensor(tensor, "all_reduce");
     check_reduce(op, tensor, "all_reduce");
+    const auto nbytes = static_cast<std::size_t>(tensor.numel()) * tensor.element_size();
+    if (nbytes > 0) {
+      std::lock_guard lock(symmetric_mu_);
+      for (const auto& block : symmetric_)
+        if (const auto offset = block->offset_in_mine(tensor.data_ptr(), nbytes))
+          return enqueue(describe("all_reduce", tensor) + " in place",
+                         [tensor, op, block, at = *offset](Channel ch) mutable {
+                           shm_detail::all_reduce_symmetric(ch, *block, at, tensor, op);
+                         });
+    }
     return enqueue(describe("all_reduce", tensor),
                    [tensor, op](Channel ch) mutable { shm_detail::all_reduce(ch, tensor, op, true); });
   }
@@ -192,6 +203,28 @@ class ShmProcessGroup final : public ProcessGroup {
     std::lock_guard lock(subgroups_mu_);
     for (auto& weak : subgroups_)
       if (auto g = weak.lock()) g->abort();
+  }
+
+  // One symmetric block per call (shm_symmetric.h), numbered by how many
+  // this group made (the same on every rank: the call is collective). The
+  // tensor keeps its block mapped after the group is gone; the group keeps
+  // it to recognise the block's tensors in all_reduce.
+  at::Tensor allocate_symmetric(int64_t numel, at::ScalarType dtype) override {
+    check_usable("allocate_symmetric");
+    TORCH_CHECK(numel >= 0, "allocate_symmetric: numel ", numel, " is negative");
+    const uint64_t id = ++symmetric_count_;
+    std::random_device entropy;
+    const uint64_t nonce = (static_cast<uint64_t>(entropy()) << 32) ^ entropy() ^ static_cast<uint64_t>(getpid());
+    auto block = std::make_shared<shm_detail::SymmetricBlock>(
+        *store_, fmt::format("shm/symmetric{}", id),
+        shm_detail::segment_name(options_.job, fmt::format("{}.sym{}", options_.group, id), nonce), id, rank_, size_,
+        static_cast<std::size_t>(numel) * c10::elementSize(dtype), options_.timeout);
+    {
+      std::lock_guard lock(symmetric_mu_);
+      symmetric_.push_back(block);
+    }
+    return at::from_blob(
+        block->copy_of(rank_), {numel}, [block](void*) {}, at::TensorOptions().dtype(dtype));
   }
 
   // Members build a fresh shm group (own segment, own Gloo group) under a
@@ -325,6 +358,10 @@ class ShmProcessGroup final : public ProcessGroup {
   bool broken_ = false;
   std::string broken_reason_;
   std::thread worker_;
+
+  uint64_t symmetric_count_ = 0;
+  std::mutex symmetric_mu_;
+  std::vector<std::shared_ptr<shm_detail::SymmetricBlock>> symmetric_;
 
   int subgroup_count_ = 0;
   std::mutex subgroups_mu_;

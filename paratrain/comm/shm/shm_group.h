@@ -7,6 +7,10 @@
 //
 // Native over the segment: all_reduce, reduce, reduce_scatter, all_gather,
 // all_gather_uneven, gather, scatter, broadcast, barrier.
+// Symmetric memory (allocate_symmetric, comm/shm/shm_symmetric.h): an
+// all_reduce of a tensor that lies in it reduces the ranks' copies in place,
+// without copying through the segment (Note [Reducing in place]); DDP's
+// bucket buffers are allocated there.
 // Delegated to a Gloo group built from the same store (rare or
 // point-to-point, where the segment's lock-step phases do not fit): send,
 // recv, all_to_all.

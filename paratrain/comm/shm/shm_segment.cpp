@@ -21,13 +21,14 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "paratrain/comm/shm/shm_map.h"
 #include "paratrain/core/error.h"
 
 namespace paratrain::comm::shm_detail {
 namespace {
 
 constexpr std::size_t kLine = 64;
-constexpr uint64_t kMagic = 0x70617261'73686d31ULL;  // "parashm1"
+constexpr uint64_t kMagic = 0x70617261'73686d32ULL;  // "parashm2" (layout version 2: OpShape)
 
 enum State : uint32_t { kLive = 0, kFailed = 1, kAborted = 2 };
 
@@ -43,6 +44,8 @@ struct alignas(kLine) Control {
   std::atomic<uint32_t> phase;  // phases this rank completed; the futex word
   std::atomic<int32_t> pid;     // 0 until the rank mapped the segment
   std::atomic<uint32_t> state;  // State
+  // The shape of this rank's current all_reduce (Segment::OpShape).
+  std::atomic<uint64_t> op_block, op_offset, op_bytes;
 };
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free && sizeof(std::atomic<uint32_t>) == 4);
@@ -79,8 +82,6 @@ bool process_alive(int32_t pid) {
   return st != 'Z' && st != 'X';
 }
 
-std::string errno_text(int err) { return std::strerror(err); }
-
 }  // namespace
 
 std::string segment_name(const std::string& job, const std::string& group, uint64_t nonce) {
@@ -98,43 +99,9 @@ Segment::Segment(c10d::Store& store, const std::string& key, const std::string& 
   TORCH_CHECK(chunk_bytes_ >= kLine && chunk_bytes_ % kLine == 0, "shm: chunk_bytes (", chunk_bytes_,
               ") must be a positive multiple of ", kLine);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  int fd = -1;
   if (rank_ == 0) {
     name_ = name;
-    fd = shm_open(("/" + name_).c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0)
-      throw CommError(fmt::format("rank 0: cannot create the shared-memory segment /dev/shm/{}: {}. Is /dev/shm "
-                                  "mounted and writable?",
-                                  name_, errno_text(errno)));
-    if (ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
-      const int err = errno;
-      close(fd);
-      shm_unlink(("/" + name_).c_str());
-      throw CommError(fmt::format("rank 0: cannot size the shared-memory segment /dev/shm/{} to {} bytes: {}. "
-                                  "/dev/shm may be too small (docker: --shm-size); lower the chunk size",
-                                  name_, bytes_, errno_text(err)));
-    }
-  } else {
-    // Blocks until rank 0 published the name (bounded by the store's timeout).
-    const auto value = store.get(key);
-    name_.assign(value.begin(), value.end());
-    fd = shm_open(("/" + name_).c_str(), O_RDWR, 0600);
-    if (fd < 0)
-      throw CommError(fmt::format("rank {}: cannot open the shared-memory segment /dev/shm/{} created by rank 0: "
-                                  "{}. The shm backend needs every rank on rank 0's host (and /dev/shm shared "
-                                  "between them); use world.backend = \"gloo\" across hosts",
-                                  rank_, name_, errno_text(errno)));
-  }
-  base_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int map_err = errno;
-  close(fd);
-  if (base_ == MAP_FAILED) {
-    base_ = nullptr;
-    if (rank_ == 0) shm_unlink(("/" + name_).c_str());
-    throw CommError(fmt::format("rank {}: cannot map /dev/shm/{} ({} bytes): {}", rank_, name_, bytes_,
-                                errno_text(map_err)));
-  }
-  if (rank_ == 0) {
+    base_ = create_mapping(name_, bytes_);
     // A fresh segment is zero-filled: counters start at 0, states live.
     auto* h = new (base_) Header{};
     h->magic = kMagic;
@@ -143,35 +110,38 @@ Segment::Segment(c10d::Store& store, const std::string& key, const std::string& 
     for (int r = 0; r < size_; ++r) new (&control(base_, r)) Control{};
     std::atomic_thread_fence(std::memory_order_seq_cst);
     store.set(key, std::vector<uint8_t>(name_.begin(), name_.end()));
-  } else if (header(base_).magic != kMagic || header(base_).size != size_ ||
-             header(base_).chunk_bytes != chunk_bytes_) {
-    munmap(base_, bytes_);
-    base_ = nullptr;
-    throw CommError(fmt::format("rank {}: /dev/shm/{} does not hold a segment of {} ranks with chunks of {} bytes: "
-                                "ranks disagree on the group or its options",
-                                rank_, name_, size_, chunk_bytes_));
+  } else {
+    // Blocks until rank 0 published the name (bounded by the store's timeout).
+    const auto value = store.get(key);
+    name_.assign(value.begin(), value.end());
+    base_ = open_mapping(name_, bytes_, rank_);
+    if (header(base_).magic != kMagic || header(base_).size != size_ || header(base_).chunk_bytes != chunk_bytes_) {
+      munmap(base_, bytes_);
+      base_ = nullptr;
+      throw CommError(fmt::format("rank {}: /dev/shm/{} does not hold a segment of {} ranks with chunks of {} "
+                                  "bytes: ranks disagree on the group or its options (or run different builds)",
+                                  rank_, name_, size_, chunk_bytes_));
+    }
   }
   control(base_, rank_).pid.store(static_cast<int32_t>(getpid()));
   header(base_).mapped.fetch_add(1);
   if (rank_ != 0) return;
-  // Note [Unlink once mapped]: a mapping outlives its name, so once every
-  // rank holds one the name goes; a crash from here on leaves nothing in
-  // /dev/shm (the kernel frees the memory with the last mapping).
-  while (header(base_).mapped.load() < static_cast<uint32_t>(size_)) {
-    if (std::chrono::steady_clock::now() >= deadline) {
-      shm_unlink(("/" + name_).c_str());
-      std::string missing;
-      for (int r = 0; r < size_; ++r)
-        if (control(base_, r).pid.load() == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      munmap(base_, bytes_);
-      base_ = nullptr;
-      throw TimeoutError(fmt::format("rank 0: ranks [{}] did not map the shared-memory segment /dev/shm/{} within "
-                                     "{} ms: they never started, died, or run on another host",
-                                     missing, name_, timeout.count()));
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  try {
+    unlink_once_mapped(
+        name_, [&] { return header(base_).mapped.load() >= static_cast<uint32_t>(size_); }, deadline,
+        [&] {
+          std::string missing;
+          for (int r = 0; r < size_; ++r)
+            if (control(base_, r).pid.load() == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+          return fmt::format("rank 0: ranks [{}] did not map the shared-memory segment /dev/shm/{} within {} ms: "
+                             "they never started, died, or run on another host",
+                             missing, name_, timeout.count());
+        });
+  } catch (...) {
+    munmap(base_, bytes_);
+    base_ = nullptr;
+    throw;
   }
-  shm_unlink(("/" + name_).c_str());
 }
 
 Segment::~Segment() {
@@ -181,6 +151,18 @@ Segment::~Segment() {
 char* Segment::slot(int r, uint64_t chunk) const {
   char* data = static_cast<char*>(base_) + sizeof(Header) + size_ * sizeof(Control);
   return data + (static_cast<std::size_t>(r) * 2 + chunk % 2) * chunk_bytes_;
+}
+
+void Segment::publish(const OpShape& shape) {
+  Control& c = control(base_, rank_);
+  c.op_block.store(shape.block);
+  c.op_offset.store(shape.offset);
+  c.op_bytes.store(shape.bytes);
+}
+
+Segment::OpShape Segment::shape_of(int r) const {
+  const Control& c = control(base_, r);
+  return OpShape{c.op_block.load(), c.op_offset.load(), c.op_bytes.load()};
 }
 
 void Segment::mark_failed() {

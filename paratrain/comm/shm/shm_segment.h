@@ -55,6 +55,22 @@ class Segment {
   // deadline naming the ranks that never arrived, CommError on local abort.
   void arrive_and_wait(const WaitContext& ctx);
 
+  // What an all_reduce works on, published by each rank before the
+  // operation's first phase and compared after it: every rank must reduce
+  // the same number of bytes, and either all through the slots (block 0) or
+  // all in place in the same symmetric block at the same offset (block =
+  // SymmetricBlock::id()). A mismatch would otherwise read garbage or leave
+  // the phases out of step; with the check it is a CommError naming the rank.
+  struct OpShape {
+    uint64_t block = 0, offset = 0, bytes = 0;
+    bool operator==(const OpShape&) const = default;
+  };
+  // Only between operations' first phases (Note [Shm phases]): a peer reads
+  // it after that phase and before the next, while this rank cannot get
+  // past the next one.
+  void publish(const OpShape& shape);
+  OpShape shape_of(int r) const;
+
   // Marks this rank as failed or aborted, so peers waiting on it fail at
   // once instead of at their timeout. A group's destructor marks it aborted
   // too: peers still waiting on it fail ("aborted (or left)"), those past

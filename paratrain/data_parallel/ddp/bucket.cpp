@@ -32,20 +32,22 @@ Bucket::Bucket(std::size_t index, BucketPlan plan, const std::vector<at::Tensor>
   }
   filled_.assign(plan_.params.size(), false);
   pending_ = plan_.params.size();
-  if (!options_.transient_buffer) make_buffer();
+  if (!options_.transient_buffer) make_buffer(/*first=*/true);
 }
 
 // Persistent buffers start zeroed once. A transient buffer is made every
 // step, and the reducer writes every slot in full before launch (a missing
 // gradient is written as zero), so only the padding after the last slot
 // needs zeroing: slots are back to back from offset 0 (validate_plans()).
-void Bucket::make_buffer() {
+void Bucket::make_buffer(bool first) {
   const auto opts = at::TensorOptions().dtype(plan_.dtype).device(plan_.device);
   if (options_.transient_buffer) {
     buffer_ = at::empty({plan_.padded_numel}, opts);
     buffer_.narrow(0, plan_.numel, plan_.padded_numel - plan_.numel).zero_();
   } else {
-    buffer_ = at::zeros({plan_.padded_numel}, opts);
+    if (first && options_.allocate && plan_.device.is_cpu())
+      buffer_ = options_.allocate(plan_.padded_numel, plan_.dtype);
+    if (!buffer_.defined() || !first) buffer_ = at::zeros({plan_.padded_numel}, opts);
   }
   slots_.clear();
   for (std::size_t i = 0; i < shapes_.size(); ++i) {

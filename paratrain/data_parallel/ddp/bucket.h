@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -42,6 +43,13 @@ struct BucketOptions {
   // available while it exists. A new transient buffer is not zeroed (only
   // its padding is): the caller writes every slot before launch.
   bool transient_buffer = false;
+  // Where a persistent buffer comes from at construction (ReducerOptions::
+  // symmetric_buffers: the group's symmetric memory); it returns a zeroed
+  // tensor of `numel` elements, or an undefined one to fall back to
+  // at::zeros. Empty: at::zeros. Called once, from the constructor (a
+  // collective allocation must happen on every rank in the same order);
+  // abandon()'s replacement buffer is ordinary memory.
+  std::function<at::Tensor(int64_t numel, at::ScalarType dtype)> allocate;
 };
 
 class Bucket {
@@ -109,7 +117,7 @@ class Bucket {
 
  private:
   void expect(BucketState expected, std::string_view action) const;
-  void make_buffer();
+  void make_buffer(bool first = false);
   void drop_buffer();
   void missing_buffer(std::string_view action) const;
 

@@ -108,6 +108,11 @@ Reducer::Reducer(std::vector<NamedParameter> params, comm::ProcessGroup& group, 
               "ReducerOptions: gradient_as_bucket_view with a sink that does not write back: .grad would "
               "alias a bucket buffer that is released after every step. Unset gradient_as_bucket_view (the "
               "sink keeps only a shard, so there is no full gradient to view) or set persistent_buffers");
+  if (!bucket_options.transient_buffer && options_.symmetric_buffers) {
+    bucket_options.allocate = [this](int64_t numel, at::ScalarType dtype) {
+      return group_.allocate_symmetric(numel, dtype);
+    };
+  }
   const std::vector<at::Tensor> tensors = tensors_of(params_);
   where_.resize(params_.size());
   buckets_.reserve(plans_.size());

@@ -70,6 +70,13 @@ struct ReducerOptions {
   /// step. Off: gradients are copied into the buffer and back, and .grad
   /// tensors stay the user's own. See Note [Gradients as bucket views].
   bool gradient_as_bucket_view = false;
+  /// Persistent CPU bucket buffers come from group.allocate_symmetric() when
+  /// the backend has symmetric memory (shm): the all-reduce then reduces the
+  /// ranks' buffers where they lie, without copying them through the
+  /// backend, and with gradient_as_bucket_view backward writes gradients
+  /// straight into shared memory. Off, or a backend without it: ordinary
+  /// memory. Transient buffers and device tensors never use it.
+  bool symmetric_buffers = true;
   /// The collective per bucket, with DDP's write-back; empty = all_reduce(kSum).
   /// Only with the default sink (setting both is an error).
   BucketCommHook comm_hook;
