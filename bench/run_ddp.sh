@@ -89,7 +89,9 @@ run_one() {
   if [[ $impl = paratrain ]]; then cmd=("$program" "${args[@]}" "${paratrain_extra[@]}"); else cmd=("$python" "$root/bench/ddp_pytorch.py" "${args[@]}"); fi
   local before after
   before=$(wc -l <"$runs")
-  if ! "$launcher" launch --nproc-per-node "$world" -- "${cmd[@]}" >"$log" 2>&1; then
+  local store=()
+  [[ $impl = pytorch ]] && store=(--plain-store)  # PyTorch's TCPStore clients
+  if ! "$launcher" launch --nproc-per-node "$world" "${store[@]}" -- "${cmd[@]}" >"$log" 2>&1; then
     echo "run_ddp.sh: $impl $model $mode at $world rank(s) failed; its output ($log):" >&2
     tail -n 30 "$log" >&2
     exit 1

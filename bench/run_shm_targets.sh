@@ -69,7 +69,10 @@ for ((r = 1; r <= rounds; r++)); do
         nocomm) cmd=("$build/bench/ddp_throughput" "${common[@]}" --mode nocomm --gradient-as-bucket-view) ;;
         pytorch) cmd=("$python" "$root/bench/ddp_pytorch.py" "${common[@]}" --gradient-as-bucket-view) ;;
       esac
-      tag "$model-$v" "$r" "$build/paratrain" launch --nproc-per-node 2 -- "${cmd[@]}"
+      # PyTorch's TCPStore clients need the launcher's plain store.
+      store=()
+      [[ $v = pytorch ]] && store=(--plain-store)
+      tag "$model-$v" "$r" "$build/paratrain" launch --nproc-per-node 2 "${store[@]}" -- "${cmd[@]}"
     done
   done
 done
@@ -81,14 +84,15 @@ med = statistics.median
 def pick(pred, key):
     v = [key(r) for r in rows if pred(r)]
     return (med(v), len(v)) if v else (float("nan"), 0)
-print("| size | gloo busbw GB/s | shm busbw GB/s | memcpy GB/s | shm/memcpy | shm/gloo |")
-print("|---|---|---|---|---|---|")
+print("| size | gloo busbw GB/s | shm busbw GB/s | shm-symmetric busbw GB/s | memcpy GB/s | shm/memcpy | symmetric/memcpy | symmetric/gloo |")
+print("|---|---|---|---|---|---|---|---|")
 sizes = sorted({r["bytes"] for r in rows if r.get("variant") == "comm" and "bytes" in r})
 for b in sizes:
     g, _ = pick(lambda r: r.get("variant") == "comm" and r.get("backend") == "gloo" and r.get("bytes") == b, lambda r: r["busbw_gb_s"])
     s, n = pick(lambda r: r.get("variant") == "comm" and r.get("backend") == "shm" and r.get("bytes") == b, lambda r: r["busbw_gb_s"])
+    y, _ = pick(lambda r: r.get("variant") == "comm" and r.get("backend") == "shm-symmetric" and r.get("bytes") == b, lambda r: r["busbw_gb_s"])
     m, _ = pick(lambda r: r.get("variant") == "comm" and r.get("bytes") == b, lambda r: r["memcpy_gb_s"])
-    print(f"| {b} | {g:.2f} | {s:.2f} | {m:.2f} | {s / m:.2f} | {s / g:.1f}x |")
+    print(f"| {b} | {g:.2f} | {s:.2f} | {y:.2f} | {m:.2f} | {s / m:.2f} | {y / m:.2f} | {y / g:.1f}x |")
 print()
 print("| model | shm symmetric | shm ordinary | gloo | nocomm | PyTorch DDP | sym/nocomm | sym/PyTorch | sym/ordinary |")
 print("|---|---|---|---|---|---|---|---|---|")

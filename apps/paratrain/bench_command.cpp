@@ -156,7 +156,9 @@ int run_comm(const Common& c, const bench::AllReduceBenchOptions& o, const std::
     auto group = comm::init_process_group(comm::world_from_env(), init);
     std::vector<nlohmann::json> rows;
     for (const auto& row : bench::bench_all_reduce(*group, o)) {
-      nlohmann::json j = {{"benchmark", "allreduce"}, {"backend", group->backend()}, {"world", group->size()}};
+      nlohmann::json j = {{"benchmark", "allreduce"},
+                          {"backend", group->backend() + (row.symmetric ? "-symmetric" : "")},
+                          {"world", group->size()}};
       j.update(bench::to_json(row));
       rows.push_back(j);
     }

@@ -97,6 +97,9 @@ Command add_launch_command(CLI::App& app) {
   sub->add_flag("--keep-going-rank0", o.keep_going_rank0,
                 "with --keep-going, rank 0 failing lets the others run on too (`paratrain train` with "
                 "elastic.in_job=true: the survivors elect a new rank 0; the launcher serves the store)");
+  sub->add_flag("--plain-store", o.plain_store,
+                "serve c10d's plain TCPStore with no job token, as torchrun does, for workers that are not "
+                "paratrain (a Python torch.distributed program); any process reaching the port may join");
   sub->add_flag("--no-prefix", flags->no_prefix,
                 "let workers write to the terminal directly instead of prefixing lines with [rank]");
   sub->add_option("command", o.command, "the program to run on every rank and its arguments (after --)");

@@ -62,17 +62,24 @@ std::vector<AllReduceRow> bench_all_reduce(comm::ProcessGroup& group, const AllR
   for (const int64_t bytes : o.sizes_bytes) {
     if (bytes <= 0) throw ConfigError(fmt::format("all-reduce bench: size {} bytes is not positive", bytes));
     const int64_t numel = std::max<int64_t>(1, bytes / 4);
-    at::Tensor buffer = at::ones({numel});
-    AllReduceRow r;
-    r.bytes = numel * 4;
-    constexpr double kBytesPerSize = 256.0 * 1024 * 1024;
-    r.iters = static_cast<int>(std::clamp<double>(kBytesPerSize / static_cast<double>(r.bytes), o.iters, o.max_iters));
-    r.ms = all_reduce_ms(group, buffer, r.iters, o.warmup);
-    r.algbw_gb_s = static_cast<double>(r.bytes) / (r.ms * 1e6);
-    r.busbw_gb_s = n > 1 ? r.algbw_gb_s * 2.0 * (n - 1) / n : 0.0;
-    r.memcpy_ms = memcpy_ms(buffer, r.iters);
-    r.memcpy_gb_s = static_cast<double>(r.bytes) / (r.memcpy_ms * 1e6);
-    rows.push_back(r);
+    // Collective, so every rank gets one or none alike.
+    at::Tensor symmetric = group.allocate_symmetric(numel, at::kFloat);
+    for (at::Tensor buffer : {at::ones({numel}), symmetric}) {
+      if (!buffer.defined()) continue;
+      buffer.fill_(1.0f);
+      AllReduceRow r;
+      r.symmetric = buffer.is_same(symmetric);
+      r.bytes = numel * 4;
+      constexpr double kBytesPerSize = 256.0 * 1024 * 1024;
+      r.iters =
+          static_cast<int>(std::clamp<double>(kBytesPerSize / static_cast<double>(r.bytes), o.iters, o.max_iters));
+      r.ms = all_reduce_ms(group, buffer, r.iters, o.warmup);
+      r.algbw_gb_s = static_cast<double>(r.bytes) / (r.ms * 1e6);
+      r.busbw_gb_s = n > 1 ? r.algbw_gb_s * 2.0 * (n - 1) / n : 0.0;
+      r.memcpy_ms = memcpy_ms(buffer, r.iters);
+      r.memcpy_gb_s = static_cast<double>(r.bytes) / (r.memcpy_ms * 1e6);
+      rows.push_back(r);
+    }
   }
   return rows;
 }
@@ -88,7 +95,8 @@ nlohmann::json to_json(const AllReduceRow& r) {
           {"memcpy_ms", r.memcpy_ms},
           {"memcpy_gb_s", r.memcpy_gb_s},
           // The target: busbw >= 50% of memcpy bandwidth.
-          {"busbw_over_memcpy", r.memcpy_gb_s > 0 ? r.busbw_gb_s / r.memcpy_gb_s : 0.0}};
+          {"busbw_over_memcpy", r.memcpy_gb_s > 0 ? r.busbw_gb_s / r.memcpy_gb_s : 0.0},
+          {"symmetric", r.symmetric}};
 }
 
 }  // namespace paratrain::bench

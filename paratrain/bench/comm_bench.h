@@ -34,12 +34,16 @@ struct AllReduceRow {
   double busbw_gb_s = 0;   ///< algbw x 2(n-1)/n: what each rank sends in a ring (0 on one rank)
   double memcpy_ms = 0;    ///< median local copy of the same bytes
   double memcpy_gb_s = 0;  ///< bytes / memcpy time (copy bandwidth, not read+write traffic)
+  /// The tensor came from the group's symmetric memory (allocate_symmetric:
+  /// shm reduces it in place); false: ordinary memory.
+  bool symmetric = false;
 };
 
 /// Collective over `group`: times a float32 sum all-reduce per size; every
 /// rank returns the same rows. Each timed iteration starts at a barrier and
 /// takes the slowest rank's time, so a late rank does not make another's
-/// all-reduce look slow.
+/// all-reduce look slow. A backend with symmetric memory (shm) gets a second
+/// row per size, the same all-reduce of a tensor from allocate_symmetric().
 std::vector<AllReduceRow> bench_all_reduce(comm::ProcessGroup& group, const AllReduceBenchOptions& options);
 
 /// {"bytes", "ms", "latency_us", "algbw_gb_s", "busbw_gb_s", "memcpy_gb_s",

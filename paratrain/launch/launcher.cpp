@@ -172,7 +172,9 @@ LaunchReport launch_with_report(const LaunchOptions& options) {
   auto say = [&](const std::string& line) { write_all(options.err_fd, line + "\n"); };
   // The job token (comm/rendezvous.cpp): the user's, else a fresh one when
   // this node is the whole job. Nodes cannot agree on a generated one.
-  if (resolved.job_token.empty()) {
+  if (resolved.plain_store) {
+    resolved.job_token.clear();
+  } else if (resolved.job_token.empty()) {
     if (const char* token = std::getenv("PARATRAIN_JOB_TOKEN"); token != nullptr && *token != '\0') {
       resolved.job_token = token;
     } else if (resolved.nnodes == 1 && !resolved.multi_agent) {

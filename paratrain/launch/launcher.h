@@ -93,6 +93,11 @@ struct LaunchOptions {
   // survivors elect a new rank 0 (`paratrain train` with elastic.in_job);
   // the store is the launcher's (agent_store.h), so it outlives rank 0.
   bool keep_going_rank0 = false;
+  // Serve c10d's plain TCPStore without a job token, as torchrun does, so
+  // workers that are not paratrain (a Python torch.distributed program) can
+  // join it: our authenticated store refuses their TCPStore clients. Any
+  // process that reaches the port may then join (single node: loopback only).
+  bool plain_store = false;
   // How often the launcher checks its workers for exits (torchrun's
   // --monitor-interval). Output and signals wake it sooner; a shorter interval
   // notices a dead worker sooner at the cost of more wake-ups.

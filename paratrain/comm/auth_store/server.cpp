@@ -163,7 +163,8 @@ struct StoreServer::Impl {
     if (std::memcmp(c.in.data(), kMagic.data(), n) != 0) {
       return refuse(c, Verdict::malformed,
                     "not a paratrain store client: its first bytes are not the handshake (a plain TCPStore "
-                    "client, another program, or garbage)");
+                    "client, another program, or garbage; a PyTorch program under `paratrain launch` needs "
+                    "`--plain-store`)");
     }
     if (c.in.size() < kMagic.size() + 2) return;
     const std::size_t job_len = c.in[8] | static_cast<std::size_t>(c.in[9]) << 8;
