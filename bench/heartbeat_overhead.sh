@@ -10,6 +10,11 @@
 # Builds nothing: build `paratrain` first.
 #
 #   ROUNDS=3 bench/heartbeat_overhead.sh
+#   WATCH=peers ROUNDS=3 bench/heartbeat_overhead.sh   # the ranks' own heartbeats instead
+#
+# WATCH=launcher (default): the launcher's file heartbeats. WATCH=peers: the
+# workers run without PARATRAIN_HEARTBEAT_DIR, as under torchrun or by hand,
+# so each rank beats to the other over UDP (comm/peer_watch.h) instead.
 #
 # Environment: BUILD_DIR (build), PYTHON (/usr/bin/python3), ROUNDS (3),
 # STEPS (400 per run), FAST (0.05), CONFIG (configs/fashion_mnist_mlp.toml),
@@ -25,6 +30,12 @@ steps=${STEPS:-400}
 fast=${FAST:-0.05}
 config=${CONFIG:-$root/configs/fashion_mnist_mlp.toml}
 out_dir=${OUT_DIR:-$(mktemp -d -t paratrain-heartbeat.XXXXXX)}
+watch=${WATCH:-launcher}
+case $watch in
+  launcher) unset_dir=() ;;
+  peers) unset_dir=(env -u PARATRAIN_HEARTBEAT_DIR) ;;
+  *) echo "heartbeat_overhead.sh: WATCH=$watch: use launcher or peers" >&2; exit 2 ;;
+esac
 exe=$build/paratrain
 [[ -x $exe ]] || { echo "heartbeat_overhead.sh: $exe is missing; build it first" >&2; exit 2; }
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
@@ -45,16 +56,16 @@ for ((r = 0; r < rounds; ++r)); do
     # system, every thread, start-up included) when it ends: CPU time is
     # what a heartbeat thread adds, and other processes on the machine
     # disturb it far less than they disturb samples/s.
-    "$exe" launch --nproc-per-node 2 -- "$python" -c "$cpu_wrapper" "$exe" train -c "$config" \
+    "$exe" launch --nproc-per-node 2 -- "${unset_dir[@]}" "$python" -c "$cpu_wrapper" "$exe" train -c "$config" \
       --set run.output_dir="$out_dir/$name" --set world.heartbeat_s="$hb" --set train.max_steps="$steps" \
       --set run.log_every=10 --set train.checkpoint_every_steps=0 >"$out_dir/$name.log" 2>&1
     "$python" - "$out_dir/$name/fashion_mnist_mlp/version_0/metrics.jsonl" "$hb" "$r" "$out_dir/$name.log" \
-      >>"$results" <<'EOF'
+      "$watch" >>"$results" <<'EOF'
 import json, re, statistics, sys
 rs = [json.loads(l) for l in open(sys.argv[1])]
 sps = [r["samples_per_s"] for r in rs if r.get("kind") == "train" and "samples_per_s" in r][1:]  # first: warm-up
 cpu = [float(x) for x in re.findall(r"worker_cpu_s=([0-9.]+)", open(sys.argv[4]).read())]
-print(json.dumps({"heartbeat_s": float(sys.argv[2]), "round": int(sys.argv[3]),
+print(json.dumps({"heartbeat_s": float(sys.argv[2]), "round": int(sys.argv[3]), "watch": sys.argv[5],
                   "samples_per_s": round(statistics.median(sps), 1), "records": len(sps),
                   "worker_cpu_s": round(sum(cpu), 3), "workers": len(cpu)}))
 EOF
@@ -65,7 +76,7 @@ done
 "$python" - "$results" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-out = {"summary": True}
+out = {"summary": True, "watch": rows[0].get("watch", "launcher")}
 for key in ("samples_per_s", "worker_cpu_s"):
     by = {}
     for r in rows: by.setdefault(r["heartbeat_s"], []).append(r[key])

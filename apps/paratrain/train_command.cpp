@@ -20,6 +20,7 @@
 
 #include "apps/paratrain/commands.h"
 #include "paratrain/comm/doctor_watchdog.h"
+#include "paratrain/comm/peer_watch.h"
 #include "paratrain/comm/rejoin.h"
 #include "paratrain/comm/recording_group.h"
 #include "paratrain/comm/rendezvous.h"
@@ -79,7 +80,8 @@ std::optional<int64_t> fault_step(const comm::WorldInfo& world, const char* vari
 // world.heartbeat_s newer than the last beat).
 class FaultStop : public train::Callback {
  public:
-  FaultStop(int64_t step, const comm::DoctorWatchdog* watchdog) : step_(step), watchdog_(watchdog) {}
+  FaultStop(int64_t step, const comm::DoctorWatchdog* watchdog, const comm::PeerWatch* peers)
+      : step_(step), watchdog_(watchdog), peers_(peers) {}
   void on_train_batch_end(const train::StepInfo& info) override {
     if (info.step != step_) return;
     spdlog::warn("PARATRAIN_FAULT_STOP: stopping this rank with SIGSTOP after step {}", step_);
@@ -88,12 +90,17 @@ class FaultStop : public train::Callback {
       const int64_t seen = watchdog_->beats();
       while (watchdog_->beats() < seen + 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
+    if (peers_ != nullptr) {  // the same for the beats the peers receive (comm/peer_watch.h)
+      const int64_t seen = peers_->beats();
+      while (peers_->beats() < seen + 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
     std::raise(SIGSTOP);
   }
 
  private:
   int64_t step_;
   const comm::DoctorWatchdog* watchdog_;
+  const comm::PeerWatch* peers_;
 };
 
 // The hang doctor's watchdog for this rank: SIGUSR1 dumps, and heartbeats
@@ -108,6 +115,36 @@ std::unique_ptr<comm::DoctorWatchdog> start_watchdog(comm::ProcessGroup& group, 
     options.timeout = std::chrono::milliseconds(std::llround(config.world.heartbeat_timeout_s * 1000));
   }
   return std::make_unique<comm::DoctorWatchdog>(std::move(recorder), options);
+}
+
+// Note [Who watches heartbeats]
+// The ranks watch each other (comm/peer_watch.h) whenever no launcher sees
+// all of them: hand-started jobs, torchrun, mpirun and srun (no
+// PARATRAIN_HEARTBEAT_DIR), and every multi-node job, because a node's
+// `paratrain launch` watches only its own node's ranks, and a stopped or
+// partitioned node is silent only to the others. A one-node `paratrain
+// launch` already watches every rank, and does more on a verdict (SIGUSR1 to
+// collect every rank's records, restarts): a second detector there would
+// only race it to name the same failure. Not with elastic.in_job either: the
+// watch holds the world group, which in-job recovery replaces (its
+// membership round has its own window, world.heartbeat_timeout_s).
+// world.heartbeat_s = 0 turns both off.
+std::unique_ptr<comm::PeerWatch> start_peer_watch(comm::ProcessGroup& group, const comm::WorldInfo& world,
+                                                  const comm::InitOptions& init, const train::TrainConfig& config) {
+  if (config.world.heartbeat_s <= 0 || group.size() < 2 || config.elastic.in_job) return nullptr;
+  const bool launcher_sees_all = env::get("PARATRAIN_HEARTBEAT_DIR").has_value() &&
+                                 world.local_world_size == world.world_size;
+  if (launcher_sees_all) return nullptr;
+  comm::PeerWatchOptions options;
+  options.interval = std::chrono::milliseconds(std::max<int64_t>(1, std::llround(config.world.heartbeat_s * 1000)));
+  options.timeout = std::chrono::milliseconds(std::llround(config.world.heartbeat_timeout_s * 1000));
+  options.bind_address = comm::rank_address(world, init);
+  auto watch = std::make_unique<comm::PeerWatch>(group, options);
+  if (group.rank() == 0)
+    spdlog::info("peer heartbeats: every rank beats to every other every {:g} s and aborts the job's collectives "
+                 "when a peer is silent for {:g} s (world.heartbeat_s, world.heartbeat_timeout_s)",
+                 config.world.heartbeat_s, config.world.heartbeat_timeout_s);
+  return watch;
 }
 
 }  // namespace
@@ -187,14 +224,25 @@ Command add_train_command(CLI::App& app) {
       group = comm::init_process_group(world, init);
     }
     auto watchdog = start_watchdog(*group, config);
+    auto peer_watch = start_peer_watch(*group, world, init, config);
 
     train::Trainer trainer(config, *group);
     if (rejoiner) trainer.enable_in_job_recovery(rejoiner);
     // Lets a later generation of this launch find the version (run.json).
     if (world.rank == 0) train::record_launch_id(trainer.run_dir(), launch_id, world.world_size);
     if (kill_step) trainer.add_callback(std::make_shared<FaultKill>(*kill_step));
-    if (stop_step) trainer.add_callback(std::make_shared<FaultStop>(*stop_step, watchdog.get()));
-    auto result = trainer.fit();
+    if (stop_step) trainer.add_callback(std::make_shared<FaultStop>(*stop_step, watchdog.get(), peer_watch.get()));
+    train::TrainResult result;
+    try {
+      result = trainer.fit();
+    } catch (const TimeoutError& e) {
+      if (!peer_watch) throw;
+      throw TimeoutError(e.what() + peer_watch->name_peers_in(e.what()));
+    } catch (const CommError& e) {
+      // Gloo names a lost peer by address only; the launcher names nodes by rank.
+      if (!peer_watch) throw;
+      throw CommError(e.what() + peer_watch->name_peers_in(e.what()));
+    }
     if (result.rank == 0) {  // after an in-job recovery: the re-elected rank 0
       std::string acc = result.test.count > 0 ? fmt::format("test accuracy {:.2f}% (loss {:.4f})",
                                                             100 * result.test.accuracy, result.test.loss)

@@ -203,6 +203,16 @@ void FlightRecorder::set_dump_dir(const std::filesystem::path& dir) {
   dump_dir_ = dir;
 }
 
+void FlightRecorder::set_abort_reason(std::string reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  abort_reason_ = std::move(reason);
+}
+
+std::string FlightRecorder::abort_reason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return abort_reason_;
+}
+
 std::filesystem::path FlightRecorder::dump_dir() const {
   std::lock_guard<std::mutex> lock(mu_);
   return dump_dir_;

@@ -92,6 +92,13 @@ class FlightRecorder {
   /// logged (a dump is a diagnosis, never a reason to fail a job).
   std::filesystem::path dump(const std::string& reason) const;
 
+  /// Why a watcher aborted this rank's groups (comm/peer_watch.h: a peer's
+  /// heartbeats stopped). RecordingGroup puts it in front of the CommError of
+  /// every operation that fails afterwards, so the collective that was
+  /// blocked fails naming the cause, not just "group aborted". Empty: none.
+  void set_abort_reason(std::string reason);
+  std::string abort_reason() const;  ///< see set_abort_reason
+
   /// The steady clock in microseconds, as start_us/end_us use it.
   static int64_t now_us();
 
@@ -104,6 +111,7 @@ class FlightRecorder {
   uint64_t total_ = 0;  // records ever begun; the next index
   std::vector<RecordedGroup> groups_;
   std::filesystem::path dump_dir_;
+  std::string abort_reason_;
 };
 
 /// Every live recorder of this process (one per rank; tests run several

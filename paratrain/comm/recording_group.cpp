@@ -9,6 +9,15 @@
 namespace paratrain::comm {
 namespace {
 
+// A group aborted by a watcher (peer_watch.h) fails its waiters with the
+// backend's "group aborted"; the watcher's reason (which rank went silent,
+// where, in which collective) is what the user needs, so it goes first.
+[[noreturn]] void rethrow_with_abort_reason(const FlightRecorder& recorder, const CommError& e) {
+  const std::string reason = recorder.abort_reason();
+  if (reason.empty()) throw;
+  throw CommError(reason + " (" + e.what() + ")");
+}
+
 // The inner Work plus the record it ends. The end is stamped by whoever first
 // sees the work complete (wait() or is_completed()), with the backend's own
 // completion time when it knows one: a rank that waits late still records
@@ -27,6 +36,9 @@ class RecordedWork : public Work {
       recorder_->finish(ticket_, RecordState::kTimedOut, -1);
       if (dump_on_timeout_) recorder_->dump("collective timeout");
       throw;
+    } catch (const CommError& e) {
+      recorder_->finish(ticket_, RecordState::kFailed, -1);
+      rethrow_with_abort_reason(*recorder_, e);
     } catch (...) {
       recorder_->finish(ticket_, RecordState::kFailed, -1);
       throw;
@@ -72,6 +84,12 @@ WorkHandle RecordingGroup::record(const char* op, const at::Tensor* tensor, int 
   WorkHandle work;
   try {
     work = issue();
+  } catch (const TimeoutError&) {
+    recorder_->finish(ticket, RecordState::kFailed, -1);
+    throw;
+  } catch (const CommError& e) {
+    recorder_->finish(ticket, RecordState::kFailed, -1);
+    rethrow_with_abort_reason(*recorder_, e);
   } catch (...) {
     recorder_->finish(ticket, RecordState::kFailed, -1);
     throw;

@@ -527,4 +527,8 @@ std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOp
 
 }  // namespace
 
+std::string rank_address(const WorldInfo& world, const InitOptions& options) {
+  return bind_address_for(world, options);
+}
+
 }  // namespace paratrain::comm

@@ -83,6 +83,12 @@ struct InitOptions {
   std::size_t doctor_records = 256;
 };
 
+// The address this rank's Gloo device binds to and advertises to its peers
+// (options.bind_address, $PARATRAIN_BIND_ADDR, loopback for a one-host job,
+// else the interface that routes to MASTER_ADDR). The peer watch
+// (comm/peer_watch.h) listens for heartbeats on it too.
+std::string rank_address(const WorldInfo& world, const InitOptions& options = {});
+
 // Connects to (rank 0: serves) the TCPStore at master_addr:master_port, waits
 // until all ranks checked in, then builds the world group.
 std::shared_ptr<ProcessGroup> init_process_group(const WorldInfo& world,

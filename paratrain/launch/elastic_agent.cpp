@@ -145,6 +145,7 @@ LaunchReport run_multi_agent(LaunchOptions o, const std::string& program, Signal
     }
     o.node_rank = m.node_rank;
     o.nnodes = m.nnodes();
+    o.node_names = m.nodes;
     o.restart_count = m.round;
     o.heartbeat_dir = heartbeat_dir(m.round);
     generations.push_back(m.round);

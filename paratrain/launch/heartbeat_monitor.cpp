@@ -61,22 +61,6 @@ std::optional<Heartbeat> read_heartbeat(const std::filesystem::path& file) {
   return hb;
 }
 
-std::string process_state(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto paren = stat.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= stat.size()) return "gone";
-  switch (stat[paren + 2]) {
-    case 'T': return "stopped (SIGSTOP, or a debugger)";
-    case 't': return "stopped by a debugger";
-    case 'R': return "running";
-    case 'S': return "sleeping";
-    case 'D': return "in uninterruptible I/O (D)";
-    case 'Z': return "a zombie (dead)";
-    default: return std::string("in state ") + stat[paren + 2];
-  }
-}
-
 bool HeartbeatWatch::silent(Clock::time_point now) {
   auto hb = read_heartbeat(file_);
   if (!hb) return false;  // not beating yet, or caught mid-rename: the next read will tell

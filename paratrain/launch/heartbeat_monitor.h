@@ -15,6 +15,8 @@
 #include <string>
 #include <utility>
 
+#include "paratrain/core/process_state.h"
+
 namespace paratrain::launch {
 
 // The fields of a heartbeat file the launcher uses.
@@ -30,9 +32,8 @@ struct Heartbeat {
 // Parses a heartbeat file; nullopt when it is missing or incomplete.
 std::optional<Heartbeat> read_heartbeat(const std::filesystem::path& file);
 
-// "stopped (SIGSTOP or a debugger)", "running", "sleeping", "gone", ... from
-// /proc/<pid>/stat: says why a process went silent.
-std::string process_state(pid_t pid);
+// process_state(pid) (core/process_state.h) says why a worker went silent.
+using paratrain::process_state;
 
 // One worker's heartbeat as the launcher follows it.
 class HeartbeatWatch {

@@ -140,6 +140,10 @@ struct LaunchOptions {
   // keeps its node rank across generations when membership allows. Empty:
   // host-pid. Two agents of one job must not share it.
   std::string node_id;
+  // The members' node ids by node rank, set per generation by the
+  // multi-agent rendezvous; empty elsewhere ("node N" names node rank N).
+  // Lets a failure name the node a lost rank ran on.
+  std::vector<std::string> node_names;
   // torchrun's join_timeout: how long an agent waits for MIN nodes before the
   // launch fails. Longer tolerates slow schedulers; shorter fails sooner.
   std::chrono::milliseconds rdzv_timeout{std::chrono::seconds(600)};
@@ -171,6 +175,11 @@ struct WorkerOutcome {
   // ("connection reset", "connection closed", "broken pipe", "peer"): most
   // likely a victim of another rank's failure, not its cause.
   bool peer_error = false;
+  // What its output says about the lost peer, in the launcher's words
+  // (describe_peer_loss in report.h): which node, which ranks, and whether a
+  // connection closed, a collective timed out or heartbeats stopped. Empty
+  // when the output names no peer loss.
+  std::string peer_loss{};
   // It failed under keep_going (not rank 0): reported, the others went on.
   bool tolerated = false;
   // Non-empty: the launcher stopped it because its heartbeats stopped (a

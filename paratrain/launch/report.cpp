@@ -2,6 +2,8 @@
 #include "paratrain/launch/report.h"
 
 #include <cctype>
+#include <regex>
+#include <sstream>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -14,8 +16,10 @@ namespace paratrain::launch {
 std::string describe(const WorkerOutcome& w) {
   if (!w.hang.empty()) return fmt::format("rank {} (pid {}) {}", w.rank, w.pid, w.hang);
   if (w.exited) {
-    return fmt::format("rank {} (pid {}) exited with code {}{}", w.rank, w.pid, w.exit_code,
-                       w.peer_error && !w.ok() ? " (its output says a peer went away)" : "");
+    const std::string why = w.ok() || !w.peer_error ? ""
+                            : w.peer_loss.empty()   ? " (its output says a peer went away)"
+                                                    : " (its output says: " + w.peer_loss + ")";
+    return fmt::format("rank {} (pid {}) exited with code {}{}", w.rank, w.pid, w.exit_code, why);
   }
   return fmt::format("rank {} (pid {}) was killed by {}", w.rank, w.pid, signal_name(w.signal));
 }
@@ -63,6 +67,93 @@ bool mentions_lost_peer(std::string_view output) {
     if (lower.find(words) != std::string::npos) return true;
   }
   return false;
+}
+
+// Note [Naming the lost node]
+// A worker's error says how it lost a peer, in one of three forms: the peer
+// watch's verdict ("peer heartbeats: rank 1 (pid P on host H, ADDR) sent no
+// heartbeat for S s"), Gloo's closed connection naming only an address
+// ("Connection closed by peer [10.77.0.2]:PORT"), to which the worker's peer
+// watch appends "([10.77.0.2] is rank 1 on host H)", or a collective
+// timeout. From the ranks the launcher knows the node (every node runs
+// nproc_per_node ranks, node k ranks k*nproc .. k*nproc+nproc-1), and from
+// the words whether a connection closed (the peer's processes or machine
+// are gone) or nothing arrived (stopped, frozen, partitioned): the two ask
+// for different actions, so the message never says "went away" for both.
+std::optional<PeerLoss> read_peer_loss(std::string_view output) {
+  const std::string text(output);
+  std::string lower = text;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  PeerLoss loss;
+  std::smatch m;
+  static const std::regex verdict(
+      R"(peer heartbeats: rank (\d+) \(pid \d+ on host ([^,]+), ([^)]+)\) sent no heartbeat for ([0-9.]+) s)");
+  static const std::regex named(R"(\[([^\]]+)\] is ranks? ([0-9, ]+) on host ([^)]+)\))");
+  static const std::regex gloo_addr(R"(\[([0-9a-fA-F.:]+)\]:\d+)");
+  if (std::regex_search(text, m, verdict)) {
+    loss.kind = "heartbeat";
+    loss.ranks = {std::stoi(m[1])};
+    loss.host = m[2];
+    loss.address = m[3];
+    loss.silent_for = m[4];
+    return loss;
+  }
+  for (const char* words : {"connection closed", "reset by peer", "broken pipe", "connection refused"}) {
+    if (lower.find(words) != std::string::npos) loss.kind = "closed";
+  }
+  if (loss.kind == "unknown") {
+    for (const char* words : {"did not complete within", "timed out", "timeouterror"}) {
+      if (lower.find(words) != std::string::npos) loss.kind = "timeout";
+    }
+  }
+  if (std::regex_search(text, m, named)) {
+    loss.address = m[1];
+    loss.host = m[3];
+    std::stringstream ranks(m[2].str());
+    for (std::string r; std::getline(ranks, r, ',');) {
+      if (r.find_first_of("0123456789") != std::string::npos) loss.ranks.push_back(std::stoi(r));
+    }
+  } else if (std::regex_search(text, m, gloo_addr)) {
+    loss.address = m[1];
+  }
+  if (loss.kind == "unknown" && loss.address.empty()) return std::nullopt;
+  return loss;
+}
+
+std::string describe_peer_loss(std::string_view output, int nproc_per_node,
+                               const std::vector<std::string>& node_names) {
+  const auto loss = read_peer_loss(output);
+  if (!loss) return "";
+  std::string who;
+  if (!loss->ranks.empty() && nproc_per_node > 0) {
+    const int node = loss->ranks.front() / nproc_per_node;
+    const bool named = node < static_cast<int>(node_names.size());
+    who = named ? fmt::format("node '{}' (node rank {}", node_names[static_cast<std::size_t>(node)], node)
+                : fmt::format("node {} (", node);
+    std::string where = loss->host.empty() ? loss->address
+                        : loss->address.empty() ? "host " + loss->host
+                                                : fmt::format("host {}, {}", loss->host, loss->address);
+    who += (named ? ", " : "") + where + "; " + rank_list(loss->ranks) + ")";
+  } else if (!loss->address.empty()) {
+    who = "the peer at " + loss->address;
+  } else {
+    who = "a peer";
+  }
+  if (loss->kind == "heartbeat") {
+    return fmt::format("{} sent no heartbeat for {} s: lost (stopped, frozen or cut off by the network), not a "
+                       "closed connection",
+                       who, loss->silent_for);
+  }
+  if (loss->kind == "closed") {
+    return fmt::format("the connection to {} was closed: its processes or its machine went away (not a timeout)",
+                       who);
+  }
+  if (loss->kind == "timeout") {
+    return fmt::format("a collective with {} timed out (world.timeout_s): the peer is stopped, too slow or cut off; "
+                       "no connection was closed",
+                       who);
+  }
+  return fmt::format("{} went away", who);
 }
 
 std::string summarize(LaunchReport& r) {

@@ -2,6 +2,7 @@
 // one-line summary printed when the launch ends. Pure functions of outcomes.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,6 +32,31 @@ int pick_first_failure(const std::vector<WorkerOutcome>& workers);
 
 // True when `output` (the end of a worker's output) says a peer went away.
 bool mentions_lost_peer(std::string_view output);
+
+// How a worker lost its peer, read from the end of its output: the words
+// Gloo and paratrain's own errors use. `kind` is "heartbeat" (comm/peer_watch.h:
+// a rank's beats stopped: stopped, frozen, or cut off by the network),
+// "closed" (a connection closed or reset: the peer's processes died or its
+// machine went away), "timeout" (a collective ran past world.timeout_s) or
+// "unknown"; ranks/address/host are what the output named (peer_watch names
+// the rank, host and address; Gloo names only the address, which the worker
+// maps to ranks and host when its peer watch runs).
+struct PeerLoss {
+  std::string kind = "unknown";
+  std::vector<int> ranks;
+  std::string address;
+  std::string host;
+  std::string silent_for;  // "5.1" (seconds), heartbeat only
+};
+std::optional<PeerLoss> read_peer_loss(std::string_view output);
+
+// The launcher's words for it, naming the node that holds the lost ranks
+// (rank / nproc_per_node; its id from node_names when the rendezvous gave
+// them), e.g. "node 1 (host vm, 10.77.0.2; rank 1) sent no heartbeat for
+// 5.1 s: lost (stopped, frozen or cut off by the network), not a closed
+// connection". Empty when the output names no peer loss.
+std::string describe_peer_loss(std::string_view output, int nproc_per_node,
+                               const std::vector<std::string>& node_names);
 
 // Fills report.exit_code from the outcomes and returns the summary line, e.g.
 // "paratrain launch: FAILED with exit code 3: rank 1 (pid ..) exited with code 3

@@ -171,6 +171,8 @@ LaunchReport Supervisor::run() {
   LaunchReport report;
   for (auto& w : workers_) {
     w.outcome.peer_error = mentions_lost_peer(w.tail);
+    if (w.outcome.peer_error && !w.outcome.ok())
+      w.outcome.peer_loss = describe_peer_loss(w.tail, options_.nproc_per_node, options_.node_names);
     report.workers.push_back(w.outcome);
   }
   // The failure that triggered the stop is only the first one reaped; with

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -39,8 +40,10 @@ std::string text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 // A server on a free loopback port that records every refusal's reason.
 class Served {
  public:
-  explicit Served(std::chrono::milliseconds handshake_timeout = std::chrono::minutes(5)) {
+  explicit Served(std::chrono::milliseconds handshake_timeout = std::chrono::minutes(5),
+                  std::size_t max_pending_handshakes = 256) {
     StoreServerOptions o;
+    o.max_pending_handshakes = max_pending_handshakes;
     o.token = kToken;
     o.job_id = "job-a";
     o.handshake_timeout = handshake_timeout;
@@ -291,6 +294,39 @@ TEST(AuthStore, AHalfHandshakeThenSilenceNeitherStallsOthersNorStaysForever) {
   close(silent);
   EXPECT_NE(strict.refusals(1)[0].find("no complete handshake within 200 ms"), std::string::npos);
   still_serves(legit, "after-silence");
+}
+
+// A flood of connections that never answer the challenge, with handshakes
+// that would otherwise stay pending for minutes: beyond the cap the oldest
+// are dropped (with a logged reason), the store keeps at most the cap
+// pending, and a legitimate client arriving after the flood is served.
+TEST(AuthStore, AFloodOfUnfinishedHandshakesIsCappedByDroppingTheOldest) {
+  SKIP_WITHOUT_SODIUM();
+  constexpr std::size_t kCap = 4;
+  constexpr int kFlood = 40;
+  Served served(std::chrono::minutes(10), kCap);
+  std::vector<int> flood;
+  for (int i = 0; i < kFlood; ++i) flood.push_back(raw_connect(served.port()));
+  // The server closes the oldest ones: reading them ends (greeting, then
+  // EOF). Without the cap they stay open for the 10-minute handshake
+  // deadline: the read times out after 30 s and the test fails (no hang).
+  for (int i = 0; i < kFlood - static_cast<int>(kCap); ++i) {
+    const int fd = flood[static_cast<std::size_t>(i)];
+    timeval patience{30, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof patience);
+    char buf[256];
+    ssize_t n;
+    while ((n = recv(fd, buf, sizeof buf, 0)) > 0) {
+    }
+    ASSERT_EQ(n, 0) << "connection " << i << " of the flood is still open: nothing capped the pending handshakes";
+  }
+  const auto reasons = served.refusals(kFlood - kCap);
+  EXPECT_NE(reasons[0].find("more than the cap of 4 (max_pending_handshakes): the oldest is dropped"),
+            std::string::npos)
+      << reasons[0];
+  AuthStore legit(served.client());
+  still_serves(legit, "after-flood");
+  for (int fd : flood) close(fd);
 }
 
 // A process that grabbed the port first and admits everyone cannot prove it

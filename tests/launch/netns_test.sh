@@ -7,10 +7,11 @@
 #              on the same global batch (rtol 1e-5), and the 1-process
 #              checkpoint 50 steps earlier does not (negative control);
 #   kill       every process of machine 1 SIGKILLed mid-run: machine 0's
-#              launch fails on its own, naming the lost peer, well before
-#              world.timeout_s;
-#   partition  machine 1's link cut mid-run: both launches fail with a timeout
-#              that names the collective, no hang;
+#              launch fails on its own, naming the lost node and a closed
+#              connection, well before world.timeout_s;
+#   partition  machine 1's link cut mid-run: the ranks' heartbeats (comm/peer_watch.h)
+#              notice it after world.heartbeat_timeout_s and both launchers
+#              name the other node (host, address, ranks) as silent, no hang;
 #   blip       the link cut for 3 s, less than world.timeout_s: TCP
 #              retransmits after the heal, the job finishes without a
 #              restart and equals the 1-process run at step 250;
@@ -170,27 +171,37 @@ case_kill() {
   grep -qi "timed out\|TimeoutError" "$d.node0.log" && { fail "machine 0 waited for a timeout instead of seeing the peer go"; show "$d.node0.log"; }
   grep -q "FAILED" "$d.node0.log" || fail "no FAILED summary"
   grep -q "10.77.0.2" "$d.node0.log" || { fail "machine 0's error does not name the lost node's address"; show "$d.node0.log"; }
+  # The launcher names the node and says the connection closed (not a timeout).
+  grep -q "FAILED.*the connection to node 1 (host [^,]*, 10.77.0.2; rank 1) was closed" "$d.node0.log" ||
+    { fail "machine 0's launcher does not name node 1 as closed"; show "$d.node0.log"; }
   grep "paratrain: error\|FAILED" "$d.node0.log" | sed 's/^/  /'
 }
 
 case_partition() {
   local d=$work/partition
-  launch 0 "$d" "$d.node0.log"
-  launch 1 "$d" "$d.node1.log"
+  # Heartbeats between the ranks (comm/peer_watch.h: on in every multi-node
+  # job) notice the cut after world.heartbeat_timeout_s, well before
+  # world.timeout_s; the launchers name the node that went silent.
+  launch 0 "$d" "$d.node0.log" -- --set world.heartbeat_timeout_s=4
+  launch 1 "$d" "$d.node1.log" -- --set world.heartbeat_timeout_s=4
   wait_step "$d" 50 || { fail "the run never reached step 50"; show "$d.node0.log"; return; }
   local t0=$SECONDS
   "$netns" partition 1
   local rc0=0 rc1=0
   wait "${pid[0]}" || rc0=$?
-  echo "partition: machine 0's launch ended $((SECONDS - t0)) s after the cut (exit $rc0; world.timeout_s = $timeout_s)"
+  echo "partition: machine 0's launch ended $((SECONDS - t0)) s after the cut (exit $rc0; world.heartbeat_timeout_s = 4, world.timeout_s = $timeout_s)"
   wait "${pid[1]}" || rc1=$?
   echo "partition: machine 1's launch ended $((SECONDS - t0)) s after the cut (exit $rc1)"
   ((rc0 != 0 && rc0 != 124)) || { fail "machine 0's launch exited $rc0 (124: it hung)"; show "$d.node0.log"; }
   ((rc1 != 0 && rc1 != 124)) || { fail "machine 1's launch exited $rc1 (124: it hung)"; show "$d.node1.log"; }
-  for n in 0 1; do
-    grep -qi "timed out\|timeout" "$d.node$n.log" || { fail "machine $n does not report a timeout"; show "$d.node$n.log"; }
-    grep "paratrain: error\|FAILED" "$d.node$n.log" | sed 's/^/  /'
-  done
+  # Each side names the other machine: its node, host, address and rank, as
+  # silent (no heartbeat), not as a closed connection.
+  grep -q "FAILED.*node 1 (host [^,]*, 10.77.0.2; rank 1) sent no heartbeat for [0-9.]* s: lost" "$d.node0.log" ||
+    { fail "machine 0's launcher does not name node 1 as silent"; show "$d.node0.log"; }
+  grep -q "FAILED.*node 0 (host [^,]*, 10.77.0.1; rank 0) sent no heartbeat for [0-9.]* s: lost" "$d.node1.log" ||
+    { fail "machine 1's launcher does not name node 0 as silent"; show "$d.node1.log"; }
+  grep -q "was closed" "$d.node0.log" && fail "machine 0 calls the partition a closed connection"
+  for n in 0 1; do grep "FAILED" "$d.node$n.log" | sed 's/^/  /'; done
 }
 
 case_blip() {

@@ -82,6 +82,7 @@ struct StoreServer::Impl {
   std::list<Conn> conns;
   KeyTable table;
   bool changed = false;
+  std::size_t dropped_for_cap = 0;  // Note [Pending handshakes]
   std::thread thread;
 
   void listen_on() {
@@ -125,8 +126,8 @@ struct StoreServer::Impl {
 
   // Logs why, tells a client that spoke our protocol the verdict (one
   // best-effort non-blocking byte: never waits on a hostile peer), closes.
-  void refuse(Conn& c, Verdict verdict, const std::string& reason) {
-    spdlog::warn("paratrain store on {}: refused {}: {}", where, c.peer, reason);
+  void refuse(Conn& c, Verdict verdict, const std::string& reason, bool log = true) {
+    if (log) spdlog::warn("paratrain store on {}: refused {}: {}", where, c.peer, reason);
     const auto byte = static_cast<std::uint8_t>(verdict);
     (void)!send(c.fd, &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
     drop(c);
@@ -154,7 +155,39 @@ struct StoreServer::Impl {
       c.nonce = random_nonce();
       c.out.insert(c.out.end(), kMagic.begin(), kMagic.end());
       c.out.insert(c.out.end(), c.nonce.begin(), c.nonce.end());
+      cap_pending();
     }
+  }
+
+  // Note [Pending handshakes]
+  // Every accepted connection costs a file descriptor and a slot until it
+  // is admitted, refused, or its handshake_timeout passes (30 s). Clients
+  // that connect and never finish (a flood, a port scanner, a peer stuck
+  // half-open) could otherwise take every descriptor of the rank or agent
+  // serving the store within that window, and the job's own ranks could
+  // not connect any more. So at most max_pending_handshakes wait at once,
+  // and one more drops the *oldest* of them: a real client answers the
+  // challenge within one round trip, so it is almost never the oldest, while
+  // refusing the newest would refuse exactly the ranks that arrive during a
+  // flood. Logged the first time and at every power of ten, not per drop:
+  // a flood must not fill the log either.
+  void cap_pending() {
+    std::size_t pending = 0;
+    Conn* oldest = nullptr;  // conns is in accept order
+    for (auto& c : conns) {
+      if (c.dead || c.admitted) continue;
+      if (oldest == nullptr) oldest = &c;
+      ++pending;
+    }
+    if (pending <= opts.max_pending_handshakes || oldest == nullptr) return;
+    ++dropped_for_cap;
+    const std::string reason = fmt::format(
+        "{} connections were in their handshake, more than the cap of {} (max_pending_handshakes): the oldest is "
+        "dropped, so that clients that never finish cannot exhaust the store ({} dropped so far)",
+        pending, opts.max_pending_handshakes, dropped_for_cap);
+    bool power_of_ten = true;
+    for (auto n = dropped_for_cap; n > 1; n /= 10) power_of_ten = power_of_ten && n % 10 == 0;
+    refuse(*oldest, Verdict::malformed, reason, power_of_ten);
   }
 
   // The client's hello, once enough bytes arrived: see Note [Store handshake].

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
@@ -26,6 +27,11 @@ struct StoreServerOptions {
   // Shorter frees the slots of silent peers sooner; too short refuses
   // legitimate clients on a heavily loaded machine.
   std::chrono::milliseconds handshake_timeout = std::chrono::seconds(30);
+  // At most this many connections may be in their handshake at once; one
+  // more drops the oldest of them (logged; see Note [Pending handshakes] in
+  // server.cpp). A legitimate client finishes its handshake in one round
+  // trip, so only a flood of clients that never finish reaches the cap.
+  std::size_t max_pending_handshakes = 256;
   // Called (on the server thread) for every refused or dropped connection,
   // with the peer address and the reason, after it is logged. Tests use it.
   std::function<void(const std::string& peer, const std::string& reason)> on_refused;
