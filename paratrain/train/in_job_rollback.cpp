@@ -132,6 +132,17 @@ RolledBack roll_back_in_job(Trainer::State& s) {
     }
     spdlog::warn("rank {}: in-job recovery: skipping checkpoint {}: {}", world.rank(), path.string(),
                  error.empty() ? "another survivor could not load it" : error);
+    // Every survivor is past reading it (the collective above). Out of the
+    // way, as a resume does, so that no later rollback or train.resume =
+    // auto picks it. (Only this run's own: never the checkpoint it started
+    // from.)
+    if (world.rank() == 0 && list[i].first > s.start_step) {
+      try {
+        quarantine_checkpoint(path);
+      } catch (const CheckpointError& e) {
+        spdlog::warn("{}", e.what());
+      }
+    }
     rebuild_at_start(s);
   }
 }

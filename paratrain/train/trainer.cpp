@@ -585,6 +585,7 @@ TrainResult Trainer::fit_loop() {
     if (!s.rejoiner) throw;
     const Recovery r = recover_in_job(s, resume_at, e);
     ++result.recoveries;
+    if (r.rolled_back) saved_step = s.step;  // the redone steps' checkpoints are saved again
     epoch = s.loader->state().epoch;
     recount(epoch);
     window_loss = 0;

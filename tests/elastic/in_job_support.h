@@ -11,6 +11,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -54,9 +55,11 @@ struct RankOutcome {
 };
 
 // Trains `c` on `world` threads; rank `dying` (-1: none) dies after step
-// `death`. With `with_rejoiner` every rank can recover in the job.
+// `death`. With `with_rejoiner` every rank can recover in the job. `setup`
+// (if any) sees each rank's Trainer before fit(), to add callbacks.
 inline std::vector<RankOutcome> run_job_with_death(const train::TrainConfig& c, int world, int dying,
-                                                   int64_t death, bool with_rejoiner) {
+                                                   int64_t death, bool with_rejoiner,
+                                                   const std::function<void(int, train::Trainer&)>& setup = {}) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<RankOutcome> out(world);
   std::vector<std::thread> threads;
@@ -73,6 +76,7 @@ inline std::vector<RankOutcome> run_job_with_death(const train::TrainConfig& c, 
           trainer.enable_in_job_recovery(std::make_shared<comm::Rejoiner>(store, "elastic", options));
         }
         if (rank == dying) trainer.add_callback(std::make_shared<DieAfter>(*group, death));
+        if (setup) setup(rank, trainer);
         out[rank].result = trainer.fit();
         out[rank].params = trainer.full_parameters();
       } catch (...) {

@@ -7,6 +7,8 @@
 // checkpoint, resharded, and nothing of the failed steps leaked.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <fmt/format.h>
@@ -37,6 +39,32 @@ struct Case {
   int64_t death = 6;             // the dying rank completes this many steps
   int64_t restored = 4;          // the step the survivors must roll back to (0: the run's start)
   int64_t steps = 16;            // the steps the survivors end at
+  int64_t corrupt = 0;           // > 0: rank 0 corrupts this step's checkpoint one step later
+};
+
+// Flips one byte of rank 0's shard of checkpoint step `step` after step
+// step + 1: a checkpoint that looks complete but fails its checksum at load.
+class CorruptCheckpoint : public train::Callback {
+ public:
+  CorruptCheckpoint(std::filesystem::path run_dir, int64_t step) : run_dir_(std::move(run_dir)), step_(step) {}
+  void on_train_batch_end(const train::StepInfo& info) override {
+    if (info.step != step_ + 1 || done_) return;
+    done_ = true;
+    const auto file = train::checkpoint_dir(run_dir_, step_) / "rank_0.safetensors";
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f) << file;
+    f.seekg(-4, std::ios::end);
+    char byte = 0;
+    f.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x5a);
+    f.seekp(-4, std::ios::end);
+    f.write(&byte, 1);
+  }
+
+ private:
+  std::filesystem::path run_dir_;
+  int64_t step_;
+  bool done_ = false;
 };
 
 train::TrainConfig config(const std::string& dir, const Case& k) {
@@ -71,7 +99,9 @@ Params by_hand(const train::TrainConfig& c, int world, const std::string& name, 
 void check_case(const Case& k) {
   const auto dir = testing::temp_dir(fmt::format("in_job_zero{}", k.stage));
   const auto c = config(dir, k);
-  const auto out = testing::run_job_with_death(c, kWorld, kDying, k.death, true);
+  const auto out = testing::run_job_with_death(c, kWorld, kDying, k.death, true, [&](int rank, train::Trainer& t) {
+    if (rank == 0 && k.corrupt > 0) t.add_callback(std::make_shared<CorruptCheckpoint>(t.run_dir(), k.corrupt));
+  });
   ASSERT_TRUE(out[kDying].error);
   EXPECT_THROW(std::rethrow_exception(out[kDying].error), testing::Died);
   for (int rank = 0; rank < kWorld; ++rank) {
@@ -115,6 +145,12 @@ void check_case(const Case& k) {
   EXPECT_EQ(records[0]["step"], k.death);
   EXPECT_EQ(records[0]["restored_step"], k.restored);
   EXPECT_EQ(records[0]["redo_step"], k.restored + 1);
+  if (k.corrupt > 0) {  // moved aside for a post-mortem; the redone step saved it anew
+    auto aside = train::checkpoint_dir(run_dir, k.corrupt);
+    aside += ".unreadable";
+    EXPECT_TRUE(std::filesystem::exists(aside)) << aside;
+    EXPECT_TRUE(std::filesystem::exists(train::checkpoint_dir(run_dir, k.corrupt) / "index.json"));
+  }
   const std::string restored = records[0]["restored"];
   EXPECT_NE(restored.find(k.restored > 0 ? fmt::format("rolled back to checkpoint step {}", k.restored)
                                          : std::string("rolled back to the run's start")),
@@ -133,6 +169,12 @@ TEST(InJobZero, Zero2SurvivorsEqualTheRunResumedByHandFromTheLatestCheckpointOnT
 TEST(InJobZero, FsdpSurvivorsEqualTheRunResumedByHandFromTheEndOfEpochCheckpointOnTwoRanks) {
   check_case(Case{.stage = 3, .train_size = 144, .epochs = 2, .max_steps = 0, .checkpoint_every = 0,
                   .death = 8, .restored = 6, .steps = 6 + 144 / (2 * kPerRank)});
+}
+
+// The newest checkpoint (step 4) fails its checksum on load: the survivors
+// agree to skip it, move it aside and roll back to the one before (step 2).
+TEST(InJobZero, AnUnreadableNewestCheckpointFallsBackToTheOneBefore) {
+  check_case(Case{.stage = 2, .checkpoint_every = 2, .death = 5, .restored = 2, .corrupt = 4});
 }
 
 // No checkpoint yet: back to the run's start, the model drawn again from
