@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 
 #include <fmt/format.h>
 
@@ -14,9 +15,21 @@
 #include "paratrain/optim/lamb.h"
 #include "paratrain/optim/lars.h"
 #include "paratrain/data/text.h"
+#include "paratrain/models/model.h"
 #include "paratrain/train/registry.h"
 
 namespace paratrain::train {
+
+std::function<std::shared_ptr<models::Model>()> seeded_model_factory(const TrainConfig& config, c10::Device device) {
+  return [&config, device] {
+    static std::mutex init_mutex;
+    std::lock_guard<std::mutex> lock(init_mutex);
+    torch::manual_seed(static_cast<uint64_t>(config.run.seed));
+    auto model = make_model(config);
+    if (!device.is_cpu()) model->to(device);
+    return model;
+  };
+}
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c,
                                                         const std::vector<at::Tensor>& params,

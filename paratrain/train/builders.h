@@ -3,8 +3,11 @@
 // single-process oracles from the same config.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
+
+#include <c10/core/Device.h>
 
 #include "paratrain/data/dataset.h"
 #include "paratrain/optim/layer_norms.h"
@@ -17,6 +20,9 @@ class Optimizer;
 }
 namespace at {
 class Tensor;
+}
+namespace paratrain::models {
+class Model;
 }
 
 namespace paratrain::train {
@@ -37,6 +43,15 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c
 // Throws ConfigError naming the lr.* key (or train.* key) to change.
 optim::LrSchedule make_lr_schedule(const TrainConfig& config, const BatchSizes& batch, int64_t steps_per_epoch,
                                    int64_t total_steps);
+
+// The run's initial model, as every call of the result builds it: torch
+// seeded with run.seed, make_model(config) drawn on the CPU (the same weights
+// whatever the device), then moved to `device`. The Trainer's start and
+// in-job recovery's rollback to the run's start (in_job_rollback.h) both
+// build it here. Draws are serialized process-wide: the generator is
+// global, and ranks that are threads of one process (tests) must not reseed
+// it in the middle of each other's draw. `config` must outlive the calls.
+std::function<std::shared_ptr<models::Model>()> seeded_model_factory(const TrainConfig& config, c10::Device device);
 
 struct Datasets {
   data::TensorDataset train;

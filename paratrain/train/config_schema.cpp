@@ -361,7 +361,7 @@ const std::vector<FieldSpec>& schema() {
       field("world.heartbeat_timeout_s", &TC::world, &WorldConfig::heartbeat_timeout_s, "`paratrain launch` fails the job (or restarts it under --max-restarts), or the other ranks abort their collectives, when a rank's heartbeat is older than this: a stopped (SIGSTOP), frozen or cut-off process, named with its last collective", in_range_finite(0.1, 86400.0, "seconds: 0.1 to 86400")),
 
       field("elastic.keep_global_batch", &TC::elastic, &ElasticConfig::keep_global_batch, "when a restarted generation (`paratrain launch --nnodes MIN:MAX`) runs at another world size than the run started with, keep the starting global batch by changing the per-rank batch (train.accumulate when it does not divide), so steps per epoch and the LR schedule stay; a ConfigError when neither divides"),
-      field("elastic.in_job", &TC::elastic, &ElasticConfig::in_job, "in-job recovery: when a rank dies mid-step, the survivors abort the world group, agree on the new membership through the store, rebuild the group and redo the failed step from memory, without restarting processes; the dead rank's remaining samples of the epoch are split among them (DDP only: zero.stage = 0, no tp/pp/cp, no parameter servers)"),
+      field("elastic.in_job", &TC::elastic, &ElasticConfig::in_job, "in-job recovery: when a rank dies mid-step, the survivors abort the world group, agree on the new membership through the store, rebuild the group and redo the failed step from memory (DDP) or roll back to the run's latest complete checkpoint, resharded to the survivors (zero.stage 1-3), without restarting processes; the remaining samples of the epoch are split among them (not with parallel.tp/pp/cp > 1 or parameter servers)"),
 
       field("ddp.mode", &TC::ddp, &DdpConfig::mode, "\"bucketed\", \"naive\" or \"none\"", one_of({"bucketed", "naive", "none"})),
       field("ddp.bucket_cap_mb", &TC::ddp, &DdpConfig::bucket_cap_mb, "gradient bucket size (MiB)", in_range_finite(kMinBucketMiB, kMaxBucketMiB, "MiB: 1 byte to 1 TiB")),
@@ -544,12 +544,14 @@ std::string lr_problem(const TrainConfig& c) {
   return "";
 }
 
-// elastic.in_job redoes a step from what each survivor holds in memory: only
-// DDP replicas hold the whole model and optimizer state. ZeRO/FSDP shards,
-// pipeline stages and tensor-parallel pieces of a dead rank are gone (they
-// would have to come from a checkpoint: restart-based recovery,
-// `paratrain launch --max-restarts`, does that). State that is not replicated
-// (PowerSGD's error feedback) or a save in flight would not survive either.
+// elastic.in_job: DDP redoes the failed step from what each survivor holds in
+// memory; ZeRO/FSDP roll back to the latest checkpoint, resharded to the
+// survivors (train/in_job_rollback.h). Pipeline stages, tensor/context
+// parallel pieces and parameter-server shards would need their groups and
+// stage assignment rebuilt at a world size the config's parallel.* may not
+// divide: restart-based recovery (`paratrain launch --max-restarts`) does
+// that. State that is not replicated (PowerSGD's error feedback) or a save
+// in flight would not survive either.
 std::string in_job_problem(const TrainConfig& c) {
   if (!c.elastic.in_job) return "";
   std::string strategy;
@@ -557,11 +559,10 @@ std::string in_job_problem(const TrainConfig& c) {
   else if (c.parallel.tp > 1 || c.parallel.pp > 1 || c.parallel.cp > 1)
     strategy = fmt::format("parallel.tp = {}, parallel.pp = {}, parallel.cp = {}", c.parallel.tp, c.parallel.pp,
                            c.parallel.cp);
-  else if (c.zero.stage > 0) strategy = fmt::format("zero.stage = {} ({})", c.zero.stage, c.zero.stage <= 2 ? "ZeRO" : "FSDP");
   if (!strategy.empty())
-    return fmt::format("elastic.in_job = true needs every rank to hold the whole model and optimizer state (DDP: "
-                       "zero.stage = 0, no tp/pp/cp, no parameter servers), but this run uses {}: a dead rank's "
-                       "shard could only come back from a checkpoint. Use restart-based recovery "
+    return fmt::format("elastic.in_job = true recovers data-parallel runs only (DDP from memory; zero.stage 1-3 "
+                       "by rolling back to the latest checkpoint), but this run uses {}: its stages, pieces or "
+                       "server shards would need a new layout over the survivors. Use restart-based recovery "
                        "(`paratrain launch --max-restarts N` with train.checkpoint_every_steps) or set "
                        "elastic.in_job = false",
                        strategy);

@@ -10,6 +10,7 @@
 #include "paratrain/comm/recording_group.h"
 #include "paratrain/core/error.h"
 #include "paratrain/models/model.h"
+#include "paratrain/train/in_job_rollback.h"
 #include "paratrain/train/strategy_registry.h"
 
 namespace paratrain::train {
@@ -52,6 +53,8 @@ Recovery recover_in_job(Trainer::State& s, const data::LoaderState& resume_at, c
   Recovery r;
   r.old_world_size = s.world->size();
   const int old_rank = s.world->rank();
+  const int64_t failed_after = s.step;  // optimizer steps this rank completed
+  const bool roll_back = rolls_back_in_job(c);
   spdlog::warn("rank {}: step {} failed: {}. elastic.in_job: aborting the world group of {} ranks and re-forming it "
                "with the survivors",
                old_rank, s.step + 1, failure.what(), r.old_world_size);
@@ -70,19 +73,27 @@ Recovery recover_in_job(Trainer::State& s, const data::LoaderState& resume_at, c
   const auto& old_sampler = s.loader->sampler().options();
   const int64_t per_rank = s.loader->options().batch_size;
   const int64_t n = s.datasets.train.size();
-  const int64_t consumed = consumed_positions(resume_at, per_rank, old_sampler.num_replicas);
+  int64_t consumed = consumed_positions(resume_at, per_rank, old_sampler.num_replicas);
+  int64_t epoch = resume_at.epoch;
 
   // The old strategy's reducer hooks the model's parameters and holds the
-  // aborted group: it goes first (its destructor removes the hooks). The
-  // model, and with it the optimizer's tensors, stays.
-  auto model = std::dynamic_pointer_cast<models::Model>(s.strategy->module());
-  TORCH_CHECK(model, "in-job recovery: the strategy's module is not a paratrain model");
+  // aborted group: it goes first (its destructor removes the hooks). DDP:
+  // the model, and with it the optimizer's tensors, stays. A rollback
+  // replaces both (in_job_rollback.h).
+  std::shared_ptr<models::Model> model;
+  if (!roll_back) {
+    model = std::dynamic_pointer_cast<models::Model>(s.strategy->module());
+    TORCH_CHECK(model, "in-job recovery: the strategy's module is not a paratrain model");
+  } else {
+    s.optimizer.reset();  // its tensors are the old strategy's shards
+  }
   s.strategy.reset();
   s.checkpointer.reset();
   s.mesh.reset();
   // The failed step's partial gradients (this rank's own, maybe half
   // reduced) must not leak into the redone step.
-  for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+  if (model)
+    for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
 
   std::shared_ptr<comm::ProcessGroup> group = m.group;
   if (auto recorder = comm::recorder_of(*s.world)) {
@@ -93,14 +104,26 @@ Recovery recover_in_job(Trainer::State& s, const data::LoaderState& resume_at, c
   }
   s.owned_world = std::move(group);  // the previous owned world (if any) goes here
   s.world = s.owned_world.get();
-  check_survivors_agree(*s.world, s.step, consumed, s.timeout());
+  // A rollback needs no agreement on the step: every survivor leaves it.
+  if (!roll_back) check_survivors_agree(*s.world, s.step, consumed, s.timeout());
 
   const auto dims = topology::ParallelDims::resolve(0, 1, 1, 1, s.world->size());
   s.mesh = std::make_unique<topology::DeviceMesh>(*s.world, dims);
-  s.strategy = make_strategy(strategy_name(c), StrategyContext{s.config, *s.mesh, s.timeout(), s.run_dir});
-  // Replicas are identical (they took the same steps), so the wrapper's
-  // broadcast from the new rank 0 changes nothing.
-  s.strategy->build_model([model] { return model; });
+  if (roll_back) {
+    const RolledBack back = roll_back_in_job(s);
+    r.rolled_back = true;
+    epoch = back.epoch;
+    consumed = back.consumed_positions;
+    r.restored_step = back.step;
+    r.restored = back.what;
+  } else {
+    s.strategy = make_strategy(strategy_name(c), StrategyContext{s.config, *s.mesh, s.timeout(), s.run_dir});
+    // Replicas are identical (they took the same steps), so the wrapper's
+    // broadcast from the new rank 0 changes nothing.
+    s.strategy->build_model([model] { return model; });
+    r.restored_step = s.step;
+    r.restored = "kept the model and optimizer in memory";
+  }
   s.checkpointer = std::make_unique<TrainingCheckpointer>(c, *s.world);
   if (s.is_main() && old_rank != 0) s.metrics = MetricsLog(s.run_dir / "metrics.jsonl");  // rank 0 died: re-elected
 
@@ -113,22 +136,26 @@ Recovery recover_in_job(Trainer::State& s, const data::LoaderState& resume_at, c
                                             s.loader->options());
   if (consumed < n) {
     r.first_position = consumed;
-    s.loader->load_state({resume_at.epoch, 0, consumed});
-  } else {  // the failed step was in the padded tail: the epoch is over
+    s.loader->load_state({epoch, 0, consumed});
+  } else {  // the failed step was in the padded tail (or the checkpoint at its end): the epoch is over
     r.first_position = n;
-    s.loader->load_state({resume_at.epoch, s.loader->num_batches(), 0});
+    s.loader->load_state({epoch, s.loader->num_batches(), 0});
   }
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   if (s.is_main()) {
-    spdlog::warn("in-job recovery {}: rank(s) {} of {} died; {} survivors (old ranks {}) go on as ranks 0-{}, "
-                 "redoing step {} from epoch {} position {} of {} (global batch now {}), after {:.2f} s",
-                 m.epoch, fmt::join(r.dead_ranks, ","), r.old_world_size, r.world_size, fmt::join(m.survivors, ","),
-                 r.world_size - 1, s.step + 1, resume_at.epoch + 1, r.first_position, n, s.batch.global, r.seconds);
-    s.log_record({{"kind", "recovery"}, {"recovery", m.epoch}, {"step", s.step}, {"redo_step", s.step + 1},
-                  {"epoch", resume_at.epoch}, {"dead_ranks", r.dead_ranks}, {"survivors", m.survivors},
-                  {"old_world_size", r.old_world_size}, {"world_size", r.world_size},
-                  {"first_position", r.first_position}, {"global_batch", s.batch.global},
-                  {"seconds", r.seconds}, {"error", failure.what()}});
+    spdlog::warn("in-job recovery {}: rank(s) {} of {} died after step {}; {} survivors (old ranks {}) go on as "
+                 "ranks 0-{}, {}: redoing step {} from epoch {} position {} of {} (global batch now {}), after "
+                 "{:.2f} s",
+                 m.epoch, fmt::join(r.dead_ranks, ","), r.old_world_size, failed_after, r.world_size,
+                 fmt::join(m.survivors, ","), r.world_size - 1, r.restored, s.step + 1, epoch + 1, r.first_position,
+                 n, s.batch.global, r.seconds);
+    nlohmann::json record = {
+        {"kind", "recovery"}, {"recovery", m.epoch}, {"step", failed_after}, {"redo_step", s.step + 1},
+        {"epoch", epoch}, {"dead_ranks", r.dead_ranks}, {"survivors", m.survivors},
+        {"old_world_size", r.old_world_size}, {"world_size", r.world_size}, {"first_position", r.first_position},
+        {"global_batch", s.batch.global}, {"seconds", r.seconds}, {"error", failure.what()},
+        {"restored", r.restored}, {"restored_step", r.restored_step}};
+    s.log_record(std::move(record));
   }
   return r;
 }

@@ -1,14 +1,18 @@
 // In-job recovery (elastic.in_job): when a peer dies in the middle of
 // training, the surviving ranks abort the world group, meet in a membership
 // round of the store (comm/rejoin.h), and rebuild over the new world what
-// spans it (mesh, strategy wrapper, checkpointer, loader), keeping the model
-// and optimizer state each of them holds in memory. DDP only: every replica
-// holds everything (config_schema.cpp refuses the other strategies).
+// spans it (mesh, strategy wrapper, checkpointer, loader). DDP keeps the
+// model and optimizer state each replica holds in memory and redoes the
+// failed step; ZeRO-1/2 and FSDP roll back to the latest complete checkpoint
+// (or the run's start), resharded to the survivors (in_job_rollback.h).
+// Pipeline, tensor/context parallel and parameter-server runs are refused
+// (config_schema.cpp).
 // Not here: the decision to recover (the loop in trainer.cpp catches the
 // CommError of a collective) and the round itself (comm/rejoin.cpp).
 #pragma once
 
 #include <exception>
+#include <string>
 #include <vector>
 
 #include "paratrain/data/loader.h"
@@ -22,6 +26,11 @@ struct Recovery {
   std::vector<int> dead_ranks;  // ranks of the old world
   int64_t first_position = 0;   // where the survivors' share of the epoch starts
   double seconds = 0;           // failure caught -> new world ready
+  // What the survivors continue from: DDP keeps its memory and redoes the
+  // failed step; the sharded strategies roll back (in_job_rollback.h).
+  bool rolled_back = false;
+  int64_t restored_step = 0;    // optimizer steps done at the point they continue from
+  std::string restored;         // "rolled back to checkpoint step 40", for the log and metrics.jsonl
 };
 
 // Positions [0, result) of the epoch's permutation were trained when every
@@ -36,6 +45,10 @@ int64_t consumed_positions(const data::LoaderState& at, int64_t per_rank_batch, 
 // survivors; throws CommError when they disagree on the step they stand at
 // (one completed the failed step's all-reduce, another did not), or when
 // this rank is left out of the new membership.
+// With a rollback (rolls_back_in_job) `resume_at` is not used: s.step, the
+// epoch and the loader's position become the restored checkpoint's, which
+// may lie in an earlier epoch than the failure (the caller's loop follows
+// s.loader->state().epoch), and the survivors need not agree on the step.
 Recovery recover_in_job(Trainer::State& s, const data::LoaderState& resume_at, const std::exception& failure);
 
 }  // namespace paratrain::train

@@ -9,7 +9,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <mutex>
 
 #include <unistd.h>
 
@@ -216,17 +215,7 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
 
   // The same seed on every rank: each builds the single-process model's
   // initial weights (replicas are also broadcast from rank 0).
-  s.strategy->build_model([&c, device = s.device] {
-    // The generator is process-global; ranks that are threads of one process
-    // (tests) must not reseed it in the middle of each other's init.
-    static std::mutex init_mutex;
-    std::lock_guard<std::mutex> lock(init_mutex);
-    torch::manual_seed(static_cast<uint64_t>(c.run.seed));
-    // Drawn on the CPU, then moved: the same initial weights on every device.
-    auto model = make_model(c);
-    if (!device.is_cpu()) model->to(device);
-    return model;
-  });
+  s.strategy->build_model(seeded_model_factory(c, s.device));
   // LARS/LAMB: the full dims of sharded pieces and the reducer of their norms.
   const bool layerwise_kind = c.optimizer.kind == "lars" || c.optimizer.kind == "lamb";
   const LayerwiseParams layerwise = layerwise_kind ? s.strategy->layerwise_params() : LayerwiseParams{};
@@ -589,14 +578,19 @@ TrainResult Trainer::fit_loop() {
   };
 
   // elastic.in_job: re-form the world without the dead rank and go on from
-  // `resume_at` (in_job.h).
-  auto recover = [&](const data::LoaderState& resume_at, const CommError& e, int64_t epoch) {
+  // `resume_at` (in_job.h). True when the survivors rolled back to a
+  // checkpoint (sharded strategies), which may lie in an earlier epoch:
+  // `epoch` follows the loader.
+  auto recover = [&](const data::LoaderState& resume_at, const CommError& e, int64_t& epoch) {
     if (!s.rejoiner) throw;
-    (void)recover_in_job(s, resume_at, e);
+    const Recovery r = recover_in_job(s, resume_at, e);
     ++result.recoveries;
+    if (r.rolled_back) saved_step = s.step;  // the redone steps' checkpoints are saved again
+    epoch = s.loader->state().epoch;
     recount(epoch);
     window_loss = 0;
     window_steps = 0;
+    return r.rolled_back;
   };
 
   for (int64_t epoch = s.loader->state().epoch; epoch < c.train.epochs && !stop; ++epoch) {
@@ -653,7 +647,7 @@ TrainResult Trainer::fit_loop() {
           // Every survivor took this step (its gradient all-reduce needed
           // every rank): go on after it; this window's line is lost.
           const double own = window_loss / std::max<int64_t>(window_steps, 1);
-          recover(s.loader->state(), e, epoch);
+          if (recover(s.loader->state(), e, epoch)) continue;  // rolled back: this step is undone
           mean = torch::tensor({own, 1.0}, torch::kDouble);
         }
         result.last_train_loss = mean[0].item<double>() / mean[1].item<double>();
