@@ -12,9 +12,14 @@
 #include <vector>
 
 #include "paratrain/data/loader.h"
+#include "paratrain/train/batch_size.h"
 #include "paratrain/train/trainer_state.h"
 
 namespace paratrain::train {
+
+// What the survivors were doing when the failure hit: they must all redo
+// the same thing (check_survivors_agree in in_job.cpp).
+enum class RecoveryPhase { kStep = 0, kEvaluation = 1, kCheckpoint = 2 };
 
 struct Recovery {
   int old_world_size = 0;
@@ -22,6 +27,9 @@ struct Recovery {
   std::vector<int> dead_ranks;  // ranks of the old world
   int64_t first_position = 0;   // where the survivors' share of the epoch starts
   double seconds = 0;           // failure caught -> new world ready
+  // elastic.keep_global_batch: the per-rank batch and train.accumulate
+  // before and after (equal when nothing changed).
+  BatchSizes old_batch, batch;
 };
 
 // Positions [0, result) of the epoch's permutation were trained when every
@@ -35,7 +43,13 @@ int64_t consumed_positions(const data::LoaderState& at, int64_t per_rank_batch, 
 // rank's share included, is split among the survivors. Collective among the
 // survivors; throws CommError when they disagree on the step they stand at
 // (one completed the failed step's all-reduce, another did not), or when
-// this rank is left out of the new membership.
-Recovery recover_in_job(Trainer::State& s, const data::LoaderState& resume_at, const std::exception& failure);
+// this rank is left out of the new membership, or when they were in
+// different phases (one in the failed step, another in a checkpoint save
+// it had not reached). `phase`: what this rank redoes after it (a step, an
+// evaluation, a checkpoint save). With elastic.keep_global_batch the
+// per-rank batch (or train.accumulate) changes so the global batch stays
+// (a ConfigError when neither divides, as for a restarted generation).
+Recovery recover_in_job(Trainer::State& s, const data::LoaderState& resume_at, const std::exception& failure,
+                        RecoveryPhase phase = RecoveryPhase::kStep);
 
 }  // namespace paratrain::train

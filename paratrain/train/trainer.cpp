@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <mutex>
 
 #include <unistd.h>
@@ -418,16 +419,27 @@ TrainResult Trainer::fit_loop() {
     s.each_callback([&](Callback& cb) { cb.on_checkpoint(done.step, done.dir); });
     if (s.is_main() && c.train.keep_checkpoints > 0) prune_checkpoints(s.run_dir, c.train.keep_checkpoints);
   };
+  // elastic.in_job: a CommError inside `op` (a rank died in an evaluation
+  // or a synchronous save) re-forms the world and redoes `op` on it; set
+  // below, once the loop's recount exists. Without it, `op` runs once.
+  std::function<void(RecoveryPhase, const std::function<void()>&)> redo_on_failure =
+      [](RecoveryPhase, const std::function<void()>& op) { op(); };
   auto save = [&](const std::string& why) {
     if (s.step == saved_step) return;
     saved_step = s.step;
-    auto st = s.loader->state();
-    if (auto done = s.checkpointer->save(s.run_dir, c, *s.strategy, *s.optimizer,
-                                         {.step = s.step, .epoch = st.epoch, .next_batch = st.next_batch,
-                                          .consumed_positions = consumed_positions(
-                                              st, s.loader->options().batch_size, s.loader->sampler().options().num_replicas)},
-                                         s.scaler.get(), why))
-      committed(*done);
+    std::optional<SavedCheckpoint> done;
+    // Redone at the new world size after a recovery: the failed attempt left
+    // no index.json (written last), so it is never loaded, and rank 0 clears
+    // its directory first (sharded_writer.cpp).
+    redo_on_failure(RecoveryPhase::kCheckpoint, [&] {
+      auto st = s.loader->state();
+      done = s.checkpointer->save(s.run_dir, c, *s.strategy, *s.optimizer,
+                                  {.step = s.step, .epoch = st.epoch, .next_batch = st.next_batch,
+                                   .consumed_positions = consumed_positions(
+                                       st, s.loader->options().batch_size, s.loader->sampler().options().num_replicas)},
+                                  s.scaler.get(), why);
+    });
+    if (done) committed(*done);
   };
   const Objective objective = Objective::for_config(c);
   const LossFn loss_fn = scaled_loss(objective.loss(), s.scaler.get());
@@ -440,10 +452,11 @@ TrainResult Trainer::fit_loop() {
   // epoch's last batches that do not fill a step are dropped, so every step
   // sees the same number of examples and the loader stands at a multiple of
   // k at every step boundary, where checkpoints are taken.
-  const int64_t k = s.batch.accumulate;
-  const LossFn micro_loss = k == 1 ? LossFn(loss_fn) : LossFn([&loss_fn, k](const at::Tensor& o, const at::Tensor& t) {
-    return loss_fn(o, t) / static_cast<double>(k);
-  });
+  // Not const: an in-job recovery with elastic.keep_global_batch may change it.
+  int64_t k = s.batch.accumulate;
+  const LossFn micro_loss = [&loss_fn, &k](const at::Tensor& o, const at::Tensor& t) {
+    return k == 1 ? loss_fn(o, t) : loss_fn(o, t) / static_cast<double>(k);
+  };
   // Not const: an in-job recovery changes the world size, and with it the
   // batches of an epoch, the global batch and the steps left.
   int64_t batches = s.loader->num_batches();
@@ -454,6 +467,7 @@ TrainResult Trainer::fit_loop() {
   // the loader splits the rest of the epoch over the survivors: recount the
   // batches, the global batch and the steps left from there.
   auto recount = [&](int64_t epoch) {
+    k = s.batch.accumulate;
     batches = s.loader->num_batches();
     global_batch = s.batch.global;
     const int64_t full_epoch =  // the next epochs' batches at this size
@@ -590,13 +604,28 @@ TrainResult Trainer::fit_loop() {
 
   // elastic.in_job: re-form the world without the dead rank and go on from
   // `resume_at` (in_job.h).
-  auto recover = [&](const data::LoaderState& resume_at, const CommError& e, int64_t epoch) {
+  auto recover = [&](const data::LoaderState& resume_at, const CommError& e, int64_t epoch,
+                     RecoveryPhase phase = RecoveryPhase::kStep) {
     if (!s.rejoiner) throw;
-    (void)recover_in_job(s, resume_at, e);
+    (void)recover_in_job(s, resume_at, e, phase);
     ++result.recoveries;
     recount(epoch);
     window_loss = 0;
     window_steps = 0;
+  };
+  // An evaluation is redone by the survivors rather than skipped: its figure
+  // feeds train.monitor (best checkpoint, early stopping), and on a DDP
+  // model it costs one pass over the test set. Both it and a save run at a
+  // step boundary, so the loader's state is where every survivor stands.
+  redo_on_failure = [&](RecoveryPhase phase, const std::function<void()>& op) {
+    for (;;) {
+      try {
+        op();
+        return;
+      } catch (const CommError& e) {
+        recover(s.loader->state(), e, s.loader->state().epoch, phase);  // rethrows without elastic.in_job
+      }
+    }
   };
 
   for (int64_t epoch = s.loader->state().epoch; epoch < c.train.epochs && !stop; ++epoch) {
@@ -684,7 +713,7 @@ TrainResult Trainer::fit_loop() {
     // last state has a test figure.
     if (c.train.eval_every_epochs > 0 &&
         ((epoch_done && (epoch + 1) % c.train.eval_every_epochs == 0) || (stop && !epoch_done))) {
-      result.test = evaluate();
+      redo_on_failure(RecoveryPhase::kEvaluation, [&] { result.test = evaluate(); });
       const double eval_progress =
           epoch + static_cast<double>(s.loader->state().next_batch) / std::max<int64_t>(batches, 1);
       if (s.is_main() && objective.language_model()) {
