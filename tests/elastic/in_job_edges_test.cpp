@@ -186,9 +186,13 @@ double worst_survivor_diff(const std::vector<RankOutcome>& out, const Params& ex
 }
 
 // 3 -> 2 ranks, per-rank batch 8 -> 12: the survivors equal one process
-// that trained all 20 steps with the global batch of 24.
+// that trained all 20 steps with the global batch of 24, under a warmup
+// that spans the death and a cosine decay planned over the 20 steps.
 TEST(InJobEdges, KeepGlobalBatchRaisesThePerRankBatchAndEqualsTheUndisturbedRun) {
-  const auto c = config("keep_batch", true);
+  auto c = config("keep_batch", true);
+  c.lr.warmup_steps = 8;
+  c.lr.decay = "cosine";
+  c.run.log_every = 1;
   const auto out = run_job(c, Die::When::kAfterStep, kDeath);
   rethrow_survivor_errors(out);
   const OneProcess expected = one_process(c);
@@ -204,14 +208,24 @@ TEST(InJobEdges, KeepGlobalBatchRaisesThePerRankBatchAndEqualsTheUndisturbedRun)
   EXPECT_EQ(recovery[0]["global_batch"], 24);
   EXPECT_EQ(recovery[0]["accumulate"], 1);
   EXPECT_EQ(recovery[0]["keep_global_batch"], true);
-  // The LR schedule and the logged sample counts count 24 per step.
+  // The LR schedule went on as planned (the rate of every step is the
+  // undisturbed run's), and the sample counts count 24 per step.
   const auto train = records(out[0].result.run_dir, "train");
-  ASSERT_FALSE(train.empty());
+  const auto expected_train = records(expected.run_dir, "train");
+  ASSERT_EQ(train.size(), 20u);
+  ASSERT_EQ(expected_train.size(), 20u);
+  for (std::size_t i = 0; i < train.size(); ++i) {
+    EXPECT_EQ(train[i]["step"], expected_train[i]["step"]);
+    EXPECT_DOUBLE_EQ(train[i]["lr"].get<double>(), expected_train[i]["lr"].get<double>()) << "step " << i + 1;
+  }
   EXPECT_EQ(train.back()["samples"], 20 * 24);
 
   // Negative control: without the key the global batch shrinks to 16 and
   // the survivors end elsewhere.
-  const auto shrunk = run_job(config("keep_batch_off", false), Die::When::kAfterStep, kDeath);
+  auto off = c;
+  off.run.name = "keep_batch_off";
+  off.elastic.keep_global_batch = false;
+  const auto shrunk = run_job(off, Die::When::kAfterStep, kDeath);
   rethrow_survivor_errors(shrunk);
   const double off_diff = worst_survivor_diff(shrunk, expected.params);
   EXPECT_GT(off_diff, 1e-3);
