@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <mutex>
 #include <string>
@@ -124,6 +125,9 @@ std::pair<double, double> trial(const train::TrainConfig& base, int world, int64
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A survivor's Gloo writev() to the dead rank's closed socket raises
+  // SIGPIPE, which would end this process (`paratrain train` ignores it too).
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app("in-job recovery time: failure -> first step after recovery");
   std::string config_path = "configs/fashion_mnist_mlp.toml";
   std::vector<int> worlds{2, 4};

@@ -216,6 +216,12 @@ Command add_train_command(CLI::App& app) {
     std::shared_ptr<comm::ProcessGroup> group;
     std::shared_ptr<comm::Rejoiner> rejoiner;
     if (config.elastic.in_job) {
+      // Gloo sends with writev(), which raises SIGPIPE when the peer's socket
+      // is closed: a survivor writing to a dead rank would be killed before it
+      // saw the error. Ignored, the write fails with EPIPE and the collective
+      // with a CommError that in-job recovery handles. (Python, which Gloo
+      // usually runs under, ignores SIGPIPE from the start.)
+      std::signal(SIGPIPE, SIG_IGN);
       auto elastic = comm::init_elastic_process_group(
           world, init, std::chrono::milliseconds(static_cast<int64_t>(1000 * config.world.heartbeat_timeout_s)));
       group = std::move(elastic.group);

@@ -32,4 +32,11 @@ void check_batches_fit(const TrainConfig& config, const BatchSizes& sizes, int64
       config.data.drop_last ? " (data.drop_last = true drops the incomplete batch)" : ""));
 }
 
+std::optional<BatchSizes> keep_global_batch_over(const BatchSizes& now, int64_t dp) {
+  if (dp < 1) return std::nullopt;
+  if (now.global % (dp * now.accumulate) == 0) return BatchSizes{now.global / (dp * now.accumulate), now.accumulate, now.global};
+  if (now.global % (dp * now.per_rank) == 0) return BatchSizes{now.per_rank, now.global / (dp * now.per_rank), now.global};
+  return std::nullopt;
+}
+
 }  // namespace paratrain::train

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "paratrain/train/config.h"
 
@@ -25,5 +26,14 @@ BatchSizes resolve_batch_sizes(const TrainConfig& config, int dp);
 // train.accumulate), naming the sizes and what to change.
 void check_batches_fit(const TrainConfig& config, const BatchSizes& sizes, int64_t train_items,
                        int64_t steps_per_epoch);
+
+// elastic.keep_global_batch (Note [Keeping the global batch] in
+// restart_resume.cpp): the sizes that keep `now.global` at `dp` data-parallel
+// ranks: the per-rank batch now.global / (dp * accumulate) when it divides
+// (one forward/backward per step, the cheapest), else train.accumulate
+// now.global / (dp * per_rank); nullopt when neither divides (the caller
+// names its keys in the error). Used by restarted generations and by in-job
+// recovery alike.
+std::optional<BatchSizes> keep_global_batch_over(const BatchSizes& now, int64_t dp);
 
 }  // namespace paratrain::train

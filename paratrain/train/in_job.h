@@ -16,9 +16,14 @@
 #include <vector>
 
 #include "paratrain/data/loader.h"
+#include "paratrain/train/batch_size.h"
 #include "paratrain/train/trainer_state.h"
 
 namespace paratrain::train {
+
+// What the survivors were doing when the failure hit: they must all redo
+// the same thing (check_survivors_agree in in_job.cpp).
+enum class RecoveryPhase { kStep = 0, kEvaluation = 1, kCheckpoint = 2 };
 
 struct Recovery {
   int old_world_size = 0;
@@ -31,6 +36,9 @@ struct Recovery {
   bool rolled_back = false;
   int64_t restored_step = 0;    // optimizer steps done at the point they continue from
   std::string restored;         // "rolled back to checkpoint step 40", for the log and metrics.jsonl
+  // elastic.keep_global_batch: the per-rank batch and train.accumulate
+  // before and after (equal when nothing changed).
+  BatchSizes old_batch, batch;
 };
 
 // Positions [0, result) of the epoch's permutation were trained when every
@@ -44,11 +52,18 @@ int64_t consumed_positions(const data::LoaderState& at, int64_t per_rank_batch, 
 // rank's share included, is split among the survivors. Collective among the
 // survivors; throws CommError when they disagree on the step they stand at
 // (one completed the failed step's all-reduce, another did not), or when
-// this rank is left out of the new membership.
-// With a rollback (rolls_back_in_job) `resume_at` is not used: s.step, the
-// epoch and the loader's position become the restored checkpoint's, which
-// may lie in an earlier epoch than the failure (the caller's loop follows
-// s.loader->state().epoch), and the survivors need not agree on the step.
-Recovery recover_in_job(Trainer::State& s, const data::LoaderState& resume_at, const std::exception& failure);
+// this rank is left out of the new membership, or when they were in
+// different phases (one in the failed step, another in a checkpoint save
+// it had not reached). `phase`: what this rank redoes after it (a step, an
+// evaluation, a checkpoint save). With elastic.keep_global_batch the
+// per-rank batch (or train.accumulate) changes so the global batch stays
+// (a ConfigError when neither divides, as for a restarted generation).
+// With a rollback (rolls_back_in_job) `resume_at` and `phase` are not used:
+// s.step, the epoch and the loader's position become the restored
+// checkpoint's, which may lie in an earlier epoch than the failure (the
+// caller's loop follows s.loader->state().epoch), and the survivors need not
+// agree on the step or phase (every one discards where it stood).
+Recovery recover_in_job(Trainer::State& s, const data::LoaderState& resume_at, const std::exception& failure,
+                        RecoveryPhase phase = RecoveryPhase::kStep);
 
 }  // namespace paratrain::train

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "paratrain/train/batch_size.h"
 #include "paratrain/train/checkpoint/checkpoint_files.h"
 #include "paratrain/core/error.h"
 #include "paratrain/train/run_dir.h"
@@ -155,16 +156,17 @@ RestartResume keep_global_batch(const TrainConfig& config, const fs::path& run_d
   }
   const int64_t acc = config.train.accumulate, batch = config.data.batch_size;
   const int64_t global = batch * dp_start * acc;
-  if (global % (dp * acc) == 0) {
-    out.overrides = {fmt::format("data.batch_size={}", global / (dp * acc))};
+  const auto kept = keep_global_batch_over({batch, acc, global}, dp);
+  if (kept && kept->accumulate == acc) {
+    out.overrides = {fmt::format("data.batch_size={}", kept->per_rank)};
     out.message = fmt::format("elastic.keep_global_batch: world size {} -> {} (dp {} -> {}): per-rank batch {} -> {} "
                               "(train.accumulate {}), global batch {} kept",
-                              start, world_size, dp_start, dp, batch, global / (dp * acc), acc, global);
-  } else if (global % (dp * batch) == 0) {
-    out.overrides = {fmt::format("train.accumulate={}", global / (dp * batch))};
+                              start, world_size, dp_start, dp, batch, kept->per_rank, acc, global);
+  } else if (kept) {
+    out.overrides = {fmt::format("train.accumulate={}", kept->accumulate)};
     out.message = fmt::format("elastic.keep_global_batch: world size {} -> {} (dp {} -> {}): the per-rank batch {} "
                               "cannot be split evenly, so train.accumulate {} -> {}; global batch {} kept",
-                              start, world_size, dp_start, dp, batch, acc, global / (dp * batch), global);
+                              start, world_size, dp_start, dp, batch, acc, kept->accumulate, global);
   } else {
     throw ConfigError(fmt::format(
         "elastic.keep_global_batch = true: the run started with global batch {} (data.batch_size {} * dp {} * "

@@ -9,6 +9,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
+#include <mutex>
 
 #include <unistd.h>
 
@@ -47,6 +49,11 @@ namespace paratrain::train {
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+// Thrown by the fit loop's redo_on_failure when an in-job recovery inside an
+// evaluation or a checkpoint save rolled the survivors back to a checkpoint:
+// the epoch loop catches it and goes on from the restored position.
+struct RolledBack {};
 
 // Rank 0 picks the run's version folder (run_dir.h) and tells the others,
 // so every rank writes into the same one even without a shared filesystem
@@ -407,16 +414,27 @@ TrainResult Trainer::fit_loop() {
     s.each_callback([&](Callback& cb) { cb.on_checkpoint(done.step, done.dir); });
     if (s.is_main() && c.train.keep_checkpoints > 0) prune_checkpoints(s.run_dir, c.train.keep_checkpoints);
   };
+  // elastic.in_job: a CommError inside `op` (a rank died in an evaluation
+  // or a synchronous save) re-forms the world and redoes `op` on it; set
+  // below, once the loop's recount exists. Without it, `op` runs once.
+  std::function<void(RecoveryPhase, const std::function<void()>&)> redo_on_failure =
+      [](RecoveryPhase, const std::function<void()>& op) { op(); };
   auto save = [&](const std::string& why) {
     if (s.step == saved_step) return;
     saved_step = s.step;
-    auto st = s.loader->state();
-    if (auto done = s.checkpointer->save(s.run_dir, c, *s.strategy, *s.optimizer,
-                                         {.step = s.step, .epoch = st.epoch, .next_batch = st.next_batch,
-                                          .consumed_positions = consumed_positions(
-                                              st, s.loader->options().batch_size, s.loader->sampler().options().num_replicas)},
-                                         s.scaler.get(), why))
-      committed(*done);
+    std::optional<SavedCheckpoint> done;
+    // Redone at the new world size after a recovery: the failed attempt left
+    // no index.json (written last), so it is never loaded, and rank 0 clears
+    // its directory first (sharded_writer.cpp).
+    redo_on_failure(RecoveryPhase::kCheckpoint, [&] {
+      auto st = s.loader->state();
+      done = s.checkpointer->save(s.run_dir, c, *s.strategy, *s.optimizer,
+                                  {.step = s.step, .epoch = st.epoch, .next_batch = st.next_batch,
+                                   .consumed_positions = consumed_positions(
+                                       st, s.loader->options().batch_size, s.loader->sampler().options().num_replicas)},
+                                  s.scaler.get(), why);
+    });
+    if (done) committed(*done);
   };
   const Objective objective = Objective::for_config(c);
   const LossFn loss_fn = scaled_loss(objective.loss(), s.scaler.get());
@@ -429,10 +447,11 @@ TrainResult Trainer::fit_loop() {
   // epoch's last batches that do not fill a step are dropped, so every step
   // sees the same number of examples and the loader stands at a multiple of
   // k at every step boundary, where checkpoints are taken.
-  const int64_t k = s.batch.accumulate;
-  const LossFn micro_loss = k == 1 ? LossFn(loss_fn) : LossFn([&loss_fn, k](const at::Tensor& o, const at::Tensor& t) {
-    return loss_fn(o, t) / static_cast<double>(k);
-  });
+  // Not const: an in-job recovery with elastic.keep_global_batch may change it.
+  int64_t k = s.batch.accumulate;
+  const LossFn micro_loss = [&loss_fn, &k](const at::Tensor& o, const at::Tensor& t) {
+    return k == 1 ? loss_fn(o, t) : loss_fn(o, t) / static_cast<double>(k);
+  };
   // Not const: an in-job recovery changes the world size, and with it the
   // batches of an epoch, the global batch and the steps left.
   int64_t batches = s.loader->num_batches();
@@ -443,6 +462,7 @@ TrainResult Trainer::fit_loop() {
   // the loader splits the rest of the epoch over the survivors: recount the
   // batches, the global batch and the steps left from there.
   auto recount = [&](int64_t epoch) {
+    k = s.batch.accumulate;
     batches = s.loader->num_batches();
     global_batch = s.batch.global;
     const int64_t full_epoch =  // the next epochs' batches at this size
@@ -581,9 +601,10 @@ TrainResult Trainer::fit_loop() {
   // `resume_at` (in_job.h). True when the survivors rolled back to a
   // checkpoint (sharded strategies), which may lie in an earlier epoch:
   // `epoch` follows the loader.
-  auto recover = [&](const data::LoaderState& resume_at, const CommError& e, int64_t& epoch) {
+  auto recover = [&](const data::LoaderState& resume_at, const CommError& e, int64_t& epoch,
+                     RecoveryPhase phase = RecoveryPhase::kStep) {
     if (!s.rejoiner) throw;
-    const Recovery r = recover_in_job(s, resume_at, e);
+    const Recovery r = recover_in_job(s, resume_at, e, phase);
     ++result.recoveries;
     if (r.rolled_back) saved_step = s.step;  // the redone steps' checkpoints are saved again
     epoch = s.loader->state().epoch;
@@ -592,127 +613,152 @@ TrainResult Trainer::fit_loop() {
     window_steps = 0;
     return r.rolled_back;
   };
+  // An evaluation is redone by the survivors rather than skipped: its figure
+  // feeds train.monitor (best checkpoint, early stopping), and on a DDP
+  // model it costs one pass over the test set. Both it and a save run at a
+  // step boundary, so the loader's state is where every survivor stands.
+  // After a rollback the operation belongs to undone steps: it is dropped,
+  // and the epoch loop goes on from the restored checkpoint (RolledBack).
+  redo_on_failure = [&](RecoveryPhase phase, const std::function<void()>& op) {
+    for (;;) {
+      try {
+        op();
+        return;
+      } catch (const CommError& e) {
+        int64_t at_epoch = s.loader->state().epoch;
+        // Rethrows without elastic.in_job.
+        if (recover(s.loader->state(), e, at_epoch, phase)) throw RolledBack{};
+      }
+    }
+  };
 
   for (int64_t epoch = s.loader->state().epoch; epoch < c.train.epochs && !stop; ++epoch) {
-    if (epoch != s.loader->state().epoch ||
-        (s.loader->state().next_batch == 0 && s.loader->state().first_position == 0)) {
-      s.loader->set_epoch(epoch);
-    }
-    batches = s.loader->num_batches();
-    if (dynamic) run_dynamic_epoch(epoch);
-    while (!dynamic && batches - s.loader->state().next_batch >= k) {
-      double step_loss = 0;  // the micro-batch losses are divided by k: their sum is the step's mean
-      // The loss is scaled in backward (precision.loss_scale); logged unscaled.
-      const double loss_scale = s.scaler ? s.scaler->get_scale() : 1.0;
-      const data::LoaderState at_step = s.loader->state();
-      try {
-        for (int64_t i = 0; i < k; ++i) {
-          auto batch = s.loader->next();
-          if (!batch) {
-            throw Error(fmt::format("rank {}: the loader ended epoch {} at batch {} of {}", s.world->rank(),
-                                    epoch + 1, s.loader->state().next_batch, batches));
-          }
-          auto out = s.strategy->forward_backward(to_device(std::move(*batch), s.device), micro_loss,
-                                                  /*sync=*/i == k - 1);
-          step_loss += out.loss.item<double>();
-        }
-        applied_lr = s.lr_schedule->lr(s.step);  // steps count from 0
-        optim::set_learning_rate(*s.optimizer, applied_lr);
-        if (!s.strategy->optimizer_step(*s.optimizer, c.optimizer.clip_grad_norm, s.scaler.get())) {
-          ++result.skipped_steps;
-        }
-      } catch (const CommError& e) {
-        recover(at_step, e, epoch);  // rethrows without elastic.in_job
-        continue;                    // redo the step
+    // A rollback inside an evaluation or a save (redo_on_failure) leaves the
+    // loader at the restored checkpoint, maybe in an earlier epoch: go on there.
+    try {
+      if (epoch != s.loader->state().epoch ||
+          (s.loader->state().next_batch == 0 && s.loader->state().first_position == 0)) {
+        s.loader->set_epoch(epoch);
       }
-      ++s.step;
-      window_loss += step_loss / loss_scale;
-      ++window_steps;
-
-      const bool last = s.step >= total_steps;
-      const bool checkpoint_now = c.train.checkpoint_every_steps > 0 && s.step % c.train.checkpoint_every_steps == 0;
-      StepInfo info{.step = s.step, .total_steps = total_steps, .epoch = epoch, .epochs = c.train.epochs,
-                    .batch = s.loader->state().next_batch, .batches = batches, .lr = applied_lr};
-      rate_and_eta(info);
-      if ((c.run.log_every > 0 && s.step % c.run.log_every == 0) || last || checkpoint_now) {
-        // A collective on every dp rank: all ranks log at the same steps and
-        // agree on whether the loss went non-finite.
-        // Averaged over the ranks that train (not parameter servers).
-        const bool computes = s.strategy->data_shard().computes;
-        auto mean = torch::tensor({computes ? window_loss / window_steps : 0.0, computes ? 1.0 : 0.0},
-                                  torch::kDouble);
+      batches = s.loader->num_batches();
+      if (dynamic) run_dynamic_epoch(epoch);
+      while (!dynamic && batches - s.loader->state().next_batch >= k) {
+        double step_loss = 0;  // the micro-batch losses are divided by k: their sum is the step's mean
+        // The loss is scaled in backward (precision.loss_scale); logged unscaled.
+        const double loss_scale = s.scaler ? s.scaler->get_scale() : 1.0;
+        const data::LoaderState at_step = s.loader->state();
         try {
-          s.dp().all_reduce(mean, comm::ReduceOp::kSum)->wait(s.timeout());
+          for (int64_t i = 0; i < k; ++i) {
+            auto batch = s.loader->next();
+            if (!batch) {
+              throw Error(fmt::format("rank {}: the loader ended epoch {} at batch {} of {}", s.world->rank(),
+                                      epoch + 1, s.loader->state().next_batch, batches));
+            }
+            auto out = s.strategy->forward_backward(to_device(std::move(*batch), s.device), micro_loss,
+                                                    /*sync=*/i == k - 1);
+            step_loss += out.loss.item<double>();
+          }
+          applied_lr = s.lr_schedule->lr(s.step);  // steps count from 0
+          optim::set_learning_rate(*s.optimizer, applied_lr);
+          if (!s.strategy->optimizer_step(*s.optimizer, c.optimizer.clip_grad_norm, s.scaler.get())) {
+            ++result.skipped_steps;
+          }
         } catch (const CommError& e) {
-          // Every survivor took this step (its gradient all-reduce needed
-          // every rank): go on after it; this window's line is lost.
-          const double own = window_loss / std::max<int64_t>(window_steps, 1);
-          if (recover(s.loader->state(), e, epoch)) continue;  // rolled back: this step is undone
-          mean = torch::tensor({own, 1.0}, torch::kDouble);
+          recover(at_step, e, epoch);  // rethrows without elastic.in_job
+          continue;                    // redo the step
         }
-        result.last_train_loss = mean[0].item<double>() / mean[1].item<double>();
-        if (!std::isfinite(result.last_train_loss)) {
-          throw Error(fmt::format(
-              "rank {}: the training loss became {} by step {} (mean over steps {}..{}): training diverged. Lower "
-              "optimizer.lr, set optimizer.clip_grad_norm, or resume from an earlier checkpoint; no checkpoint "
-              "was written for this state",
-              s.world->rank(), result.last_train_loss, s.step, s.step - window_steps + 1, s.step));
+        ++s.step;
+        window_loss += step_loss / loss_scale;
+        ++window_steps;
+
+        const bool last = s.step >= total_steps;
+        const bool checkpoint_now = c.train.checkpoint_every_steps > 0 && s.step % c.train.checkpoint_every_steps == 0;
+        StepInfo info{.step = s.step, .total_steps = total_steps, .epoch = epoch, .epochs = c.train.epochs,
+                      .batch = s.loader->state().next_batch, .batches = batches, .lr = applied_lr};
+        rate_and_eta(info);
+        if ((c.run.log_every > 0 && s.step % c.run.log_every == 0) || last || checkpoint_now) {
+          // A collective on every dp rank: all ranks log at the same steps and
+          // agree on whether the loss went non-finite.
+          // Averaged over the ranks that train (not parameter servers).
+          const bool computes = s.strategy->data_shard().computes;
+          auto mean = torch::tensor({computes ? window_loss / window_steps : 0.0, computes ? 1.0 : 0.0},
+                                    torch::kDouble);
+          try {
+            s.dp().all_reduce(mean, comm::ReduceOp::kSum)->wait(s.timeout());
+          } catch (const CommError& e) {
+            // Every survivor took this step (its gradient all-reduce needed
+            // every rank): go on after it; this window's line is lost.
+            const double own = window_loss / std::max<int64_t>(window_steps, 1);
+            if (recover(s.loader->state(), e, epoch)) continue;  // rolled back: this step is undone
+            mean = torch::tensor({own, 1.0}, torch::kDouble);
+          }
+          result.last_train_loss = mean[0].item<double>() / mean[1].item<double>();
+          if (!std::isfinite(result.last_train_loss)) {
+            throw Error(fmt::format(
+                "rank {}: the training loss became {} by step {} (mean over steps {}..{}): training diverged. Lower "
+                "optimizer.lr, set optimizer.clip_grad_norm, or resume from an earlier checkpoint; no checkpoint "
+                "was written for this state",
+                s.world->rank(), result.last_train_loss, s.step, s.step - window_steps + 1, s.step));
+          }
+          info.loss = result.last_train_loss;
+          if (s.is_main()) log_train(info);
+          window_loss = 0;
+          window_steps = 0;
         }
-        info.loss = result.last_train_loss;
-        if (s.is_main()) log_train(info);
-        window_loss = 0;
-        window_steps = 0;
+        s.each_callback([&](Callback& cb) { cb.on_train_batch_end(info); });
+        if (checkpoint_now) save("periodic");
+        if (last) {
+          stop = true;
+          break;
+        }
       }
-      s.each_callback([&](Callback& cb) { cb.on_train_batch_end(info); });
-      if (checkpoint_now) save("periodic");
-      if (last) {
+      const bool epoch_done = batches - s.loader->state().next_batch < k;  // a partial step is dropped
+      if (epoch_done) result.epochs_completed = epoch + 1;
+      s.each_callback([&](Callback& cb) { cb.on_train_epoch_end(epoch); });
+      bool evaluated = false;
+      // A run that stops mid-epoch (train.max_steps) is evaluated too, so its
+      // last state has a test figure.
+      if (c.train.eval_every_epochs > 0 &&
+          ((epoch_done && (epoch + 1) % c.train.eval_every_epochs == 0) || (stop && !epoch_done))) {
+        redo_on_failure(RecoveryPhase::kEvaluation, [&] { result.test = evaluate(); });
+        const double eval_progress =
+            epoch + static_cast<double>(s.loader->state().next_batch) / std::max<int64_t>(batches, 1);
+        if (s.is_main() && objective.language_model()) {
+          spdlog::info("epoch {}/{} step {} val loss {:.4f} perplexity {:.2f} next-token accuracy {:.2f}% ({} tokens)",
+                       epoch + 1, c.train.epochs, s.step, result.test.loss, result.test.perplexity,
+                       100 * result.test.accuracy, result.test.count);
+          s.log_record({{"kind", "eval"}, {"epoch", epoch}, {"step", s.step},
+                        {"samples", s.step * global_batch}, {"epoch_progress", eval_progress},
+                        {"test_loss", result.test.loss},
+                        {"test_accuracy", result.test.accuracy}, {"perplexity", result.test.perplexity}});
+        } else if (s.is_main()) {
+          spdlog::info("epoch {}/{} test loss {:.4f} accuracy {:.2f}% ({} items)", epoch + 1, c.train.epochs,
+                       result.test.loss, 100 * result.test.accuracy, result.test.count);
+          s.log_record({{"kind", "eval"}, {"epoch", epoch}, {"step", s.step},
+                        {"samples", s.step * global_batch}, {"epoch_progress", eval_progress},
+                        {"test_loss", result.test.loss},
+                        {"test_accuracy", result.test.accuracy}});
+        }
+        evaluated = true;
+        EvalInfo eval{.step = s.step, .epoch = epoch,
+                      .metrics = {{"test_loss", result.test.loss}, {"test_accuracy", result.test.accuracy},
+                                  {"train_loss", result.last_train_loss}}};
+        if (objective.language_model()) eval.metrics.emplace_back("perplexity", result.test.perplexity);
+        s.each_callback([&](Callback& cb) { cb.on_validation_end(eval); });
+      }
+      // Callbacks decide on the same reduced values on every rank: no vote needed.
+      bool stop_early = false;
+      if (evaluated) s.each_callback([&](Callback& cb) { stop_early = stop_early || cb.should_stop(); });
+      if (stop_early && !stop) {
         stop = true;
-        break;
+        result.stopped_early = true;
       }
+      if (epoch_done && epoch + 1 < c.train.epochs && !stop) s.loader->set_epoch(epoch + 1);
+      save(epoch_done ? fmt::format("end of epoch {}", epoch + 1) : "stop");
+    } catch (const RolledBack&) {
+      epoch = s.loader->state().epoch - 1;  // the loop's ++epoch lands on it
+      stop = false;
     }
-    const bool epoch_done = batches - s.loader->state().next_batch < k;  // a partial step is dropped
-    if (epoch_done) result.epochs_completed = epoch + 1;
-    s.each_callback([&](Callback& cb) { cb.on_train_epoch_end(epoch); });
-    bool evaluated = false;
-    // A run that stops mid-epoch (train.max_steps) is evaluated too, so its
-    // last state has a test figure.
-    if (c.train.eval_every_epochs > 0 &&
-        ((epoch_done && (epoch + 1) % c.train.eval_every_epochs == 0) || (stop && !epoch_done))) {
-      result.test = evaluate();
-      const double eval_progress =
-          epoch + static_cast<double>(s.loader->state().next_batch) / std::max<int64_t>(batches, 1);
-      if (s.is_main() && objective.language_model()) {
-        spdlog::info("epoch {}/{} step {} val loss {:.4f} perplexity {:.2f} next-token accuracy {:.2f}% ({} tokens)",
-                     epoch + 1, c.train.epochs, s.step, result.test.loss, result.test.perplexity,
-                     100 * result.test.accuracy, result.test.count);
-        s.log_record({{"kind", "eval"}, {"epoch", epoch}, {"step", s.step},
-                      {"samples", s.step * global_batch}, {"epoch_progress", eval_progress},
-                      {"test_loss", result.test.loss},
-                      {"test_accuracy", result.test.accuracy}, {"perplexity", result.test.perplexity}});
-      } else if (s.is_main()) {
-        spdlog::info("epoch {}/{} test loss {:.4f} accuracy {:.2f}% ({} items)", epoch + 1, c.train.epochs,
-                     result.test.loss, 100 * result.test.accuracy, result.test.count);
-        s.log_record({{"kind", "eval"}, {"epoch", epoch}, {"step", s.step},
-                      {"samples", s.step * global_batch}, {"epoch_progress", eval_progress},
-                      {"test_loss", result.test.loss},
-                      {"test_accuracy", result.test.accuracy}});
-      }
-      evaluated = true;
-      EvalInfo eval{.step = s.step, .epoch = epoch,
-                    .metrics = {{"test_loss", result.test.loss}, {"test_accuracy", result.test.accuracy},
-                                {"train_loss", result.last_train_loss}}};
-      if (objective.language_model()) eval.metrics.emplace_back("perplexity", result.test.perplexity);
-      s.each_callback([&](Callback& cb) { cb.on_validation_end(eval); });
-    }
-    // Callbacks decide on the same reduced values on every rank: no vote needed.
-    bool stop_early = false;
-    if (evaluated) s.each_callback([&](Callback& cb) { stop_early = stop_early || cb.should_stop(); });
-    if (stop_early && !stop) {
-      stop = true;
-      result.stopped_early = true;
-    }
-    if (epoch_done && epoch + 1 < c.train.epochs && !stop) s.loader->set_epoch(epoch + 1);
-    save(epoch_done ? fmt::format("end of epoch {}", epoch + 1) : "stop");
   }
   if (auto done = s.checkpointer->finish()) committed(*done);
   for (auto& record : s.strategy->final_metrics()) s.log_record(std::move(record));
