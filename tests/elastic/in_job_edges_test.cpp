@@ -330,6 +330,33 @@ TEST(InJobEdges, ARankDyingInsideACheckpointSaveIsRecoveredAndTheSaveRedoneAtThe
   RecordProperty("resumed_relative_diff", fmt::format("{:.3g}", resumed_diff));
 }
 
+// ZeRO-2 (sharded: recovery rolls back to a checkpoint): rank 2 dies right
+// after step 10, when a checkpoint is due, so the survivors fail inside that
+// save. The save belongs to steps the rollback undoes: they drop it, roll
+// back to the complete step-5 checkpoint and go on from there (the fit
+// loop's RolledBack), saving step 10 again at 2 ranks when they reach it.
+// With keep_global_batch the survivors' job is the undisturbed one, so the
+// oracle is one process with the same global batch throughout.
+TEST(InJobEdges, ARollbackCaughtInsideACheckpointSaveGoesOnFromTheRestoredCheckpoint) {
+  auto c = config("rollback_in_save", true);
+  c.zero.stage = 2;
+  c.train.checkpoint_every_steps = 5;
+  const auto out = run_job(c, Die::When::kAfterStep, 10);
+  rethrow_survivor_errors(out);
+  const double diff = worst_survivor_diff(out, one_process(c).params);
+  EXPECT_LT(diff, kRtol);
+  RecordProperty("relative_diff", fmt::format("{:.3g}", diff));
+  const auto recovery = records(out[0].result.run_dir, "recovery");
+  ASSERT_EQ(recovery.size(), 1u);
+  EXPECT_EQ(recovery[0]["phase"], "checkpoint");
+  EXPECT_EQ(recovery[0]["step"], 10);
+  EXPECT_EQ(recovery[0]["restored_step"], 5);
+  EXPECT_EQ(recovery[0]["redo_step"], 6);
+  const auto step10 = out[0].result.run_dir / "checkpoints" / "step_00000010";
+  EXPECT_EQ(train::read_index(step10).world_size, 2);
+  EXPECT_EQ(out[0].result.steps, c.train.max_steps);
+}
+
 TEST(InJobEdges, KeepGlobalBatchThatCannotBeKeptIsAConfigErrorNamingTheSizes) {
   // Global 20 (per-rank 4 x 5 ranks) over 3 ranks: neither 20 / 3 nor
   // 20 / (3 x 4) is whole.
