@@ -29,6 +29,7 @@
 #include "paratrain/train/in_job_batch.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"
+#include "tests/elastic/in_job_support.h"
 #include "tests/support/trainer_oracle.h"
 
 namespace paratrain {
@@ -52,9 +53,7 @@ constexpr int kWorld = 3;
 constexpr int kDying = 2;
 constexpr int64_t kDeath = 5;  // the dying rank completes this many steps
 
-struct Died : std::runtime_error {
-  Died() : std::runtime_error("this rank was made to die") {}
-};
+using testing::Died;
 
 // Where a rank dies: after step `at` (before that step's checkpoint save,
 // when one is due: the survivors then fail inside the save), or at the end
@@ -98,39 +97,14 @@ train::TrainConfig config(const std::string& name, bool keep_global_batch, int64
   return c;
 }
 
-struct RankOutcome {
-  std::optional<Params> params;
-  std::exception_ptr error;
-  train::TrainResult result;
-};
+using testing::RankOutcome;
 
 // Runs the job on kWorld threads; rank kDying dies as `when` and `at` say.
 std::vector<RankOutcome> run_job(const train::TrainConfig& c, Die::When when, int64_t at) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<RankOutcome> out(kWorld);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        comm::GlooOptions gloo;
-        gloo.timeout = std::chrono::seconds(c.world.timeout_s);
-        auto group = comm::make_gloo_group(c10::make_intrusive<c10d::PrefixStore>("gen0", store), rank, kWorld, gloo);
-        train::Trainer trainer(c, *group);
-        if (c.elastic.in_job) {
-          comm::RejoinOptions options;
-          options.gloo = gloo;
-          trainer.enable_in_job_recovery(std::make_shared<comm::Rejoiner>(store, "elastic", options));
-        }
-        if (rank == kDying) trainer.add_callback(std::make_shared<Die>(*group, when, at));
-        out[rank].result = trainer.fit();
-        out[rank].params = trainer.full_parameters();
-      } catch (...) {
-        out[rank].error = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return out;
+  return testing::run_job_with_death(c, kWorld, /*dying=*/-1, 0, c.elastic.in_job,
+                                     [&](int rank, comm::ProcessGroup& group, train::Trainer& trainer) {
+                                       if (rank == kDying) trainer.add_callback(std::make_shared<Die>(group, when, at));
+                                     });
 }
 
 // The undisturbed job on one process: the same global batch throughout.

@@ -56,10 +56,11 @@ struct RankOutcome {
 
 // Trains `c` on `world` threads; rank `dying` (-1: none) dies after step
 // `death`. With `with_rejoiner` every rank can recover in the job. `setup`
-// (if any) sees each rank's Trainer before fit(), to add callbacks.
+// (if any) sees each rank's group and Trainer before fit(), to add
+// callbacks (another way to die, for instance).
 inline std::vector<RankOutcome> run_job_with_death(const train::TrainConfig& c, int world, int dying,
                                                    int64_t death, bool with_rejoiner,
-                                                   const std::function<void(int, train::Trainer&)>& setup = {}) {
+                                                   const std::function<void(int, comm::ProcessGroup&, train::Trainer&)>& setup = {}) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<RankOutcome> out(world);
   std::vector<std::thread> threads;
@@ -76,7 +77,7 @@ inline std::vector<RankOutcome> run_job_with_death(const train::TrainConfig& c, 
           trainer.enable_in_job_recovery(std::make_shared<comm::Rejoiner>(store, "elastic", options));
         }
         if (rank == dying) trainer.add_callback(std::make_shared<DieAfter>(*group, death));
-        if (setup) setup(rank, trainer);
+        if (setup) setup(rank, *group, trainer);
         out[rank].result = trainer.fit();
         out[rank].params = trainer.full_parameters();
       } catch (...) {

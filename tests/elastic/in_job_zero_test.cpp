@@ -99,7 +99,7 @@ Params by_hand(const train::TrainConfig& c, int world, const std::string& name, 
 void check_case(const Case& k) {
   const auto dir = testing::temp_dir(fmt::format("in_job_zero{}", k.stage));
   const auto c = config(dir, k);
-  const auto out = testing::run_job_with_death(c, kWorld, kDying, k.death, true, [&](int rank, train::Trainer& t) {
+  const auto out = testing::run_job_with_death(c, kWorld, kDying, k.death, true, [&](int rank, comm::ProcessGroup&, train::Trainer& t) {
     if (rank == 0 && k.corrupt > 0) t.add_callback(std::make_shared<CorruptCheckpoint>(t.run_dir(), k.corrupt));
   });
   ASSERT_TRUE(out[kDying].error);

@@ -30,26 +30,12 @@ using test::ScopedEnv;
 // timeout_s bounds how long a survivor could wait on a dead peer: Gloo sees
 // the closed socket at once, so it is only a backstop against a hang.
 std::string write_config(const std::string& dir) {
-  const std::string path = dir + "/elastic.toml";
-  std::ofstream(path) << R"([run]
-name = "elastic"
-seed = 3
-log_every = 1
-[model]
-hidden = [16]
-[data]
-dataset = "synthetic"
-synthetic_train_size = 128
-synthetic_test_size = 64
-synthetic_image_size = 8
-batch_size = 16
-[train]
+  return test::write_small_mlp_config(dir, "elastic.toml", "elastic", 128, 16, R"([train]
 epochs = 3
 checkpoint_every_steps = 2
 [world]
 timeout_s = 60
-)";
-  return path;
+)");
 }
 
 LaunchOptions train_job(const std::string& config, const std::vector<std::string>& sets) {

@@ -27,27 +27,13 @@ using test::ScopedEnv;
 // heartbeat every 0.1 s and a 2 s heartbeat timeout, but a collective timeout
 // of 10 minutes: only the heartbeats can end a hang quickly.
 std::string write_config(const std::string& dir) {
-  const std::string path = dir + "/heartbeat.toml";
-  std::ofstream(path) << R"([run]
-name = "hb"
-seed = 3
-log_every = 1
-[model]
-hidden = [16]
-[data]
-dataset = "synthetic"
-synthetic_train_size = 128
-synthetic_test_size = 64
-synthetic_image_size = 8
-batch_size = 16
-[train]
+  return test::write_small_mlp_config(dir, "heartbeat.toml", "hb", 128, 16, R"([train]
 epochs = 3
 [world]
 timeout_s = 600
 heartbeat_s = 0.1
 heartbeat_timeout_s = 2
-)";
-  return path;
+)");
 }
 
 LaunchOptions job(const std::string& dir) {

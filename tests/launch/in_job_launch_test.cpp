@@ -30,27 +30,13 @@ using test::ScopedEnv;
 // 168 synthetic 8x8 images, 8 per rank: 7 steps of 24 on 3 ranks, of
 // which 3 before the kill; the survivors split the other 96 (6 steps of 16).
 std::string write_config(const std::string& dir) {
-  const std::string path = dir + "/in_job.toml";
-  std::ofstream(path) << R"([run]
-name = "in_job"
-seed = 3
-log_every = 1
-[model]
-hidden = [16]
-[data]
-dataset = "synthetic"
-synthetic_train_size = 168
-synthetic_test_size = 64
-synthetic_image_size = 8
-batch_size = 8
-[train]
+  return test::write_small_mlp_config(dir, "in_job.toml", "in_job", 168, 8, R"([train]
 epochs = 1
 [elastic]
 in_job = true
 [world]
 timeout_s = 60
-)";
-  return path;
+)");
 }
 
 TEST(InJobLaunch, RankZeroKilledWithKeepGoingRank0TheSurvivorsElectANewRankZeroThatFinishesTheRun) {

@@ -42,6 +42,21 @@ inline std::vector<std::string> lines_of(const std::string& text) {
   return lines;
 }
 
+// The config the launcher tests train, written to <dir>/<file>: a small MLP
+// on synthetic 8x8 images (a fraction of a second per step) with run name
+// `name`, `train_size` items and `batch` per rank, then `rest`: the test's
+// own [train], [world], [elastic] sections.
+inline std::string write_small_mlp_config(const std::string& dir, const std::string& file, const std::string& name,
+                                          int train_size, int batch, const std::string& rest) {
+  const std::string path = dir + "/" + file;
+  std::ofstream(path) << "[run]\nname = \"" << name << "\"\nseed = 3\nlog_every = 1\n"
+                      << "[model]\nhidden = [16]\n"
+                      << "[data]\ndataset = \"synthetic\"\nsynthetic_train_size = " << train_size
+                      << "\nsynthetic_test_size = 64\nsynthetic_image_size = 8\nbatch_size = " << batch << "\n"
+                      << rest;
+  return path;
+}
+
 // Runs launch_with_report with out_fd/err_fd sent to files in `dir`.
 inline Captured run_captured(LaunchOptions options, const std::string& dir) {
   const std::string out_path = dir + "/launcher.out", err_path = dir + "/launcher.err";

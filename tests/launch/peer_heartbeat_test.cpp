@@ -36,27 +36,13 @@ using namespace std::chrono_literals;
 // As tests/launch/heartbeat_test.cpp: a small MLP on synthetic images,
 // heartbeats every 0.1 s, silent after 2 s, collectives that wait 10 minutes.
 std::string write_config(const std::string& dir) {
-  const std::string path = dir + "/peer_heartbeat.toml";
-  std::ofstream(path) << R"([run]
-name = "phb"
-seed = 3
-log_every = 1
-[model]
-hidden = [16]
-[data]
-dataset = "synthetic"
-synthetic_train_size = 128
-synthetic_test_size = 64
-synthetic_image_size = 8
-batch_size = 16
-[train]
+  return test::write_small_mlp_config(dir, "peer_heartbeat.toml", "phb", 128, 16, R"([train]
 epochs = 3
 [world]
 timeout_s = 600
 heartbeat_s = 0.1
 heartbeat_timeout_s = 2
-)";
-  return path;
+)");
 }
 
 // This process's environment without anything a launcher would have set,

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <ostream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -86,6 +87,10 @@ struct Case {
   at::ScalarType type;
   ReduceOp op;
 };
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.world << " ranks, " << c10::toString(c.type) << ", op " << static_cast<int>(c.op);
+}
 
 class SymmetricAllReduce : public ::testing::TestWithParam<Case> {};
 
