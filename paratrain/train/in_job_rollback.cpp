@@ -111,8 +111,10 @@ RolledBack roll_back_in_job(Trainer::State& s) {
       }
       if (i > 0) rebuild_at_start(s);  // a failed load may have filled part of the state
       s.step = 0;
-      return RolledBack{.what = "rolled back to the run's start (step 0; no checkpoint yet): the model "
-                                "re-initialized from run.seed, a fresh optimizer"};
+      RolledBack start;  // step, epoch and position 0, no checkpoint
+      start.what = "rolled back to the run's start (step 0; no checkpoint yet): the model re-initialized from "
+                   "run.seed, a fresh optimizer";
+      return start;
     }
     const auto& path = list[i].second;
     std::optional<LoopPosition> position;

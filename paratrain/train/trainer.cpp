@@ -53,7 +53,7 @@ namespace {
 // Thrown by the fit loop's redo_on_failure when an in-job recovery inside an
 // evaluation or a checkpoint save rolled the survivors back to a checkpoint:
 // the epoch loop catches it and goes on from the restored position.
-struct RolledBack {};
+struct RollbackCaught {};
 
 // Rank 0 picks the run's version folder (run_dir.h) and tells the others,
 // so every rank writes into the same one even without a shared filesystem
@@ -618,7 +618,7 @@ TrainResult Trainer::fit_loop() {
   // model it costs one pass over the test set. Both it and a save run at a
   // step boundary, so the loader's state is where every survivor stands.
   // After a rollback the operation belongs to undone steps: it is dropped,
-  // and the epoch loop goes on from the restored checkpoint (RolledBack).
+  // and the epoch loop goes on from the restored checkpoint (RollbackCaught).
   redo_on_failure = [&](RecoveryPhase phase, const std::function<void()>& op) {
     for (;;) {
       try {
@@ -627,7 +627,7 @@ TrainResult Trainer::fit_loop() {
       } catch (const CommError& e) {
         int64_t at_epoch = s.loader->state().epoch;
         // Rethrows without elastic.in_job.
-        if (recover(s.loader->state(), e, at_epoch, phase)) throw RolledBack{};
+        if (recover(s.loader->state(), e, at_epoch, phase)) throw RollbackCaught{};
       }
     }
   };
@@ -755,7 +755,7 @@ TrainResult Trainer::fit_loop() {
       }
       if (epoch_done && epoch + 1 < c.train.epochs && !stop) s.loader->set_epoch(epoch + 1);
       save(epoch_done ? fmt::format("end of epoch {}", epoch + 1) : "stop");
-    } catch (const RolledBack&) {
+    } catch (const RollbackCaught&) {
       epoch = s.loader->state().epoch - 1;  // the loop's ++epoch lands on it
       stop = false;
     }

@@ -308,7 +308,7 @@ TEST(InJobEdges, ARankDyingInsideACheckpointSaveIsRecoveredAndTheSaveRedoneAtThe
 // after step 10, when a checkpoint is due, so the survivors fail inside that
 // save. The save belongs to steps the rollback undoes: they drop it, roll
 // back to the complete step-5 checkpoint and go on from there (the fit
-// loop's RolledBack), saving step 10 again at 2 ranks when they reach it.
+// loop's RollbackCaught), saving step 10 again at 2 ranks when they reach it.
 // With keep_global_batch the survivors' job is the undisturbed one, so the
 // oracle is one process with the same global batch throughout.
 TEST(InJobEdges, ARollbackCaughtInsideACheckpointSaveGoesOnFromTheRestoredCheckpoint) {

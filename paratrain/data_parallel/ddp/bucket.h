@@ -49,7 +49,7 @@ struct BucketOptions {
   // at::zeros. Empty: at::zeros. Called once, from the constructor (a
   // collective allocation must happen on every rank in the same order);
   // abandon()'s replacement buffer is ordinary memory.
-  std::function<at::Tensor(int64_t numel, at::ScalarType dtype)> allocate;
+  std::function<at::Tensor(int64_t numel, at::ScalarType dtype)> allocate = {};
 };
 
 class Bucket {
