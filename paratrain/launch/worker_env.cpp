@@ -79,6 +79,9 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
     // Set by a torchrun around this launcher: it would make our workers look
     // for torchrun's agent store, but here our agent (or rank 0) serves it.
     if (key == "TORCHELASTIC_USE_AGENT_STORE" || key == "PARATRAIN_AGENT_STORE") continue;
+    // A plain store has no token: an inherited one would make paratrain
+    // workers attempt the authenticated handshake against it.
+    if (o.plain_store && key == "PARATRAIN_JOB_TOKEN") continue;
     bool replaced = false;
     for (const auto& [name, value] : vars) replaced = replaced || key == name;
     if (!replaced) env.emplace_back(*p);

@@ -78,6 +78,24 @@ TEST(Launch, GivesEveryWorkerOfAJobItsOwnJobToken) {
   EXPECT_EQ(third.second, "chosen-by-the-user");
 }
 
+// --plain-store (for PyTorch workers, whose TCPStore clients cannot pass our
+// handshake): no token reaches the workers, even one in the environment, and
+// they are told the agent store is c10d's TCPStore. (bench/run_ddp.sh runs
+// PyTorch's DDP this way: its ranks meet in that store.)
+TEST(Launch, PlainStoreGivesNoTokenAndATcpAgentStore) {
+  const auto dir = testing::temp_dir("launch-plain-store");
+  test::ScopedEnv given("PARATRAIN_JOB_TOKEN", std::string("not-for-plain-stores"));
+  LaunchOptions o;
+  o.nproc_per_node = 2;
+  o.plain_store = true;
+  o.command = {"/bin/sh", "-c",
+               "printf '%s|%s' \"$PARATRAIN_JOB_TOKEN\" \"$PARATRAIN_AGENT_STORE\" > " + dir + "/env.$RANK"};
+  const auto c = run_captured(o, dir);
+  EXPECT_EQ(c.report.exit_code, 0) << c.err;
+  EXPECT_EQ(test::slurp(dir + "/env.0"), "|tcp");
+  EXPECT_EQ(test::slurp(dir + "/env.1"), "|tcp");
+}
+
 TEST(Launch, AllRanksSucceedAndEveryLineIsPrefixedAndComplete) {
   const auto dir = testing::temp_dir("launch-ok");
   // 3000 lines per stream and rank overflow a 64 KiB pipe several times, so
