@@ -159,6 +159,24 @@ double worst_survivor_diff(const std::vector<RankOutcome>& out, const Params& ex
   return worst;
 }
 
+// What every test here starts with: runs the job (rank kDying dies as `when`
+// and `at` say), rethrows a survivor's error, checks the survivors equal
+// `expected` (rtol kRtol, recorded as the test's relative_diff) and returns
+// their outcomes with the run's recovery records.
+struct Survivors {
+  std::vector<RankOutcome> out;
+  std::vector<nlohmann::json> recovery;
+};
+Survivors survivors_equal(const train::TrainConfig& c, Die::When when, int64_t at, const Params& expected) {
+  Survivors s{run_job(c, when, at), {}};
+  rethrow_survivor_errors(s.out);
+  const double diff = worst_survivor_diff(s.out, expected);
+  EXPECT_LT(diff, kRtol);
+  ::testing::Test::RecordProperty("relative_diff", fmt::format("{:.3g}", diff));
+  s.recovery = records(s.out[0].result.run_dir, "recovery");
+  return s;
+}
+
 // 3 -> 2 ranks, per-rank batch 8 -> 12: the survivors equal one process
 // that trained all 20 steps with the global batch of 24, under a warmup
 // that spans the death and a cosine decay planned over the 20 steps.
@@ -167,15 +185,10 @@ TEST(InJobEdges, KeepGlobalBatchRaisesThePerRankBatchAndEqualsTheUndisturbedRun)
   c.lr.warmup_steps = 8;
   c.lr.decay = "cosine";
   c.run.log_every = 1;
-  const auto out = run_job(c, Die::When::kAfterStep, kDeath);
-  rethrow_survivor_errors(out);
   const OneProcess expected = one_process(c);
-  const double diff = worst_survivor_diff(out, expected.params);
-  EXPECT_LT(diff, kRtol);
-  RecordProperty("relative_diff", fmt::format("{:.3g}", diff));
+  const auto [out, recovery] = survivors_equal(c, Die::When::kAfterStep, kDeath, expected.params);
   EXPECT_EQ(out[0].result.recoveries, 1);
   EXPECT_EQ(out[0].result.steps, 20);
-  const auto recovery = records(out[0].result.run_dir, "recovery");
   ASSERT_EQ(recovery.size(), 1u);
   EXPECT_EQ(recovery[0]["per_rank_batch"], 12);
   EXPECT_EQ(recovery[0]["old_per_rank_batch"], 8);
@@ -210,12 +223,7 @@ TEST(InJobEdges, KeepGlobalBatchRaisesThePerRankBatchAndEqualsTheUndisturbedRun)
 // does not split into 2 x 2 micro-batches, so train.accumulate goes 2 -> 3.
 TEST(InJobEdges, KeepGlobalBatchRaisesAccumulationWhenThePerRankBatchDoesNotDivide) {
   const auto c = config("keep_batch_acc", true, /*global_batch=*/18, /*accumulate=*/2);
-  const auto out = run_job(c, Die::When::kAfterStep, kDeath);
-  rethrow_survivor_errors(out);
-  const double diff = worst_survivor_diff(out, one_process(c).params);
-  EXPECT_LT(diff, kRtol);
-  RecordProperty("relative_diff", fmt::format("{:.3g}", diff));
-  const auto recovery = records(out[0].result.run_dir, "recovery");
+  const auto [out, recovery] = survivors_equal(c, Die::When::kAfterStep, kDeath, one_process(c).params);
   ASSERT_EQ(recovery.size(), 1u);
   EXPECT_EQ(recovery[0]["per_rank_batch"], 3);
   EXPECT_EQ(recovery[0]["accumulate"], 3);
@@ -232,13 +240,8 @@ TEST(InJobEdges, ARankDyingInsideAnEvaluationIsRecoveredAndTheEvaluationRedone) 
   c.train.epochs = 2;
   c.train.max_steps = 24 + 6;  // an epoch is 24 steps of 24
   c.train.eval_every_epochs = 1;
-  const auto out = run_job(c, Die::When::kAtEpochEnd, 0);
-  rethrow_survivor_errors(out);
   const OneProcess expected = one_process(c);
-  const double diff = worst_survivor_diff(out, expected.params);
-  EXPECT_LT(diff, kRtol);
-  RecordProperty("relative_diff", fmt::format("{:.3g}", diff));
-  const auto recovery = records(out[0].result.run_dir, "recovery");
+  const auto [out, recovery] = survivors_equal(c, Die::When::kAtEpochEnd, 0, expected.params);
   ASSERT_EQ(recovery.size(), 1u);
   EXPECT_EQ(recovery[0]["phase"], "evaluation");
   const auto evals = records(out[0].result.run_dir, "eval");
@@ -271,12 +274,7 @@ TEST(InJobEdges, ARankDyingInsideAnEvaluationIsRecoveredAndTheEvaluationRedone) 
 TEST(InJobEdges, ARankDyingInsideACheckpointSaveIsRecoveredAndTheSaveRedoneAtTheNewWorldSize) {
   auto c = config("die_in_save", true);
   c.train.checkpoint_every_steps = 5;
-  const auto out = run_job(c, Die::When::kAfterStep, kDeath);
-  rethrow_survivor_errors(out);
-  const double diff = worst_survivor_diff(out, one_process(c).params);
-  EXPECT_LT(diff, kRtol);
-  RecordProperty("relative_diff", fmt::format("{:.3g}", diff));
-  const auto recovery = records(out[0].result.run_dir, "recovery");
+  const auto [out, recovery] = survivors_equal(c, Die::When::kAfterStep, kDeath, one_process(c).params);
   ASSERT_EQ(recovery.size(), 1u);
   EXPECT_EQ(recovery[0]["phase"], "checkpoint");
   EXPECT_EQ(recovery[0]["step"], kDeath);
@@ -315,12 +313,7 @@ TEST(InJobEdges, ARollbackCaughtInsideACheckpointSaveGoesOnFromTheRestoredCheckp
   auto c = config("rollback_in_save", true);
   c.zero.stage = 2;
   c.train.checkpoint_every_steps = 5;
-  const auto out = run_job(c, Die::When::kAfterStep, 10);
-  rethrow_survivor_errors(out);
-  const double diff = worst_survivor_diff(out, one_process(c).params);
-  EXPECT_LT(diff, kRtol);
-  RecordProperty("relative_diff", fmt::format("{:.3g}", diff));
-  const auto recovery = records(out[0].result.run_dir, "recovery");
+  const auto [out, recovery] = survivors_equal(c, Die::When::kAfterStep, 10, one_process(c).params);
   ASSERT_EQ(recovery.size(), 1u);
   EXPECT_EQ(recovery[0]["phase"], "checkpoint");
   EXPECT_EQ(recovery[0]["step"], 10);

@@ -27,13 +27,7 @@ using test::ScopedEnv;
 // heartbeat every 0.1 s and a 2 s heartbeat timeout, but a collective timeout
 // of 10 minutes: only the heartbeats can end a hang quickly.
 std::string write_config(const std::string& dir) {
-  return test::write_small_mlp_config(dir, "heartbeat.toml", "hb", 128, 16, R"([train]
-epochs = 3
-[world]
-timeout_s = 600
-heartbeat_s = 0.1
-heartbeat_timeout_s = 2
-)");
+  return test::write_small_mlp_config(dir, "heartbeat.toml", "hb", 128, 16, test::kHeartbeatSections);
 }
 
 LaunchOptions job(const std::string& dir) {

@@ -57,6 +57,17 @@ inline std::string write_small_mlp_config(const std::string& dir, const std::str
   return path;
 }
 
+// The heartbeat tests' sections for write_small_mlp_config: 12 steps, a
+// heartbeat every 0.1 s and a 2 s heartbeat timeout, but a collective
+// timeout of 10 minutes, so only the heartbeats can end a hang quickly.
+inline constexpr const char* kHeartbeatSections = R"([train]
+epochs = 3
+[world]
+timeout_s = 600
+heartbeat_s = 0.1
+heartbeat_timeout_s = 2
+)";
+
 // Runs launch_with_report with out_fd/err_fd sent to files in `dir`.
 inline Captured run_captured(LaunchOptions options, const std::string& dir) {
   const std::string out_path = dir + "/launcher.out", err_path = dir + "/launcher.err";

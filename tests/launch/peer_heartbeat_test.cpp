@@ -36,13 +36,7 @@ using namespace std::chrono_literals;
 // As tests/launch/heartbeat_test.cpp: a small MLP on synthetic images,
 // heartbeats every 0.1 s, silent after 2 s, collectives that wait 10 minutes.
 std::string write_config(const std::string& dir) {
-  return test::write_small_mlp_config(dir, "peer_heartbeat.toml", "phb", 128, 16, R"([train]
-epochs = 3
-[world]
-timeout_s = 600
-heartbeat_s = 0.1
-heartbeat_timeout_s = 2
-)");
+  return test::write_small_mlp_config(dir, "peer_heartbeat.toml", "phb", 128, 16, test::kHeartbeatSections);
 }
 
 // This process's environment without anything a launcher would have set,
