@@ -2,7 +2,7 @@
 // and Keras callbacks are), and the built-ins the config switches on: early
 // stopping and best-checkpoint tracking on a monitored metric. Loggers that
 // write files (TensorBoard) and the progress bar are callbacks too
-// (tensorboard.h, progress.h). Not the loop itself (trainer.cpp).
+// (tensorboard.h, progress.h). Not the loop itself (train/loop/fit_loop.h).
 //
 // Every rank runs every callback, with values already reduced over the ranks
 // (identical everywhere), so a decision such as "stop now" is the same on
@@ -54,6 +54,7 @@ struct EvalInfo {
   // Everything the evaluation logged: "test_loss", "test_accuracy",
   // "perplexity" (language models), plus "train_loss" (the last logged mean).
   std::vector<std::pair<std::string, double>> metrics;
+  int64_t count = 0;  // predictions evaluated: test examples, or validation tokens
   std::optional<double> get(const std::string& name) const;
 };
 

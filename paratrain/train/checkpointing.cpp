@@ -66,11 +66,12 @@ namespace {
 CheckpointContents training_contents(const TrainConfig& config, Strategy& strategy,
                                      torch::optim::Optimizer& optimizer, const LoopPosition& position,
                                      const optim::GradScaler* scaler) {
+  CheckpointSlots& slots = checkpoint_slots(strategy);
   CheckpointContents contents;
-  contents.model = strategy.model_slots();
+  contents.model = slots.model_slots();
   contents.optimizer = &optimizer;
-  contents.optimizer_slots = strategy.optimizer_slots();
-  contents.strategy_state = strategy.state_slots();
+  contents.optimizer_slots = slots.optimizer_slots();
+  contents.strategy_state = slots.state_slots();
   auto& state = contents.state;
   state.step = position.step;
   state.epoch = position.epoch;
@@ -79,7 +80,7 @@ CheckpointContents training_contents(const TrainConfig& config, Strategy& strate
   state.config = to_json(config);
   state.extra["strategy"] = strategy.name();
   if (position.consumed_positions > 0) state.extra[kConsumedKey] = std::to_string(position.consumed_positions);
-  for (auto& [k, v] : strategy.checkpoint_metadata()) state.extra[k] = v;
+  for (auto& [k, v] : slots.checkpoint_metadata()) state.extra[k] = v;
   for (auto& [k, v] : preprocessing_metadata(config)) state.extra[k] = v;
   if (scaler != nullptr) {
     state.extra[kScaleKey] = fmt::format("{:.17g}", scaler->get_scale());
@@ -131,14 +132,15 @@ std::optional<SavedCheckpoint> TrainingCheckpointer::finish() {
 
 LoopPosition load_training_checkpoint(const std::filesystem::path& path, Strategy& strategy,
                                       torch::optim::Optimizer& optimizer, optim::GradScaler* scaler) {
+  CheckpointSlots& slots = checkpoint_slots(strategy);
   CheckpointContents contents;
-  contents.model = strategy.model_slots();
+  contents.model = slots.model_slots();
   contents.optimizer = &optimizer;
-  contents.optimizer_slots = strategy.optimizer_slots();
-  contents.strategy_state = strategy.state_slots();
+  contents.optimizer_slots = slots.optimizer_slots();
+  contents.strategy_state = slots.state_slots();
   auto state = load_sharded_checkpoint(path, contents);
-  strategy.after_load();
-  strategy.state_loaded(state.missing_state);
+  slots.after_load();
+  slots.state_loaded(state.missing_state);
   if (scaler != nullptr) restore_scaler(path, state, *scaler);
   LoopPosition position{state.step, state.epoch, state.batch_in_epoch};
   if (auto consumed = state.extra.find(kConsumedKey); consumed != state.extra.end()) {
@@ -179,6 +181,13 @@ void quarantine_checkpoint(const std::filesystem::path& path) {
                                       path.string(), target.string(), ec.message()));
   }
   spdlog::warn("moved the unreadable checkpoint {} to {}", path.string(), target.string());
+}
+
+CheckpointSlots& checkpoint_slots(Strategy& strategy) {
+  if (auto* slots = facet<CheckpointSlots>(strategy)) return *slots;
+  throw Error(fmt::format("strategy {} has no checkpoint slots (Strategy facet CheckpointSlots): it cannot save "
+                          "or load checkpoints",
+                          strategy.name()));
 }
 
 }  // namespace paratrain::train

@@ -33,7 +33,7 @@ struct LoopPosition {
   int64_t next_batch = 0;
   // The positions of the epoch's permutation trained so far, which a resume
   // continues from at any world size (Note [Resuming at another world size]
-  // in trainer.cpp; after an in-job recovery next_batch counts batches of the
+  // in resume_run.cpp; after an in-job recovery next_batch counts batches of the
   // survivors' split, train/in_job.h). Saved as the checkpoint's
   // "loader.consumed_positions" when > 0.
   int64_t consumed_positions = 0;

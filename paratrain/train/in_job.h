@@ -7,7 +7,7 @@
 // (or the run's start), resharded to the survivors (in_job_rollback.h).
 // Pipeline, tensor/context parallel and parameter-server runs are refused
 // (config_schema.cpp).
-// Not here: the decision to recover (the loop in trainer.cpp catches the
+// Not here: the decision to recover (the loop (train/loop/recovery.h) catches the
 // CommError of a collective) and the round itself (comm/rejoin.cpp).
 #pragma once
 

@@ -21,7 +21,7 @@ namespace paratrain::train {
 //   as the undisturbed job's steps would have;
 // - the loss: every rank's micro-batch has the same size b, so the mean of
 //   the ranks' means (over k micro-batches, Note [Accumulation] in
-//   trainer.cpp) is the mean over the step's G samples;
+//   train/loop/fit_loop.cpp) is the mean over the step's G samples;
 // - the schedule: steps per epoch and the steps left stay, so the learning
 //   rate of step s is the one planned.
 RecoveredBatch batch_after_recovery(const TrainConfig& config, const BatchSizes& now, int old_dp, int new_dp) {

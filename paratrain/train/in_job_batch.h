@@ -2,7 +2,7 @@
 // world size: the per-rank batch kept (the global batch shrinks or grows
 // with the world), or with elastic.keep_global_batch the global batch kept
 // by changing the per-rank batch or train.accumulate. Pure arithmetic and
-// the log line; the loader and the loop apply it (in_job.cpp, trainer.cpp).
+// the log line; the loader and the loop apply it (in_job.cpp, train/loop/).
 #pragma once
 
 #include <string>

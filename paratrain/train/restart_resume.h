@@ -2,7 +2,7 @@
 // torchrun --max-restarts): the run version its first generation created, from
 // that version's latest complete checkpoint. A policy over config overrides
 // and run.json; not the restart itself (launch/launcher.cpp) nor the loading
-// of a checkpoint (trainer.cpp). See Note [Restarting workers] there.
+// of a checkpoint (resume_run.cpp). See Note [Restarting workers] there.
 #pragma once
 
 #include <filesystem>

@@ -76,6 +76,9 @@ struct StepOutput {
   at::Tensor loss;  // detached scalar: this rank's mean loss on its micro-batch
 };
 
+// The core every strategy implements: ten methods. What only some
+// strategies have is a facet below (checkpoint slots, telemetry, dynamic
+// batches), found with facet<F>(strategy).
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -92,35 +95,13 @@ class Strategy {
   // The tensors the optimizer steps: full parameters (DDP) or this rank's
   // shard pieces (ZeRO, FSDP). Called once, after build_model.
   virtual std::vector<at::Tensor> optimizer_params() = 0;
-  virtual DataShard data_shard() const = 0;
-  // Called by Trainer::fit before its loop: this process will take `steps`
-  // optimizer steps (fewer after a resume). Parameter servers size their
-  // receives by it.
-  virtual void begin_run(int64_t steps) { (void)steps; }
-  // Dynamic batch assignment (parameter servers in async mode: Note
-  // [Dynamic batches] in param_server/server.h). True on every rank or on
-  // none. Then the Trainer cuts each epoch into windows of steps between
-  // the points where all ranks meet (the epoch's end, a checkpoint,
-  // train.max_steps) and runs each as begin_window(), then steps while
-  // next_item() >= 0: item x is dp rank x % size's step x / size of its
-  // sampler share, so ranks may take different numbers of steps.
-  virtual bool dynamic_batches() const { return false; }
-  // The window's first step within the epoch and its number of steps
-  // (dp size x steps items).
-  virtual void begin_window(int64_t first_step, int64_t steps) {
-    (void)first_step;
-    (void)steps;
-  }
-  // The next item this rank trains, or -1 when its part of the window is
-  // done. A rank that computes nothing returns items whose step / size is
-  // each step of the window once.
-  virtual int64_t next_item() { return -1; }
   // Called once, after optimizer_params(). The default: whole tensors.
   virtual LayerwiseParams layerwise_params() {
     LayerwiseParams out;
     for (const auto& p : optimizer_params()) out.full_dims.push_back(p.dim());
     return out;
   }
+  virtual DataShard data_shard() const = 0;
 
   // Forward, loss and backward of this rank's micro-batch. With `sync`
   // false gradients accumulate locally (no_sync); the next synchronized
@@ -143,8 +124,18 @@ class Strategy {
   // brings buffers in line first, FSDP gathers units. Collective.
   virtual at::Tensor eval_forward(const at::Tensor& inputs) = 0;
 
-  // Checkpoints: what this rank holds of every parameter and buffer, and of
-  // every tensor the optimizer steps. Loading fills the slots in place, then
+  // Every parameter in full, by name, on every rank. Collective.
+  virtual std::vector<std::pair<std::string, at::Tensor>> full_parameters() = 0;
+};
+
+// Facet: what this rank holds for checkpoints (train/checkpointing.h).
+// Every built-in strategy has it; the Trainer refuses checkpoints of one
+// that does not (checkpoint_slots()).
+class CheckpointSlots {
+ public:
+  virtual ~CheckpointSlots() = default;
+  // What this rank holds of every parameter and buffer, and of every tensor
+  // the optimizer steps. Loading fills the slots in place, then
   // after_load() restores what follows from them (ZeRO-1/2: all-gather).
   virtual std::vector<TensorSlot> model_slots() = 0;
   virtual std::vector<OptimizerSlot> optimizer_slots() = 0;
@@ -158,10 +149,12 @@ class Strategy {
   // Metadata recorded in the checkpoint (stage, layout); informative only:
   // any layout loads at any other.
   virtual std::vector<std::pair<std::string, std::string>> checkpoint_metadata() const { return {}; }
+};
 
-  // Every parameter in full, by name, on every rank. Collective.
-  virtual std::vector<std::pair<std::string, at::Tensor>> full_parameters() = 0;
-
+// Facet: figures for progress lines, metrics.jsonl and benchmarks.
+class Telemetry {
+ public:
+  virtual ~Telemetry() = default;
   virtual SyncStats last_stats() const { return {}; }
   // Records for metrics.jsonl, written at the end of Trainer::fit (objects
   // with a "kind"; only rank 0's reach the file). Collective: every rank
@@ -169,5 +162,40 @@ class Strategy {
   virtual std::vector<nlohmann::json> final_metrics() { return {}; }
   virtual ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const = 0;
 };
+
+// Facet: ranks that take different numbers of steps (parameter servers in
+// async mode: Note [Dynamic batches] in param_server/server.h). The batch
+// schedule (train/loop/batch_schedule.h) drives it.
+class DynamicBatches {
+ public:
+  virtual ~DynamicBatches() = default;
+  // Before the loop: this process will take `steps` optimizer steps (fewer
+  // after a resume). Parameter servers size their receives by it.
+  virtual void begin_run(int64_t steps) = 0;
+  // True on every rank or on none: then each epoch runs as windows of steps
+  // between the points where all ranks meet (the epoch's end, a checkpoint,
+  // train.max_steps), each as begin_window(), then steps while next_item()
+  // >= 0: item x is dp rank x % size's step x / size of its sampler share.
+  virtual bool dynamic_batches() const = 0;
+  // The window's first step within the epoch and its number of steps
+  // (dp size x steps items).
+  virtual void begin_window(int64_t first_step, int64_t steps) = 0;
+  // The next item this rank trains, or -1 when its part of the window is
+  // done. A rank that computes nothing returns items whose step / size is
+  // each step of the window once.
+  virtual int64_t next_item() = 0;
+};
+
+// The facet F of `strategy`, or null when it has none.
+template <typename F>
+F* facet(Strategy& strategy) {
+  return dynamic_cast<F*>(&strategy);
+}
+template <typename F>
+const F* facet(const Strategy& strategy) {
+  return dynamic_cast<const F*>(&strategy);
+}
+// The checkpoint facet; throws Error naming the strategy when it has none.
+CheckpointSlots& checkpoint_slots(Strategy& strategy);
 
 }  // namespace paratrain::train

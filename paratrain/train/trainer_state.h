@@ -1,6 +1,6 @@
-// Trainer::State: everything the training loop holds, shared by trainer.cpp
-// and the in-job recovery that rebuilds part of it (in_job.cpp). Internal to
-// paratrain/train; users see trainer.h only.
+// Trainer::State: everything the training loop holds, shared by trainer.cpp,
+// the loop's parts (train/loop/) and the in-job recovery that rebuilds part
+// of it (in_job.cpp). Internal to paratrain/train; users see trainer.h only.
 #pragma once
 
 #include <torch/torch.h>

@@ -1,4 +1,4 @@
-// Note [Resuming at another world size] (trainer.cpp): a checkpoint of a
+// Note [Resuming at another world size] (resume_run.cpp): a checkpoint of a
 // 1-rank run resumed mid-epoch on 2 ranks with the same per-rank batch (an
 // elastic scale-up without elastic.keep_global_batch) continues the epoch
 // at the samples the 1-rank run had trained, not at its batch count: with a

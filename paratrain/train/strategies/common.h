@@ -83,7 +83,7 @@ ModelStateBytes zero_chunks_memory(const std::vector<std::unique_ptr<zero::ZeroD
 
 // What the ddp, zero and fsdp adapters hold and answer alike: the config, the
 // dp group, the model, the data shard, and buffers (replicated, rank 0 writes).
-class DataParallelStrategy : public Strategy {
+class DataParallelStrategy : public Strategy, public CheckpointSlots, public Telemetry {
  public:
   std::shared_ptr<torch::nn::Module> module() const override { return model_; }
   DataShard data_shard() const override { return {dp_.rank(), dp_.size()}; }

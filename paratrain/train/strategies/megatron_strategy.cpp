@@ -77,7 +77,7 @@ double loss_factor(const LossFn& loss_fn) {
   return loss_fn(logits, targets).item<double>() / plain;
 }
 
-class MegatronStrategy final : public Strategy {
+class MegatronStrategy final : public Strategy, public CheckpointSlots, public Telemetry {
  public:
   explicit MegatronStrategy(const StrategyContext& ctx)
       : config_(ctx.config),

@@ -42,7 +42,7 @@ struct ParamInfo {
   int owner = 0;  // pp rank
 };
 
-class PipelineStrategy final : public Strategy {
+class PipelineStrategy final : public Strategy, public CheckpointSlots, public Telemetry {
  public:
   explicit PipelineStrategy(const StrategyContext& ctx)
       : config_(ctx.config),

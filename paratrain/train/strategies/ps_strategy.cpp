@@ -37,7 +37,7 @@ namespace {
 
 namespace ps = paratrain::param_server;
 
-class PsStrategy final : public DataParallelStrategy {
+class PsStrategy final : public DataParallelStrategy, public DynamicBatches {
  public:
   explicit PsStrategy(const StrategyContext& ctx)
       : DataParallelStrategy(ctx, "ps"), roles_(ps::Roles::for_world(dp_.size(), static_cast<int>(ctx.config.ps.servers))),
