@@ -5,7 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cctype>
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 
@@ -33,72 +33,10 @@
 namespace paratrain::comm {
 namespace {
 
-// The first host of a Slurm node list: "node[01-04],gpu7" -> "node01".
-std::string first_slurm_host(const std::string& list) {
-  auto bracket = list.find('[');
-  auto comma = list.find(',');
-  if (bracket == std::string::npos || (comma != std::string::npos && comma < bracket)) {
-    return list.substr(0, comma);
-  }
-  std::string prefix = list.substr(0, bracket);
-  std::string rest = list.substr(bracket + 1);
-  auto end = rest.find_first_of("-,]");
-  return prefix + rest.substr(0, end);
-}
-
-// SLURM_NTASKS_PER_NODE reads "4", "4(x2)" (4 on each of 2 nodes) or "2,1"
-// (per node, heterogeneous); the leading count is this job's tasks per node
-// on the first nodes. Anything else is named, not passed to a bare stoi.
-int slurm_tasks_per_node(const std::string& value) {
-  std::size_t digits = 0;
-  while (digits < value.size() && std::isdigit(static_cast<unsigned char>(value[digits]))) ++digits;
-  const bool rest_ok = digits == value.size() || value[digits] == '(' || value[digits] == ',';
-  if (digits == 0 || digits > 6 || !rest_ok) {
-    throw ConfigError(fmt::format("environment variable SLURM_NTASKS_PER_NODE='{}' is not a task count such as "
-                                  "4, 4(x2) or 2,1; unset it or run under srun, which sets it",
-                                  value));
-  }
-  return std::stoi(value.substr(0, digits));
-}
-
-// TORCHELASTIC_USE_AGENT_STORE: torchrun writes "True" or "False".
-bool agent_store_flag() {
-  const auto v = env::get_or("TORCHELASTIC_USE_AGENT_STORE", "");
-  if (v.empty() || v == "False" || v == "false" || v == "0") return false;
-  if (v == "True" || v == "true" || v == "1") return true;
-  throw ConfigError(fmt::format("environment variable TORCHELASTIC_USE_AGENT_STORE='{}' is not True or False "
-                                "(torchrun sets it); unset it or set True/False",
-                                v));
-}
-
-// PARATRAIN_AGENT_STORE: which store `paratrain launch`'s agent serves.
-bool agent_store_authenticated() {
-  const auto v = env::get_or("PARATRAIN_AGENT_STORE", "");
-  if (v.empty() || v == "tcp") return false;
-  if (v == "auth") return true;
-  throw ConfigError(fmt::format("environment variable PARATRAIN_AGENT_STORE='{}' is not auth or tcp (paratrain "
-                                "launch sets it); unset it",
-                                v));
-}
-
 bool is_local_address(const std::string& addr) {
   if (addr == "127.0.0.1" || addr == "localhost" || addr == "::1") return true;
   char host[256] = {0};
   return gethostname(host, sizeof host - 1) == 0 && addr == host;
-}
-
-void validate(const WorldInfo& w) {
-  auto bad = [&](const std::string& what) {
-    throw ConfigError(fmt::format(
-        "inconsistent distributed environment (from {}): {} [rank={} world_size={} local_rank={} "
-        "local_world_size={} master={}:{}]",
-        w.source, what, w.rank, w.world_size, w.local_rank, w.local_world_size, w.master_addr, w.master_port));
-  };
-  if (w.world_size < 1) bad("world_size must be >= 1");
-  if (w.rank < 0 || w.rank >= w.world_size) bad("rank must be in [0, world_size)");
-  if (w.local_world_size < 1 || w.local_world_size > w.world_size) bad("local_world_size must be in [1, world_size]");
-  if (w.local_rank < 0 || w.local_rank >= w.local_world_size) bad("local_rank must be in [0, local_world_size)");
-  if (w.master_port < 1 || w.master_port > 65535) bad("master port must be in [1, 65535]");
 }
 
 // Note [Authenticated rendezvous]
@@ -211,6 +149,30 @@ c10::intrusive_ptr<c10d::Store> connect_store(const WorldInfo& world, const Init
   // ranks; the store's own wait would only say "timed out".
   store_opts.waitWorkers = false;
   store_opts.timeout = options.timeout;
+  // A hand-started rank without the token may be meeting a job's
+  // authenticated store: ask before c10d's client reads its greeting (Note
+  // [Probing for the greeting] in auth_store/store.cpp). Agent stores are
+  // known: ours says PARATRAIN_AGENT_STORE, torchrun's is a TCPStore.
+  if (!store_opts.isServer && !world.use_agent_store) {
+    constexpr auto kGreetWithin = std::chrono::seconds(1);
+    std::string why;
+    const auto greeting = auth::probe_greeting(world.master_addr, world.master_port, options.timeout,
+                                               std::min<std::chrono::milliseconds>(options.timeout, kGreetWithin), why);
+    if (greeting == auth::Greeting::authenticated) {
+      throw CommError(fmt::format(
+          "rank {}: the store at {}:{} refused this process: it is a paratrain job's authenticated store, which "
+          "admits only processes that know the job's token, and PARATRAIN_JOB_TOKEN is not set here. Start the "
+          "ranks with `paratrain launch` (it hands them the token), export that job's PARATRAIN_JOB_TOKEN, or "
+          "launch the job with --plain-store to admit processes without a token",
+          world.rank, world.master_addr, world.master_port));
+    }
+    if (greeting == auth::Greeting::unreachable) {
+      throw TimeoutError(fmt::format("rank {}: could not reach the {} within {} s: {}. Rank 0 (which serves the "
+                                     "store) never arrived or the address is wrong",
+                                     world.rank, where, std::chrono::duration<double>(options.timeout).count(),
+                                     why));
+    }
+  }
   try {
     return c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_opts);
   } catch (const std::exception& e) {
@@ -305,57 +267,6 @@ void check_one_host(c10d::Store& store, const WorldInfo& world) {
 
 }  // namespace
 
-WorldInfo world_from_env() {
-  WorldInfo w;
-  const auto port = static_cast<int>(env::get_int_or("MASTER_PORT", 29500));
-  w.master_port = port;
-  w.master_addr = env::get_or("MASTER_ADDR", "127.0.0.1");
-  if (env::get("MASTER_ADDR")) w.master_addr_source = "MASTER_ADDR";
-  const long restarts = env::get_int_or("TORCHELASTIC_RESTART_COUNT", 0);
-  if (restarts < 0 || restarts > 1000000) {
-    throw ConfigError(fmt::format("environment variable TORCHELASTIC_RESTART_COUNT={} must be a restart count >= 0",
-                                  restarts));
-  }
-  w.restart_count = static_cast<int>(restarts);
-  w.run_id = env::get_or("TORCHELASTIC_RUN_ID", "none");
-  if (w.run_id.empty()) w.run_id = "none";
-  w.use_agent_store = agent_store_flag();
-  w.agent_store_authenticated = w.use_agent_store && agent_store_authenticated();
-  if (env::get("RANK") || env::get("WORLD_SIZE")) {
-    w.source = "torchrun";
-    w.rank = static_cast<int>(env::get_int_or("RANK", 0));
-    w.world_size = static_cast<int>(env::get_int_or("WORLD_SIZE", 1));
-    w.local_rank = static_cast<int>(env::get_int_or("LOCAL_RANK", w.rank));
-    w.local_world_size = static_cast<int>(env::get_int_or("LOCAL_WORLD_SIZE", w.world_size));
-  } else if (env::get("OMPI_COMM_WORLD_RANK")) {
-    w.source = "openmpi";
-    w.rank = static_cast<int>(*env::get_int("OMPI_COMM_WORLD_RANK"));
-    w.world_size = static_cast<int>(env::get_int_or("OMPI_COMM_WORLD_SIZE", 1));
-    w.local_rank = static_cast<int>(env::get_int_or("OMPI_COMM_WORLD_LOCAL_RANK", 0));
-    w.local_world_size = static_cast<int>(env::get_int_or("OMPI_COMM_WORLD_LOCAL_SIZE", 1));
-  } else if (env::get("SLURM_PROCID")) {
-    w.source = "slurm";
-    w.rank = static_cast<int>(*env::get_int("SLURM_PROCID"));
-    w.world_size = static_cast<int>(env::get_int_or("SLURM_NTASKS", 1));
-    w.local_rank = static_cast<int>(env::get_int_or("SLURM_LOCALID", 0));
-    auto per_node = env::get_or("SLURM_NTASKS_PER_NODE", "");
-    w.local_world_size = per_node.empty() ? w.world_size : slurm_tasks_per_node(per_node);
-    if (!env::get("MASTER_ADDR")) {
-      if (auto nodes = env::get("SLURM_JOB_NODELIST")) {
-        w.master_addr = first_slurm_host(*nodes);
-        w.master_addr_source = fmt::format("the first host of SLURM_JOB_NODELIST='{}'", *nodes);
-        if (w.master_addr.empty()) {
-          throw ConfigError(fmt::format("environment variable SLURM_JOB_NODELIST='{}' names no first host; run "
-                                        "under srun/sbatch, which set it, or set MASTER_ADDR",
-                                        *nodes));
-        }
-      }
-    }
-  }
-  validate(w);
-  return w;
-}
-
 std::string rendezvous_prefix(const WorldInfo& world) {
   return fmt::format("paratrain/{}/gen{}", world.run_id, world.restart_count);
 }
@@ -434,7 +345,7 @@ std::shared_ptr<ProcessGroup> with_recorder(std::shared_ptr<ProcessGroup> group,
 
 std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOptions& options,
                                             ElasticParts* elastic) {
-  validate(world);
+  validate_world(world);
   std::string backend = options.backend;
   if (backend == "auto") backend = choose_backend(world, options);
   if (backend == "mpi") {

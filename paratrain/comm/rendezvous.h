@@ -46,7 +46,15 @@ struct WorldInfo {
 // single process. TORCHELASTIC_* are read whatever the source. Throws
 // ConfigError naming the variable on a malformed value, and on inconsistent
 // values (rank >= size...).
+// Every count and index is checked against its range before it becomes an
+// int (comm/world_env.cpp, Note [Bounds on the environment]): the error
+// names the variable, its value and the range.
 WorldInfo world_from_env();
+
+// Throws ConfigError on inconsistent values (rank >= world_size, a port
+// outside 1..65535...). world_from_env() and init_process_group() call it.
+void validate_world(const WorldInfo& world);
+
 
 // The store namespace of one generation of one job:
 // "paratrain/<run_id>/gen<restart_count>". Every rendezvous key lives under it.

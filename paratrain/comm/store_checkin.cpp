@@ -5,39 +5,87 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "paratrain/comm/rendezvous.h"
 #include "paratrain/core/error.h"
+#include "paratrain/core/rank_list.h"
 
 namespace paratrain::comm {
+namespace {
 
+constexpr auto kPoll = std::chrono::milliseconds(20);
+
+std::string abort_key(const std::string& key_prefix) { return key_prefix + "/abort"; }
+
+}  // namespace
+
+// Note [Ending a check-in]
+// A rank that dies before every rank checked in leaves the others waiting
+// for it until world.timeout_s (300 s by default), though the launcher saw
+// the death at once. The launcher serves the store (launch/agent_store.h),
+// so it writes the reason under "<prefix>/abort" and every rank polling the
+// check-in stops with that reason instead. Ending is the answer rather than
+// going on without the dead rank: before the world is built nothing is lost
+// by stopping, and a smaller world than the one asked for would change the
+// global batch and the data shards without anyone having chosen it. Under
+// --keep-going the launch then fails (no rank succeeded) within a poll
+// interval. The key lives under the generation's prefix, so a later
+// generation's check-in never sees it; a check-in that completed never reads
+// it again (in-job recovery's rounds use comm/rejoin.h, not this).
+//
+// Arrival is polled in rank order with check() (non-blocking) rather than
+// wait(), so that at the deadline we still know which ranks are missing; a
+// rank known to have arrived is not asked about again, so a poll costs one
+// store round trip while a rank is awaited, whatever the world size.
 void check_in(c10d::Store& store, int rank, int world_size, std::chrono::milliseconds timeout,
               const std::string& where, const std::string& key_prefix) {
   auto key = [&](int r) { return fmt::format("{}/{}", key_prefix, r); };
   store.set(key(rank), std::vector<uint8_t>{1});
 
-  // Poll with check() (non-blocking) rather than wait() so that at the
-  // deadline we still know exactly which ranks are missing.
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::vector<int> missing;
-  for (int r = 0; r < world_size; ++r) missing.push_back(r);
+  int arrived = 0;  // ranks 0 .. arrived-1 have checked in
   while (true) {
-    std::vector<int> still;
-    for (int r : missing) {
-      if (!store.check({key(r)})) still.push_back(r);
+    if (store.check({abort_key(key_prefix)})) {
+      const auto why = store.get(abort_key(key_prefix));
+      throw CommError(fmt::format("rank {}: the rendezvous ({}) was ended before every rank arrived: {}; this "
+                                  "rank stops instead of waiting world.timeout_s for it",
+                                  rank, where, std::string(why.begin(), why.end())));
     }
-    missing.swap(still);
-    if (missing.empty()) return;
+    while (arrived < world_size && store.check({key(arrived)})) ++arrived;
+    if (arrived == world_size) return;
     if (std::chrono::steady_clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::this_thread::sleep_for(kPoll);
   }
+  std::vector<int> named;
+  std::size_t missing = 0;
+  for (int r = arrived; r < world_size; ++r) {
+    if (store.check({key(r)})) continue;
+    ++missing;
+    if (named.size() < core::kNamedRanks) named.push_back(r);
+  }
+  if (missing == 0) return;  // the last ones arrived during the final pass
   throw TimeoutError(fmt::format(
       "rank {}: rank(s) {} of world size {} never arrived at the rendezvous ({}) within {} s. "
       "Check that every rank was started, with the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE, "
       "or raise world.timeout_s",
-      rank, fmt::join(missing, ","), world_size, where,
+      rank, core::capped_rank_list(named, missing), world_size, where,
       std::chrono::duration<double>(timeout).count()));
+}
+
+void abort_check_in(c10d::Store& store, const std::string& reason, const std::string& key_prefix) {
+  store.set(abort_key(key_prefix), std::vector<uint8_t>(reason.begin(), reason.end()));
+}
+
+void end_check_in(const c10::intrusive_ptr<c10d::Store>& store, const std::string& run_id, int restart_count,
+                  const std::string& reason) {
+  WorldInfo generation;
+  generation.run_id = run_id;
+  generation.restart_count = restart_count;
+  // The prefix init_process_group puts before check_in's keys.
+  c10d::PrefixStore job_store(rendezvous_prefix(generation), store);
+  abort_check_in(job_store, reason);
 }
 
 }  // namespace paratrain::comm

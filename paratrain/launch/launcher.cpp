@@ -15,7 +15,9 @@
 #include <string>
 
 #include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "paratrain/comm/store_checkin.h"
 #include "paratrain/core/error.h"
 #include "paratrain/core/remove_tree.h"
 #include "paratrain/launch/agent_store.h"
@@ -135,6 +137,29 @@ class HeartbeatDir {
   std::filesystem::path root_;
 };
 
+// A rank died under --keep-going: the others go on, but none of them can
+// meet it in this generation's check-in any more, so they are told now
+// instead of after world.timeout_s (Note [Ending a check-in] in
+// comm/store_checkin.cpp). Inert for ranks past the check-in. Best effort:
+// a store that cannot be reached leaves the others to their timeout.
+void end_check_in(const LaunchOptions& o, const std::string& store_host, const WorkerOutcome& dead) {
+  try {
+    AgentStoreClientOptions co;
+    co.host = store_host;
+    co.port = o.master_port;
+    co.token = o.job_token;
+    co.job_id = o.rdzv_id.empty() ? std::string("none") : o.rdzv_id;
+    co.kind = agent_store_kind(o.job_token);
+    co.timeout = std::chrono::seconds(5);
+    comm::end_check_in(connect_agent_store(co), co.job_id, o.restart_count,
+                       fmt::format("the launcher saw a peer fail: {}", describe(dead)));
+  } catch (const std::exception& e) {
+    write_all(o.err_fd, fmt::format("paratrain launch: could not tell the other ranks that rank {} is gone ({}); "
+                                    "any still meeting it wait up to world.timeout_s\n",
+                                    dead.rank, e.what()));
+  }
+}
+
 }  // namespace
 
 int launch(const LaunchOptions& options) {
@@ -209,6 +234,9 @@ LaunchReport launch_with_report(const LaunchOptions& options) {
   // included, never takes the store down. Its port stays for the launch.
   resolved.agent_store = agent_store_name(agent_store_kind(resolved.job_token));
   std::unique_ptr<AgentStore> store;
+  // Where this launcher reaches the agent store: the address it listens on
+  // (a wildcard through loopback) on node 0, else node 0's.
+  std::string store_host = resolved.master_addr;
   if (resolved.node_rank == 0) {
     AgentStoreOptions so;
     const char* bind = std::getenv("PARATRAIN_STORE_BIND");
@@ -219,7 +247,9 @@ LaunchReport launch_with_report(const LaunchOptions& options) {
     so.token = resolved.job_token;
     so.job_id = resolved.rdzv_id.empty() ? std::string("none") : resolved.rdzv_id;
     store = std::make_unique<AgentStore>(so);
+    store_host = so.bind_address == "0.0.0.0" || so.bind_address == "::" ? "127.0.0.1" : so.bind_address;
   }
+
   std::vector<WorkerOutcome> failures;
   for (int generation = 0;; ++generation) {
     resolved.restart_count = generation;
@@ -227,6 +257,9 @@ LaunchReport launch_with_report(const LaunchOptions& options) {
     LaunchReport report;
     {
       Supervisor supervisor(resolved, program, signals);
+      if (resolved.keep_going) {
+        supervisor.set_on_tolerated([&](const WorkerOutcome& dead) { end_check_in(resolved, store_host, dead); });
+      }
       supervisor.start();
       report = supervisor.run();
     }

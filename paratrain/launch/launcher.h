@@ -86,7 +86,11 @@ struct LaunchOptions {
   // keep running, for jobs whose rank 0 survives losing a peer (`paratrain
   // federated`: a client process that dies costs only its clients). Rank 0
   // failing still stops every worker. Such tolerated failures do not count
-  // in the exit code. Not with max_restarts > 0 (a restart replaces every
+  // in the exit code while some rank succeeds; when none does, the launch
+  // fails with the likeliest cause's code. A rank that dies before every
+  // rank checked in ends the others' rendezvous at once (Note [Ending a
+  // check-in] in comm/store_checkin.cpp): a world that cannot form is not
+  // waited for. Not with max_restarts > 0 (a restart replaces every
   // worker, which is the opposite policy).
   bool keep_going = false;
   // With keep_going: rank 0 failing is tolerated too. For jobs whose
@@ -192,8 +196,9 @@ struct WorkerOutcome {
 };
 
 struct LaunchReport {
-  // 0 when every worker exited 0; else the first failing worker's
-  // shell_code(), or 128 + the signal the launcher received. Never 0 on failure.
+  // 0 when every worker exited 0, or some did and the others' failures were
+  // tolerated (keep_going); else the first failing worker's shell_code(), or
+  // 128 + the signal the launcher received. Never 0 when no worker succeeded.
   int exit_code = 0;
   std::vector<WorkerOutcome> workers;  // indexed by local rank
   // Local rank of the failure named as the cause, -1 if none: the earliest

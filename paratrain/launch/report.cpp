@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "paratrain/core/rank_list.h"
 #include "paratrain/launch/spawn.h"
 
 namespace paratrain::launch {
@@ -27,7 +28,10 @@ std::string describe(const WorkerOutcome& w) {
 std::string rank_list(const std::vector<int>& ranks) {
   if (ranks.empty()) return "none";
   std::string out = ranks.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < ranks.size();) {
+  std::size_t groups = 0;
+  for (std::size_t i = 0; i < ranks.size(); ++groups) {
+    // One line whatever the count: scattered ranks stop after a few groups.
+    if (groups == core::kNamedRanks) return out + fmt::format(" ... and {} more", ranks.size() - i);
     std::size_t j = i;
     while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
     if (i > 0) out += ", ";
@@ -172,6 +176,29 @@ std::string summarize(LaunchReport& r) {
     } else {
       other_failures.push_back(describe(w));
     }
+  }
+
+  // Note [Nobody succeeded]
+  // --keep-going tolerates a failure so that the others go on; it does not
+  // make a failure a success. When every rank failed (the survivors too,
+  // each tolerated in turn under --keep-going-rank0), the job produced
+  // nothing: it fails like a fail-fast launch, naming the likeliest cause
+  // among the tolerated failures (pick_first_failure, as if none had been
+  // tolerated). A received signal still decides the exit code.
+  if (r.first_failed < 0 && r.received_signal == 0 && succeeded.empty() && !tolerated.empty()) {
+    std::vector<WorkerOutcome> untolerated = r.workers;
+    for (auto& w : untolerated) w.tolerated = false;
+    r.first_failed = pick_first_failure(untolerated);
+    tolerated.clear();
+    for (const auto& w : r.workers) {
+      if (w.local_rank != r.first_failed && !w.ok()) other_failures.push_back(describe(w));
+    }
+    r.exit_code = r.workers[static_cast<std::size_t>(r.first_failed)].shell_code();
+    std::string line = fmt::format("paratrain launch: FAILED with exit code {}: no rank succeeded (--keep-going let "
+                                   "the others go on, and every one failed): {} first",
+                                   r.exit_code, describe(r.workers[static_cast<std::size_t>(r.first_failed)]));
+    if (!other_failures.empty()) line += "; also failed: " + fmt::format("{}", fmt::join(other_failures, ", "));
+    return line;
   }
 
   std::string cause;

@@ -14,7 +14,8 @@ namespace paratrain::launch {
 // "rank 1 (pid 4242) exited with code 3" / "rank 0 (pid 4241) was killed by SIGKILL".
 std::string describe(const WorkerOutcome& w);
 
-// Compact rank list: {0, 1, 2, 5} -> "ranks 0-2, 5"; {3} -> "rank 3".
+// Compact rank list: {0, 1, 2, 5} -> "ranks 0-2, 5"; {3} -> "rank 3"; after
+// eight groups "... and N more" (N ranks not shown).
 std::string rank_list(const std::vector<int>& ranks);
 
 // Which failed worker caused the launch to fail: returns its local rank, or
@@ -58,7 +59,10 @@ std::optional<PeerLoss> read_peer_loss(std::string_view output);
 std::string describe_peer_loss(std::string_view output, int nproc_per_node,
                                const std::vector<std::string>& node_names);
 
-// Fills report.exit_code from the outcomes and returns the summary line, e.g.
+// Fills report.exit_code from the outcomes and returns the summary line. When
+// no rank succeeded and every failure was tolerated (--keep-going), the launch
+// failed all the same: first_failed is set to the likeliest cause and
+// exit_code to its code (Note [Nobody succeeded] in report.cpp). E.g.
 // "paratrain launch: FAILED with exit code 3: rank 1 (pid ..) exited with code 3
 //  first; stopped by the launcher: rank 0 (pid ..) was killed by SIGTERM; succeeded: none"
 std::string summarize(LaunchReport& report);

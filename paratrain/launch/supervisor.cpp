@@ -224,6 +224,7 @@ void Supervisor::reap(Clock::time_point now) {
         (w.outcome.rank != 0 || options_.keep_going_rank0)) {
       w.outcome.tolerated = true;
       say(fmt::format("paratrain launch: {}; --keep-going: the other ranks go on", describe(w.outcome)));
+      if (on_tolerated_) on_tolerated_(w.outcome);
       continue;
     }
     if (!w.outcome.ok() && !stopping_ && trigger == nullptr) trigger = &w;

@@ -36,6 +36,11 @@ class Supervisor {
   // a non-empty answer (why) stops every worker (SIGTERM, then SIGKILL) as
   // for a failure, but names no worker: the report's rendezvous_stop says why.
   void set_interrupt(std::function<std::string(Clock::time_point)> interrupt) { interrupt_ = std::move(interrupt); }
+  // Called once for each failure that keep_going tolerates, after it is
+  // reported (the launcher ends the others' check-in with it).
+  void set_on_tolerated(std::function<void(const WorkerOutcome&)> on_tolerated) {
+    on_tolerated_ = std::move(on_tolerated);
+  }
 
  private:
   struct Stream {
@@ -83,6 +88,7 @@ class Supervisor {
   Clock::time_point doctor_deadline_{};
   std::map<int, std::filesystem::file_time_type> doctor_pending_;
   std::function<std::string(Clock::time_point)> interrupt_;
+  std::function<void(const WorkerOutcome&)> on_tolerated_;
   std::string interrupted_;
 };
 

@@ -10,7 +10,7 @@
 namespace paratrain::train {
 
 c10::Device training_device(const TrainConfig& c, const std::string& strategy) {
-  const c10::Device device = core::resolve_device(c.world.device, static_cast<int>(env::get_int_or("LOCAL_RANK", 0)));
+  const c10::Device device = core::resolve_device(c.world.device, env::get_int_in_or("LOCAL_RANK", 0, (1L << 20) - 1, "this process's rank on its host", 0));
   if (device.is_cpu()) return device;
   // Wired for GPUs: DDP, ZeRO-1/2 and tensor/context parallelism (their
   // buffers follow the parameters' device; collectives on host-memory

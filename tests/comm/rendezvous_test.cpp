@@ -141,7 +141,8 @@ TEST(WorldFromEnv, MalformedTorchelasticAndSlurmVariablesAreNamed) {
   EXPECT_NE(env_error().find("TORCHELASTIC_RESTART_COUNT='one' is not an integer"), std::string::npos)
       << env_error();
   env.set("TORCHELASTIC_RESTART_COUNT", "-1");
-  EXPECT_NE(env_error().find("TORCHELASTIC_RESTART_COUNT=-1 must be"), std::string::npos) << env_error();
+  EXPECT_NE(env_error().find("TORCHELASTIC_RESTART_COUNT='-1' is out of range 0..1000000"), std::string::npos)
+      << env_error();
   unsetenv("TORCHELASTIC_RESTART_COUNT");
 
   env.set("SLURM_PROCID", "0");
@@ -163,6 +164,49 @@ TEST(WorldFromEnv, MalformedTorchelasticAndSlurmVariablesAreNamed) {
       << env_error();
   env.set("SLURM_PROCID", "x");
   EXPECT_NE(env_error().find("SLURM_PROCID='x' is not an integer"), std::string::npos) << env_error();
+}
+
+// Every count and index is range-checked before it becomes an int: these
+// values used to wrap silently (4294967298 -> 2, 4294967297 -> 1) or make
+// the check-in allocate gigabytes. One short line names the variable, its
+// value and the range.
+TEST(WorldFromEnv, EveryCountAndIndexIsCheckedAgainstItsRangeInOneShortLine) {
+  struct Case {
+    std::vector<std::pair<const char*, const char*>> vars;
+    const char* named;  // the variable the error must name, with its value and range
+  };
+  const std::vector<Case> cases = {
+      {{{"RANK", "0"}, {"WORLD_SIZE", "4294967298"}}, "WORLD_SIZE='4294967298' is out of range 1..1048576"},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "99999999999"}}, "WORLD_SIZE='99999999999' is out of range 1..1048576"},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "2147483647"}}, "WORLD_SIZE='2147483647' is out of range 1..1048576"},
+      {{{"RANK", "4294967297"}, {"WORLD_SIZE", "2"}}, "RANK='4294967297' is out of range 0..1"},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "4294967296"}}, "LOCAL_RANK='4294967296' is out of range"},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "4294967298"}},
+       "LOCAL_WORLD_SIZE='4294967298' is out of range 1..2"},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "4294967297"}}, "MASTER_PORT='4294967297' is out of range 1..65535"},
+      {{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "4294967298"}},
+       "OMPI_COMM_WORLD_SIZE='4294967298' is out of range 1..1048576"},
+      {{{"OMPI_COMM_WORLD_RANK", "4294967296"}, {"OMPI_COMM_WORLD_SIZE", "2"}},
+       "OMPI_COMM_WORLD_RANK='4294967296' is out of range 0..1"},
+      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4294967298"}}, "SLURM_NTASKS='4294967298' is out of range 1..1048576"},
+      {{{"SLURM_PROCID", "4294967297"}, {"SLURM_NTASKS", "2"}}, "SLURM_PROCID='4294967297' is out of range 0..1"},
+      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "4294967296"}},
+       "SLURM_LOCALID='4294967296' is out of range"},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "123456789012345678901234567890"}},
+       "WORLD_SIZE='123456789012345678901234567890' is out of range 1..1048576"},
+  };
+  for (const auto& c : cases) {
+    EnvGuard env;
+    for (const auto& [k, v] : c.vars) env.set(k, v);
+    const std::string e = env_error();
+    EXPECT_NE(e.find(c.named), std::string::npos) << c.named << "\n" << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+    EXPECT_LT(e.size(), 300u) << e;
+  }
+  EnvGuard env;
+  env.set("RANK", "0");
+  env.set("WORLD_SIZE", std::string(100000, '7').c_str());  // a long value is quoted short
+  EXPECT_LT(env_error().size(), 300u) << env_error().substr(0, 300);
 }
 
 TEST(WorldFromEnv, AnUnresolvableSlurmHostIsNamedAsSuch) {
@@ -286,6 +330,46 @@ TEST(CheckIn, NamesTheRanksThatNeverArrived) {
   r2.join();
   EXPECT_NE(message.find("rank(s) 1,3 "), std::string::npos) << message;
   EXPECT_NE(message.find("world size 4"), std::string::npos) << message;
+}
+
+// 99999 missing ranks make one short line, not 589 KB.
+TEST(CheckIn, ManyMissingRanksAreNamedInOneShortLine) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::string message;
+  try {
+    paratrain::comm::check_in(*store, 0, 100000, std::chrono::milliseconds(100), "test store");
+  } catch (const paratrain::TimeoutError& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("rank(s) 1,2,3,4,5,6,7,8 ... and 99991 more of world size 100000 never arrived"),
+            std::string::npos)
+      << message.substr(0, 400);
+  EXPECT_LT(message.size(), 500u) << message.substr(0, 400);
+}
+
+// Whoever sees a rank die (the launcher) ends the check-in: a rank waiting
+// in it stops with the reason instead of at its timeout. The 120 s timeout
+// is the guard: hitting it throws TimeoutError, which fails the test.
+TEST(CheckIn, AbortCheckInEndsTheWaitWithTheReason) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::string message;
+  std::thread r0([&] {
+    try {
+      paratrain::comm::check_in(*store, 0, 2, std::chrono::seconds(120), "test store");
+    } catch (const paratrain::TimeoutError& e) {
+      message = std::string("timeout: ") + e.what();
+    } catch (const paratrain::CommError& e) {
+      message = e.what();
+    }
+  });
+  while (!store->check({"paratrain/checkin/0"})) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  paratrain::comm::abort_check_in(*store, "rank 1 (pid 42) was killed by SIGKILL");
+  r0.join();
+  EXPECT_EQ(message.rfind("rank 0: the rendezvous (test store) was ended before every rank arrived: rank 1 (pid 42) "
+                          "was killed by SIGKILL",
+                          0),
+            0u)
+      << message;
 }
 
 TEST(CheckIn, ReturnsOnceEveryRankArrived) {

@@ -322,6 +322,7 @@ TEST(LaunchReportWords, RankListsAreCompact) {
   EXPECT_EQ(rank_list({}), "none");
   EXPECT_EQ(rank_list({3}), "rank 3");
   EXPECT_EQ(rank_list({0, 1, 2, 5, 7, 8}), "ranks 0-2, 5, 7-8");
+  EXPECT_EQ(rank_list({0, 2, 4, 6, 8, 10, 12, 14, 16, 18}), "ranks 0, 2, 4, 6, 8, 10, 12, 14 ... and 2 more");
 }
 
 TEST(LaunchReportWords, SummaryNamesTheCauseAndNeverReportsZeroOnFailure) {

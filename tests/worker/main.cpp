@@ -16,6 +16,10 @@
 //   wait-lines <path> <n>    wait until <path> has >= n lines (exit 98 after 30 s)
 //   on-rank <r> STEP         run the next step only if RANK == r, else skip it
 //   fail-rank <r> <code>     same as: on-rank <r> exit <code>
+//   rendezvous <seconds>     meet the other ranks as `paratrain train` does
+//                            (world_from_env, init_process_group over Gloo with
+//                            that timeout); on an error print it on stderr
+//                            and exit 1
 // RANK is read from the environment (0 when unset). Bad usage exits 64.
 // To add a mode, add a row to steps() below.
 #include <fcntl.h>
@@ -34,6 +38,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "paratrain/comm/rendezvous.h"
 
 namespace {
 
@@ -129,6 +135,18 @@ const std::map<std::string, Step>& steps() {
          std::fflush(nullptr);
          signal(sig, SIG_DFL);
          raise(sig);
+       }}},
+      {"rendezvous", {1, [](const Args& a) {
+         try {
+           paratrain::comm::InitOptions init;
+           init.timeout = std::chrono::milliseconds(static_cast<long>(std::atof(a[0].c_str()) * 1000));
+           auto world = paratrain::comm::init_process_group(paratrain::comm::world_from_env(), init);
+           std::printf("rendezvous done: rank %d of %d\n", world->rank(), world->size());
+         } catch (const std::exception& e) {
+           std::fprintf(stderr, "error: %s\n", e.what());
+           std::fflush(nullptr);
+           std::exit(1);
+         }
        }}},
       {"pidfile", {1, [](const Args& a) { append_line(a[0], std::to_string(getpid())); }}},
       {"grandchild", {1, [](const Args& a) { start_grandchild(a[0]); }}},

@@ -136,6 +136,33 @@ template <typename E>
 
 }  // namespace
 
+// Note [Probing for the greeting]
+// A process without PARATRAIN_JOB_TOKEN connects c10d's TCPStore client. If
+// the port is served by this store instead (a hand-started rank meeting a
+// `paratrain launch` job), that client's background thread reads our
+// greeting as a reply, takes 8 of its bytes for a length of ~5.7e18 and
+// dies in std::bad_alloc or std::length_error (std::terminate: exit 134, no
+// message). The length is c10d's to bound, not ours, so the rendezvous asks
+// first: our server speaks as soon as it accepts, c10d's never speaks first.
+// Nothing is sent, so a TCPStore server only sees a connection open and
+// close. A greeting slower than greet_within (a server thread starved for
+// that long) reads as silent and leaves the old failure; that is the cost
+// of not writing c10d's private wire format here.
+Greeting probe_greeting(const std::string& host, int port, std::chrono::milliseconds connect_within,
+                        std::chrono::milliseconds greet_within, std::string& why) {
+  const Deadline connect_by = deadline_after(connect_within);
+  int fd = -1;
+  while ((fd = try_connect(host, port, connect_by, why)) < 0) {
+    if (connect_by && Clock::now() >= *connect_by) return Greeting::unreachable;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::uint8_t magic[kMagic.size()];
+  const Io io = read_exact(fd, magic, sizeof magic, deadline_after(greet_within), why);
+  close(fd);
+  const bool ours = io == Io::done && std::memcmp(magic, kMagic.data(), kMagic.size()) == 0;
+  return ours ? Greeting::authenticated : Greeting::silent;
+}
+
 AuthStore::AuthStore(AuthStoreOptions o) : c10d::Store(o.timeout), options_(o) {
   where_ = fmt::format("{}:{}", o.host, o.port);
   if (o.token.empty()) throw ConfigError("the authenticated store needs a non-empty job token (PARATRAIN_JOB_TOKEN)");

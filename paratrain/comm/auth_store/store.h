@@ -25,6 +25,16 @@ struct AuthStoreOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
 };
 
+// What answers at host:port, for a process that has no token and is about
+// to connect c10d's TCPStore client there (Note [Probing for the greeting]
+// in store.cpp). authenticated: the process greeted like this store's
+// server (it speaks first); silent: it said nothing within `greet_within`,
+// as c10d's TCPStore server does; unreachable: no connection within
+// `connect_within` (`why` says why).
+enum class Greeting { authenticated, silent, unreachable };
+Greeting probe_greeting(const std::string& host, int port, std::chrono::milliseconds connect_within,
+                        std::chrono::milliseconds greet_within, std::string& why);
+
 class AuthStore : public c10d::Store {
  public:
   // Connects (retrying until the timeout) and completes the handshake.
