@@ -253,8 +253,8 @@ Command add_train_command(CLI::App& app) {
       std::string acc = result.test.count > 0 ? fmt::format("test accuracy {:.2f}% (loss {:.4f})",
                                                             100 * result.test.accuracy, result.test.loss)
                                               : std::string("no evaluation");
-      spdlog::info("done: {} steps, {} epochs, {}, {:.0f} samples/s; run dir {}", result.steps,
-                   result.epochs_completed, acc, result.samples_per_second, result.run_dir.string());
+      spdlog::info("done: {} steps ({:.3g} epochs), {}, {:.0f} samples/s; run dir {}", result.steps,
+                   result.epochs_trained, acc, result.samples_per_second, result.run_dir.string());
     }
     // After an in-job recovery the first world is aborted; the Trainer's
     // last collective (the final evaluation or save) already met the survivors.

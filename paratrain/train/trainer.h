@@ -43,6 +43,7 @@ struct TrainResult {
   int64_t steps = 0;             ///< optimizer steps taken in total (incl. before a resume)
   int64_t start_step = 0;        ///< > 0 when this run resumed from a checkpoint
   int64_t epochs_completed = 0;  ///< whole epochs finished
+  double epochs_trained = 0;     ///< epochs the loader went through, fractions included (40 of 468 batches: 0.085)
   double last_train_loss = 0;    ///< mean over ranks of the last logged window
   EvalResult test;               ///< last evaluation (count 0 when none ran)
   double samples_per_second = 0; ///< global throughput of this process's training steps

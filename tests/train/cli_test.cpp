@@ -43,10 +43,19 @@ TEST(TrainCli, TwoRanksTrainAndWriteTheRunDirectory) {
   auto r = run_cli(launch2(write_config(dir)));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("test accuracy"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("done: 16 steps"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("done: 16 steps (1 epochs)"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(dir + "/runs/job/version_0/config.toml"));
   EXPECT_TRUE(fs::exists(dir + "/runs/job/version_0/metrics.jsonl"));
   EXPECT_TRUE(fs::exists(dir + "/runs/job/version_0/checkpoints/step_00000016/index.json"));
+}
+
+// A run stopped by train.max_steps inside its first epoch says how much of
+// the epoch it trained (it said "0 epochs").
+TEST(TrainCli, AStopInsideTheFirstEpochReportsTheFractionTrained) {
+  auto dir = paratrain::testing::temp_dir("cli-max-steps");
+  auto r = run_cli({"train", "--config", write_config(dir), "--set", "train.max_steps=8"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("done: 8 steps (0.25 epochs)"), std::string::npos) << r.output;  // 8 of 32 batches
 }
 
 // `paratrain checkpoint consolidate` of a run's checkpoint, read back.

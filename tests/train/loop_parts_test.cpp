@@ -37,13 +37,13 @@ using std::chrono::seconds;
 TEST(LossWindow, AveragesTheRanksThatTrainAndKeepsOwnLinesOutOfTheReduce) {
   std::vector<double> first(3), second(3), own_line(3);
   paratrain::testing::run_ranks(3, [&](ProcessGroup& g) {
-    LossWindow losses(g, /*computes=*/g.rank() != 2, seconds(30), /*start_step=*/0);
+    LossWindow losses(/*computes=*/g.rank() != 2, seconds(30), /*start_step=*/0);
     const std::vector<std::vector<double>> steps = {{1, 3}, {4}, {100}};
     for (double l : steps[g.rank()]) losses.add(l);
-    first[g.rank()] = losses.reduce(2);
+    first[g.rank()] = losses.reduce(g, 2);
     losses.add(g.rank() == 0 ? 5 : 7);
     if (g.rank() == 0) own_line[0] = losses.take_own_line();  // a mid-window line: no collective
-    second[g.rank()] = losses.reduce(3);
+    second[g.rank()] = losses.reduce(g, 3);
   });
   for (int r = 0; r < 3; ++r) {
     EXPECT_DOUBLE_EQ(first[r], (2.0 + 4.0) / 2) << "rank " << r;
@@ -55,11 +55,11 @@ TEST(LossWindow, AveragesTheRanksThatTrainAndKeepsOwnLinesOutOfTheReduce) {
 TEST(LossWindow, ANonFiniteMeanStopsEveryRankNamingTheSteps) {
   std::vector<std::string> errors(2);
   paratrain::testing::run_ranks(2, [&](ProcessGroup& g) {
-    LossWindow losses(g, true, seconds(30), /*start_step=*/2);
+    LossWindow losses(true, seconds(30), /*start_step=*/2);
     losses.add(0.5);
     losses.add(g.rank() == 1 ? std::numeric_limits<double>::quiet_NaN() : 0.5);
     try {
-      losses.reduce(4);
+      losses.reduce(g, 4);
     } catch (const paratrain::Error& e) {
       errors[g.rank()] = e.what();
     }

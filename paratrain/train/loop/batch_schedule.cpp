@@ -63,7 +63,7 @@ class FixedSchedule final : public BatchSchedule {
 // checkpoints and resume see the same position as under fixed shares.
 class DynamicSchedule final : public BatchSchedule {
  public:
-  DynamicSchedule(Trainer::State& s, DynamicBatches& items) : s_(s), items_(items) {}
+  explicit DynamicSchedule(Trainer::State& s) : s_(s) {}
 
   Window open(const RunPlan& plan) override {
     const auto at = s_.loader->state();
@@ -76,11 +76,11 @@ class DynamicSchedule final : public BatchSchedule {
     w.steps = dynamic_window_steps(w.first, plan.steps_per_epoch, s_.step, plan.total_steps,
                                    s_.config.train.checkpoint_every_steps);
     w.end = s_.step + w.steps;
-    items_.begin_window(w.first, w.steps);
+    items().begin_window(w.first, w.steps);
     return w;
   }
   std::optional<ScheduledStep> next() override {
-    const int64_t item = items_.next_item();
+    const int64_t item = items().next_item();
     if (item < 0) return std::nullopt;
     return ScheduledStep{.in_epoch = item / s_.strategy->data_shard().size, .item = item};
   }
@@ -95,8 +95,10 @@ class DynamicSchedule final : public BatchSchedule {
   bool lockstep() const override { return false; }
 
  private:
+  // Looked up each time: the strategy is the State's (rebuilt when the world changes).
+  DynamicBatches& items() { return *facet<DynamicBatches>(*s_.strategy); }
+
   Trainer::State& s_;
-  DynamicBatches& items_;
   std::optional<EpochItems> epoch_items_;
   int64_t epoch_ = -1;
 };
@@ -111,11 +113,11 @@ int64_t dynamic_window_steps(int64_t first, int64_t steps_per_epoch, int64_t ste
 }
 
 std::unique_ptr<BatchSchedule> make_batch_schedule(Trainer::State& s, const RunPlan& plan) {
-  auto* items = dynamic_cast<DynamicBatches*>(s.strategy.get());
+  auto* items = facet<DynamicBatches>(*s.strategy);
   if (!items) return std::make_unique<FixedSchedule>(s);
   items->begin_run(std::max<int64_t>(plan.total_steps - s.step, 0));
   if (!items->dynamic_batches()) return std::make_unique<FixedSchedule>(s);
-  return std::make_unique<DynamicSchedule>(s, *items);
+  return std::make_unique<DynamicSchedule>(s);
 }
 
 }  // namespace paratrain::train

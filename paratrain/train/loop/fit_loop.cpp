@@ -16,7 +16,7 @@ namespace paratrain::train {
 
 FitLoop::FitLoop(Trainer& trainer, Trainer::State& s)
     : trainer_(trainer), s_(s), objective_(Objective::for_config(s.config)), plan_(s),
-      losses_(s.dp(), s.strategy->data_shard().computes, s.timeout(), s.step),
+      losses_(s.strategy->data_shard().computes, s.timeout(), s.step),
       recovery_(s, [this](const Recovery& r) {
         if (r.rolled_back) checkpoints_.restored(s_.step);  // the redone steps' checkpoints are saved again
         plan_.recount(s_);
@@ -140,7 +140,7 @@ Outcome FitLoop::meet(const Window& w) {
   if (!schedule_->lockstep() || (every > 0 && s_.step % every == 0) || s_.step >= plan_.total_steps ||
       checkpoint_now) {
     try {
-      info.loss = result_.last_train_loss = losses_.reduce(s_.step);
+      info.loss = result_.last_train_loss = losses_.reduce(s_.dp(), s_.step);
     } catch (const CommError& e) {
       // Every survivor took this step (its gradient all-reduce needed every
       // rank): go on after it; this line is each rank's own mean.
@@ -208,6 +208,9 @@ void FitLoop::finish() {
     for (auto& record : telemetry->final_metrics()) s_.log_record(std::move(record));
   }
   s_.each_callback([&](Callback& cb) { cb.on_fit_end(s_.step); });
+  const auto at = s_.loader->state();
+  result_.epochs_trained =
+      at.epoch + static_cast<double>(at.next_batch) / static_cast<double>(std::max<int64_t>(s_.loader->num_batches(), 1));
   result_.steps = s_.step;
   result_.start_step = s_.start_step;
   result_.world_size = s_.world->size();

@@ -13,8 +13,8 @@
 
 namespace paratrain::train {
 
-LossWindow::LossWindow(comm::ProcessGroup& dp, bool computes, std::chrono::milliseconds timeout, int64_t start_step)
-    : dp_(dp), computes_(computes), timeout_(timeout), reduced_at_(start_step) {}
+LossWindow::LossWindow(bool computes, std::chrono::milliseconds timeout, int64_t start_step)
+    : computes_(computes), timeout_(timeout), reduced_at_(start_step) {}
 
 void LossWindow::add(double step_loss) {
   sum_ += step_loss;
@@ -32,10 +32,10 @@ double LossWindow::take_own_line() {
   return mean;
 }
 
-double LossWindow::reduce(int64_t step) {
+double LossWindow::reduce(comm::ProcessGroup& dp, int64_t step) {
   // Averaged over the ranks that train: a parameter server adds 0 with weight 0.
   auto mean = torch::tensor({computes_ ? own_mean() : 0.0, computes_ ? 1.0 : 0.0}, torch::kDouble);
-  dp_.all_reduce(mean, comm::ReduceOp::kSum)->wait(timeout_);
+  dp.all_reduce(mean, comm::ReduceOp::kSum)->wait(timeout_);
   const double loss = mean[0].item<double>() / mean[1].item<double>();
   const int64_t first = reduced_at_ + 1;
   reset(step);
@@ -44,7 +44,7 @@ double LossWindow::reduce(int64_t step) {
         "rank {}: the training loss became {} by step {} (mean over steps {}..{}): training diverged. Lower "
         "optimizer.lr, set optimizer.clip_grad_norm, or resume from an earlier checkpoint; no checkpoint was "
         "written for this state",
-        dp_.rank(), loss, step, first, step));
+        dp.rank(), loss, step, first, step));
   }
   return loss;
 }

@@ -18,16 +18,17 @@ class LossWindow {
  public:
   // `computes`: this rank trains data (false on a parameter server, whose
   // zero loss must not count). `start_step`: optimizer steps already taken.
-  LossWindow(comm::ProcessGroup& dp, bool computes, std::chrono::milliseconds timeout, int64_t start_step);
+  LossWindow(bool computes, std::chrono::milliseconds timeout, int64_t start_step);
 
   // One optimizer step's mean loss on this rank (unscaled).
   void add(double step_loss);
 
-  // Collective over the dp group: the mean over the training ranks of each
-  // one's mean since the last reduce; starts a new window. Throws Error
-  // naming the steps when the mean is not finite (the run diverged), and
-  // the collective's CommError when a peer is lost.
-  double reduce(int64_t step);
+  // Collective over `dp` (the group of now: an in-job recovery replaces
+  // it): the mean over the training ranks of each one's mean since the last
+  // reduce; starts a new window. Throws Error naming the steps when the mean
+  // is not finite (the run diverged), and the collective's CommError when a
+  // peer is lost.
+  double reduce(comm::ProcessGroup& dp, int64_t step);
 
   // This rank's own mean since its last line, without a collective (a
   // parameter-server worker's line inside a window, where ranks do not
@@ -43,7 +44,6 @@ class LossWindow {
   void reset(int64_t step);
 
  private:
-  comm::ProcessGroup& dp_;
   bool computes_;
   std::chrono::milliseconds timeout_;
   int64_t reduced_at_;         // the step of the last reduce
