@@ -41,8 +41,7 @@ int main(int argc, char** argv) {
       auto loss = torch::mse_loss(net->forward(x.index_select(0, idx)), y.index_select(0, idx));
       opt.zero_grad();
       loss.backward();        // returns with gradients averaged over the ranks
-      ddp.finish_backward();
-      opt.step();
+      ddp.step(opt);          // as ZeRO's and FSDP's step(opt); joins peers if no gradient reached this rank
       loss_sum += loss.item<double>();
     }
     if (world.is_main()) std::printf("epoch %lld: mean loss of rank 0's batches %.5f\n", (long long)epoch, loss_sum / (rows.size(0) / batch));

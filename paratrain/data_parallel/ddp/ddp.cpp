@@ -5,6 +5,10 @@
 
 #include <unordered_set>
 
+#include <fmt/format.h>
+
+#include "paratrain/core/error.h"
+
 namespace paratrain::ddp {
 namespace {
 
@@ -45,6 +49,17 @@ DistributedDataParallel::~DistributedDataParallel() = default;
 void DistributedDataParallel::prepare_forward() {
   reducer_->prepare_forward();
   if (options_.broadcast_buffers) sync_buffers();
+}
+
+void DistributedDataParallel::step(torch::optim::Optimizer& optimizer) {
+  if (!reducer_->sync_enabled()) {
+    throw Error(fmt::format("rank {}: DistributedDataParallel::step() inside no_sync(): the gradients are this "
+                            "rank's own, so stepping on them lets the replicas drift apart. End the no_sync() "
+                            "scope before the last micro-batch's forward and backward, then step",
+                            group_.rank()));
+  }
+  finish_backward();
+  optimizer.step();
 }
 
 void DistributedDataParallel::sync_buffers() {

@@ -2,8 +2,9 @@
 // start identical (parameters and buffers broadcast from rank 0), and every
 // loss.backward() returns with gradients averaged over the group, reduced in
 // buckets that overlap with backward (reducer.h). The user keeps calling their
-// model and their optimizer; DDP only needs prepare_forward() before each
-// forward and finish_backward() after each backward. Not here: the reduction
+// model; DDP needs prepare_forward() before each forward and step(optimizer)
+// after each backward, the protocol ZeRO (zero.h) and FSDP (fsdp.h) share
+// (Note [One wrapper protocol] in docs/notes/ddp.md). Not here: the reduction
 // itself (reducer.h), the naive twin (naive.h).
 //
 //   model->to(device_or_dtype);   // before wrapping, never after
@@ -13,8 +14,7 @@
 //     auto loss = loss_fn(model->forward(shard_of_batch), target);
 //     optimizer.zero_grad();
 //     loss.backward();          // returns with averaged gradients
-//     ddp.finish_backward();    // joins if this rank's loss reached no parameter
-//     optimizer.step();
+//     ddp.step(optimizer);      // joins if this rank's loss reached no parameter, then steps
 //   }
 #pragma once
 
@@ -27,6 +27,9 @@
 
 namespace torch::nn {
 class Module;
+}
+namespace torch::optim {
+class Optimizer;
 }
 
 namespace paratrain::ddp {
@@ -74,6 +77,13 @@ class DistributedDataParallel {
   /// after zero_grad()) and ends with the averaged .grad like its peers. Not
   /// an error even without find_unused_parameters. Collective in that case.
   void finish_backward() { reducer_->finish_backward(); }
+
+  /// After each synchronized backward: finish_backward(), then
+  /// optimizer.step(), as ZeroDataParallel::step() and
+  /// FullyShardedDataParallel::step() do for theirs. Throws Error (before
+  /// stepping) inside no_sync(), where the gradients are this rank's own and
+  /// stepping on them would let the replicas drift apart.
+  void step(torch::optim::Optimizer& optimizer);
 
   /// Collective: overwrites every rank's buffers (BatchNorm running
   /// statistics) with rank 0's, now. prepare_forward() does it when

@@ -120,6 +120,12 @@ double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
 
 void FullyShardedDataParallel::step(torch::optim::Optimizer& optimizer) {
   impl_->rethrow_kept_error();
+  if (!impl_->sync_enabled()) {
+    throw Error(fmt::format("rank {}: FullyShardedDataParallel::step() inside no_sync(): the shards hold no "
+                            "reduced gradient yet (the accumulated ones are this rank's own). End the no_sync() "
+                            "scope before the last micro-batch's forward and backward, then step",
+                            group().rank()));
+  }
   optimizer.step();
   reshard();
 }
