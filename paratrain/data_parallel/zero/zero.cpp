@@ -133,7 +133,10 @@ ZeroDataParallel::ZeroDataParallel(std::shared_ptr<torch::nn::Module> module, co
 ZeroDataParallel::~ZeroDataParallel() = default;
 
 void ZeroDataParallel::prepare_forward() {
-  reducer_->reset_step();
+  // Also opens the iteration whose finish_backward() joins the peers when
+  // this rank's loss reaches no parameter (Note [Joining] in docs/notes/ddp.md).
+  reducer_->prepare_forward();
+  forward_prepared_ = true;
   clear_full_grads();
   if (options_.broadcast_buffers && !buffers_.empty()) {
     ddp::broadcast_coalesced(group_, buffers_, kSourceRank, options_.timeout);
@@ -141,6 +144,10 @@ void ZeroDataParallel::prepare_forward() {
 }
 
 bool ZeroDataParallel::finish_backward() {
+  // No hook fired on this rank since prepare_forward() (its loss reached no
+  // parameter): join the peers' collectives, which wait for it, with zero
+  // gradients. A no-op after a synchronized backward and under no_sync().
+  if (forward_prepared_) reducer_->finish_backward();
   const int64_t synced = reducer_->synced_steps();
   if (synced == finished_steps_) return false;
   finished_steps_ = synced;

@@ -189,6 +189,7 @@ class ZeroDataParallel {
   int64_t finished_steps_ = 0;            ///< reducer steps consumed by finish_backward()
   int64_t stepped_steps_ = 0;             ///< finished_steps_ at the last step()
   bool full_grads_pending_ = false;       ///< stage 1: averaged full .grad not yet zeroed
+  bool forward_prepared_ = false;         ///< prepare_forward() ran: finish_backward() may join
 };
 
 }  // namespace paratrain::zero
