@@ -66,9 +66,9 @@ std::vector<CheckpointEntry> list_checkpoints(const std::filesystem::path& run_d
       // not damaged] in checkpoint_access.cpp).
       std::error_code unknown;
       if (std::filesystem::exists(entry.path() / kIndexFileName, unknown) || unknown)
-        out.push_back({std::stoll(m[1].str()), entry.path(), true});
+        out.push_back({std::stoll(m[1].str()), entry.path(), true, !unknown});
     } else if (entry.is_regular_file(ignored) && std::regex_match(name, m, file_pattern())) {
-      out.push_back({std::stoll(m[1].str()), entry.path(), false});
+      out.push_back({std::stoll(m[1].str()), entry.path(), false, true});
     }
   }
   if (ec)
@@ -174,6 +174,10 @@ int prune_checkpoints(const std::filesystem::path& run_dir, int64_t keep) {
   int removed = 0;
   for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) {
     if (!ec && all[i].path.filename() == best) continue;
+    if (!all[i].readable) {
+      spdlog::warn("not pruning old checkpoint '{}': this process may not read it", all[i].path.string());
+      continue;
+    }
     remove_entry(all[i].path, "old checkpoint", removed);
   }
   return removed;

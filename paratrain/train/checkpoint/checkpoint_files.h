@@ -23,6 +23,9 @@ struct CheckpointEntry {
   int64_t step = 0;
   std::filesystem::path path;  // a directory when `sharded`, else a file
   bool sharded = false;
+  // False for a step directory this process may not look into (listed all the
+  // same, see list_checkpoints): nothing may delete it.
+  bool readable = true;
 };
 
 // Committed checkpoints, not validated: step directories holding index.json
@@ -60,6 +63,7 @@ int clean_interrupted_checkpoints(const std::filesystem::path& run_dir);
 
 // Deletes all but the `keep` highest-step committed checkpoints (whole
 // directories, or files); keep <= 0 keeps all (train.keep_checkpoints = 0).
+// One this process may not read is never deleted (a warning names it).
 // Returns how many went. Call it on one rank after a save has committed.
 int prune_checkpoints(const std::filesystem::path& run_dir, int64_t keep);
 
