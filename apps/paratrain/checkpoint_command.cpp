@@ -32,7 +32,10 @@ Command add_checkpoint_command(CLI::App& app) {
   consolidate->add_option("checkpoint", args->checkpoint, "checkpoint directory, e.g. runs/job/checkpoints/step_00000100")
       ->required();
   consolidate->add_option("-o,--output", args->output, "the .safetensors file to write")->required();
-  auto* inspect = sub->add_subcommand("inspect", "Print a checkpoint's layout: step, files, tensors and their chunks");
+  auto* inspect = sub->add_subcommand(
+      "inspect",
+      "Print a checkpoint's layout (step, files, tensors and their chunks) and verify every file's size and "
+      "checksum; exit 1 when one is damaged");
   inspect->add_option("checkpoint", args->checkpoint, "checkpoint directory or file")->required();
 
   auto* compare = sub->add_subcommand(
@@ -56,7 +59,15 @@ Command add_checkpoint_command(CLI::App& app) {
     }
     if (inspect->parsed()) {
       std::fputs(train::describe_checkpoint(args->checkpoint).c_str(), stdout);
-      return 0;
+      const auto problems = train::verify_checkpoint_files(args->checkpoint);
+      if (problems.empty()) {
+        std::puts("  verified: every file has its recorded size and checksum");
+        return 0;
+      }
+      std::fprintf(stderr, "paratrain: error: checkpoint %s is damaged; resume from another one:\n",
+                   args->checkpoint.c_str());
+      for (const auto& p : problems) std::fprintf(stderr, "  %s\n", p.c_str());
+      return 1;
     }
     if (compare->parsed()) {
       const train::CompareReport report = train::compare_checkpoints(args->a, args->b, args->compare);

@@ -9,6 +9,7 @@
 #include "paratrain/data/fashion_mnist.h"
 #include "paratrain/optim/grad_scaler.h"
 #include "paratrain/train/checkpoint/async_saver.h"
+#include "paratrain/train/checkpoint/checkpoint_access.h"
 #include "paratrain/train/checkpoint/checkpoint_files.h"
 #include "paratrain/train/checkpoint/sharded.h"
 #include "paratrain/train/registry.h"
@@ -157,8 +158,18 @@ LoopPosition load_training_checkpoint(const std::filesystem::path& path, Strateg
 std::vector<std::filesystem::path> resume_candidates(const TrainConfig& config, const std::filesystem::path& run_dir) {
   const auto& resume = config.train.resume;
   if (resume.empty()) return {};
-  if (resume == "auto") return find_loadable_checkpoints(run_dir);
-  if (!std::filesystem::exists(resume)) {
+  if (resume == "auto") {
+    // Every committed one, damaged or not: the caller's load tells, and a
+    // damaged one is moved aside there instead of being left for the
+    // continued run to save over (Note [Damaged checkpoints move aside]).
+    std::vector<std::filesystem::path> out;
+    for (const CheckpointEntry& e : list_checkpoints(run_dir)) out.push_back(e.path);
+    return out;
+  }
+  std::error_code ec;
+  const bool there = std::filesystem::exists(resume, ec);
+  if (ec && is_permission_error(ec)) throw checkpoint_access_error(resume, ec);
+  if (!there) {
     throw CheckpointError(fmt::format("train.resume = \"{}\": no such checkpoint. Give a checkpoint directory "
                                       "(checkpoints/step_N), \"auto\" (latest in {}) or \"\"",
                                       resume, (run_dir / "checkpoints").string()));
@@ -166,6 +177,18 @@ std::vector<std::filesystem::path> resume_candidates(const TrainConfig& config, 
   return {resume};
 }
 
+// Note [Damaged checkpoints move aside]
+// With train.resume = auto every committed checkpoint is a candidate, newest
+// first, and the load decides: a truncated, emptied or missing shard, an
+// index.json that does not parse or validate, a checksum that fails, NaN or
+// inf values (Note [Non-finite checkpoints] in checkpoint/sharded_reader.cpp)
+// all fail it. Skipping such a checkpoint but leaving it in place would let
+// the continued run save the same step over it, losing the evidence without
+// a word; so once every rank is past it, rank 0 renames it to
+// step_N.unreadable and logs that. A checkpoint that could not be read for
+// lack of permission is not damaged (Note [Unreadable is not damaged] in
+// checkpoint/checkpoint_access.cpp): the resume stops instead. An explicit
+// train.resume path is never moved.
 void quarantine_checkpoint(const std::filesystem::path& path) {
   auto target = path;
   target += ".unreadable";

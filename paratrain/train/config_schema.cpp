@@ -282,7 +282,7 @@ const std::vector<FieldSpec>& schema() {
   using TC = TrainConfig;
   static const std::vector<FieldSpec> fields = {
       field("run.name", &TC::run, &RunConfig::name, "outputs go to <output_dir>/<name>/version_<N>/", path_component()),
-      field("run.version", &TC::run, &RunConfig::version, "-1 = a new version_N per run (the newest with train.resume = \"auto\"); N = exactly version_N", in_range<int64_t>(-1, 999999999)),
+      field("run.version", &TC::run, &RunConfig::version, "-1 = a new version_N per run (with train.resume = \"auto\": the newest version holding a checkpoint); N = exactly version_N", in_range<int64_t>(-1, 999999999)),
       field("run.output_dir", &TC::run, &RunConfig::output_dir, "parent folder of all runs", non_empty()),
       field("run.seed", &TC::run, &RunConfig::seed, "seeds model init and data shuffling", at_least<int64_t>(0)),
       field("run.log_every", &TC::run, &RunConfig::log_every, "steps between log lines (0 = per epoch only)", in_range<int64_t>(0, kMaxCount)),
@@ -340,7 +340,7 @@ const std::vector<FieldSpec>& schema() {
       field("train.max_steps", &TC::train, &TrainLoopConfig::max_steps, "stop after this many optimizer steps (0 = no limit)", in_range<int64_t>(0, kMaxCount)),
       field("train.eval_every_epochs", &TC::train, &TrainLoopConfig::eval_every_epochs, "test-set evaluation period (0 = never)", in_range<int64_t>(0, kMaxCount)),
       field("train.checkpoint_every_steps", &TC::train, &TrainLoopConfig::checkpoint_every_steps, "0 = checkpoint at epoch ends only", in_range<int64_t>(0, kMaxCount)),
-      field("train.resume", &TC::train, &TrainLoopConfig::resume, "\"\" = fresh, \"auto\" = latest in the run dir, or a checkpoint path"),
+      field("train.resume", &TC::train, &TrainLoopConfig::resume, "\"\" = fresh, \"auto\" = latest in the run dir (damaged ones moved aside as step_N.unreadable), or a checkpoint path"),
       field("train.keep_checkpoints", &TC::train, &TrainLoopConfig::keep_checkpoints, "keep only the newest N checkpoints (0 = all)", in_range<int64_t>(0, kMaxCount)),
       field("train.async_checkpoint", &TC::train, &TrainLoopConfig::async_checkpoint, "write checkpoints in the background: a save copies the state and training goes on; index.json is still written last, and the next save waits for the previous one"),
       field("train.accumulate", &TC::train, &TrainLoopConfig::accumulate, "micro-batches per optimizer step (gradient accumulation; an epoch's incomplete last step is dropped)", in_range<int64_t>(1, kMaxRanks)),

@@ -9,6 +9,7 @@
 #include "paratrain/core/error.h"
 #include "paratrain/data/loader.h"
 #include "paratrain/train/checkpointing.h"
+#include "paratrain/train/checkpoint/checkpoint_access.h"
 #include "paratrain/train/checkpoint/checkpoint_files.h"
 #include "paratrain/train/trainer_state.h"
 
@@ -43,14 +44,6 @@ bool all_ranks(comm::ProcessGroup& world, bool ok, std::chrono::milliseconds tim
   return flag.item<int>() == 1;
 }
 
-bool parameters_finite(Strategy& strategy) {
-  torch::NoGradGuard no_grad;
-  for (const auto& slot : checkpoint_slots(strategy).model_slots()) {
-    if (at::isFloatingType(slot.local.scalar_type()) && !slot.local.isfinite().all().item<bool>()) return false;
-  }
-  return true;
-}
-
 // Loads the first candidate that every rank can load (train.resume = "auto"
 // falls back from a corrupt newest checkpoint to the previous one); a
 // checkpoint that some rank cannot read is skipped by all ranks together.
@@ -67,30 +60,33 @@ std::optional<LoopPosition> resume(Trainer::State& s) {
   std::string last_error;
   for (const auto& path : candidates) {
     std::optional<LoopPosition> position;
+    std::string error;
+    bool denied = false;  // not allowed to read: Note [Unreadable is not damaged]
     try {
+      // Also refuses non-finite parameters and optimizer state.
       position = load_training_checkpoint(path, *s.strategy, *s.optimizer, s.scaler.get());
+    } catch (const CheckpointAccessError& e) {
+      error = e.what();
+      denied = true;
     } catch (const CheckpointError& e) {
-      last_error = e.what();
+      error = e.what();
     }
+    if (!error.empty()) last_error = error;
     if (!all_ranks(*s.world, position.has_value(), s.timeout())) {
-      if (s.config.train.resume != "auto") {
-        throw CheckpointError(last_error.empty()
-                                  ? fmt::format("rank {}: another rank could not load {}; see its log",
-                                                s.world->rank(), path.string())
-                                  : last_error);
+      const bool any_denied = !all_ranks(*s.world, !denied, s.timeout());
+      if (s.config.train.resume != "auto" || any_denied) {
+        throw CheckpointError(error.empty()
+                                  ? fmt::format("rank {}: another rank could not {} {}; see its log",
+                                                s.world->rank(), any_denied ? "read" : "load", path.string())
+                                  : error);
       }
       spdlog::warn("rank {}: skipping checkpoint {}: {}", s.world->rank(), path.string(),
-                   last_error.empty() ? "another rank could not load it" : last_error);
+                   error.empty() ? "another rank could not load it" : error);
       // Every rank is past reading it (the collective above). Keep it for a
-      // post-mortem, out of the way of the step the continued run will save.
+      // post-mortem, out of the way of the step the continued run will save
+      // (Note [Damaged checkpoints move aside] in checkpointing.cpp).
       if (s.is_main()) quarantine_checkpoint(path);
       continue;
-    }
-    if (!all_ranks(*s.world, parameters_finite(*s.strategy), s.timeout())) {
-      throw CheckpointError(fmt::format(
-          "checkpoint {} holds non-finite (NaN or inf) parameters: training from it cannot recover. "
-          "Resume from an earlier checkpoint (train.resume=<path>) or lower the learning rate",
-          path.string()));
     }
     if (s.is_main()) {
       spdlog::info("resumed from {} at epoch {}, batch {}, step {}", path.string(), position->epoch + 1,

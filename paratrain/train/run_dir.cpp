@@ -10,9 +10,11 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "paratrain/core/atomic_file.h"
 #include "paratrain/core/error.h"
+#include "paratrain/train/checkpoint/checkpoint_files.h"
 
 namespace paratrain::train {
 
@@ -30,6 +32,35 @@ void create_layout(const fs::path& dir) {
     throw ConfigError(fmt::format("cannot create the run directory {}: {}; set run.output_dir to a writable place",
                                   dir.string(), ec.message()));
   }
+}
+
+// Note [Resuming the newest version with a checkpoint]
+// train.resume = auto continues the newest version that holds a committed
+// checkpoint, not merely the newest version: a start that failed before its
+// first save (a bad data.dir, a batch larger than the dataset, a killed
+// first generation of an elastic job) leaves a version with none, and
+// continuing that one would start from step 0 while an older version holds
+// the progress. A version whose checkpoints cannot even be listed counts as
+// holding some, so that the resume names the problem instead of passing it
+// over. With no checkpoint anywhere, the newest version is continued.
+int64_t version_to_resume(const fs::path& root, const std::vector<int64_t>& versions) {
+  for (auto v = versions.rbegin(); v != versions.rend(); ++v) {
+    bool holds = true;
+    try {
+      holds = !list_checkpoints(version_dir(root, *v)).empty();
+    } catch (const CheckpointError&) {
+    }
+    if (!holds) continue;
+    if (*v != versions.back()) {
+      const auto newer = static_cast<size_t>(v - versions.rbegin());
+      spdlog::info("train.resume = auto: continuing {}, the newest version with a checkpoint; {} newer version{} "
+                   "(up to version_{}) hold{} none: run{} that ended before {} first save",
+                   version_dir(root, *v).string(), newer, newer == 1 ? "" : "s", versions.back(),
+                   newer == 1 ? "s" : "", newer == 1 ? "" : "s", newer == 1 ? "its" : "their");
+    }
+    return *v;
+  }
+  return versions.back();
 }
 
 }  // namespace
@@ -70,11 +101,17 @@ fs::path create_run_dir(const TrainConfig& config) {
   }
   const auto versions = list_versions(root);
   if (config.train.resume == "auto") {
-    const auto dir = version_dir(root, versions.empty() ? 0 : versions.back());
+    const auto dir = version_dir(root, versions.empty() ? 0 : version_to_resume(root, versions));
     create_layout(dir);
     return dir;
   }
-  create_layout(root);
+  // The run folder holds versions only (no checkpoints/ of its own).
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) {
+    throw ConfigError(fmt::format("cannot create the run directory {}: {}; set run.output_dir to a writable place",
+                                  root.string(), ec.message()));
+  }
   // create_directory is atomic: of two jobs started at the same moment with
   // the same name, one gets version N and the other moves on to N+1.
   for (int64_t v = versions.empty() ? 0 : versions.back() + 1;; ++v) {

@@ -27,7 +27,10 @@ std::vector<int64_t> list_versions(const std::filesystem::path& root);
 // Picks and creates the run's folder (with its checkpoints/ inside). Call on
 // one rank only (rank 0) and pass the result to the others:
 // - run.version >= 0: exactly version_<run.version>;
-// - train.resume = "auto": the newest existing version (version_0 if none);
+// - train.resume = "auto": the newest version holding a committed checkpoint
+//   (a version without one never hides an older one's; Note [Resuming the
+//   newest version with a checkpoint] in the .cpp), else the newest version
+//   (version_0 if none);
 // - otherwise a new version, one above the newest; a version folder another
 //   job created at the same moment is skipped (creation is atomic).
 // Throws ConfigError when the folder cannot be created.

@@ -11,6 +11,7 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/core/remove_tree.h"
+#include "paratrain/train/checkpoint/checkpoint_access.h"
 #include "paratrain/train/checkpoint/checkpoint_index.h"
 #include "paratrain/train/checkpoint/checkpoint_metadata.h"
 #include "paratrain/train/checkpoint/safetensors.h"
@@ -60,10 +61,14 @@ std::vector<CheckpointEntry> list_checkpoints(const std::filesystem::path& run_d
     const std::string name = entry.path().filename().string();
     std::error_code ignored;
     if (entry.is_directory(ignored) && std::regex_match(name, m, dir_pattern())) {
-      if (std::filesystem::exists(entry.path() / kIndexFileName, ignored))
-        out.push_back({std::stoll(m[1].str()), entry.path(), true});
+      // One we may not look into is listed: it may be committed, and a
+      // resume must name it instead of passing over it (Note [Unreadable is
+      // not damaged] in checkpoint_access.cpp).
+      std::error_code unknown;
+      if (std::filesystem::exists(entry.path() / kIndexFileName, unknown) || unknown)
+        out.push_back({std::stoll(m[1].str()), entry.path(), true, !unknown});
     } else if (entry.is_regular_file(ignored) && std::regex_match(name, m, file_pattern())) {
-      out.push_back({std::stoll(m[1].str()), entry.path(), false});
+      out.push_back({std::stoll(m[1].str()), entry.path(), false, true});
     }
   }
   if (ec)
@@ -75,7 +80,11 @@ std::vector<CheckpointEntry> list_checkpoints(const std::filesystem::path& run_d
 }
 
 void check_checkpoint(const std::filesystem::path& checkpoint) {
-  if (!std::filesystem::is_directory(checkpoint)) {
+  std::error_code ec;
+  const bool is_dir = std::filesystem::is_directory(checkpoint, ec);
+  if (ec && is_permission_error(ec)) throw checkpoint_access_error(checkpoint, ec);
+  if (!is_dir) {
+    check_checkpoint_readable(checkpoint);
     training_state_from_metadata(read_safetensors_metadata(checkpoint), checkpoint.string());
     return;
   }
@@ -90,6 +99,8 @@ std::vector<std::filesystem::path> find_loadable_checkpoints(const std::filesyst
     try {
       check_checkpoint(e.path);
       out.push_back(e.path);
+    } catch (const CheckpointAccessError&) {
+      throw;  // not damaged: never passed over (Note [Unreadable is not damaged])
     } catch (const CheckpointError& err) {
       // A disk error or a copy cut short: an older checkpoint is still a
       // valid place to resume from.
@@ -104,6 +115,8 @@ std::optional<std::filesystem::path> find_latest_checkpoint(const std::filesyste
     try {
       check_checkpoint(e.path);
       return e.path;
+    } catch (const CheckpointAccessError&) {
+      throw;
     } catch (const CheckpointError& err) {
       spdlog::warn("skipping damaged checkpoint of step {}: {}", e.step, err.what());
     }
@@ -122,7 +135,16 @@ int clean_interrupted_checkpoints(const std::filesystem::path& run_dir) {
     if (is_temporary(name)) {
       doomed.emplace_back(entry.path(), "temporary file of an interrupted checkpoint write");
     } else if (entry.is_directory(ignored) && std::regex_match(name, dir_pattern())) {
-      if (!std::filesystem::exists(entry.path() / kIndexFileName, ignored)) {
+      std::error_code unknown;
+      const bool committed = std::filesystem::exists(entry.path() / kIndexFileName, unknown);
+      if (unknown) {
+        // Never delete what could not be read (Note [Unreadable is not
+        // damaged] in checkpoint_access.cpp): the resume names the problem.
+        spdlog::warn("cannot tell whether checkpoint '{}' is complete: {}; left as it is", entry.path().string(),
+                     unknown.message());
+        continue;
+      }
+      if (!committed) {
         doomed.emplace_back(entry.path(), "uncommitted checkpoint directory (no index.json: an interrupted save)");
         continue;
       }
@@ -131,7 +153,12 @@ int clean_interrupted_checkpoints(const std::filesystem::path& run_dir) {
           doomed.emplace_back(inner.path(), "temporary file of an interrupted checkpoint write");
     }
   }
-  if (ec) throw CheckpointError(fmt::format("cannot list checkpoints in '{}': {}", folder.string(), ec.message()));
+  if (ec) {
+    // Rank 0 alone runs this: the listing error is left for every rank's
+    // resume to report (list_checkpoints), with nothing deleted.
+    spdlog::warn("cannot list checkpoints in '{}': {}; nothing cleaned up", folder.string(), ec.message());
+    return 0;
+  }
   int removed = 0;
   for (const auto& [path, why] : doomed) remove_entry(path, why, removed);
   return removed;
@@ -147,6 +174,10 @@ int prune_checkpoints(const std::filesystem::path& run_dir, int64_t keep) {
   int removed = 0;
   for (size_t i = static_cast<size_t>(keep); i < all.size(); ++i) {
     if (!ec && all[i].path.filename() == best) continue;
+    if (!all[i].readable) {
+      spdlog::warn("not pruning old checkpoint '{}': this process may not read it", all[i].path.string());
+      continue;
+    }
     remove_entry(all[i].path, "old checkpoint", removed);
   }
   return removed;

@@ -23,12 +23,17 @@ struct CheckpointEntry {
   int64_t step = 0;
   std::filesystem::path path;  // a directory when `sharded`, else a file
   bool sharded = false;
+  // False for a step directory this process may not look into (listed all the
+  // same, see list_checkpoints): nothing may delete it.
+  bool readable = true;
 };
 
 // Committed checkpoints, not validated: step directories holding index.json
 // and step_N.safetensors files; highest step first (a directory before a file
 // of the same step). Directories without index.json (interrupted saves) and
-// `*.tmp.*` files never appear.
+// `*.tmp.*` files never appear; a step directory this process may not look
+// into does, since it may be committed (reading it then throws
+// CheckpointAccessError, checkpoint_access.h).
 std::vector<CheckpointEntry> list_checkpoints(const std::filesystem::path& run_dir);
 
 // Cheap checks, no tensor data read: a directory's index parses and validates
@@ -38,7 +43,8 @@ std::vector<CheckpointEntry> list_checkpoints(const std::filesystem::path& run_d
 void check_checkpoint(const std::filesystem::path& checkpoint);
 
 // list_checkpoints filtered by check_checkpoint, highest step first; each
-// skipped one is logged (warning) with its reason. `train.resume = "auto"`
+// skipped one is logged (warning) with its reason. One that cannot be read
+// for lack of permission is not skipped: CheckpointAccessError. `train.resume = "auto"`
 // tries these in order and falls back to the next when a load still fails
 // (say, a checksum mismatch), logging which one it skipped.
 std::vector<std::filesystem::path> find_loadable_checkpoints(const std::filesystem::path& run_dir);
@@ -48,13 +54,16 @@ std::optional<std::filesystem::path> find_latest_checkpoint(const std::filesyste
 
 // Removes what interrupted saves left in <run_dir>/checkpoints: `*.tmp.*`
 // files (also inside step directories) and step directories without
-// index.json. Returns how many entries went; logs each. Call it before
+// index.json. A step directory it may not look into, or a folder it cannot
+// list, is left alone with a warning (never delete what could not be read).
+// Returns how many entries went; logs each. Call it before
 // training starts, on one rank (rank 0), while no other process writes to the
 // run folder: an in-progress save looks exactly like an interrupted one.
 int clean_interrupted_checkpoints(const std::filesystem::path& run_dir);
 
 // Deletes all but the `keep` highest-step committed checkpoints (whole
 // directories, or files); keep <= 0 keeps all (train.keep_checkpoints = 0).
+// One this process may not read is never deleted (a warning names it).
 // Returns how many went. Call it on one rank after a save has committed.
 int prune_checkpoints(const std::filesystem::path& run_dir, int64_t keep);
 

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/train/checkpoint/checkpoint_access.h"
 #include "paratrain/train/checkpoint/checksum.h"
 
 namespace paratrain::train {
@@ -141,11 +142,17 @@ CheckpointIndex index_from_json(const nlohmann::json& j, const std::string& wher
 
 CheckpointIndex read_index(const std::filesystem::path& dir) {
   const auto path = dir / kIndexFileName;
+  // Not allowed to look is not "no index" (Note [Unreadable is not damaged]).
+  check_checkpoint_readable(dir);
+  check_checkpoint_readable(path);
   std::ifstream in(path);
-  if (!in)
+  if (!in) {
+    std::error_code ec;
+    const bool there = std::filesystem::exists(path, ec);
     throw CheckpointError(fmt::format("checkpoint '{}' has no readable {} (an interrupted save leaves none): {}",
                                       dir.string(), kIndexFileName,
-                                      std::filesystem::exists(path) ? "cannot open it" : "no such file"));
+                                      there ? "cannot open it" : (ec ? ec.message() : "no such file")));
+  }
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
@@ -160,6 +167,8 @@ void check_shard_files(const std::filesystem::path& dir, const CheckpointIndex& 
     const auto path = dir / f.name;
     std::error_code ec;
     const auto size = std::filesystem::file_size(path, ec);
+    if (ec && is_permission_error(ec)) throw checkpoint_access_error(path, ec);
+    if (!ec) check_checkpoint_readable(path);
     if (ec)
       throw CheckpointError(fmt::format("checkpoint '{}': shard '{}' (rank {}) is missing or unreadable: {}",
                                         dir.string(), path.string(), f.rank, ec.message()));
@@ -172,7 +181,10 @@ void check_shard_files(const std::filesystem::path& dir, const CheckpointIndex& 
 }
 
 ShardedReader::ShardedReader(const std::filesystem::path& checkpoint) : where_(checkpoint.string()) {
-  if (std::filesystem::is_directory(checkpoint)) {
+  std::error_code ec;
+  const bool is_dir = std::filesystem::is_directory(checkpoint, ec);
+  if (ec && is_permission_error(ec)) throw checkpoint_access_error(checkpoint, ec);
+  if (is_dir) {
     dir_ = checkpoint;
     index_ = read_index(checkpoint);
     check_shard_files(dir_, index_);
@@ -183,6 +195,7 @@ ShardedReader::ShardedReader(const std::filesystem::path& checkpoint) : where_(c
   // data_crc32 stands in for the index checksum.
   dir_ = checkpoint.parent_path();
   const std::string name = checkpoint.filename().string();
+  check_checkpoint_readable(checkpoint);
   SafetensorsContents contents = read_safetensors(checkpoint);
   index_.world_size = 1;
   index_.files.push_back({0, name, std::filesystem::file_size(checkpoint), std::nullopt});
@@ -226,6 +239,7 @@ const SafetensorsContents& ShardedReader::open(const std::string& file) {
   const IndexFile* entry = index_.find_file(file);
   TORCH_INTERNAL_ASSERT(entry != nullptr, "index_from_json checks that chunk files are listed");
   const auto path = dir_ / file;
+  check_checkpoint_readable(path);
   std::ifstream in(path, std::ios::binary);
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad() || bytes.size() != entry->bytes)

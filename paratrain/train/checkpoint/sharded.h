@@ -122,12 +122,22 @@ TrainingState load_sharded_checkpoint(const std::filesystem::path& checkpoint, c
 
 // Writes one plain safetensors file with whole tensors under the same names
 // and metadata as save_checkpoint, so load_checkpoint / load_model_weights and
-// Python's safetensors read it. Verifies every shard first.
-void consolidate_checkpoint(const std::filesystem::path& dir, const std::filesystem::path& out_file);
+// Python's safetensors read it. Verifies every shard first. Refuses (before
+// reading anything) an `out_file` that is `dir` or inside it. Tensors holding
+// NaN or inf are copied as they are, each logged as a warning; returns their
+// names (Note [Non-finite checkpoints] in sharded_reader.cpp).
+std::vector<std::string> consolidate_checkpoint(const std::filesystem::path& dir,
+                                                const std::filesystem::path& out_file);
 
 // Human-readable layout for `paratrain checkpoint inspect`: format, step,
 // world size, each file's size and checksum, each tensor's dtype, shape and
 // chunks. Reads only the index (and for a single file, the file).
 std::string describe_checkpoint(const std::filesystem::path& checkpoint);
+
+// Reads every file of the checkpoint and compares it with the size and
+// checksum its index records (a single file: its own data checksum). Returns
+// one line per damaged file, empty when all are sound; throws CheckpointError
+// when the index itself (or a single file) is unreadable or invalid.
+std::vector<std::string> verify_checkpoint_files(const std::filesystem::path& checkpoint);
 
 }  // namespace paratrain::train

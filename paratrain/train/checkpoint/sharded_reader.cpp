@@ -4,9 +4,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "paratrain/core/error.h"
 #include "paratrain/train/checkpoint/checkpoint_index.h"
@@ -52,6 +54,27 @@ at::Tensor read_slot(ShardedReader& reader, const std::string& name, const std::
   return out.reshape(like.sizes());
 }
 
+// How many elements of `t` are NaN or +-inf (0 for integer tensors).
+int64_t non_finite_count(const at::Tensor& t) {
+  if (!at::isFloatingType(t.scalar_type()) || t.numel() == 0) return 0;
+  return t.numel() - t.isfinite().sum().item<int64_t>();
+}
+
+// Note [Non-finite checkpoints]
+// A NaN or inf in the weights or the optimizer state cannot be trained out
+// of (an inf in Adam's exp_avg_sq makes every later update of that element
+// NaN). A load refuses them before anything is changed, like any damage:
+// train.resume = auto then falls back to an older checkpoint instead of
+// stopping, or diverging steps later. consolidate copies them as they are
+// but warns (a diverged run is still worth a post-mortem).
+void check_finite(const at::Tensor& t, const std::string& name, const std::string& where) {
+  if (const int64_t bad = non_finite_count(t); bad > 0)
+    throw CheckpointError(fmt::format("checkpoint '{}': '{}' holds {} non-finite value(s) (NaN or inf) of {}: "
+                                      "training from it cannot recover. Resume from an earlier checkpoint "
+                                      "(train.resume = auto falls back by itself) or lower the learning rate",
+                                      where, name, bad, t.numel()));
+}
+
 const torch::optim::OptimizerOptions& group_options_of(const torch::optim::Optimizer& optimizer,
                                                        const at::Tensor& param, const std::string& name) {
   for (const auto& group : optimizer.param_groups())
@@ -59,6 +82,23 @@ const torch::optim::OptimizerOptions& group_options_of(const torch::optim::Optim
       if (p.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return group.options();
   throw std::invalid_argument(
       fmt::format("load_sharded_checkpoint: the param of optimizer slot '{}' is not in the optimizer", name));
+}
+
+// consolidate -o CK/rank_0.safetensors would overwrite a shard it reads (and
+// any output inside CK adds a file to the checkpoint): refused up front.
+void refuse_output_inside(const std::filesystem::path& checkpoint, const std::filesystem::path& out_file) {
+  std::error_code ec;
+  const auto in = std::filesystem::weakly_canonical(std::filesystem::absolute(checkpoint), ec);
+  const auto out = std::filesystem::weakly_canonical(std::filesystem::absolute(out_file), ec);
+  if (ec) return;  // the read or the write reports what is wrong with the paths
+  const auto [mismatch, rest] = std::mismatch(in.begin(), in.end(), out.begin(), out.end());
+  if (mismatch != in.end()) return;  // `out` is not `in` nor below it
+  auto suggestion = in;
+  suggestion += ".consolidated.safetensors";
+  throw CheckpointError(fmt::format(
+      "the output '{}' is {} the checkpoint '{}' it reads from: writing it would {}. Write it elsewhere, e.g. -o {}",
+      out_file.string(), out == in ? "the same file as" : "inside", checkpoint.string(),
+      out == in ? "replace the checkpoint" : "overwrite or add to the checkpoint's files", suggestion.string()));
 }
 
 }  // namespace
@@ -71,8 +111,11 @@ TrainingState load_sharded_checkpoint(const std::filesystem::path& checkpoint, c
 
   // Read and check everything before touching the caller's tensors.
   std::vector<at::Tensor> model_values;
-  for (const TensorSlot& s : contents.model)
-    model_values.push_back(read_slot(reader, std::string(kModelPrefix) + s.name, s.global_shape, slot_segments(s), s.local));
+  for (const TensorSlot& s : contents.model) {
+    const std::string name = std::string(kModelPrefix) + s.name;
+    model_values.push_back(read_slot(reader, name, s.global_shape, slot_segments(s), s.local));
+    check_finite(model_values.back(), name, where);  // Note [Non-finite checkpoints]
+  }
 
   std::vector<std::pair<compat::OptimizerStateKey, std::unique_ptr<torch::optim::OptimizerParamState>>> new_states;
   if (contents.optimizer != nullptr && !contents.optimizer_slots.empty()) {
@@ -91,6 +134,7 @@ TrainingState load_sharded_checkpoint(const std::filesystem::path& checkpoint, c
                                   ? reader.read_whole(it->first)
                                   : read_slot(reader, it->first, os.slot.global_shape,
                                               slot_segments(os.slot), os.param));
+        check_finite(fields.at(field), it->first, where);
       }
       if (fields.empty()) continue;  // saved before this parameter's first step
       new_states.emplace_back(optimizer_state_key(os.param),
@@ -108,6 +152,7 @@ TrainingState load_sharded_checkpoint(const std::filesystem::path& checkpoint, c
       state_values.emplace_back();
     } else {
       state_values.push_back(read_slot(reader, name, s.global_shape, slot_segments(s), s.local));
+      check_finite(state_values.back(), name, where);
     }
   }
   at::Tensor rng;
@@ -137,13 +182,47 @@ TrainingState load_sharded_checkpoint(const std::filesystem::path& checkpoint, c
   return state;
 }
 
-void consolidate_checkpoint(const std::filesystem::path& dir, const std::filesystem::path& out_file) {
+std::vector<std::string> consolidate_checkpoint(const std::filesystem::path& dir,
+                                                const std::filesystem::path& out_file) {
+  refuse_output_inside(dir, out_file);
   ShardedReader reader(dir);
   training_state_from_metadata(reader.index().metadata, reader.where());  // refuse what load_checkpoint would
   SafetensorsContents out;
-  for (const auto& [name, t] : reader.index().tensors) out.tensors.emplace(name, reader.read_whole(name));
+  std::vector<std::string> non_finite;
+  for (const auto& [name, t] : reader.index().tensors) {
+    at::Tensor whole = reader.read_whole(name);
+    if (const int64_t bad = non_finite_count(whole); bad > 0) {
+      spdlog::warn("{}: '{}' holds {} non-finite value(s) (NaN or inf) of {}; copied as they are (the run had "
+                   "diverged: resume from an earlier checkpoint)",
+                   reader.where(), name, bad, whole.numel());
+      non_finite.push_back(name);
+    }
+    out.tensors.emplace(name, std::move(whole));
+  }
   out.metadata = reader.index().metadata;
   write_safetensors(out_file, out);
+  return non_finite;
+}
+
+std::vector<std::string> verify_checkpoint_files(const std::filesystem::path& checkpoint) {
+  ShardedReader reader(checkpoint);  // the index and file sizes; a single file's own data checksum
+  std::error_code ec;
+  const auto dir = std::filesystem::is_directory(checkpoint, ec) ? checkpoint : checkpoint.parent_path();
+  std::vector<std::string> problems;
+  for (const IndexFile& f : reader.index().files) {
+    if (!f.crc32) continue;  // a single file, verified when read above
+    const auto path = dir / f.name;
+    try {
+      if (const uint32_t crc = file_crc32(path); crc != *f.crc32)
+        problems.push_back(fmt::format("shard '{}' (rank {}) fails its checksum ({} {} in the index, {} computed): "
+                                       "the file is corrupt",
+                                       path.string(), f.rank, kChecksumAlgorithm, crc32_hex(*f.crc32),
+                                       crc32_hex(crc)));
+    } catch (const CheckpointError& e) {
+      problems.push_back(e.what());
+    }
+  }
+  return problems;
 }
 
 std::string describe_checkpoint(const std::filesystem::path& checkpoint) {
