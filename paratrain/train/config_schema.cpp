@@ -94,6 +94,11 @@ Check<std::string> module_list() {
 Check<std::string> path_component() {
   return [](const std::string& v) -> std::string {
     if (v.empty()) return "must not be empty";
+    // A newline or another control character in a folder name breaks every
+    // line-based tool that lists it (`paratrain runs`, ls, logs).
+    if (std::any_of(v.begin(), v.end(), [](char c) { return std::iscntrl(static_cast<unsigned char>(c)); }))
+      return "must be one folder name without control characters (a newline, a tab): use letters, digits, "
+             "'-', '_', '.' or spaces";
     if (v.find('/') != std::string::npos || v.find('\0') != std::string::npos || v.front() == '.')
       return "must be one folder name inside run.output_dir: no '/', and not starting with '.' "
              "(so not '..' or a hidden folder); put the parent folder in run.output_dir instead";
