@@ -150,9 +150,13 @@ Command add_launch_command(CLI::App& app) {
     options.rdzv_timeout = seconds_flag("--rdzv-timeout", flags->rdzv_timeout_s, false);
     options.rdzv_last_call = seconds_flag("--rdzv-last-call", flags->rdzv_last_call_s, true);
     options.rdzv_keep_alive_timeout = seconds_flag("--rdzv-keep-alive-timeout", flags->rdzv_keep_alive_s, false);
+    if (parse_only()) {  // PARATRAIN_PARSE_ONLY (commands.h): the options, not the workers
+      launch::validate(options);
+      return 0;
+    }
     return launch::launch(options);
   };
-  return Command{sub, run};
+  return Command{sub, run, /*checks_parse_only=*/true};
 }
 
 }  // namespace paratrain::cli

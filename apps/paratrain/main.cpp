@@ -84,7 +84,9 @@ int main(int argc, char** argv) {
   }
   try {
     for (const auto& command : commands) {
-      if (command.app != nullptr && command.app->parsed()) return command.run();
+      if (command.app == nullptr || !command.app->parsed()) continue;
+      if (paratrain::cli::parse_only() && !command.checks_parse_only) return 0;
+      return command.run();
     }
     return 2;
   } catch (const paratrain::ConfigError& e) {

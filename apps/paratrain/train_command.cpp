@@ -199,6 +199,7 @@ Command add_train_command(CLI::App& app) {
       overrides.insert(overrides.begin(), "world.backend=" + *backend);
     }
     auto config = train::load_config(args->config, overrides);
+    if (parse_only()) return 0;  // PARATRAIN_PARSE_ONLY (commands.h): the config is valid
     // A restarted worker (`paratrain launch --max-restarts`, torchrun)
     // continues the run its first generation began: that run version, from
     // its latest complete checkpoint (restart_resume.h). Its overrides come
@@ -290,7 +291,7 @@ Command add_train_command(CLI::App& app) {
     if (result.recoveries == 0) group->barrier()->wait();
     return 0;
   };
-  return {sub, run};
+  return {sub, run, /*checks_parse_only=*/true};
 }
 
 }  // namespace paratrain::cli

@@ -247,4 +247,25 @@ TEST(CliInput, BytesAfterTheGzipStreamOfADatasetFileAreRefused) {
   }
 }
 
+// PARATRAIN_PARSE_ONLY=1 (apps/paratrain/commands.h), which
+// tests/docs/doc_commands_test.py runs every documented command under:
+// the config is loaded and validated, nothing runs and nothing is written.
+TEST(CliInput, ParseOnlyValidatesWithoutRunning) {
+  const auto dir = paratrain::testing::temp_dir("cli-parse-only");
+  ::setenv("PARATRAIN_PARSE_ONLY", "1", 1);
+  const auto ok = run_cli({"train", "--config", long_job(dir)});
+  const auto bad = run_cli({"train", "--config", long_job(dir), "--set", "optimizer.lr=-1"});
+  const auto worker = run_cli({"launch", "--nproc-per-node", "2", "--", "false"});  // `false` would fail
+  const auto flags = run_cli({"launch", "--kill-grace", "-1", "--", "true"});
+  const auto other = run_cli({"checkpoint", "inspect", dir + "/no-such-checkpoint"});
+  ::unsetenv("PARATRAIN_PARSE_ONLY");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_FALSE(fs::exists(dir + "/runs")) << ok.output;
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_TRUE(contains(bad.output, "optimizer.lr = -1")) << bad.output;
+  EXPECT_EQ(worker.exit_code, 0) << worker.output;
+  EXPECT_EQ(flags.exit_code, 2) << flags.output;
+  EXPECT_EQ(other.exit_code, 0) << other.output;  // CLI11 parsing only: the path is not read
+}
+
 }  // namespace
