@@ -43,6 +43,7 @@ Command add_federated_command(CLI::App& app) {
     // `paratrain launch --backend B`; an explicit --set world.backend wins.
     if (auto backend = env::get("PARATRAIN_BACKEND")) overrides.insert(overrides.begin(), "world.backend=" + *backend);
     const auto config = train::load_config(args->config, overrides);
+    if (parse_only()) return 0;  // PARATRAIN_PARSE_ONLY (commands.h): the config is valid
     if (!env::get("OMP_NUM_THREADS") && world.local_world_size > 1) at::set_num_threads(1);
 
     comm::InitOptions init;
@@ -58,7 +59,7 @@ Command add_federated_command(CLI::App& app) {
     // already ended with the server's stop and the hosts' goodbyes.
     return 0;
   };
-  return {sub, run};
+  return {sub, run, /*checks_parse_only=*/true};
 }
 
 }  // namespace paratrain::cli

@@ -15,6 +15,23 @@
 #include "paratrain/launch/launcher.h"
 
 namespace paratrain::cli {
+namespace {
+
+// A duration flag in seconds, checked as the user typed it: NaN, a
+// negative value or one too large to be milliseconds (1e300) would
+// otherwise be rounded into a number the launcher reports as something
+// else ("--monitor-interval -0.001 s" for nan) or accepts (--rdzv-timeout
+// -5 outside --nnodes MIN:MAX).
+std::chrono::milliseconds seconds_flag(const char* flag, double s, bool zero_ok) {
+  constexpr double kMaxSeconds = 7 * 24 * 3600;  // a week, as world.timeout_s
+  const bool ok = std::isfinite(s) && s <= kMaxSeconds && (zero_ok ? s >= 0 : s >= 0.001);
+  if (!ok)
+    throw ConfigError(fmt::format("paratrain launch: {} {:g} s must be {} and at most {:g} (7 days)", flag, s,
+                                  zero_ok ? ">= 0" : "> 0 (at least 0.001)", kMaxSeconds));
+  return std::chrono::milliseconds(std::llround(s * 1000.0));
+}
+
+}  // namespace
 
 Command add_launch_command(CLI::App& app) {
   struct Flags {
@@ -114,12 +131,8 @@ Command add_launch_command(CLI::App& app) {
   auto run = [flags]() {
     launch::LaunchOptions options = flags->options;
     options.prefix_output = !flags->no_prefix;
-    // Negative or NaN stays visible to validate(), which names the value.
-    const double ms = std::isfinite(flags->kill_grace_s) ? flags->kill_grace_s * 1000.0 : -1.0;
-    options.kill_grace = std::chrono::milliseconds(static_cast<long long>(std::llround(ms)));
-    const double monitor_ms =
-        std::isfinite(flags->monitor_interval_s) ? flags->monitor_interval_s * 1000.0 : -1.0;
-    options.monitor_interval = std::chrono::milliseconds(static_cast<long long>(std::llround(monitor_ms)));
+    options.kill_grace = seconds_flag("--kill-grace", flags->kill_grace_s, /*zero_ok=*/true);
+    options.monitor_interval = seconds_flag("--monitor-interval", flags->monitor_interval_s, false);
     std::tie(options.nnodes_min, options.nnodes_max) = launch::parse_nnodes(flags->nnodes);
     // The job runs on the nodes there are; with MIN:MAX that is MIN (see launcher.h).
     options.nnodes = options.nnodes_min;
@@ -134,15 +147,16 @@ Command add_launch_command(CLI::App& app) {
       // (launch/agent_rendezvous.h); a fixed size keeps today's static path.
       options.multi_agent = options.nnodes_min != options.nnodes_max;
     }
-    auto to_ms = [](double s) {
-      return std::chrono::milliseconds(static_cast<long long>(std::llround(std::isfinite(s) ? s * 1000.0 : -1.0)));
-    };
-    options.rdzv_timeout = to_ms(flags->rdzv_timeout_s);
-    options.rdzv_last_call = to_ms(flags->rdzv_last_call_s);
-    options.rdzv_keep_alive_timeout = to_ms(flags->rdzv_keep_alive_s);
+    options.rdzv_timeout = seconds_flag("--rdzv-timeout", flags->rdzv_timeout_s, false);
+    options.rdzv_last_call = seconds_flag("--rdzv-last-call", flags->rdzv_last_call_s, true);
+    options.rdzv_keep_alive_timeout = seconds_flag("--rdzv-keep-alive-timeout", flags->rdzv_keep_alive_s, false);
+    if (parse_only()) {  // PARATRAIN_PARSE_ONLY (commands.h): the options, not the workers
+      launch::validate(options);
+      return 0;
+    }
     return launch::launch(options);
   };
-  return Command{sub, run};
+  return Command{sub, run, /*checks_parse_only=*/true};
 }
 
 }  // namespace paratrain::cli

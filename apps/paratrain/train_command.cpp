@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "apps/paratrain/commands.h"
+#include "apps/paratrain/stop_status.h"
 #include "paratrain/comm/doctor_watchdog.h"
 #include "paratrain/comm/peer_watch.h"
 #include "paratrain/comm/rejoin.h"
@@ -147,6 +148,24 @@ std::unique_ptr<comm::PeerWatch> start_peer_watch(comm::ProcessGroup& group, con
   return watch;
 }
 
+// `paratrain launch --backend B` and `--num-servers N` reach the workers as
+// PARATRAIN_BACKEND and PARATRAIN_PS_SERVERS, applied as overrides: a bad
+// value must name the variable (and the flag that sets it), not a
+// `--set world.backend=...` the user never typed.
+void check_env_override(const char* variable, const char* flag, const std::string& key, const std::string& value) {
+  train::TrainConfig probe;
+  try {
+    train::apply_override(probe, key + "=" + value);
+  } catch (const ConfigError& e) {
+    std::string message = e.what();
+    const std::string where = "--set " + key + "=" + value + ": ";
+    if (message.rfind(where, 0) == 0) message.erase(0, where.size());
+    throw ConfigError(fmt::format("environment variable {}='{}' (which `paratrain launch {}` sets): {}; fix the "
+                                  "flag or unset the variable",
+                                  variable, value, flag, message));
+  }
+}
+
 }  // namespace
 
 Command add_train_command(CLI::App& app) {
@@ -170,10 +189,17 @@ Command add_train_command(CLI::App& app) {
     // `paratrain launch --num-servers N` passes ps.servers this way; an
     // explicit --set ps.servers comes later and wins.
     auto overrides = args->overrides;
-    if (auto servers = env::get("PARATRAIN_PS_SERVERS")) overrides.insert(overrides.begin(), "ps.servers=" + *servers);
+    if (auto servers = env::get("PARATRAIN_PS_SERVERS")) {
+      check_env_override("PARATRAIN_PS_SERVERS", "--num-servers", "ps.servers", *servers);
+      overrides.insert(overrides.begin(), "ps.servers=" + *servers);
+    }
     // `paratrain launch --backend B` passes world.backend the same way.
-    if (auto backend = env::get("PARATRAIN_BACKEND")) overrides.insert(overrides.begin(), "world.backend=" + *backend);
+    if (auto backend = env::get("PARATRAIN_BACKEND")) {
+      check_env_override("PARATRAIN_BACKEND", "--backend", "world.backend", *backend);
+      overrides.insert(overrides.begin(), "world.backend=" + *backend);
+    }
     auto config = train::load_config(args->config, overrides);
+    if (parse_only()) return 0;  // PARATRAIN_PARSE_ONLY (commands.h): the config is valid
     // A restarted worker (`paratrain launch --max-restarts`, torchrun)
     // continues the run its first generation began: that run version, from
     // its latest complete checkpoint (restart_resume.h). Its overrides come
@@ -236,6 +262,10 @@ Command add_train_command(CLI::App& app) {
     if (rejoiner) trainer.enable_in_job_recovery(rejoiner);
     // Lets a later generation of this launch find the version (run.json).
     if (world.rank == 0) train::record_launch_id(trainer.run_dir(), launch_id, world.world_size);
+    // SIGTERM / SIGINT / SIGHUP: run.json says "stopped", not "running"
+    // (which `paratrain runs` would call "died"); rank 0 owns run.json.
+    std::optional<StopStatusRecorder> stop_status;
+    if (world.rank == 0) stop_status.emplace(trainer.run_dir());
     if (kill_step) trainer.add_callback(std::make_shared<FaultKill>(*kill_step));
     if (stop_step) trainer.add_callback(std::make_shared<FaultStop>(*stop_step, watchdog.get(), peer_watch.get()));
     train::TrainResult result;
@@ -261,7 +291,7 @@ Command add_train_command(CLI::App& app) {
     if (result.recoveries == 0) group->barrier()->wait();
     return 0;
   };
-  return {sub, run};
+  return {sub, run, /*checks_parse_only=*/true};
 }
 
 }  // namespace paratrain::cli

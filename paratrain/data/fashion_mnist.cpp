@@ -32,7 +32,13 @@ TensorDataset load_fashion_mnist(const FashionMnistOptions& options) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(options.dir, ec)) {
-    throw DataError(fmt::format("Fashion-MNIST directory {} does not exist; {}", options.dir, kInstallHint));
+    // A file where the folder belongs is a different mistake from a typo.
+    const bool exists = fs::exists(options.dir, ec);
+    throw DataError(fmt::format("Fashion-MNIST directory {} {}; {}", options.dir,
+                                exists ? "is not a directory (data.dir names the folder that holds the "
+                                         "*-ubyte.gz files, not a file)"
+                                       : "does not exist",
+                                kInstallHint));
   }
   const std::string prefix = options.split == Split::kTrain ? "train" : "t10k";
   const std::string images_path = find_file(options.dir, prefix + "-images-idx3-ubyte");

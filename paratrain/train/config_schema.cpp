@@ -12,7 +12,7 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
-#include "paratrain/optim/grad_scaler.h"
+#include "paratrain/train/config_ranges.h"
 #include "paratrain/train/registry.h"
 
 namespace paratrain::train::detail {
@@ -31,9 +31,6 @@ constexpr ValueType value_type_of() {
   }
 }
 
-template <class T>
-using Check = std::function<std::string(const T&)>;
-
 // One schema row from pointers to the section and to the member in it.
 template <class S, class T>
 FieldSpec field(std::string key, S TrainConfig::*section, T S::*member, std::string doc,
@@ -48,29 +45,8 @@ FieldSpec field(std::string key, S TrainConfig::*section, T S::*member, std::str
   return f;
 }
 
-// ---- range checks: each returns "" when fine, else the rule that was broken.
-
-template <class T>
-Check<T> at_least(T lo) {
-  return [lo](const T& v) { return v >= lo ? "" : fmt::format("must be >= {}", lo); };
-}
-template <class T>
-Check<T> in_range(T lo, T hi) {
-  return [lo, hi](const T& v) { return v >= lo && v <= hi ? "" : fmt::format("must be in [{}, {}]", lo, hi); };
-}
-Check<double> positive() {
-  return [](const double& v) { return v > 0 && std::isfinite(v) ? "" : "must be a finite number > 0"; };
-}
-Check<double> non_negative() {
-  return [](const double& v) { return v >= 0 && std::isfinite(v) ? "" : "must be a finite number >= 0"; };
-}
-// `note` says what the bounds mean in the key's unit ("1 byte to 1 TiB").
-Check<double> in_range_finite(double lo, double hi, std::string note = "") {
-  return [lo, hi, note](const double& v) {
-    if (v >= lo && v <= hi) return std::string();
-    return fmt::format("must be a number in [{}, {}]{}", lo, hi, note.empty() ? "" : " (" + note + ")");
-  };
-}
+// ---- range checks (the numeric ones are in config_ranges.h): each returns ""
+// when fine, else the rule that was broken.
 
 // Note [Numeric bounds]
 // Every numeric key has an upper bound, so no value that passes validation
@@ -118,6 +94,11 @@ Check<std::string> module_list() {
 Check<std::string> path_component() {
   return [](const std::string& v) -> std::string {
     if (v.empty()) return "must not be empty";
+    // A newline or another control character in a folder name breaks every
+    // line-based tool that lists it (`paratrain runs`, ls, logs).
+    if (std::any_of(v.begin(), v.end(), [](char c) { return std::iscntrl(static_cast<unsigned char>(c)); }))
+      return "must be one folder name without control characters (a newline, a tab): use letters, digits, "
+             "'-', '_', '.' or spaces";
     if (v.find('/') != std::string::npos || v.find('\0') != std::string::npos || v.front() == '.')
       return "must be one folder name inside run.output_dir: no '/', and not starting with '.' "
              "(so not '..' or a hidden folder); put the parent folder in run.output_dir instead";
@@ -147,26 +128,6 @@ Check<std::vector<int64_t>> widths(size_t min_size) {
     return "";
   };
 }
-// precision.loss_scale: whatever optim::parse_loss_scale accepts.
-Check<std::string> loss_scale_form() {
-  return [](const std::string& v) -> std::string {
-    try {
-      optim::parse_loss_scale(v);
-    } catch (const ConfigError&) {
-      return "must be \"dynamic\", \"none\", or a positive number such as \"1024\" (a static scale)";
-    }
-    return "";
-  };
-}
-Check<std::vector<double>> adam_betas() {
-  return [](const std::vector<double>& v) -> std::string {
-    if (v.size() != 2) return "needs exactly 2 entries [beta1, beta2]";
-    for (double b : v)
-      if (!(b >= 0 && b < 1)) return "each beta must be in [0, 1)";
-    return "";
-  };
-}
-
 // The GPT and the text data go together: a GPT reads token windows, the
 // image models read pixels.
 std::string gpt_problem(const TrainConfig& c) {
@@ -300,16 +261,16 @@ const std::vector<FieldSpec>& schema() {
       field("model.sync_batchnorm", &TC::model, &ModelConfig::sync_batchnorm, "BatchNorm statistics over the whole dp batch (needs batchnorm = true)"),
 
       field("optimizer.kind", &TC::optimizer, &OptimizerConfig::kind, "\"sgd\", \"adam\", \"adamw\", \"lars\" or \"lamb\"", one_of({"sgd", "adam", "adamw", "lars", "lamb"})),
-      field("optimizer.lr", &TC::optimizer, &OptimizerConfig::lr, "learning rate; the base rate that the [lr] schedule scales, warms up and decays", positive()),
+      field("optimizer.lr", &TC::optimizer, &OptimizerConfig::lr, "learning rate; the base rate that the [lr] schedule scales, warms up and decays", positive_float32()),
       field("optimizer.momentum", &TC::optimizer, &OptimizerConfig::momentum, "SGD and LARS momentum (0 = plain SGD; LARS needs < 1)", in_range_finite(0.0, 1.0)),
-      field("optimizer.weight_decay", &TC::optimizer, &OptimizerConfig::weight_decay, "L2 penalty (decoupled for adamw)", non_negative()),
+      field("optimizer.weight_decay", &TC::optimizer, &OptimizerConfig::weight_decay, "L2 penalty (decoupled for adamw)", non_negative_float32()),
       field("optimizer.nesterov", &TC::optimizer, &OptimizerConfig::nesterov, "SGD Nesterov momentum (needs momentum > 0)"),
       field("optimizer.betas", &TC::optimizer, &OptimizerConfig::betas, "Adam, AdamW and LAMB [beta1, beta2]", adam_betas()),
-      field("optimizer.eps", &TC::optimizer, &OptimizerConfig::eps, "Adam/AdamW/LAMB denominator epsilon (LAMB paper: 1e-6); LARS: added to the trust ratio's denominator", positive()),
+      field("optimizer.eps", &TC::optimizer, &OptimizerConfig::eps, "Adam/AdamW/LAMB denominator epsilon (LAMB paper: 1e-6); LARS: added to the trust ratio's denominator", positive_float32()),
       field("optimizer.trust_coefficient", &TC::optimizer, &OptimizerConfig::trust_coefficient, "LARS trust coefficient eta (paper: 0.001)", in_range_finite(0.0, 1e6)),
       field("optimizer.exclude_from_adaptation", &TC::optimizer, &OptimizerConfig::exclude_from_adaptation, "LARS/LAMB: biases and norm weights (<= 1-D) skip the trust ratio and weight decay"),
 
-      field("optimizer.clip_grad_norm", &TC::optimizer, &OptimizerConfig::clip_grad_norm, "max global gradient L2 norm (0 = no clipping)", non_negative()),
+      field("optimizer.clip_grad_norm", &TC::optimizer, &OptimizerConfig::clip_grad_norm, "max global gradient L2 norm (0 = no clipping)", non_negative_float32()),
 
       field("lr.base_batch", &TC::lr, &LrConfig::base_batch, "global batch optimizer.lr was tuned for (0 = none; needs lr.scaling = \"none\")", in_range<int64_t>(0, kMaxCount)),
       field("lr.scaling", &TC::lr, &LrConfig::scaling, "\"none\", \"linear\" or \"sqrt\": peak = optimizer.lr x (global batch / lr.base_batch), or x its square root", one_of({"none", "linear", "sqrt"})),
@@ -317,7 +278,7 @@ const std::vector<FieldSpec>& schema() {
       field("lr.warmup_epochs", &TC::lr, &LrConfig::warmup_epochs, "warmup in epochs instead (rounded to whole steps; 0 = use warmup_steps)", in_range_finite(0.0, static_cast<double>(kMaxCount))),
       field("lr.warmup_start_factor", &TC::lr, &LrConfig::warmup_start_factor, "warmup starts at peak x this (Goyal et al.: lr.base_batch / global batch)", in_range_finite(0.0, 1.0)),
       field("lr.decay", &TC::lr, &LrConfig::decay, "after warmup: \"constant\", \"cosine\" (to lr.min_lr at the last step) or \"step\"", one_of({"constant", "cosine", "step"})),
-      field("lr.min_lr", &TC::lr, &LrConfig::min_lr, "cosine: the rate at the last step", non_negative()),
+      field("lr.min_lr", &TC::lr, &LrConfig::min_lr, "cosine: the rate at the last step", non_negative_float32()),
       field("lr.step_size", &TC::lr, &LrConfig::step_size, "step decay: multiply by lr.gamma every this many steps (or use lr.step_epochs)", in_range<int64_t>(0, kMaxCount)),
       field("lr.step_epochs", &TC::lr, &LrConfig::step_epochs, "step decay: period in epochs instead (rounded to whole steps)", in_range_finite(0.0, static_cast<double>(kMaxCount))),
       field("lr.gamma", &TC::lr, &LrConfig::gamma, "step decay: factor per period, in (0, 1]", Check<double>([](const double& v) { return v > 0 && v <= 1 ? "" : "must be a number in (0, 1]"; })),

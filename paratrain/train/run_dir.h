@@ -45,7 +45,7 @@ std::filesystem::path version_dir(const std::filesystem::path& root, int64_t ver
 std::filesystem::path resolve_run_dir(const std::filesystem::path& given);
 
 // <run_dir>/run.json, written atomically by rank 0: {"status": "running" |
-// "finished" | "failed", "host", "pid", "started", "ended", "steps",
+// "finished" | "failed" | "stopped" (by a signal: "signal"), "host", "pid", "started", "ended", "steps",
 // "total_steps", "error", ...}. `update` is merged into what is there.
 void update_run_status(const std::filesystem::path& run_dir, const nlohmann::json& update);
 

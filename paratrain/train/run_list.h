@@ -16,7 +16,8 @@ struct RunSummary {
   std::string name;                 // run.name
   std::optional<int64_t> version;   // none for a folder of the layout before versions
   std::filesystem::path dir;
-  // "running", "finished", "failed", "died" (running per run.json but its
+  // "running", "finished", "failed", "stopped" (by a signal, with its name
+  // in run.json), "died" (running per run.json but its
   // process is gone on this host), or "unknown" (no run.json).
   std::string status;
   int64_t steps = 0;

@@ -120,6 +120,18 @@ TEST(TrainCli, WrongTypeInOverrideIsAConfigError) {
   EXPECT_NE(r.output.find("data.batch_size"), std::string::npos) << r.output;
 }
 
+// Issue 23 item 10: refused before training, in one line naming the key,
+// instead of "value cannot be converted to type float without overflow".
+TEST(TrainCli, ALearningRateBeyondFloat32IsAConfigErrorNamingTheKey) {
+  auto dir = paratrain::testing::temp_dir("cli-bigLr");
+  auto r = run_cli({"train", "--config", write_config(dir), "--set", "optimizer.lr=1e300"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("paratrain: configuration error: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("optimizer.lr = 1e+300 is not allowed: must be a finite number > 0 within float32's range"),
+            std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("without overflow"), std::string::npos) << r.output;
+}
+
 TEST(TrainCli, MissingDatasetDirectoryIsAClearError) {
   auto dir = paratrain::testing::temp_dir("cli-nodata");
   auto r = run_cli({"train", "--config", write_config(dir), "--set", "data.dataset=fashion_mnist", "--set",

@@ -302,6 +302,33 @@ TEST(ConfigBadInput, NumericKeysHaveBoundsNamedInTheError) {
   EXPECT_NO_THROW(pt::config_from_toml_string("", {"run.seed=9223372036854775807", "ddp.bucket_cap_mb=1048576"}));
 }
 
+// Note [Float32 keys] in config_ranges.h: keys that become float32 tensors
+// refuse what float32 cannot hold, at config time and by name (issue 23
+// item 10: optimizer.lr = 1e300 failed mid-run naming no key).
+TEST(ConfigBadInput, KeysThatBecomeFloat32TensorsStayInFloat32Range) {
+  for (const char* key : {"optimizer.lr", "optimizer.eps", "optimizer.weight_decay", "optimizer.clip_grad_norm",
+                          "lr.min_lr"}) {
+    for (const char* value : {"1e300", "1e39", "1e-300", "-1e300"}) {
+      const std::string set = std::string(key) + "=" + value;
+      const auto msg = config_error([&] { pt::config_from_toml_string("", {set}); });
+      EXPECT_NE(msg.find(std::string(key) + " = "), std::string::npos) << msg;
+      EXPECT_NE(msg.find("is not allowed: must be a finite number"), std::string::npos) << msg;
+      if (value[0] != '-')
+        EXPECT_NE(msg.find("within float32's range [1.17549e-38, 3.40282e+38]"), std::string::npos) << msg;
+    }
+  }
+  auto msg = config_error([] { pt::config_from_toml_string("[optimizer]\nlr = 1e300\n", {}, "x.toml"); });
+  EXPECT_NE(msg.find("x.toml:2: optimizer.lr = 1e+300 is not allowed: must be a finite number > 0 within "
+                     "float32's range"), std::string::npos) << msg;
+  msg = config_error([] { pt::config_from_toml_string("", {"precision.loss_scale=1e300"}); });
+  EXPECT_NE(msg.find("precision.loss_scale = \"1e300\" is not allowed: a static scale must be within float32's "
+                     "range"), std::string::npos) << msg;
+  // The edges themselves and ordinary values pass; 0 stays "off".
+  EXPECT_NO_THROW(pt::config_from_toml_string("", {"optimizer.lr=3.4e38", "optimizer.eps=1.2e-38",
+                                                   "optimizer.weight_decay=0", "optimizer.clip_grad_norm=1e30",
+                                                   "precision.loss_scale=65536"}));
+}
+
 TEST(ConfigBadInput, RunNameIsOneFolderInsideTheOutputDir) {
   for (const char* name : {"../../x", "..", ".", "/tmp/abs", "a/b", ".hidden", "./x"}) {
     const std::string set = std::string("run.name=") + name;

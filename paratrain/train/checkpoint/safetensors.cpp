@@ -63,6 +63,27 @@ void sync_folder(const std::filesystem::path& path);
   throw CheckpointError(fmt::format("checkpoint '{}' is invalid: {}", file, what));
 }
 
+// A checkpoint file has a size known in advance; reading a device, a FIFO
+// or /dev/zero "to its end" never ends (issue 23: `checkpoint inspect
+// /dev/zero` hung growing memory), so anything but a regular file is refused
+// before the first read. A missing path is left to the open that follows,
+// which names it.
+void require_regular_file(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec || !fs::exists(st) || fs::is_regular_file(st)) return;
+  const char* kind = fs::is_directory(st)        ? "a directory"
+                     : fs::is_character_file(st) ? "a character device"
+                     : fs::is_block_file(st)     ? "a block device"
+                     : fs::is_fifo(st)           ? "a FIFO (named pipe)"
+                     : fs::is_socket(st)         ? "a socket"
+                                                 : "not a file";
+  throw CheckpointError(fmt::format("cannot read checkpoint '{}': it is {}, not a regular file; give a "
+                                    "step_N checkpoint directory or a .safetensors file",
+                                    path.string(), kind));
+}
+
 // Removes the temporary file unless the rename went through.
 struct TempFile {
   std::string path;
@@ -175,6 +196,7 @@ std::optional<at::ScalarType> safetensors_dtype(std::string_view name) {
 }
 
 SafetensorsContents read_safetensors(const std::filesystem::path& path) {
+  require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw CheckpointError(fmt::format("cannot read checkpoint '{}': {}", path.string(),
@@ -217,6 +239,7 @@ SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes, std::strin
 
 std::map<std::string, std::string> read_safetensors_metadata(const std::filesystem::path& path) {
   const std::string name = path.string();
+  require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw CheckpointError(fmt::format("cannot read checkpoint '{}': {}", name, std::strerror(errno)));
   const uint64_t size = std::filesystem::file_size(path);

@@ -1,0 +1,51 @@
+// Internal to train/config_schema.cpp: the range checks of the schema table.
+// Each returns "" when a value is allowed, else the rule it broke ("must be
+// >= 1"), which config.cpp puts after "<key> = <value> is not allowed: ".
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace paratrain::train::detail {
+
+template <class T>
+using Check = std::function<std::string(const T&)>;
+
+template <class T>
+Check<T> at_least(T lo) {
+  return [lo](const T& v) { return v >= lo ? "" : fmt::format("must be >= {}", lo); };
+}
+template <class T>
+Check<T> in_range(T lo, T hi) {
+  return [lo, hi](const T& v) { return v >= lo && v <= hi ? "" : fmt::format("must be in [{}, {}]", lo, hi); };
+}
+
+// `note` says what the bounds mean in the key's unit ("1 byte to 1 TiB").
+Check<double> in_range_finite(double lo, double hi, std::string note = "");
+
+// Note [Float32 keys]
+// Keys that become float32 tensors or tensor scalars (the learning rate,
+// weight decay, epsilon, clip norm, the schedule's floor, a static loss
+// scale) are applied to float parameters, and LibTorch refuses a double
+// that does not fit ("value cannot be converted to type float without
+// overflow", naming no key) only at run time. So these checks also bound
+// the value by float32's normal range: at most FLT_MAX (3.4e38), and a
+// nonzero value at least FLT_MIN (1.2e-38), below which it would round to
+// a denormal or to 0 (an eps of 1e-300 would divide by zero).
+Check<double> positive_float32();      // > 0, within float32 (lr, eps)
+Check<double> non_negative_float32();  // 0, or > 0 within float32 (weight decay, clip norm, min_lr)
+// True when `v` is 0 or within float32's normal range in magnitude.
+bool fits_float32(double v);
+// "within float32's range [1.17549e-38, 3.40282e+38] (...)": the rule's words.
+std::string float32_range();
+
+// precision.loss_scale: whatever optim::parse_loss_scale accepts, with a
+// static scale within float32.
+Check<std::string> loss_scale_form();
+// optimizer.betas, federated.server_betas: two numbers in [0, 1).
+Check<std::vector<double>> adam_betas();
+
+}  // namespace paratrain::train::detail
