@@ -6,7 +6,7 @@
 // failed step; ZeRO-1/2 and FSDP roll back to the latest complete checkpoint
 // (or the run's start), resharded to the survivors (in_job_rollback.h).
 // Pipeline, tensor/context parallel and parameter-server runs are refused
-// (config_schema.cpp).
+// (config_rules.cpp).
 // Not here: the decision to recover (the loop (train/loop/recovery.h) catches the
 // CommError of a collective) and the round itself (comm/rejoin.cpp).
 #pragma once
