@@ -7,8 +7,9 @@
 // (or the run's start), resharded to the survivors (in_job_rollback.h).
 // Pipeline, tensor/context parallel and parameter-server runs are refused
 // (config_rules.cpp).
-// Not here: the decision to recover (the loop (train/loop/recovery.h) catches the
-// CommError of a collective) and the round itself (comm/rejoin.cpp).
+// Not here: the decision to recover (the loop catches the CommError of a
+// collective and asks train/loop/recovery.h) and the round itself
+// (comm/rejoin.cpp).
 #pragma once
 
 #include <exception>
