@@ -171,7 +171,10 @@ struct TrainLoopConfig {
 
 /// `[world]`: how the processes talk.
 struct WorldConfig {
-  std::string backend = "gloo";  ///< "gloo" | "mpi" (under mpirun) | "shm" (one host) | "hierarchical" | "auto" (comm/rendezvous.h)
+  /// "auto" (the default: mpi under mpirun, shm on one host, hierarchical
+  /// over several hosts with several ranks each, else gloo; rank 0 logs the
+  /// choice, comm/rendezvous.cpp) | "gloo" | "mpi" | "shm" | "hierarchical"
+  std::string backend = "auto";
   /// "cpu" | "cuda" (GPU LOCAL_RANK % GPUs; needs a CUDA build) | "auto" (core/device.h)
   std::string device = "cpu";
   int64_t timeout_s = 300;  ///< collectives and rendezvous give up after this
