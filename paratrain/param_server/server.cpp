@@ -240,7 +240,7 @@ void Server::handle_push(int worker, const Push& push, torch::optim::Optimizer& 
   auto grad = gradient_of(push);
   if (options_.mode == Mode::kAsync) {
     const int64_t staleness = version_ - read;
-    apply(grad, optimizer);
+    apply(grad, optimizer, static_cast<double>(staleness));
     ++version_;
     const bool last = push.messages[0][2].item<float>() != 0.0f;
     if (last) remaining_[worker] = 0;  // its window is done: post nothing more for it
@@ -254,11 +254,13 @@ void Server::handle_push(int worker, const Push& push, torch::optim::Optimizer& 
   auto& slot = pending_[clock];
   slot.sum = slot.count == 0 ? grad.clone() : slot.sum.add_(grad);
   ++slot.count;
+  slot.staleness_sum += staleness;
   // Clocks complete in order: clock c needs every worker's c-th push, which
   // each worker sends after its (c-1)-th.
   for (auto it = pending_.find(version_ + 1); it != pending_.end() && it->second.count == roles_.workers;
        it = pending_.find(version_ + 1)) {
-    apply(it->second.sum.div_(roles_.workers), optimizer);
+    apply(it->second.sum.div_(roles_.workers), optimizer,
+          static_cast<double>(it->second.staleness_sum) / roles_.workers);
     ++version_;
     pending_.erase(it);
   }
@@ -277,13 +279,34 @@ void Server::handle_push(int worker, const Push& push, torch::optim::Optimizer& 
 
 int64_t Server::slowest_clock() const { return *std::min_element(clocks_.begin(), clocks_.end()); }
 
-void Server::apply(const at::Tensor& flat_grad, torch::optim::Optimizer& optimizer) {
+// Note [Staleness-aware learning rate]
+// Under async and ssp a worker's gradient was computed on parameters
+// `staleness` updates older than the ones it is applied to. Stale gradients
+// at the full rate are what diverges asynchronous SGD at rates synchronous
+// training takes (the MLP config's lr 0.05 with momentum 0.9: NaN by step
+// ~300 with 2 async workers). Zhang et al. (arXiv 1511.05950) divide the
+// rate of each update by its staleness: tau versions old -> lr / max(tau, 1),
+// so a fresh update keeps the full rate. Under ssp a clock's update is the
+// mean of every worker's gradient for it, applied at the rate divided by the
+// mean staleness of those gradients. The rate is set for this one step and
+// restored: the Trainer's schedule owns it.
+void Server::apply(const at::Tensor& flat_grad, torch::optim::Optimizer& optimizer, double staleness) {
   int64_t offset = 0;
   for (auto& piece : pieces_) {
     piece.mutable_grad() = flat_grad.slice(0, offset, offset + piece.numel());
     offset += piece.numel();
   }
+  if (!options_.staleness_aware_lr || staleness <= 1) {
+    optimizer.step();
+    return;
+  }
+  std::vector<double> rates;
+  for (auto& group : optimizer.param_groups()) {
+    rates.push_back(group.options().get_lr());
+    group.options().set_lr(rates.back() / staleness);
+  }
   optimizer.step();
+  for (size_t g = 0; g < rates.size(); ++g) optimizer.param_groups()[g].options().set_lr(rates[g]);
 }
 
 // One message per bucket, in key order: the worker can run its first

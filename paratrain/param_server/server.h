@@ -75,6 +75,10 @@ struct ServerOptions {
   std::chrono::milliseconds timeout = comm::kDefaultTimeout;
   // Wire dtype of the workers' pushes (WorkerOptions::push_dtype).
   PushDtype push_dtype = PushDtype::kFp32;
+  // async and ssp: an update computed on parameters tau versions old is
+  // applied at the rate divided by max(tau, 1) (Note [Staleness-aware
+  // learning rate] in server.cpp). No effect in sync mode (tau = 0).
+  bool staleness_aware_lr = false;
 };
 
 class Server {
@@ -116,13 +120,14 @@ class Server {
 
  private:
   struct Inbox;  // a posted receive of one worker's next push, and its waiter
-  struct ClockSum { at::Tensor sum; int count = 0; };
+  struct ClockSum { at::Tensor sum; int count = 0; int64_t staleness_sum = 0; };
   struct HeldReply { int worker = 0; int64_t clock = 0; int64_t staleness = 0; };
 
   void serve_sync(torch::optim::Optimizer& optimizer);
   void serve_unordered(torch::optim::Optimizer& optimizer);
-  // Applies `flat_grad` (this server's ranges back to back) as one step.
-  void apply(const at::Tensor& flat_grad, torch::optim::Optimizer& optimizer);
+  // Applies `flat_grad` (this server's ranges back to back) as one step,
+  // computed on parameters `staleness` versions old (a mean under ssp).
+  void apply(const at::Tensor& flat_grad, torch::optim::Optimizer& optimizer, double staleness = 0);
   // One push: a message per bucket (push_tag), and their receives.
   struct Push {
     std::vector<at::Tensor> messages;

@@ -341,6 +341,10 @@ struct PsConfig {
   /// param_server/server.h); false keeps each worker's fixed share, as sync
   /// and ssp always do.
   bool dynamic_batches = true;
+  /// async and ssp: each update's rate divided by its staleness, lr /
+  /// max(tau, 1) (Note [Staleness-aware learning rate] in
+  /// param_server/server.cpp); false applies every update at the full rate.
+  bool staleness_aware_lr = true;
   /// Messages between a worker and a server carry buckets of that server's
   /// neighbouring key ranges: each layer's ranges (what the forward's
   /// layer-wise pull waits for; each tensor's without Model::layers()),

@@ -274,6 +274,7 @@ const std::vector<FieldSpec>& schema() {
       field("ps.push_dtype", &TC::ps, &PsConfig::push_dtype, "gradient pushes on the wire: \"fp32\" or \"fp16\" (half the bytes; rounded per worker, summed in fp32 on the server)", one_of({"fp32", "fp16"})),
       field("ps.overlap", &TC::ps, &PsConfig::overlap, "push each tensor's gradient from its backward hook as soon as it is ready, and wait for each layer's pulled parameters just before it runs in the next forward (false: push all after backward, pull at once)"),
       field("ps.dynamic_batches", &TC::ps, &PsConfig::dynamic_batches, "async: workers take the epoch's batches from a queue on server 0, so fast workers train more of them (false: a fixed share per worker, as sync and ssp)"),
+      field("ps.staleness_aware_lr", &TC::ps, &PsConfig::staleness_aware_lr, "async and ssp: divide each update's learning rate by its staleness, lr / max(tau, 1) (Zhang et al., arXiv 1511.05950); false applies stale updates at the full rate"),
       field("ps.bucket_kb", &TC::ps, &PsConfig::bucket_kb, "KiB: one push and one reply message per bucket of a server's neighbouring key ranges, each layer's ranges merged with neighbouring layers up to this size (a larger layer travels alone; 0 = one message per key range)", in_range<int64_t>(0, 1 << 22)),
 
       field("federated.clients", &TC::federated, &FederatedConfig::clients, "simulated clients, spread over the ranks", in_range<int64_t>(1, kMaxRanks)),

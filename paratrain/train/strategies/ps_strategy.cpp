@@ -99,6 +99,7 @@ class PsStrategy final : public DataParallelStrategy, public DynamicBatches {
       options.staleness = config_.ps.staleness;
       options.timeout = timeout_;
       options.push_dtype = push_dtype_;
+      options.staleness_aware_lr = config_.ps.staleness_aware_lr;
       server_ = std::make_unique<ps::Server>(dp_, roles_, plan_, buckets_, params_, options);
     } else {
       worker_ = std::make_unique<ps::Worker>(dp_, roles_, plan_, buckets_, params_,
