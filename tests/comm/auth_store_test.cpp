@@ -138,6 +138,49 @@ TEST(AuthStore, HasTheSemanticsOfC10dStores) {
   EXPECT_EQ(store.add("a", 1), 3);                            // "2" is one
 }
 
+// A rank that starts before the store, or while its link is down, meets
+// connect() failing: with EINPROGRESS and then ECONNREFUSED (no listener
+// yet), or at once with ENETUNREACH (no route; here a multicast address, which
+// TCP refuses at once on any host). Either is a failed attempt, retried until
+// the timeout, never a connection to read a greeting from (a rank that did so
+// died at once with "closed the connection before its greeting").
+TEST(AuthStore, AClientRetriesUntilTheServerIsReachable) {
+  SKIP_WITHOUT_SODIUM();
+  const int port = paratrain::launch::find_free_port();
+  std::unique_ptr<StoreServer> server;
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    StoreServerOptions o;
+    o.port = port;
+    o.token = kToken;
+    o.job_id = "job-a";
+    server = std::make_unique<StoreServer>(std::move(o));
+  });
+  AuthStoreOptions c;
+  c.port = port;
+  c.token = kToken;
+  c.job_id = "job-a";
+  c.timeout = std::chrono::seconds(60);
+  std::unique_ptr<AuthStore> store;
+  EXPECT_NO_THROW(store = std::make_unique<AuthStore>(c));
+  late.join();
+  ASSERT_TRUE(store);
+  store->set("a", bytes("1"));
+  EXPECT_EQ(text(store->get("a")), "1");
+
+  c.host = "224.0.0.1";
+  c.timeout = std::chrono::milliseconds(700);
+  try {
+    AuthStore unreachable(c);
+    ADD_FAILURE() << "connected to a multicast address";
+  } catch (const paratrain::TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("could not reach the authenticated store at 224.0.0.1"), std::string::npos)
+        << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "an unreachable store must be retried until the timeout, got: " << e.what();
+  }
+}
+
 TEST(AuthStore, WaitReturnsWhenAnotherClientSetsAndTimesOutNamingTheKey) {
   SKIP_WITHOUT_SODIUM();
   Served served;

@@ -18,11 +18,12 @@
 #              retransmits after the heal, the job finishes without a
 #              restart and equals the undisturbed 2-node run at step 250
 #              (rtol 1e-6: the same operations in the same order);
-#   rejoin     the partition again, with --max-restarts 1 on both nodes and the link
-#              healed after both failed: each node starts generation 1, they
-#              meet again, resume from the last complete checkpoint (step
-#              100), and at step 250 the model equals the undisturbed
-#              2-node run's (rtol 1e-6).
+#   rejoin     the partition again, with --max-restarts 1 on both nodes;
+#              the link healed after both failed and machine 1's generation
+#              1 has tried to reach the store for 2 s (no route: retried,
+#              not fatal): they meet again, resume from the last complete
+#              checkpoint (step 100), and at step 250 the model equals the
+#              undisturbed 2-node run's (rtol 1e-6).
 #   hierarchical  2 ranks per machine, world.backend = "hierarchical" (shm
 #              inside a machine, Gloo between): equals the 1-process run;
 #   kill_rejoin  elastic agents (--rdzv-endpoint, --nnodes 1:2,
@@ -99,8 +100,13 @@ fail() {
   echo "FAIL [$case]: $*" >&2
   failures=$((failures + 1))
 }
-# Prints the file for the log of a failed check.
-show() { echo "---- $1"; tail -n "${2:-25}" "$1"; }
+# Prints the log of a failed check: its errors first (a CI report keeps
+# only part of a long output), then its last lines.
+show() {
+  echo "---- $1"
+  grep -a "error" "$1" | grep -v "^\[[0-9]*\]: \[.*\] \[info\]" | head -n 5 | cut -c1-600 | sed 's/^/  error line: /'
+  tail -n "${2:-25}" "$1"
+}
 
 # launch NODE OUT_DIR LOG [launch flags...] [-- train --set...]: one node's launcher, in the background.
 launch() {
@@ -282,15 +288,18 @@ case_rejoin() {
   wait_step "$d" 120 || { fail "the run never reached step 120"; show "$d.node0.log"; return; }
   local t0=$SECONDS
   "$netns" partition 1
-  # Heal once both nodes gave up on generation 0; each restarts on its own,
-  # and node 1's new workers retry the store until world.timeout_s.
+  # Heal once both nodes gave up on generation 0 and machine 1's new worker
+  # has been trying for 2 s to reach the store through its link, still down:
+  # refused attempts (no route) are retried until world.timeout_s, so it
+  # meets rank 0 once the link is back.
   for ((t = 0; t < 10 * guard; ++t)); do
-    grep -q "generation 0 failed" "$d.node0.log" && grep -q "generation 0 failed" "$d.node1.log" && break
+    grep -q "generation 0 failed" "$d.node0.log" && grep -q "started rank 1 .*generation 1" "$d.node1.log" && break
     jobs -r | grep -q . || break
     sleep 0.1
   done
+  sleep 2
   "$netns" heal 1
-  echo "rejoin: both generations 0 failed $((SECONDS - t0)) s after the cut; link healed"
+  echo "rejoin: both generations 0 failed, link healed $((SECONDS - t0)) s after the cut"
   local rc0=0 rc1=0
   wait "${pid[0]}" || rc0=$?
   wait "${pid[1]}" || rc1=$?

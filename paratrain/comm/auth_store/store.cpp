@@ -105,20 +105,27 @@ int try_connect(const std::string& host, int port, Deadline deadline, std::strin
   for (auto* a = found; a != nullptr && result < 0; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
     if (fd < 0) continue;
-    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno == EINPROGRESS) {
-      int err = ETIMEDOUT;
-      socklen_t len = sizeof err;
-      if (ready(fd, POLLOUT, deadline)) getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      errno = err;
-    } else {
-      errno = 0;
+    // connect() can fail at once, not with EINPROGRESS,
+    // when there is no route (ENETUNREACH while a link is down) or the port
+    // is closed (ECONNREFUSED). That is a failed attempt the caller retries,
+    // never a connection: taking it for one read the greeting from an
+    // unconnected socket (ENOTCONN) and ended a rank that started while its
+    // network was down, instead of waiting for the link until the timeout.
+    int err = 0;
+    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      err = errno;
+      if (err == EINPROGRESS) {
+        err = ETIMEDOUT;
+        socklen_t len = sizeof err;
+        if (ready(fd, POLLOUT, deadline)) getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      }
     }
-    if (errno == 0) {
+    if (err == 0) {
       const int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       result = fd;
     } else {
-      why = std::strerror(errno);
+      why = std::strerror(err);
       close(fd);
     }
   }
