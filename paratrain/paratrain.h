@@ -1,8 +1,9 @@
 // paratrain's public C++ API in one include: join the job
 // (init_from_env), wrap your own torch::nn::Module with DDP, ZeRO-1/2 or
 // FSDP (ZeRO-3), shard your data (DistributedSampler), scale the loss,
-// checkpoint in the sharded format, or hand model and data to the Trainer
-// (register_model / register_dataset). Link paratrain::paratrain.
+// checkpoint in the sharded format, or hand your own model, loss and data
+// to the Trainer (TrainerParts, any_module, Task; or register_model /
+// register_dataset for configs to name them). Link paratrain::paratrain.
 // The names below are the stable ones; anything reached only through the
 // headers they include (reducers, bucket plans, ...) may change.
 #pragma once
@@ -24,7 +25,10 @@
 #include "paratrain/topology/device_mesh.h"
 #include "paratrain/train/config.h"
 #include "paratrain/train/registry.h"
+#include "paratrain/train/task.h"
 #include "paratrain/train/trainer.h"
+#include "paratrain/train/user_module.h"
+#include "paratrain/train/user_table.h"
 
 namespace paratrain {
 
@@ -73,5 +77,16 @@ using train::register_model;
 using train::TrainConfig;
 using train::Trainer;
 using train::TrainResult;
+using train::UserTable;
+
+/// The Trainer on your own module and loss: any_module() adopts any
+/// torch::nn::Module, a Task scores its output, TrainerParts hands both
+/// (and your datasets) to the Trainer.
+using train::any_module;
+using train::classification_task;
+using train::EvalSums;
+using train::language_model_task;
+using train::Task;
+using train::TrainerParts;
 
 }  // namespace paratrain

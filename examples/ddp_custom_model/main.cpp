@@ -1,6 +1,7 @@
 // A user's own model and training loop, data-parallel with paratrain's DDP.
 // The same binary runs alone or as N ranks (paratrain launch, torchrun):
 // with global batch G every rank trains on G/N rows per step.
+// paratrain-specific: 5 of 44 code lines (blank and comment lines not counted).
 #include <paratrain/paratrain.h>
 #include <torch/torch.h>
 

@@ -1,6 +1,7 @@
 // ZeRO-3 (FSDP) around a user's own model: every rank holds 1/N of each
 // parameter, gradient and Adam state; units are gathered just in time for
 // forward and backward. ZeroDataParallel (ZeRO-1/2) is used the same way.
+// paratrain-specific: 6 of 48 code lines (blank and comment lines not counted).
 #include <paratrain/paratrain.h>
 #include <torch/torch.h>
 

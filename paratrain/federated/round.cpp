@@ -42,7 +42,7 @@ void check_supported(const train::TrainConfig& c) {
   if (c.model.batchnorm)
     throw ConfigError("model.batchnorm = true with federated training: clients exchange parameters only, not "
                       "running statistics; set model.batchnorm = false");
-  if (c.model.kind == "gpt" || c.data.dataset == "text")
+  if (builds_gpt(c) || c.data.dataset == "text")
     throw ConfigError(fmt::format("federated training needs a classification dataset; got model.kind = \"{}\", "
                                   "data.dataset = \"{}\"",
                                   c.model.kind, c.data.dataset));

@@ -20,12 +20,14 @@
 
 namespace paratrain::train {
 
-std::function<std::shared_ptr<models::Model>()> seeded_model_factory(const TrainConfig& config, c10::Device device) {
-  return [&config, device] {
+std::function<std::shared_ptr<models::Model>()> seeded_model_factory(const TrainConfig& config, c10::Device device,
+                                                                     ModelBuilder builder) {
+  return [&config, device, builder = std::move(builder)] {
     static std::mutex init_mutex;
     std::lock_guard<std::mutex> lock(init_mutex);
     torch::manual_seed(static_cast<uint64_t>(config.run.seed));
-    auto model = make_model(config);
+    auto model = builder ? builder(config) : make_model(config);
+    if (!model) throw ConfigError("the program's model builder (TrainerParts::model) returned no model");
     if (!device.is_cpu()) model->to(device);
     return model;
   };

@@ -14,6 +14,7 @@
 #include "paratrain/optim/lr_schedule.h"
 #include "paratrain/train/batch_size.h"
 #include "paratrain/train/config.h"
+#include "paratrain/train/user_module.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -45,13 +46,16 @@ optim::LrSchedule make_lr_schedule(const TrainConfig& config, const BatchSizes& 
                                    int64_t total_steps);
 
 // The run's initial model, as every call of the result builds it: torch
-// seeded with run.seed, make_model(config) drawn on the CPU (the same weights
+// seeded with run.seed, the model drawn on the CPU (the same weights
 // whatever the device), then moved to `device`. The Trainer's start and
 // in-job recovery's rollback to the run's start (in_job_rollback.h) both
 // build it here. Draws are serialized process-wide: the generator is
 // global, and ranks that are threads of one process (tests) must not reseed
 // it in the middle of each other's draw. `config` must outlive the calls.
-std::function<std::shared_ptr<models::Model>()> seeded_model_factory(const TrainConfig& config, c10::Device device);
+// `builder`, when given, draws the model instead of make_model(config) (a
+// program's own model: TrainerParts::model).
+std::function<std::shared_ptr<models::Model>()> seeded_model_factory(const TrainConfig& config, c10::Device device,
+                                                                     ModelBuilder builder = {});
 
 struct Datasets {
   data::TensorDataset train;

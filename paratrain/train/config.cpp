@@ -106,6 +106,20 @@ void apply_table(TrainConfig& config, const toml::table& root, const std::string
       const auto line = n.source().begin.line;
       return line > 0 ? fmt::format("{}:{}", source, line) : source;
     };
+    if (section == "user") {
+      if (!node.is_table())
+        throw ConfigError(fmt::format("{}: 'user' must be a section ([user] followed by the program's own keys), "
+                                      "got a value", where(node)));
+      auto walk_user = [&](auto&& self, const toml::table& t, const std::string& prefix) -> void {
+        for (const auto& [name, value_node] : t) {
+          const std::string key = prefix.empty() ? std::string(name.str()) : prefix + "." + std::string(name.str());
+          if (value_node.is_table()) self(self, *value_node.as_table(), key);
+          else detail::set_user_value(config.user, key, value_node, where(value_node));
+        }
+      };
+      walk_user(walk_user, *node.as_table(), "");
+      continue;
+    }
     const bool known = std::find(sections.begin(), sections.end(), section) != sections.end();
     if (!known)
       throw ConfigError(fmt::format("{}: {}", where(node), unknown_key_message(section, node.is_table())));
@@ -153,6 +167,7 @@ void apply_override_from(TrainConfig& config, std::string_view assignment) {
     throw ConfigError(fmt::format("{}: expected key=value, e.g. optimizer.lr=0.01", where));
   const std::string key = trim(assignment.substr(0, eq));
   std::string text = trim(assignment.substr(eq + 1));
+  if (key.rfind("user.", 0) == 0) return detail::set_user_from_text(config.user, key.substr(5), text, where);
   const FieldSpec* field = detail::find_field(key);
   if (!field) throw ConfigError(fmt::format("{}: {}", where, unknown_key_message(key, false)));
 

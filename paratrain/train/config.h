@@ -17,6 +17,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "paratrain/train/user_table.h"
+
 namespace paratrain::models {
 class Model;
 }
@@ -442,6 +444,7 @@ struct TrainConfig {
   LogConfig log;                ///< [log]
   PsConfig ps;                  ///< [ps]
   FederatedConfig federated;    ///< [federated]
+  UserTable user;               ///< [user]: the program's own keys
 
   bool operator==(const TrainConfig&) const = default;
 };
@@ -473,6 +476,11 @@ TrainConfig config_from_json(const nlohmann::json& json);
 
 /// All valid keys ("run.name", ...), in schema order.
 std::vector<std::string> config_keys();
+
+/// True when the config's model is the built-in GPT (model.kind = "gpt"):
+/// a language model over byte tokens, the one the megatron strategy cuts.
+/// The one place that compares model.kind with "gpt".
+bool builds_gpt(const TrainConfig& config);
 
 /// Builds the model the config asks for, with input/output sizes taken from
 /// the dataset (Fashion-MNIST: 1x28x28, 10 classes). Seed torch first.

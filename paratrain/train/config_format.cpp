@@ -95,7 +95,7 @@ std::string to_toml(const TrainConfig& config) {
     }
     out += fmt::format("{} = {}  # {}\n", f.name(), detail::format_toml_value(f.get(config)), f.doc);
   }
-  return out;
+  return out + detail::user_to_toml(config.user);
 }
 
 nlohmann::json to_json(const TrainConfig& config) {
@@ -103,6 +103,10 @@ nlohmann::json to_json(const TrainConfig& config) {
   for (const FieldSpec& f : detail::schema()) {
     auto& slot = out[std::string(f.section())][std::string(f.name())];
     std::visit([&](const auto& v) { slot = v; }, f.get(config));
+  }
+  if (!config.user.values().empty()) {
+    auto& user = out["user"];
+    for (const auto& [key, value] : config.user.values()) std::visit([&](const auto& v) { user[key] = v; }, value);
   }
   return out;
 }
@@ -114,6 +118,10 @@ TrainConfig config_from_json(const nlohmann::json& json) {
   TrainConfig config;
   for (const auto& [section, keys] : json.items()) {
     if (!keys.is_object()) throw ConfigError("<json>: " + detail::unknown_key(section, true));
+    if (section == "user") {
+      for (const auto& [name, value] : keys.items()) detail::set_user_from_json(config.user, name, value);
+      continue;
+    }
     for (const auto& [name, value] : keys.items()) {
       const std::string key = section + "." + name;
       const FieldSpec* field = detail::find_field(key);

@@ -12,9 +12,11 @@
 
 namespace paratrain::train {
 
+bool builds_gpt(const TrainConfig& config) { return config.model.kind == "gpt"; }
+
 std::vector<int64_t> model_input_shape(const TrainConfig& config) {
   // A GPT reads one window of token ids.
-  if (config.model.kind == "gpt") return {config.model.seq_len};
+  if (builds_gpt(config)) return {config.model.seq_len};
   // Fashion-MNIST is fixed: 1 x 28 x 28 grey images.
   if (config.data.dataset == "synthetic") {
     return {config.data.synthetic_channels, config.data.synthetic_image_size, config.data.synthetic_image_size};
@@ -29,7 +31,7 @@ std::shared_ptr<models::Model> make_model(const TrainConfig& config) {
     if (!model) throw ConfigError(fmt::format("the model factory registered as \"{}\" returned no model", config.model.kind));
     return model;
   }
-  if (config.model.kind == "gpt") {
+  if (builds_gpt(config)) {
     return models::make_gpt({.vocab = 256,  // byte tokens (data/text.h)
                              .seq_len = config.model.seq_len,
                              .layers = config.model.layers,

@@ -65,4 +65,13 @@ Check<std::vector<double>> adam_betas() {
   };
 }
 
+Check<std::string> monitor_name() {
+  return [](const std::string& v) -> std::string {
+    if (v.empty() || v == "perplexity" || v == "train_loss") return "";
+    if (v.rfind("test_", 0) == 0 && v.size() > 5) return "";
+    return "must be \"test_loss\", \"test_accuracy\", \"perplexity\", \"train_loss\", \"test_<name>\" of the "
+           "program's Task, or \"\"";
+  };
+}
+
 }  // namespace paratrain::train::detail

@@ -45,6 +45,10 @@ std::string float32_range();
 // precision.loss_scale: whatever optim::parse_loss_scale accepts, with a
 // static scale within float32.
 Check<std::string> loss_scale_form();
+// train.monitor: "", a built-in metric, or "test_<name>" of a program's
+// Task (train/task.h); whether the run logs it is known at its first
+// evaluation (callbacks.cpp names the ones it does).
+Check<std::string> monitor_name();
 // optimizer.betas, federated.server_betas: two numbers in [0, 1).
 Check<std::vector<double>> adam_betas();
 

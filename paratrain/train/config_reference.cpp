@@ -64,7 +64,8 @@ std::string config_reference_text() {
     out += fmt::format("  {:<{}}  {:<{}}  {:<{}}  {}\n", k.key, key_w, k.type, type_w, k.default_value, default_w,
                        k.doc);
   }
-  return out;
+  return out + "\n[user]\n  user.<key>  the program's own keys, free-form (integers, floats, booleans, strings, number "
+               "lists); paratrain reads none of them\n";
 }
 
 std::string config_reference_markdown() {
@@ -81,7 +82,11 @@ std::string config_reference_markdown() {
     }
     out += fmt::format("| `{}` | {} | `{}` | {} |\n", k.key, k.type, cell(k.default_value), cell(k.doc));
   }
-  return out;
+  return out +
+         "\n## [user]\n\nFree-form: a program's own hyper-parameters (integers, floats, booleans, strings, lists of "
+         "integers or floats), e.g. `hidden = 64`, overridden with `--set user.hidden=128`. paratrain reads none of "
+         "them; it saves them with the run (config.toml) and the program's builders read them with "
+         "`config.user.get<T>(\"hidden\")` (docs/getting-started.md, \"Your own model and loss in the Trainer\").\n";
 }
 
 }  // namespace paratrain::train

@@ -19,7 +19,7 @@ namespace {
 // The GPT and the text data go together: a GPT reads token windows, the
 // image models read pixels.
 std::string gpt_problem(const TrainConfig& c) {
-  const bool gpt = c.model.kind == "gpt", text = c.data.dataset == "text";
+  const bool gpt = builds_gpt(c), text = c.data.dataset == "text";
   if (gpt && !text)
     return fmt::format("model.kind = \"gpt\" reads token windows: set data.dataset = \"text\" (got \"{}\")",
                        c.data.dataset);
@@ -55,9 +55,9 @@ std::string megatron_problem(const TrainConfig& c) {
                        p.tp);
   // A GPT with stages and ZeRO runs on the megatron strategy at tp = cp = 1
   // too (train::strategy_name), under the same rules.
-  const bool gpt_stages_zero = c.model.kind == "gpt" && p.pp > 1 && c.zero.stage > 0;
+  const bool gpt_stages_zero = builds_gpt(c) && p.pp > 1 && c.zero.stage > 0;
   if (p.tp == 1 && p.cp == 1 && !gpt_stages_zero) return "";
-  if (c.model.kind != "gpt")
+  if (!builds_gpt(c))
     return fmt::format("parallel.tp = {} and parallel.cp = {} split a transformer's heads and sequence; only "
                        "model.kind = \"gpt\" supports them (got \"{}\"): set parallel.tp = 1 and parallel.cp = 1",
                        p.tp, p.cp, c.model.kind);
@@ -290,7 +290,7 @@ std::string cross_key_problem(const TrainConfig& c) {
     return fmt::format("train.monitor = \"{}\" is read at evaluations, but train.eval_every_epochs = 0 never "
                        "evaluates: set train.eval_every_epochs >= 1, or train.monitor = \"\"",
                        c.train.monitor);
-  if (c.train.monitor == "perplexity" && c.model.kind != "gpt")
+  if (c.train.monitor == "perplexity" && !builds_gpt(c))
     return fmt::format("train.monitor = \"perplexity\" is logged for language models only (model.kind = \"{}\"): "
                        "monitor \"test_loss\" or \"test_accuracy\"",
                        c.model.kind);

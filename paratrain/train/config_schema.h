@@ -10,6 +10,9 @@
 #include <variant>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+#include <toml++/toml.h>
+
 #include "paratrain/train/config.h"
 
 namespace paratrain::train::detail {
@@ -17,8 +20,8 @@ namespace paratrain::train::detail {
 enum class ValueType { Int, Double, Bool, String, IntList, DoubleList };
 
 // One key's value, whatever its type: what parsers produce and printers read.
-using Value = std::variant<int64_t, double, bool, std::string, std::vector<int64_t>,
-                           std::vector<double>>;
+// (The same variant as a [user] value.)
+using Value = UserTable::Value;
 
 struct FieldSpec {
   std::string key;  // "optimizer.lr": section, dot, name
@@ -48,6 +51,14 @@ void set_checked(TrainConfig& config, const FieldSpec& field, const Value& value
                  const std::string& where);
 // "unknown key 'x.y' (did you mean ...?); valid keys in [x]: ..." (config.cpp).
 std::string unknown_key(std::string_view key, bool is_section);
+
+// [user] (config_user.cpp): a value of any supported type, inferred from a
+// TOML node, from `--set user.KEY=TEXT`, or from JSON; ConfigError otherwise.
+void set_user_value(UserTable& user, const std::string& key, const toml::node& node, const std::string& where);
+void set_user_from_text(UserTable& user, const std::string& key, const std::string& text, const std::string& where);
+void set_user_from_json(UserTable& user, const std::string& key, const nlohmann::json& json);
+// "[user]\nkey = value\n..." (empty when there are no keys).
+std::string user_to_toml(const UserTable& user);
 
 std::string_view type_name(ValueType type);  // "an integer", "a list of floats", ...
 std::string format_toml_value(const Value& value);

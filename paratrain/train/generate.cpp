@@ -31,7 +31,7 @@ TrainConfig config_for_checkpoint(const fs::path& checkpoint, const fs::path& co
 }
 
 std::shared_ptr<models::Model> load_model_for_inference(const TrainConfig& config, const fs::path& checkpoint) {
-  if (config.model.kind != "gpt") {
+  if (!builds_gpt(config)) {
     throw ConfigError(fmt::format("generating text needs a model.kind = \"gpt\" run; this config has \"{}\"",
                                   config.model.kind));
   }

@@ -47,18 +47,11 @@ namespace {
 // Trainer built it (trainer.cpp), at the new world size. Collective (the
 // strategy wrapper's broadcast).
 void rebuild_at_start(Trainer::State& s) {
-  const auto& c = s.config;
   // The optimizer's tensors are the old strategy's shards: both go, the
   // optimizer first, before the new ones take memory.
   s.optimizer.reset();
   s.strategy.reset();
-  s.strategy = make_strategy(strategy_name(c), StrategyContext{c, *s.mesh, s.timeout(), s.run_dir});
-  s.strategy->build_model(seeded_model_factory(c, s.device));
-  const bool layerwise_kind = c.optimizer.kind == "lars" || c.optimizer.kind == "lamb";
-  const LayerwiseParams layerwise = layerwise_kind ? s.strategy->layerwise_params() : LayerwiseParams{};
-  s.optimizer = make_optimizer(c.optimizer, s.strategy->optimizer_params(), layerwise.full_dims,
-                               layerwise.norm_reducer);
-  s.scaler = make_grad_scaler(c.precision);
+  build_model_and_optimizer(s);
 }
 
 // The checkpoints a rollback may restore, newest first: those of this run

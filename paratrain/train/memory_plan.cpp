@@ -73,7 +73,7 @@ int64_t parameter_count(const TrainConfig& c) {
   const int64_t side = synthetic ? c.data.synthetic_image_size : 28;
   const int64_t classes = synthetic ? c.data.synthetic_classes : 10;
   int64_t total = 0;
-  if (c.model.kind == "gpt") {
+  if (builds_gpt(c)) {
     // wte (byte vocabulary 256, also the head) + wpe + blocks + ln_f. A
     // block: ln1, ln2 (2d each), qkv (3d^2 + 3d), attn.proj (d^2 + d),
     // mlp.fc (4d^2 + 4d), mlp.proj (4d^2 + d).
@@ -281,7 +281,7 @@ StageMemory stage_memory(int stage, int64_t psi, int64_t dp, int64_t k) {
 // "mlp 784-256-128-10", "cnn 1x28x28 conv [32, 64] fc 128-10",
 // "gpt 4 layers d 256 4 heads seq 128".
 std::string model_name(const TrainConfig& c) {
-  if (c.model.kind == "gpt") {
+  if (builds_gpt(c)) {
     return fmt::format("gpt {} layers d {} {} heads seq {}", c.model.layers, c.model.d_model, c.model.heads,
                        c.model.seq_len);
   }

@@ -12,6 +12,7 @@
 
 #include "paratrain/train/builders.h"
 #include "paratrain/train/config.h"
+#include "paratrain/train/user_module.h"
 
 namespace paratrain::models {
 class Model;
@@ -19,10 +20,9 @@ class Model;
 
 namespace paratrain::train {
 
-/// Builds the model from the config (the user's own keys travel in the
-/// factory's closure). Called once per rank under the run's seed, like the
-/// built-in models; every rank must build the same architecture.
-using ModelBuilder = std::function<std::shared_ptr<models::Model>(const TrainConfig&)>;
+// ModelBuilder (user_module.h) builds the model from the config: called once
+// per rank under the run's seed, like the built-in models; every rank must
+// build the same architecture. any_module() makes one from any module.
 /// Builds the train and test sets. Every rank calls it and must get the same
 /// rows in the same order (the sampler splits them); targets are int64 class
 /// labels [N] and the model returns logits [N, classes] (classification loss).

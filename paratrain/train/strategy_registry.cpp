@@ -72,7 +72,7 @@ std::string strategy_name(const TrainConfig& config) {
   // tp = cp = 1): it shards over the replicas around the tied embedding's
   // stage copies, which the pipeline strategy's per-chunk ZeRO cannot.
   const bool gpt_stages_zero = config.parallel.pp > 1 && config.zero.stage > 0;
-  if (config.model.kind == "gpt" && (config.parallel.tp > 1 || config.parallel.cp > 1 || gpt_stages_zero))
+  if (builds_gpt(config) && (config.parallel.tp > 1 || config.parallel.cp > 1 || gpt_stages_zero))
     return "megatron";
   if (config.parallel.pp > 1) return "pipeline";
   if (config.zero.stage == 0) return "ddp";

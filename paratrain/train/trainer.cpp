@@ -32,7 +32,7 @@
 #include "paratrain/train/loop/run_plan.h"
 #include "paratrain/train/memory_plan.h"
 #include "paratrain/train/metrics.h"
-#include "paratrain/train/objective.h"
+#include "paratrain/train/task.h"
 #include "paratrain/train/precision.h"
 #include "paratrain/train/progress.h"
 #include "paratrain/train/resume_run.h"
@@ -96,10 +96,47 @@ double unix_time() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// The program's model's parameter count, from a copy drawn as the run drew
+// its own (the same seed, so the global generator ends where it did).
+int64_t program_model_size(Trainer::State& s) {
+  int64_t n = 0;
+  for (const auto& p : seeded_model_factory(s.config, c10::Device(c10::kCPU), s.model_builder)()->parameters())
+    n += p.numel();
+  return n;
+}
+
+// A program's own model is trained whole: the strategies that cut a model
+// into layers or shard its matrices need a paratrain model built for it.
+void check_parts(const TrainConfig& c, const TrainerParts& parts) {
+  const auto& p = c.parallel;
+  if (parts.model && (p.pp > 1 || p.tp > 1 || p.cp > 1)) {
+    throw ConfigError(fmt::format(
+        "parallel.pp = {}, tp = {}, cp = {}: a program's own model (TrainerParts::model) is trained whole; "
+        "pipelines and tensor/context parallelism cut a paratrain model into layers. Use data parallelism "
+        "(parallel.dp, zero.stage 1-3, FSDP, parameter servers) for it, or set parallel.pp = tp = cp = 1",
+        p.pp, p.tp, p.cp));
+  }
+}
+
 }  // namespace
 
-Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
+void build_model_and_optimizer(Trainer::State& s) {
+  const auto& c = s.config;
+  s.strategy = make_strategy(train::strategy_name(c), StrategyContext{s.config, *s.mesh, s.timeout(), s.run_dir});
+  // The same seed on every rank: each builds the single-process model's
+  // initial weights (replicas are also broadcast from rank 0).
+  s.strategy->build_model(seeded_model_factory(c, s.device, s.model_builder));
+  // LARS/LAMB: the full dims of sharded pieces and the reducer of their norms.
+  const bool layerwise_kind = c.optimizer.kind == "lars" || c.optimizer.kind == "lamb";
+  const LayerwiseParams layerwise = layerwise_kind ? s.strategy->layerwise_params() : LayerwiseParams{};
+  s.optimizer = make_optimizer(c.optimizer, s.strategy->optimizer_params(), layerwise.full_dims,
+                               layerwise.norm_reducer);
+  s.scaler = make_grad_scaler(c.precision);
+}
+
+Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world, TrainerParts parts) {
   validate_config(config);
+  check_parts(config, parts);
   auto dir = prepare_run_dir(config, world, std::chrono::seconds(config.world.timeout_s));
   // The hang doctor's dumps (SIGUSR1, a collective timeout, `paratrain
   // doctor --run`) land in the run: <run_dir>/doctor/rank-<r>.json.
@@ -107,23 +144,15 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
   s_ = std::make_unique<State>(std::move(config), world, std::move(dir));
   auto& s = *s_;
   const auto& c = s.config;
+  s.model_builder = std::move(parts.model);
+  s.task = parts.task ? std::move(parts.task) : task_for_config(c);
 
   const auto dims = topology::ParallelDims::resolve(c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.cp,
                                                     world.size());
   s.mesh = std::make_unique<topology::DeviceMesh>(world, dims);
   s.device = training_device(c, train::strategy_name(c));
-  s.strategy = make_strategy(train::strategy_name(c), StrategyContext{s.config, *s.mesh, s.timeout(), s.run_dir});
-
-  // The same seed on every rank: each builds the single-process model's
-  // initial weights (replicas are also broadcast from rank 0).
-  s.strategy->build_model(seeded_model_factory(c, s.device));
-  // LARS/LAMB: the full dims of sharded pieces and the reducer of their norms.
-  const bool layerwise_kind = c.optimizer.kind == "lars" || c.optimizer.kind == "lamb";
-  const LayerwiseParams layerwise = layerwise_kind ? s.strategy->layerwise_params() : LayerwiseParams{};
-  s.optimizer = make_optimizer(c.optimizer, s.strategy->optimizer_params(), layerwise.full_dims,
-                               layerwise.norm_reducer);
-  s.scaler = make_grad_scaler(c.precision);
-  s.datasets = load_datasets(c);
+  build_model_and_optimizer(s);
+  s.datasets = parts.data ? parts.data(c) : load_datasets(c);
 
   const DataShard shard = s.strategy->data_shard();
   s.batch = resolve_batch_sizes(c, shard.size);
@@ -149,10 +178,11 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world) {
   if (s.is_main()) {
     write_file_atomically(s.run_dir / "config.toml", to_toml(c));
     // The whole model's count: a pipeline stage or a shard holds only part.
-    const int64_t numel = parameter_count(c);
+    const int64_t numel = s.model_builder ? program_model_size(s) : parameter_count(c);
     spdlog::info("run {}: {} ranks = {}, strategy {} on {}, model {} ({} parameters), {} train / {} test items, "
                  "global batch {} ({} per dp rank x {} dp x {} accumulated micro-batches)",
-                 s.run_dir.string(), world.size(), dims.describe(), s.strategy->name(), s.device.str(), c.model.kind, numel,
+                 s.run_dir.string(), world.size(), dims.describe(), s.strategy->name(), s.device.str(),
+                 s.model_builder ? "(the program's own)" : c.model.kind, numel,
                  s.datasets.train.size(), s.datasets.test.size(), s.batch.global, s.batch.per_rank, shard.size,
                  s.batch.accumulate);
     spdlog::info("{} (optimizer.lr = {:g} is the base rate; {} steps, {} per epoch)", s.lr_schedule->describe(),
@@ -223,32 +253,52 @@ EvalResult Trainer::evaluate() {
   // A rank that trains no data (a parameter server) evaluates none either.
   auto rows = shard.computes ? torch::arange(shard.rank, test.size(), shard.size, torch::kLong)
                              : torch::empty({0}, torch::kLong);
-  const Objective objective = Objective::for_config(s.config);
   EvalSums sums;
-  const int64_t chunk = objective.eval_rows_per_chunk();
+  const int64_t chunk = std::max<int64_t>(1, s.task->eval_rows_per_chunk());
   // Every rank runs the same number of forwards: FSDP's forward is
   // collective, and strided shares differ by at most one row.
   const int64_t most_rows = (test.size() + shard.size - 1) / shard.size;
-  const int64_t rounds = (most_rows + chunk - 1) / chunk;
+  const int64_t rounds = std::max<int64_t>(1, (most_rows + chunk - 1) / chunk);
   for (int64_t r = 0; r < rounds; ++r) {
     const int64_t i = r * chunk;
     auto idx = rows.slice(0, std::min(i, rows.numel()), std::min(i + chunk, rows.numel()));
     auto batch = to_device(data::gather(test, idx), s.device);
-    auto logits = s.strategy->eval_forward(batch.inputs);
-    if (idx.numel() == 0) continue;
-    const EvalSums part = objective.eval_sums(logits, batch.targets);
-    sums.loss += part.loss;
-    sums.correct += part.correct;
+    auto output = s.strategy->eval_forward(batch.inputs);
+    // A rank with no rows at all (a parameter server) still names the sums,
+    // in the task's order, so every rank reduces the same vector: from the
+    // empty chunk, with its values zeroed.
+    if (idx.numel() == 0 && !(r + 1 == rounds && sums.sums.empty())) continue;
+    EvalSums part = s.task->eval_sums(output, batch.targets);
+    if (idx.numel() == 0) part.count = 0;
+    for (auto& [name, v] : part.sums) sums.add(name, idx.numel() == 0 ? 0.0 : v);
     sums.count += part.count;
   }
-  auto totals = torch::tensor({sums.loss, sums.correct, sums.count}, torch::kDouble);
+  const bool has_loss =
+      std::any_of(sums.sums.begin(), sums.sums.end(), [](const auto& kv) { return kv.first == "loss"; });
+  if (!has_loss) {
+    throw ConfigError(fmt::format("the task \"{}\" gave no \"loss\" among its evaluation sums: EvalSums must hold "
+                                  "\"loss\" (test_loss drives checkpoints and early stopping)",
+                                  s.task->name()));
+  }
+  std::vector<double> values{sums.count};
+  for (const auto& [name, v] : sums.sums) values.push_back(v);
+  auto totals = torch::tensor(values, torch::kDouble);
   s.dp().all_reduce(totals, comm::ReduceOp::kSum)->wait(s.timeout());
   module->train();
   EvalResult r;
-  r.count = static_cast<int64_t>(totals[2].item<double>());
-  r.loss = totals[0].item<double>() / std::max<int64_t>(r.count, 1);
-  r.accuracy = totals[1].item<double>() / std::max<int64_t>(r.count, 1);
-  if (objective.language_model()) r.perplexity = std::exp(r.loss);
+  r.count = static_cast<int64_t>(totals[0].item<double>());
+  const double n = static_cast<double>(std::max<int64_t>(r.count, 1));
+  for (std::size_t k = 0; k < sums.sums.size(); ++k) {
+    const double mean = totals[static_cast<int64_t>(k) + 1].item<double>() / n;
+    const std::string& name = sums.sums[k].first;
+    r.metrics.emplace_back("test_" + name, mean);
+    if (name == "loss") r.loss = mean;
+    if (name == "accuracy") r.accuracy = mean;
+  }
+  for (auto& [name, v] : s.task->derived(r.metrics)) {
+    if (name == "perplexity") r.perplexity = v;
+    r.metrics.emplace_back(std::move(name), v);
+  }
   return r;
 }
 

@@ -15,8 +15,11 @@
 #include <ATen/core/Tensor.h>
 
 #include "paratrain/comm/process_group.h"
+#include "paratrain/train/builders.h"
 #include "paratrain/train/callbacks.h"
 #include "paratrain/train/config.h"
+#include "paratrain/train/task.h"
+#include "paratrain/train/user_module.h"
 
 namespace paratrain::comm {
 class Rejoiner;
@@ -32,10 +35,29 @@ namespace paratrain::train {
 
 /// One evaluation of the model on the test (or validation) split.
 struct EvalResult {
-  double loss = 0;        ///< mean cross-entropy per prediction
-  double accuracy = 0;    ///< argmax == target (next-token accuracy for a language model)
+  double loss = 0;        ///< the task's mean loss per prediction (cross-entropy for the built-ins)
+  double accuracy = 0;    ///< argmax == target (next-token accuracy for a language model); 0 when the task has none
   int64_t count = 0;      ///< predictions: test examples, or validation tokens for a language model
   double perplexity = 0;  ///< exp(loss) for a language model; 0 otherwise
+  /// Every figure, as logged: "test_<name>" for each of the task's sums
+  /// (test_loss, test_accuracy, a user task's own), then derived ones
+  /// ("perplexity").
+  std::vector<std::pair<std::string, double>> metrics;
+};
+
+/// What a program brings besides its config: its own model, task and data
+/// (the C++ user's LightningModule and DataModule). A part left empty comes
+/// from the config as for `paratrain train`: model.kind, the built-in task
+/// for it (task_for_config), data.dataset.
+struct TrainerParts {
+  /// The model, built once per rank under run.seed: any_module(builder) for
+  /// any torch::nn::Module (user_module.h), or a builder of a paratrain model.
+  ModelBuilder model;
+  /// Its loss and evaluation metrics (task.h).
+  std::shared_ptr<Task> task;
+  /// The train and test sets: every rank must get the same rows in the same
+  /// order (the sampler splits them).
+  std::function<Datasets(const TrainConfig&)> data;
 };
 
 /// What Trainer::fit() did.
@@ -65,8 +87,10 @@ struct TrainResult {
 class Trainer {
  public:
   /// `world` must outlive the trainer; every rank constructs one with the
-  /// same config. Builds everything up front so errors surface before step 1.
-  Trainer(TrainConfig config, comm::ProcessGroup& world);
+  /// same config (and parts). Builds everything up front so errors surface
+  /// before step 1. With `parts.model`, strategies that cut a model into
+  /// layers (parallel.pp, tp, cp > 1) are a ConfigError.
+  Trainer(TrainConfig config, comm::ProcessGroup& world, TrainerParts parts = {});
   ~Trainer();
 
   /// Trains for train.epochs (or train.max_steps), evaluating and
@@ -88,8 +112,8 @@ class Trainer {
   /// `<run.output_dir>/<run.name>/version_<N>` (run_dir.h).
   std::filesystem::path run_dir() const;
 
-  /// Test-set loss and accuracy of the current model, reduced over ranks
-  /// (each rank evaluates a strided share). Collective.
+  /// The task's metrics of the current model on the test set, reduced over
+  /// ranks (each rank evaluates a strided share). Collective.
   EvalResult evaluate();
 
   /// The module being trained. Under ZeRO-3 its parameters are views of

@@ -22,6 +22,7 @@
 #include "paratrain/train/checkpointing.h"
 #include "paratrain/train/metrics.h"
 #include "paratrain/train/strategy.h"
+#include "paratrain/train/task.h"
 #include "paratrain/train/trainer.h"
 
 namespace paratrain::train {
@@ -36,6 +37,8 @@ struct Trainer::State {
   std::shared_ptr<comm::ProcessGroup> owned_world;
   std::shared_ptr<comm::Rejoiner> rejoiner;  // elastic.in_job; null otherwise
   std::filesystem::path run_dir;
+  ModelBuilder model_builder;  // TrainerParts::model; empty: model.kind
+  std::shared_ptr<Task> task;  // the loss and metrics: TrainerParts::task or task_for_config
   std::unique_ptr<topology::DeviceMesh> mesh;
   std::unique_ptr<Strategy> strategy;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
@@ -70,5 +73,11 @@ struct Trainer::State {
   comm::ProcessGroup& dp() const { return mesh->group(Axis::kDp); }
   std::chrono::milliseconds timeout() const { return std::chrono::seconds(config.world.timeout_s); }
 };
+
+// The strategy over s.mesh with its model drawn from run.seed, the optimizer
+// over its tensors and the loss scaler: the run's start. The Trainer's
+// constructor and in-job recovery's rollback (in_job_rollback.cpp) both.
+// Collective (the strategy's broadcast of the initial weights).
+void build_model_and_optimizer(Trainer::State& s);
 
 }  // namespace paratrain::train

@@ -57,4 +57,10 @@ grep -q 'FSDP on 2 ranks' fsdp.log
 "$cli" launch --nproc-per-node 2 -- "$work/examples/trainer_custom_model/trainer_custom_model" \
   "$src/examples/trainer_custom_model/spirals.toml" train.epochs=1 zero.stage=3 run.output_dir="$work/runs" | tee trainer.log
 grep -q 'test accuracy' trainer.log
+
+# The Trainer on the program's own module and loss, 2 ranks under ZeRO-2.
+"$cli" launch --nproc-per-node 2 -- "$work/examples/trainer_own_loss/trainer_own_loss" \
+  "$src/examples/trainer_own_loss/multitask.toml" train.epochs=1 zero.stage=2 run.output_dir="$work/runs" | tee own_loss.log
+grep -q 'test value MSE' own_loss.log
+grep -q '"test_value_mse"' "$work"/runs/multitask/version_0/metrics.jsonl
 echo "install-and-consume: OK"

@@ -15,7 +15,7 @@
 #include "paratrain/train/config.h"
 #include "paratrain/train/generate.h"
 #include "paratrain/train/memory_plan.h"
-#include "paratrain/train/objective.h"
+#include "paratrain/train/task.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/gpt_run.h"
 #include "tests/support/multi_rank.h"
@@ -134,22 +134,27 @@ TEST(GptTrainer, GeneratesFromTheSavedCheckpoint) {
   EXPECT_THROW(config_for_checkpoint(fs::path(dir) / "nowhere" / "step_1"), ConfigError);
 }
 
-TEST(LanguageModelObjective, LossIsTheMeanTokenCrossEntropy) {
+TEST(LanguageModelTask, LossIsTheMeanTokenCrossEntropy) {
   torch::manual_seed(0);
   auto logits = torch::randn({2, 3, 5});
   auto targets = torch::randint(0, 5, {2, 3}, torch::kLong);
-  const Objective lm(Objective::Kind::kLanguageModel, 3);
+  const auto lm = language_model_task(3);
   double manual = 0;
   for (int b = 0; b < 2; ++b)
     for (int t = 0; t < 3; ++t)
       manual -= torch::log_softmax(logits[b][t], 0)[targets[b][t].item<int64_t>()].item<double>();
-  EXPECT_NEAR(lm.loss()(logits, targets.to(torch::kByte)).item<double>(), manual / 6, 1e-5);
-  const EvalSums sums = lm.eval_sums(logits, targets);
-  EXPECT_NEAR(sums.loss, manual, 1e-4);
+  EXPECT_NEAR(lm->loss(logits, targets.to(torch::kByte)).item<double>(), manual / 6, 1e-5);
+  const EvalSums sums = lm->eval_sums(logits, targets);
+  EXPECT_NEAR(sums.get("loss"), manual, 1e-4);
   EXPECT_EQ(sums.count, 6);
-  EXPECT_EQ(sums.correct, logits.argmax(2).eq(targets).sum().item<double>());
-  EXPECT_THROW(lm.loss()(logits.reshape({6, 5}), targets), c10::Error);
-  EXPECT_EQ(Objective(Objective::Kind::kClassification).eval_sums(logits[0], targets[0]).count, 3);
+  EXPECT_EQ(sums.get("accuracy"), logits.argmax(2).eq(targets).sum().item<double>());
+  EXPECT_THROW(lm->loss(logits.reshape({6, 5}), targets), c10::Error);
+  EXPECT_EQ(classification_task()->eval_sums(logits[0], targets[0]).count, 3);
+  // Perplexity is exp of the reduced test loss.
+  const auto derived = lm->derived({{"test_loss", 2.0}, {"test_accuracy", 0.5}});
+  ASSERT_EQ(derived.size(), 1u);
+  EXPECT_EQ(derived[0].first, "perplexity");
+  EXPECT_NEAR(derived[0].second, std::exp(2.0), 1e-12);
 }
 
 TEST(GptConfig, RulesNameTheKeys) {

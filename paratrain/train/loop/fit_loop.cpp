@@ -15,7 +15,7 @@
 namespace paratrain::train {
 
 FitLoop::FitLoop(Trainer& trainer, Trainer::State& s)
-    : trainer_(trainer), s_(s), objective_(Objective::for_config(s.config)), plan_(s),
+    : trainer_(trainer), s_(s), plan_(s),
       losses_(s.strategy->data_shard().computes, s.timeout(), s.step),
       recovery_(s, [this](const Recovery& r) {
         if (r.rolled_back) checkpoints_.restored(s_.step);  // the redone steps' checkpoints are saved again
@@ -35,7 +35,10 @@ FitLoop::FitLoop(Trainer& trainer, Trainer::State& s)
   // sees the same number of examples and the loader stands at a multiple of
   // k at every step boundary, where checkpoints are taken. k may change in
   // an in-job recovery with elastic.keep_global_batch: read from the plan.
-  micro_loss_ = [this, loss = scaled_loss(objective_.loss(), s.scaler.get())](const at::Tensor& o,
+  LossFn task_loss = [task = s.task](const at::Tensor& output, const at::Tensor& targets) {
+    return task->loss(output, targets);
+  };
+  micro_loss_ = [this, loss = scaled_loss(std::move(task_loss), s.scaler.get())](const at::Tensor& o,
                                                                               const at::Tensor& t) {
     const int64_t k = plan_.accumulate;
     return k == 1 ? loss(o, t) : loss(o, t) / static_cast<double>(k);
@@ -186,11 +189,8 @@ Outcome FitLoop::evaluate(int64_t epoch) {
       Outcome::kRolledBack) {
     return Outcome::kRolledBack;
   }
-  EvalInfo eval{.step = s_.step, .epoch = epoch,
-                .metrics = {{"test_loss", result_.test.loss}, {"test_accuracy", result_.test.accuracy},
-                            {"train_loss", result_.last_train_loss}},
-                .count = result_.test.count};
-  if (objective_.language_model()) eval.metrics.emplace_back("perplexity", result_.test.perplexity);
+  EvalInfo eval{.step = s_.step, .epoch = epoch, .metrics = result_.test.metrics, .count = result_.test.count};
+  eval.metrics.emplace_back("train_loss", result_.last_train_loss);
   s_.each_callback([&](Callback& cb) { cb.on_validation_end(eval); });
   return Outcome::kDone;
 }

@@ -17,7 +17,7 @@
 #include "paratrain/train/loop/metrics_logger.h"
 #include "paratrain/train/loop/recovery.h"
 #include "paratrain/train/loop/run_plan.h"
-#include "paratrain/train/objective.h"
+#include "paratrain/train/task.h"
 #include "paratrain/train/trainer.h"
 
 namespace paratrain::train {
@@ -44,7 +44,6 @@ class FitLoop {
   Trainer& trainer_;
   Trainer::State& s_;
   TrainResult result_;
-  Objective objective_;
   LossFn micro_loss_;
   RunPlan plan_;
   LossWindow losses_;

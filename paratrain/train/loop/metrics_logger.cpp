@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "paratrain/train/metrics.h"
@@ -46,14 +47,24 @@ void MetricsLogger::on_validation_end(const EvalInfo& eval) {
                                            std::max<int64_t>(s_.loader->num_batches(), 1);
   nlohmann::json record = {{"kind", "eval"}, {"epoch", eval.epoch}, {"step", eval.step},
                            {"samples", eval.step * plan_.global_batch}, {"epoch_progress", progress},
-                           {"test_loss", loss}, {"test_accuracy", accuracy}};
+                           {"test_loss", loss}};
+  if (eval.get("test_accuracy")) record["test_accuracy"] = accuracy;
+  // A program's task logs its own figures beside (test_<name>).
+  std::string others;
+  for (const auto& [name, v] : eval.metrics) {
+    if (name == "test_loss" || name == "test_accuracy" || name == "train_loss") continue;
+    record[name] = v;
+    if (name != "perplexity") others += fmt::format(" {} {:.4g}", name.substr(name.rfind("test_", 0) == 0 ? 5 : 0), v);
+  }
   if (perplexity) {
     spdlog::info("epoch {}/{} step {} val loss {:.4f} perplexity {:.2f} next-token accuracy {:.2f}% ({} tokens)",
                  eval.epoch + 1, c.train.epochs, eval.step, loss, *perplexity, 100 * accuracy, eval.count);
-    record["perplexity"] = *perplexity;
+  } else if (eval.get("test_accuracy")) {
+    spdlog::info("epoch {}/{} test loss {:.4f} accuracy {:.2f}%{} ({} items)", eval.epoch + 1, c.train.epochs, loss,
+                 100 * accuracy, others, eval.count);
   } else {
-    spdlog::info("epoch {}/{} test loss {:.4f} accuracy {:.2f}% ({} items)", eval.epoch + 1, c.train.epochs, loss,
-                 100 * accuracy, eval.count);
+    spdlog::info("epoch {}/{} test loss {:.4f}{} ({} items)", eval.epoch + 1, c.train.epochs, loss, others,
+                 eval.count);
   }
   s_.log_record(std::move(record));
 }

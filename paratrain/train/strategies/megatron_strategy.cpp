@@ -25,7 +25,7 @@
 #include "paratrain/tensor_parallel/layers.h"
 #include "paratrain/tensor_parallel/mappings.h"
 #include "paratrain/tensor_parallel/shards.h"
-#include "paratrain/train/objective.h"
+#include "paratrain/train/task.h"
 #include "paratrain/train/strategies/builtin.h"
 #include "paratrain/train/strategies/common.h"
 #include "paratrain/train/strategies/megatron_stages.h"
@@ -73,7 +73,7 @@ double loss_factor(const LossFn& loss_fn) {
   at::NoGradGuard no_grad;
   const at::Tensor logits = at::zeros({1, 1, kVocab});
   const at::Tensor targets = at::zeros({1, 1}, at::kLong);
-  const double plain = Objective(Objective::Kind::kLanguageModel).loss()(logits, targets).item<double>();
+  const double plain = language_model_task(1)->loss(logits, targets).item<double>();
   return loss_fn(logits, targets).item<double>() / plain;
 }
 
@@ -87,7 +87,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
         pp_(ctx.mesh.group(Axis::kPp)),
         mesh_(ctx.mesh),
         timeout_(ctx.timeout) {
-    if (config_.model.kind != "gpt") {
+    if (!builds_gpt(config_)) {
       throw ConfigError(fmt::format("the megatron strategy (parallel.tp / parallel.cp) trains model.kind = "
                                     "\"gpt\"; got \"{}\"",
                                     config_.model.kind));

@@ -26,7 +26,7 @@
 #include "paratrain/pipeline/tied.h"
 #include "paratrain/pipeline/timeline.h"
 #include "paratrain/train/batch_size.h"
-#include "paratrain/train/objective.h"
+#include "paratrain/train/task.h"
 #include "paratrain/train/strategies/builtin.h"
 #include "paratrain/train/strategies/common.h"
 #include "paratrain/train/strategies/pipeline_parts.h"
@@ -108,7 +108,7 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     const int chunks = shape_.stages * shape_.virtual_stages;
     // A GPT reads token ids (model_input_shape: one window).
     const auto shapes = pipeline::infer_boundary_shapes(layers, model_input_shape(config_),
-                                                        config_.model.kind == "gpt" ? at::kLong : at::kFloat);
+                                                        builds_gpt(config_) ? at::kLong : at::kFloat);
     bounds_ = config_.pipeline.split.empty()
                   ? pipeline::balanced_partition(layer_costs(layers, shapes), chunks)
                   : pipeline::explicit_partition(config_.pipeline.split, static_cast<int>(layers.size()), chunks);
@@ -295,10 +295,10 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     const int64_t rows = resolve_batch_sizes(config_, dp_.size()).per_rank / config_.pipeline.microbatches;
     // The last layer's time includes the objective's loss (cross-entropy over
     // the last dimension; which targets does not change its cost).
-    const LossFn loss = Objective::for_config(config_).loss();
-    const auto mine = pipeline::measure_layer_times(layers, shapes, rows, [&loss](const at::Tensor& out) {
+    const auto task = task_for_config(config_);
+    const auto mine = pipeline::measure_layer_times(layers, shapes, rows, [&task](const at::Tensor& out) {
       const auto lead = out.sizes().slice(0, out.dim() - 1);
-      return loss(out, torch::zeros(lead, torch::kLong));
+      return task->loss(out, torch::zeros(lead, torch::kLong));
     });
     at::Tensor t = torch::tensor(mine, torch::kDouble);
     world.all_reduce(t, comm::ReduceOp::kMin)->wait(timeout_);
