@@ -2,7 +2,8 @@
 // name, then a TOML config names them (model.kind, data.dataset) and every
 // other key (zero.stage, optimizer, lr schedule, checkpoints, resume) works
 // as for the built-in models. Usage: trainer_custom_model CONFIG [key=value...]
-// paratrain-specific: 10 of 45 code lines (blank and comment lines not counted).
+// paratrain-specific: 12 of 45 code lines (those naming paratrain or the world, and
+// the model's override; blank and comment lines not counted).
 #include <paratrain/paratrain.h>
 #include <torch/torch.h>
 

@@ -1,11 +1,13 @@
 // One protocol for the three data-parallel wrappers a C++ user wraps their own
 // module in: DistributedDataParallel, ZeroDataParallel (stages 1 and 2) and
-// FullyShardedDataParallel take the same loop (prepare_forward before each
-// forward, step(optimizer) after each synchronized backward, no_sync() around
-// the micro-batches of an accumulation that only accumulate), and with it
-// train at 2 ranks what one process trains on the global batch. Stepping
-// inside no_sync() is an error naming it, on every wrapper, instead of
-// replicas that silently drift apart.
+// FullyShardedDataParallel take the same loop (step(optimizer) after each
+// synchronized backward, no_sync() around the micro-batches of an
+// accumulation that only accumulate; prepare_forward() before a forward
+// optional, since the constructor and step() prepare the next one), and with
+// it train at 2 ranks what one process trains on the global batch, with or
+// without prepare_forward(). A rank whose loss reaches no parameter joins its
+// peers in step() with no other call. Stepping inside no_sync() is an error
+// naming it, on every wrapper, instead of replicas that silently drift apart.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -57,13 +59,13 @@ std::map<std::string, at::Tensor> reference() {
 // The one loop, for any wrapper W: rank r's half of each global batch in
 // kMicro micro-batches, the first ones under no_sync().
 template <typename W>
-void train(W& wrapper, TwoOutNet& net, torch::optim::Optimizer& opt, int rank, int size) {
+void train(W& wrapper, TwoOutNet& net, torch::optim::Optimizer& opt, int rank, int size, bool prepare) {
   const int64_t per_rank = kGlobal / size, micro = per_rank / kMicro;
   for (int64_t s = 0; s < kSteps; ++s) {
     opt.zero_grad();
     const int64_t first = s * kGlobal + rank * per_rank;
     auto micro_step = [&](int64_t m) {
-      wrapper.prepare_forward();
+      if (prepare) wrapper.prepare_forward();
       const int64_t a = first + m * micro;
       (user_loss(net->forward(xs().slice(0, a, a + micro)), ys().slice(0, a, a + micro)) / kMicro).backward();
     };
@@ -94,6 +96,7 @@ std::map<std::string, at::Tensor> named(torch::nn::Module& m) {
 
 TEST(WrapperProtocol, DdpZeroAndFsdpTrainTheSameLoopEqualToOneProcess) {
   const auto want = reference();
+  for (const bool prepare : {true, false})
   for (const std::string kind : {"ddp", "zero1", "zero2", "fsdp"}) {
     std::map<std::string, at::Tensor> got;
     paratrain::testing::run_ranks(2, [&](paratrain::ProcessGroup& g) {
@@ -102,26 +105,26 @@ TEST(WrapperProtocol, DdpZeroAndFsdpTrainTheSameLoopEqualToOneProcess) {
       if (kind == "ddp") {
         paratrain::DistributedDataParallel w(net.ptr(), g);
         torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-        train(w, net, opt, g.rank(), g.size());
+        train(w, net, opt, g.rank(), g.size(), prepare);
         mine = named(*net);
       } else if (kind == "fsdp") {
         paratrain::FsdpOptions o;
         o.unit_min_params = 0;
         paratrain::FullyShardedDataParallel w(net.ptr(), g, o);
         torch::optim::SGD opt(w.optimizer_params(), torch::optim::SGDOptions(0.05).momentum(0.9));
-        train(w, net, opt, g.rank(), g.size());
+        train(w, net, opt, g.rank(), g.size(), prepare);
         for (auto& [name, t] : w.full_parameters()) mine[name] = t.clone();
       } else {
         paratrain::ZeroOptions o;
         o.stage = kind == "zero1" ? 1 : 2;
         paratrain::ZeroDataParallel w(net.ptr(), g, o);
         torch::optim::SGD opt(w.optimizer_params(), torch::optim::SGDOptions(0.05).momentum(0.9));
-        train(w, net, opt, g.rank(), g.size());
+        train(w, net, opt, g.rank(), g.size(), prepare);
         mine = named(*net);
       }
       if (g.rank() == 1) got = mine;
     });
-    expect_equal(got, want, kind);
+    expect_equal(got, want, kind + (prepare ? " with prepare_forward()" : " with step() only"));
   }
   // Negative control: rank 1 stepping on its own half (no wrapper, the
   // gradients never averaged) is told apart.
@@ -137,6 +140,44 @@ TEST(WrapperProtocol, DdpZeroAndFsdpTrainTheSameLoopEqualToOneProcess) {
   double worst = 0;
   for (const auto& [name, w] : want) worst = std::max(worst, (local.at(name) - w).abs().max().item<double>());
   EXPECT_GT(worst, 1e-3);
+}
+
+// A rank whose loss reaches no parameter (no data this step) fires no
+// gradient hook; with only step() in the loop, DDP and ZeRO-1/2 join the
+// peers' collectives with zero gradients instead of leaving them waiting,
+// and the replicas stay equal.
+TEST(WrapperProtocol, ARankWhoseLossReachesNoParameterJoinsInStepAlone) {
+  for (const std::string kind : {"ddp", "zero1", "zero2"}) {
+    std::vector<std::map<std::string, at::Tensor>> got(2);
+    paratrain::testing::run_ranks(2, [&](paratrain::ProcessGroup& g) {
+      auto net = make_net();
+      auto loop = [&](auto& w, torch::optim::Optimizer& opt) {
+        for (int64_t s = 0; s < 3; ++s) {
+          opt.zero_grad();
+          const int64_t a = s * kGlobal + g.rank() * (kGlobal / 2);
+          torch::Tensor loss = (g.rank() == 1 && s == 1)
+                                   ? torch::zeros({}, torch::requires_grad())  // reaches no parameter
+                                   : user_loss(net->forward(xs().slice(0, a, a + kGlobal / 2)),
+                                               ys().slice(0, a, a + kGlobal / 2));
+          loss.backward();
+          w.step(opt);
+        }
+      };
+      if (kind == "ddp") {
+        paratrain::DistributedDataParallel w(net.ptr(), g);
+        torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05));
+        loop(w, opt);
+      } else {
+        paratrain::ZeroOptions o;
+        o.stage = kind == "zero1" ? 1 : 2;
+        paratrain::ZeroDataParallel w(net.ptr(), g, o);
+        torch::optim::SGD opt(w.optimizer_params(), torch::optim::SGDOptions(0.05));
+        loop(w, opt);
+      }
+      got[g.rank()] = named(*net);
+    }, std::chrono::seconds(30));
+    expect_equal(got[1], got[0], kind + ": replicas after a join");
+  }
 }
 
 // Stepping inside no_sync() would step on this rank's own gradients: named

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <unordered_set>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -42,13 +43,15 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   broadcast_coalesced(group_, tensors_of(buffers_), kSourceRank, timeout);
 
   reducer_ = std::make_unique<Reducer>(std::move(params), group_, options_.reducer);
+  // The first forward is prepared: parameters and buffers are rank 0's.
+  reducer_->prepare_forward();
 }
 
 DistributedDataParallel::~DistributedDataParallel() = default;
 
 void DistributedDataParallel::prepare_forward() {
   reducer_->prepare_forward();
-  if (options_.broadcast_buffers) sync_buffers();
+  if (options_.broadcast_buffers && !std::exchange(buffers_fresh_, false)) sync_buffers();
 }
 
 void DistributedDataParallel::step(torch::optim::Optimizer& optimizer) {
@@ -60,6 +63,9 @@ void DistributedDataParallel::step(torch::optim::Optimizer& optimizer) {
   }
   finish_backward();
   optimizer.step();
+  // The next forward needs nothing from the loop (Note [One wrapper protocol]).
+  prepare_forward();
+  buffers_fresh_ = true;
 }
 
 void DistributedDataParallel::sync_buffers() {

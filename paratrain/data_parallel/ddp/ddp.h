@@ -2,19 +2,18 @@
 // start identical (parameters and buffers broadcast from rank 0), and every
 // loss.backward() returns with gradients averaged over the group, reduced in
 // buckets that overlap with backward (reducer.h). The user keeps calling their
-// model; DDP needs prepare_forward() before each forward and step(optimizer)
-// after each backward, the protocol ZeRO (zero.h) and FSDP (fsdp.h) share
-// (Note [One wrapper protocol] in docs/notes/ddp.md). Not here: the reduction
-// itself (reducer.h), the naive twin (naive.h).
+// model; a loop needs only step(optimizer) after each backward, the protocol
+// ZeRO (zero.h) and FSDP (fsdp.h) share (Note [One wrapper protocol] in
+// docs/notes/ddp.md): the constructor and each step() prepare the next
+// forward. Not here: the reduction itself (reducer.h), the naive twin (naive.h).
 //
 //   model->to(device_or_dtype);   // before wrapping, never after
 //   DistributedDataParallel ddp(model, group);
 //   for (...) {
-//     ddp.prepare_forward();
 //     auto loss = loss_fn(model->forward(shard_of_batch), target);
 //     optimizer.zero_grad();
 //     loss.backward();          // returns with averaged gradients
-//     ddp.step(optimizer);      // joins if this rank's loss reached no parameter, then steps
+//     ddp.step(optimizer);      // joins if this rank's loss reached no parameter, steps, prepares the next forward
 //   }
 #pragma once
 
@@ -62,11 +61,15 @@ class DistributedDataParallel {
   const std::shared_ptr<torch::nn::Module>& module_ptr() const { return module_; }  ///< the same, shared
   comm::ProcessGroup& group() { return group_; }  ///< the ranks gradients are averaged over
 
-  /// Call before each forward (also inside no_sync()). Collective when
-  /// broadcast_buffers and the module has buffers. Also abandons a step whose
-  /// backward threw, so training can go on after a caught error, and throws
-  /// Error if the model's parameters were moved or converted after wrapping
-  /// (model->to(...)): wrap after moving the model.
+  /// Prepares the next forward: opens the reducer's iteration (whose
+  /// finish_backward() joins the peers when this rank's loss reaches no
+  /// parameter) and brings buffers in line with rank 0's (broadcast_buffers;
+  /// collective when the module has buffers). The constructor and step() do
+  /// it, so a loop need not; call it before a forward whose buffers changed
+  /// since (each micro-batch of an accumulation, as PyTorch's forward does),
+  /// and to abandon a step whose backward threw, so training can go on after
+  /// a caught error. Throws Error if the model's parameters were moved or
+  /// converted after wrapping (model->to(...)): wrap after moving the model.
   void prepare_forward();
 
   /// Call after each loss.backward() (a trainer must; also inside no_sync(),
@@ -78,11 +81,12 @@ class DistributedDataParallel {
   /// an error even without find_unused_parameters. Collective in that case.
   void finish_backward() { reducer_->finish_backward(); }
 
-  /// After each synchronized backward: finish_backward(), then
-  /// optimizer.step(), as ZeroDataParallel::step() and
-  /// FullyShardedDataParallel::step() do for theirs. Throws Error (before
-  /// stepping) inside no_sync(), where the gradients are this rank's own and
-  /// stepping on them would let the replicas drift apart.
+  /// After each synchronized backward: finish_backward(), optimizer.step(),
+  /// then prepares the next forward (prepare_forward(); collective), as
+  /// ZeroDataParallel::step() and FullyShardedDataParallel::step() do for
+  /// theirs. Throws Error (before stepping) inside no_sync(), where the
+  /// gradients are this rank's own and stepping on them would let the
+  /// replicas drift apart.
   void step(torch::optim::Optimizer& optimizer);
 
   /// Collective: overwrites every rank's buffers (BatchNorm running
@@ -120,6 +124,9 @@ class DistributedDataParallel {
   DdpOptions options_;
   std::vector<NamedTensor> buffers_;
   std::unique_ptr<Reducer> reducer_;
+  /// step() just brought the buffers in line: the next prepare_forward()
+  /// need not broadcast them again.
+  bool buffers_fresh_ = false;
 };
 
 /// The module's trainable parameters (requires_grad), each tensor once, in

@@ -12,8 +12,7 @@
 //
 //   FullyShardedDataParallel fsdp(model, group, options);
 //   torch::optim::Adam opt(fsdp.optimizer_params(), ...);   // shard pieces only
-//   for (...) {
-//     fsdp.prepare_forward();
+//   for (...) {                 // forward on the thread that built fsdp (else prepare_forward() first)
 //     auto loss = loss_fn(model->forward(shard_of_batch), target);
 //     opt.zero_grad();
 //     loss.backward();        // returns with averaged gradient slices in the pieces' .grad

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -128,6 +129,9 @@ ZeroDataParallel::ZeroDataParallel(std::shared_ptr<torch::nn::Module> module, co
     reducer_options.comm_hook = ddp::low_precision_hook(options_.comm_wire);
   }
   reducer_ = std::make_unique<ddp::Reducer>(params_, group_, std::move(reducer_options));
+  // The first forward is prepared (Note [One wrapper protocol]).
+  reducer_->prepare_forward();
+  forward_prepared_ = true;
 }
 
 ZeroDataParallel::~ZeroDataParallel() = default;
@@ -138,7 +142,7 @@ void ZeroDataParallel::prepare_forward() {
   reducer_->prepare_forward();
   forward_prepared_ = true;
   clear_full_grads();
-  if (options_.broadcast_buffers && !buffers_.empty()) {
+  if (options_.broadcast_buffers && !buffers_.empty() && !std::exchange(buffers_fresh_, false)) {
     ddp::broadcast_coalesced(group_, buffers_, kSourceRank, options_.timeout);
   }
 }
@@ -245,6 +249,9 @@ void ZeroDataParallel::begin_step() {
 void ZeroDataParallel::end_step() {
   clear_full_grads();
   gather_parameters();
+  // The next forward needs nothing from the loop (Note [One wrapper protocol]).
+  prepare_forward();
+  buffers_fresh_ = true;
 }
 
 void ZeroDataParallel::step(torch::optim::Optimizer& optimizer) {

@@ -9,11 +9,10 @@
 //   ZeroDataParallel zero(model, dp, {.stage = 2});
 //   torch::optim::Adam opt(zero.optimizer_params(), torch::optim::AdamOptions(1e-3));
 //   for (...) {
-//     zero.prepare_forward();
 //     auto loss = loss_fn(model->forward(shard_of_batch), target);
 //     loss.backward();            // stage 2: gradients reduce-scattered during backward
 //     zero.clip_grad_norm(1.0);   // optional: global norm over all shards
-//     zero.step(opt);             // opt.step() on the shard, then all-gather parameters
+//     zero.step(opt);             // opt.step() on the shard, all-gather parameters, prepare the next forward
 //   }
 #pragma once
 
@@ -100,9 +99,13 @@ class ZeroDataParallel {
   /// other ranks.
   const std::vector<at::Tensor>& optimizer_params() const { return piece_params_; }
 
-  /// Call before each forward (also inside no_sync()): abandons a failed step,
-  /// zeroes stage 1's full .grad if a finished backward was not stepped yet
-  /// (as step() does), and broadcasts buffers (when enabled; collective then).
+  /// Prepares the next forward: opens the reducer's iteration (whose
+  /// finish_backward() joins the peers when this rank's loss reaches no
+  /// parameter), abandons a failed step, zeroes stage 1's full .grad if a
+  /// finished backward was not stepped yet, and broadcasts buffers (when
+  /// enabled; collective then). The constructor and step()/end_step() do it,
+  /// so a loop need not; call it before a forward whose buffers changed since
+  /// (each micro-batch of an accumulation) or after a caught error.
   void prepare_forward();
 
   /// After a synchronized backward: stage 1 points each shard gradient at this
@@ -122,7 +125,7 @@ class ZeroDataParallel {
 
   /// Collective. optimizer.step() on the shard, zeroes stage 1's full .grad
   /// (the optimizer's zero_grad() reaches only this rank's slices), then
-  /// gather_parameters().
+  /// gather_parameters() and prepare_forward() for the next forward.
   /// `optimizer` must be built over optimizer_params(). Throws Error when no
   /// synchronized backward ran since the last step (e.g. still in no_sync()).
   void step(torch::optim::Optimizer& optimizer);
@@ -190,6 +193,7 @@ class ZeroDataParallel {
   int64_t stepped_steps_ = 0;             ///< finished_steps_ at the last step()
   bool full_grads_pending_ = false;       ///< stage 1: averaged full .grad not yet zeroed
   bool forward_prepared_ = false;         ///< prepare_forward() ran: finish_backward() may join
+  bool buffers_fresh_ = false;            ///< end_step() broadcast the buffers: the next prepare_forward() need not
 };
 
 }  // namespace paratrain::zero
