@@ -20,8 +20,8 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "paratrain/comm/flight_recorder.h"
-#include "paratrain/comm/recording_group.h"
+#include "paratrain/comm/doctor/flight_recorder.h"
+#include "paratrain/comm/doctor/recording_group.h"
 #include "paratrain/comm/rendezvous.h"
 #include "paratrain/core/error.h"
 #include "paratrain/core/logging.h"

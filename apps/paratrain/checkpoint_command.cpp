@@ -1,7 +1,7 @@
 // `paratrain checkpoint consolidate|inspect CKPT` and `compare A B`: offline
 // tools over checkpoints (sharded step directories or single files). Parsing
 // only; the work is consolidate_checkpoint / describe_checkpoint in
-// paratrain/train/checkpoint/sharded.h and compare_checkpoints in compare.h,
+// paratrain/checkpoint/sharded.h and compare_checkpoints in compare.h,
 // errors go to main.cpp's handler.
 #include <cstdio>
 #include <memory>
@@ -10,8 +10,8 @@
 #include <CLI/CLI.hpp>
 
 #include "apps/paratrain/commands.h"
-#include "paratrain/train/checkpoint/compare.h"
-#include "paratrain/train/checkpoint/sharded.h"
+#include "paratrain/checkpoint/compare.h"
+#include "paratrain/checkpoint/sharded.h"
 
 namespace paratrain::cli {
 

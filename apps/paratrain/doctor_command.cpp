@@ -2,7 +2,7 @@
 // for their hang-doctor records (SIGUSR1), waits for the fresh dumps, then
 // says which rank is behind and on which collective, and writes a Chrome
 // trace of the last seconds. Finding processes and waiting only; the
-// analysis is paratrain/train/doctor.h.
+// analysis is paratrain/comm/doctor/dump_reader.h.
 #include <signal.h>
 #include <unistd.h>
 
@@ -20,10 +20,10 @@
 #include <fmt/format.h>
 
 #include "apps/paratrain/commands.h"
-#include "paratrain/comm/doctor_watchdog.h"
+#include "paratrain/comm/doctor/doctor_watchdog.h"
 #include "paratrain/core/atomic_file.h"
 #include "paratrain/core/error.h"
-#include "paratrain/train/doctor.h"
+#include "paratrain/comm/doctor/dump_reader.h"
 #include "paratrain/train/run_dir.h"
 
 namespace paratrain::cli {
@@ -118,11 +118,11 @@ Command add_doctor_command(CLI::App& app) {
         std::cout << fmt::format("paratrain doctor: rank {} did not answer within {:g} s; using its older dump, if any\n",
                                  rank, args->wait_s);
     }
-    const auto dumps = train::read_dumps(doctor_dir);
-    const auto report = train::diagnose(dumps, 0, args->min_lag_s);
+    const auto dumps = comm::read_dumps(doctor_dir);
+    const auto report = comm::diagnose(dumps, 0, args->min_lag_s);
     std::cout << report.text() << "\n";
     const fs::path out = args->output.empty() ? doctor_dir / "trace.json" : fs::path(args->output);
-    write_file_atomically(out, train::doctor_trace(dumps, args->trace_s).dump());
+    write_file_atomically(out, comm::doctor_trace(dumps, args->trace_s).dump());
     std::cout << fmt::format("paratrain doctor: Chrome trace of the last {:g} s: {} (open in ui.perfetto.dev)\n",
                              args->trace_s, out.string());
     return report.diverged ? 1 : 0;

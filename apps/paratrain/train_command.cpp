@@ -20,10 +20,10 @@
 
 #include "apps/paratrain/commands.h"
 #include "apps/paratrain/stop_status.h"
-#include "paratrain/comm/doctor_watchdog.h"
+#include "paratrain/comm/doctor/doctor_watchdog.h"
 #include "paratrain/comm/peer_watch.h"
 #include "paratrain/comm/rejoin.h"
-#include "paratrain/comm/recording_group.h"
+#include "paratrain/comm/doctor/recording_group.h"
 #include "paratrain/comm/rendezvous.h"
 #include "paratrain/core/device.h"
 #include "paratrain/core/env.h"

@@ -8,7 +8,7 @@
 #include "paratrain/data_parallel/ddp/ddp.h"
 #include "paratrain/data_parallel/fsdp/fsdp.h"
 #include "paratrain/data_parallel/zero/zero.h"
-#include "paratrain/train/checkpoint/sharded.h"
+#include "paratrain/checkpoint/sharded.h"
 #include "paratrain/train/strategies/common.h"
 
 namespace paratrain {

@@ -2,7 +2,7 @@
 // format (one safetensors file per rank + index.json): whatever wraps the
 // model (nothing, DDP, ZeRO-1/2, FSDP), any other layout or world size loads
 // it back, and `paratrain checkpoint consolidate|inspect|compare` read it.
-// Not here: the format (train/checkpoint/sharded.h), run folders.
+// Not here: the format (checkpoint/sharded.h), run folders.
 #pragma once
 
 #include <cstdint>

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "paratrain/comm/process_group.h"
+#include "paratrain/data_parallel/ddp/bucket_plan.h"
 
 namespace paratrain::bench {
 
@@ -23,8 +24,8 @@ struct DdpBenchOptions {
   int warmup = 20;               ///< untimed steps first (allocator, BLAS buffers, sockets)
   int batch = 64;                ///< examples per rank and step
   double lr = 0.01;              ///< plain SGD, no momentum
-  double bucket_cap_mb = 25;     ///< MiB, as PyTorch's bucket_cap_mb
-  double first_bucket_cap_mb = 1;  ///< MiB, PyTorch's fixed first bucket
+  double bucket_cap_mb = ddp::kDefaultBucketCapBytes / double(1 << 20);  ///< MiB, as PyTorch's bucket_cap_mb
+  double first_bucket_cap_mb = ddp::kDefaultFirstBucketCapBytes / double(1 << 20);  ///< MiB, PyTorch's fixed first bucket
   bool gradient_as_bucket_view = false;
   /// ReducerOptions::symmetric_buffers: bucket buffers in the backend's
   /// symmetric memory (shm: the all-reduce reads them in place).

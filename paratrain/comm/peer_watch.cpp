@@ -19,7 +19,7 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
-#include "paratrain/comm/recording_group.h"
+#include "paratrain/comm/doctor/recording_group.h"
 #include "paratrain/core/error.h"
 #include "paratrain/core/process_state.h"
 

@@ -6,7 +6,7 @@
 // for world.timeout_s. For jobs no launcher watches (hand-started, torchrun,
 // mpirun, srun) and for the ranks of other nodes (a node's launcher sees only
 // its own). Not here: the launcher's file heartbeats (launch/heartbeat_monitor.h),
-// what the doctor makes of the dumps (train/doctor.h).
+// what the doctor makes of the dumps (comm/doctor/dump_reader.h).
 #pragma once
 
 #include <sys/socket.h>

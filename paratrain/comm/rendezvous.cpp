@@ -21,7 +21,7 @@
 #include "paratrain/comm/gloo/gloo_group.h"
 #include "paratrain/comm/mpi/mpi_group.h"
 #include "paratrain/comm/host_staging_group.h"
-#include "paratrain/comm/recording_group.h"
+#include "paratrain/comm/doctor/recording_group.h"
 #include "paratrain/comm/rejoin.h"
 #include "paratrain/comm/route.h"
 #include "paratrain/comm/hierarchical_group.h"
@@ -334,7 +334,7 @@ std::shared_ptr<ProcessGroup> with_recorder(std::shared_ptr<ProcessGroup> group,
   }
   if (options.doctor_records == 0) return group;
   // One recorder per rank, shared by every group of the rank; registered so
-  // that SIGUSR1 (comm/doctor_watchdog.h) can dump it.
+  // that SIGUSR1 (comm/doctor/doctor_watchdog.h) can dump it.
   auto recorder = std::make_shared<FlightRecorder>(world.rank, options.doctor_records);
   register_recorder(recorder);
   RecordingOptions recording;

@@ -87,7 +87,7 @@ struct InitOptions {
   std::string bind_address;
   // Hang doctor: the world group (and every sub-group made from it) records
   // its last `doctor_records` collectives in a ring buffer
-  // (comm/recording_group.h); 0 returns the backend's group unwrapped.
+  // (comm/doctor/recording_group.h); 0 returns the backend's group unwrapped.
   std::size_t doctor_records = 256;
 };
 

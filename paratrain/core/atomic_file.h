@@ -1,6 +1,6 @@
 // Replacing a file whole: readers see the old file or the new one, never half
 // of one. Used for run metadata (config.toml), traces and data caches; the
-// checkpoint tensors have their own writer (train/checkpoint/safetensors.h).
+// checkpoint tensors have their own writer (checkpoint/safetensors.h).
 #pragma once
 
 #include <filesystem>

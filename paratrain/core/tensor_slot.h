@@ -2,7 +2,7 @@
 // the global tensor `name`". The vocabulary between strategies (which know
 // what each rank holds: a full replica, a ZeRO shard piece, a TP slice) and
 // sharded checkpoints (which store and re-cut global tensors). Not a tensor
-// type and no I/O: see train/checkpoint/sharded.h for how slots are saved.
+// type and no I/O: see checkpoint/sharded.h for how slots are saved.
 #pragma once
 
 #include <ATen/core/Tensor.h>

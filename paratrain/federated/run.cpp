@@ -21,7 +21,7 @@
 #include "paratrain/federated/server_checkpoint.h"
 #include "paratrain/models/model.h"
 #include "paratrain/train/builders.h"
-#include "paratrain/train/checkpoint/checkpoint_files.h"
+#include "paratrain/checkpoint/checkpoint_files.h"
 #include "paratrain/train/metrics.h"
 #include "paratrain/train/run_dir.h"
 

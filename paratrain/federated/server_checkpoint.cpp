@@ -13,7 +13,7 @@
 #include "paratrain/federated/client.h"
 #include "paratrain/federated/round.h"
 #include "paratrain/models/model.h"
-#include "paratrain/train/checkpoint/sharded.h"
+#include "paratrain/checkpoint/sharded.h"
 #include "paratrain/train/strategies/common.h"
 
 namespace paratrain::federated {

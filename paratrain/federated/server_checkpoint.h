@@ -1,6 +1,6 @@
 // The federated server's checkpoint: the global model, the server
 // optimizer's moments and the run's position, in the sharded checkpoint
-// format the Trainer writes (train/checkpoint/sharded.h: rank_0.safetensors
+// format the Trainer writes (checkpoint/sharded.h: rank_0.safetensors
 // + index.json, written atomically, index last), so `paratrain checkpoint
 // inspect|consolidate` read it and `paratrain federated` resumes from it
 // (train.resume). Only the server writes and reads it: client hosts get the

@@ -1,5 +1,5 @@
 // The launcher's side of heartbeats: each worker's watchdog thread rewrites
-// <dir>/rank-<r>.json every world.heartbeat_s (comm/doctor_watchdog.h); the
+// <dir>/rank-<r>.json every world.heartbeat_s (comm/doctor/doctor_watchdog.h); the
 // launcher reads the beat counter and notices one that stopped changing for
 // longer than the timeout the worker wrote into it. Files, not the store: the
 // c10d store is served by rank 0, and a stopped rank 0 would take its own

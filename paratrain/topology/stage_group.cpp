@@ -6,7 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "paratrain/comm/recording_group.h"
+#include "paratrain/comm/doctor/recording_group.h"
 #include "paratrain/core/error.h"
 
 namespace paratrain::topology {

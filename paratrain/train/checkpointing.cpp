@@ -1,4 +1,4 @@
-// The Trainer's checkpoint policy over train/checkpoint/ (format, tensors).
+// The Trainer's checkpoint policy over checkpoint/ (format, tensors).
 #include "paratrain/train/checkpointing.h"
 
 #include <fmt/format.h>
@@ -8,10 +8,10 @@
 #include "paratrain/core/error.h"
 #include "paratrain/data/fashion_mnist.h"
 #include "paratrain/optim/grad_scaler.h"
-#include "paratrain/train/checkpoint/async_saver.h"
-#include "paratrain/train/checkpoint/checkpoint_access.h"
-#include "paratrain/train/checkpoint/checkpoint_files.h"
-#include "paratrain/train/checkpoint/sharded.h"
+#include "paratrain/checkpoint/async_saver.h"
+#include "paratrain/checkpoint/checkpoint_access.h"
+#include "paratrain/checkpoint/checkpoint_files.h"
+#include "paratrain/checkpoint/sharded.h"
 #include "paratrain/train/registry.h"
 
 namespace paratrain::train {

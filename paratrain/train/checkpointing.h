@@ -1,7 +1,7 @@
 // The Trainer's use of checkpoints: where they go in the run directory,
 // which one `train.resume` means, and the loop position stored with them.
 // The format (one safetensors file per rank plus index.json, re-cut to any
-// layout on load) lives in train/checkpoint/; what each rank holds comes from
+// layout on load) lives in checkpoint/; what each rank holds comes from
 // the strategy's slots (strategy.h).
 #pragma once
 
@@ -59,7 +59,7 @@ struct SavedCheckpoint {
 class AsyncCheckpointSaver;
 
 // The Trainer's saves: synchronous, or with train.async_checkpoint in the
-// background (train/checkpoint/async_saver.h), where a save returns once this
+// background (checkpoint/async_saver.h), where a save returns once this
 // rank's state is copied and the files are written while training goes on.
 class TrainingCheckpointer {
  public:

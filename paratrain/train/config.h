@@ -17,6 +17,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "paratrain/data_parallel/ddp/bucket_plan.h"
+#include "paratrain/data_parallel/fsdp/unit_plan.h"
 #include "paratrain/train/user_table.h"
 
 namespace paratrain::models {
@@ -180,7 +182,7 @@ struct WorldConfig {
   /// "cpu" | "cuda" (GPU LOCAL_RANK % GPUs; needs a CUDA build) | "auto" (core/device.h)
   std::string device = "cpu";
   int64_t timeout_s = 300;  ///< collectives and rendezvous give up after this
-  /// Hang doctor: collectives each rank keeps in its ring buffer (comm/flight_recorder.h); 0 = off.
+  /// Hang doctor: collectives each rank keeps in its ring buffer (comm/doctor/flight_recorder.h); 0 = off.
   int64_t doctor_records = 256;
   /// Seconds between a rank's heartbeats to `paratrain launch` (launch/heartbeat_monitor.h); 0 = none.
   double heartbeat_s = 1.0;
@@ -208,8 +210,8 @@ struct ElasticConfig {
 /// `[ddp]`: DistributedDataParallel's options (data_parallel/ddp/ddp.h).
 struct DdpConfig {
   std::string mode = "bucketed";  ///< "bucketed" | "naive" | "none"
-  double bucket_cap_mb = 25.0;  ///< gradients per all-reduce bucket, in MiB
-  double first_bucket_cap_mb = 1.0;  ///< small first bucket: its all-reduce starts early
+  double bucket_cap_mb = ddp::kDefaultBucketCapBytes / double(1 << 20);  ///< gradients per all-reduce bucket, in MiB
+  double first_bucket_cap_mb = ddp::kDefaultFirstBucketCapBytes / double(1 << 20);  ///< small first bucket: its all-reduce starts early
   bool find_unused_parameters = false;  ///< allow parameters the loss did not reach (as in PyTorch)
   bool broadcast_buffers = true;        ///< rank 0's buffers (BatchNorm statistics) before each forward
   /// Gradient compression on the bucketed all-reduce: "none", "fp16"/"bf16"
@@ -241,7 +243,7 @@ struct ZeroConfig {
   int64_t stage = 0;  ///< 0, 1, 2 or 3
   /// Stage 3: a wrapping unit closes once it holds at least this many
   /// parameter elements (walking the model's children in order).
-  int64_t unit_min_params = 50000;
+  int64_t unit_min_params = fsdp::kDefaultUnitMinParams;
   /// Stage 3: comma-separated names of child modules ("fc0,fc1"), each its own
   /// unit, the rest in a root unit. Overrides unit_min_params when not empty.
   std::string unit_modules;

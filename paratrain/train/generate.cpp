@@ -10,7 +10,7 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/models/model.h"
-#include "paratrain/train/checkpoint/sharded.h"
+#include "paratrain/checkpoint/sharded.h"
 #include "paratrain/train/strategies/common.h"
 
 namespace paratrain::train {

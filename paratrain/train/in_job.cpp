@@ -8,7 +8,7 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
-#include "paratrain/comm/recording_group.h"
+#include "paratrain/comm/doctor/recording_group.h"
 #include "paratrain/core/error.h"
 #include "paratrain/models/model.h"
 #include "paratrain/train/in_job_batch.h"

@@ -9,7 +9,7 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/train/builders.h"
-#include "paratrain/train/checkpoint/checkpoint_files.h"
+#include "paratrain/checkpoint/checkpoint_files.h"
 #include "paratrain/train/checkpointing.h"
 #include "paratrain/train/precision.h"
 #include "paratrain/train/strategy_registry.h"
@@ -27,7 +27,7 @@ namespace paratrain::train {
 // and differs from every run one process could train. So the survivors throw
 // their state away and restore all of it from the newest complete
 // checkpoint, which any layout loads at any world size (a sharded checkpoint
-// records global shapes, train/checkpoint/sharded.h): the result is exactly
+// records global shapes, checkpoint/sharded.h): the result is exactly
 // the run resumed from that checkpoint on the survivors, and the steps since
 // it are redone. Nothing held in memory is used but the datasets, the config
 // and the learning-rate schedule (a function of the step). Before the first

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "paratrain/train/batch_size.h"
-#include "paratrain/train/checkpoint/checkpoint_files.h"
+#include "paratrain/checkpoint/checkpoint_files.h"
 #include "paratrain/core/error.h"
 #include "paratrain/train/run_dir.h"
 

@@ -9,8 +9,8 @@
 #include "paratrain/core/error.h"
 #include "paratrain/data/loader.h"
 #include "paratrain/train/checkpointing.h"
-#include "paratrain/train/checkpoint/checkpoint_access.h"
-#include "paratrain/train/checkpoint/checkpoint_files.h"
+#include "paratrain/checkpoint/checkpoint_access.h"
+#include "paratrain/checkpoint/checkpoint_files.h"
 #include "paratrain/train/trainer_state.h"
 
 namespace paratrain::train {

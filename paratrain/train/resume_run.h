@@ -1,7 +1,7 @@
 // Where a run starts: from scratch, or from a checkpoint (train.resume),
 // with the loader placed at the checkpoint's position in its epoch at this
 // run's world size and batch, and every rank checked to stand at the same
-// place. Not the checkpoint format (train/checkpoint/) nor which checkpoint
+// place. Not the checkpoint format (checkpoint/) nor which checkpoint
 // `auto` means (checkpointing.h: resume_candidates).
 #pragma once
 

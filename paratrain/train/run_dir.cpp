@@ -14,7 +14,7 @@
 
 #include "paratrain/core/atomic_file.h"
 #include "paratrain/core/error.h"
-#include "paratrain/train/checkpoint/checkpoint_files.h"
+#include "paratrain/checkpoint/checkpoint_files.h"
 
 namespace paratrain::train {
 

@@ -21,7 +21,7 @@
 #include "paratrain/core/tensor_slot.h"
 #include "paratrain/data/dataset.h"
 #include "paratrain/optim/layer_norms.h"
-#include "paratrain/train/checkpoint/sharded.h"
+#include "paratrain/checkpoint/sharded.h"
 
 namespace torch::optim {
 class Optimizer;

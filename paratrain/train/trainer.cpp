@@ -14,8 +14,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "paratrain/comm/doctor_watchdog.h"
-#include "paratrain/comm/recording_group.h"
+#include "paratrain/comm/doctor/doctor_watchdog.h"
+#include "paratrain/comm/doctor/recording_group.h"
 #include "paratrain/core/atomic_file.h"
 #include "paratrain/core/error.h"
 #include "paratrain/data/loader.h"
@@ -25,7 +25,7 @@
 #include "paratrain/train/batch_size.h"
 #include "paratrain/train/builders.h"
 #include "paratrain/train/callbacks.h"
-#include "paratrain/train/checkpoint/checkpoint_files.h"
+#include "paratrain/checkpoint/checkpoint_files.h"
 #include "paratrain/train/checkpointing.h"
 #include "paratrain/train/device_placement.h"
 #include "paratrain/train/loop/fit_loop.h"

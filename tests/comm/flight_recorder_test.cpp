@@ -13,9 +13,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "paratrain/comm/doctor_watchdog.h"
-#include "paratrain/comm/flight_recorder.h"
-#include "paratrain/comm/recording_group.h"
+#include "paratrain/comm/doctor/doctor_watchdog.h"
+#include "paratrain/comm/doctor/flight_recorder.h"
+#include "paratrain/comm/doctor/recording_group.h"
 #include "paratrain/launch/heartbeat_monitor.h"
 #include "tests/support/multi_rank.h"
 

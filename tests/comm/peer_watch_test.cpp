@@ -13,9 +13,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include "paratrain/comm/flight_recorder.h"
+#include "paratrain/comm/doctor/flight_recorder.h"
 #include "paratrain/comm/peer_watch.h"
-#include "paratrain/comm/recording_group.h"
+#include "paratrain/comm/doctor/recording_group.h"
 #include "paratrain/core/error.h"
 #include "tests/support/multi_rank.h"
 

@@ -25,7 +25,7 @@
 #include "paratrain/comm/gloo/gloo_group.h"
 #include "paratrain/comm/rejoin.h"
 #include "paratrain/core/error.h"
-#include "paratrain/train/checkpoint/checkpoint_index.h"
+#include "paratrain/checkpoint/checkpoint_index.h"
 #include "paratrain/train/in_job_batch.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"

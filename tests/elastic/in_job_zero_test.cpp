@@ -14,7 +14,7 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
-#include "paratrain/train/checkpoint/checkpoint_files.h"
+#include "paratrain/checkpoint/checkpoint_files.h"
 #include "paratrain/train/config.h"
 #include "tests/elastic/in_job_support.h"
 #include "tests/support/multi_rank.h"

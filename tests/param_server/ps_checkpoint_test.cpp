@@ -10,8 +10,8 @@
 
 #include <filesystem>
 
-#include "paratrain/train/checkpoint/compare.h"
-#include "paratrain/train/checkpoint/sharded.h"
+#include "paratrain/checkpoint/compare.h"
+#include "paratrain/checkpoint/sharded.h"
 #include "paratrain/train/trainer.h"
 #include "tests/param_server/ps_training.h"
 #include "tests/support/multi_rank.h"

@@ -14,8 +14,8 @@
 #include <filesystem>
 
 #include "paratrain/core/error.h"
-#include "paratrain/train/checkpoint/compare.h"
-#include "paratrain/train/checkpoint/sharded.h"
+#include "paratrain/checkpoint/compare.h"
+#include "paratrain/checkpoint/sharded.h"
 #include "paratrain/train/config.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/gpt_run.h"

@@ -13,8 +13,8 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/models/gpt.h"
-#include "paratrain/train/checkpoint/compare.h"
-#include "paratrain/train/checkpoint/sharded.h"
+#include "paratrain/checkpoint/compare.h"
+#include "paratrain/checkpoint/sharded.h"
 #include "paratrain/train/config.h"
 #include "paratrain/train/generate.h"
 #include "paratrain/train/trainer.h"

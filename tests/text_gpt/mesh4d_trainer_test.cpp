@@ -15,8 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "paratrain/core/error.h"
-#include "paratrain/train/checkpoint/compare.h"
-#include "paratrain/train/checkpoint/sharded.h"
+#include "paratrain/checkpoint/compare.h"
+#include "paratrain/checkpoint/sharded.h"
 #include "paratrain/train/config.h"
 #include "paratrain/train/strategy_registry.h"
 #include "paratrain/train/trainer.h"

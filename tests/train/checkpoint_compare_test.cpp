@@ -10,9 +10,9 @@
 
 #include "paratrain/comm/process_group.h"
 #include "paratrain/core/error.h"
-#include "paratrain/train/checkpoint/compare.h"
-#include "paratrain/train/checkpoint/safetensors.h"
-#include "paratrain/train/checkpoint/sharded.h"
+#include "paratrain/checkpoint/compare.h"
+#include "paratrain/checkpoint/safetensors.h"
+#include "paratrain/checkpoint/sharded.h"
 #include "tests/support/multi_rank.h"
 
 namespace pt = paratrain::train;

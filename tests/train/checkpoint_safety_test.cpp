@@ -19,9 +19,9 @@
 #include <nlohmann/json.hpp>
 
 #include "paratrain/core/error.h"
-#include "paratrain/train/checkpoint/checkpoint_files.h"
-#include "paratrain/train/checkpoint/checksum.h"
-#include "paratrain/train/checkpoint/safetensors.h"
+#include "paratrain/checkpoint/checkpoint_files.h"
+#include "paratrain/checkpoint/checksum.h"
+#include "paratrain/checkpoint/safetensors.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"
 #include "tests/train/tiny_run.h"

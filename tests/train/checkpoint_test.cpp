@@ -12,8 +12,8 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/models/mlp.h"
-#include "paratrain/train/checkpoint/checkpoint.h"
-#include "paratrain/train/checkpoint/safetensors.h"
+#include "paratrain/checkpoint/checkpoint.h"
+#include "paratrain/checkpoint/safetensors.h"
 #include "tests/support/multi_rank.h"
 
 namespace pt = paratrain::train;

@@ -12,7 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "paratrain/train/checkpoint/safetensors.h"
+#include "paratrain/checkpoint/safetensors.h"
 #include "tests/support/multi_rank.h"
 
 namespace {

@@ -12,14 +12,16 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "paratrain/comm/flight_recorder.h"
-#include "paratrain/comm/recording_group.h"
+#include "paratrain/comm/doctor/flight_recorder.h"
+#include "paratrain/comm/doctor/recording_group.h"
 #include "paratrain/core/error.h"
-#include "paratrain/train/doctor.h"
+#include "paratrain/comm/doctor/dump_reader.h"
 #include "tests/support/multi_rank.h"
 
 namespace paratrain::train {
 namespace {
+
+using namespace paratrain::comm;  // the dump reader (comm/doctor/dump_reader.h)
 
 namespace fs = std::filesystem;
 

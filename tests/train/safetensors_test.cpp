@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "paratrain/core/error.h"
-#include "paratrain/train/checkpoint/safetensors.h"
+#include "paratrain/checkpoint/safetensors.h"
 #include "tests/support/multi_rank.h"
 
 namespace pt = paratrain::train;

@@ -17,10 +17,10 @@
 
 #include "paratrain/comm/process_group.h"
 #include "paratrain/core/error.h"
-#include "paratrain/train/checkpoint/checkpoint.h"
-#include "paratrain/train/checkpoint/optimizer_state.h"
-#include "paratrain/train/checkpoint/safetensors.h"
-#include "paratrain/train/checkpoint/sharded.h"
+#include "paratrain/checkpoint/checkpoint.h"
+#include "paratrain/checkpoint/optimizer_state.h"
+#include "paratrain/checkpoint/safetensors.h"
+#include "paratrain/checkpoint/sharded.h"
 #include "tests/support/multi_rank.h"
 
 namespace pt = paratrain::train;

@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "paratrain/train/checkpoint/optimizer_state.h"
-#include "paratrain/train/checkpoint/sharded.h"
+#include "paratrain/checkpoint/optimizer_state.h"
+#include "paratrain/checkpoint/sharded.h"
 #include "paratrain/train/strategies/common.h"
 #include "tests/support/multi_rank.h"
 

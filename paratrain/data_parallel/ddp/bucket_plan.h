@@ -20,16 +20,21 @@ struct ParamSpec {
   at::Device device = at::kCPU;
 };
 
+/// c10d's bucket sizes (PyTorch's bucket_cap_mb = 25 and its 1 MiB first
+/// bucket): the defaults of BucketPlanOptions and of the [ddp] config section.
+inline constexpr int64_t kDefaultBucketCapBytes = 25LL * 1024 * 1024;
+inline constexpr int64_t kDefaultFirstBucketCapBytes = 1LL * 1024 * 1024;
+
 struct BucketPlanOptions {
   // Size cap of every bucket but the first of each dtype, in bytes. Bigger
   // buckets mean fewer collectives (each pays a fixed latency, ~50-100 us over
   // Gloo/TCP) but less overlap: a bucket cannot start before its last gradient
   // exists, and the final bucket's communication is never hidden. c10d: 25 MiB.
-  int64_t bucket_cap_bytes = 25LL * 1024 * 1024;
+  int64_t bucket_cap_bytes = kDefaultBucketCapBytes;
   // Cap of the first bucket (the gradients backward produces first, i.e. of
   // the last layers). Small so communication starts early in backward; too
   // small adds one latency-bound collective. c10d: 1 MiB.
-  int64_t first_bucket_cap_bytes = 1LL * 1024 * 1024;
+  int64_t first_bucket_cap_bytes = kDefaultFirstBucketCapBytes;
   // Round each bucket's element count up to a multiple of this (zero padding
   // at the end). 1 for all-reduce; the group size for reduce-scatter, so the
   // buffer splits into equal shards (ZeRO-2/3, FSDP).

@@ -34,6 +34,7 @@
 #include "paratrain/comm/process_group.h"
 #include "paratrain/core/model_state.h"
 #include "paratrain/core/tensor_slot.h"
+#include "paratrain/data_parallel/fsdp/unit_plan.h"
 
 namespace torch::nn {
 class Module;
@@ -50,7 +51,7 @@ struct FsdpOptions {
   /// module grouped until a unit holds at least this many elements. Smaller
   /// units: lower peak memory (one or two units gathered at a time), more and
   /// smaller collectives. <= 0: every child with parameters is a unit.
-  int64_t unit_min_params = 50000;
+  int64_t unit_min_params = kDefaultUnitMinParams;
   /// Units by name (zero.unit_modules, split on commas): each named child of
   /// the root is its own unit, all other parameters form one root unit.
   /// Overrides unit_min_params when not empty.

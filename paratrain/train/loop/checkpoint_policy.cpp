@@ -5,7 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "paratrain/train/checkpoint/checkpoint_files.h"
+#include "paratrain/checkpoint/checkpoint_files.h"
 #include "paratrain/train/in_job.h"
 #include "paratrain/train/trainer_state.h"
 

@@ -5,7 +5,7 @@
 // counts only once its background write is done (the next save or finish()
 // waits for it): then it is logged, handed to the callbacks (the best
 // checkpoint's link) and the old ones are pruned (train.keep_checkpoints).
-// Not the format (train/checkpoint/) nor what a rank holds (the strategy).
+// Not the format (checkpoint/) nor what a rank holds (the strategy).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Internal to train/checkpoint: how each torch::optim optimizer's per-parameter
+// Internal to paratrain/checkpoint: how each torch::optim optimizer's per-parameter
 // state maps to named tensors ("momentum_buffer", "exp_avg", ...) and back.
 // Adding an optimizer = one OptimizerStateIo in optimizer_state.cpp.
 #pragma once

@@ -4,7 +4,7 @@
 // that writer converts pipeline timelines (forward/backward/send per
 // micro-batch), while these rows are collectives with a group and a sequence
 // number, and both are a few lines of the same Trace Event Format.
-#include "paratrain/train/doctor.h"
+#include "paratrain/comm/doctor/dump_reader.h"
 
 #include <algorithm>
 #include <fstream>
@@ -18,7 +18,7 @@
 
 #include "paratrain/core/error.h"
 
-namespace paratrain::train {
+namespace paratrain::comm {
 namespace {
 
 using nlohmann::json;
@@ -357,4 +357,4 @@ json doctor_trace(const std::vector<RankDump>& dumps, double seconds) {
   return json{{"traceEvents", events}, {"displayTimeUnit", "ms"}};
 }
 
-}  // namespace paratrain::train
+}  // namespace paratrain::comm

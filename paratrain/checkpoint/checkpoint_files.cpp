@@ -1,7 +1,7 @@
 // Where checkpoints live in a run folder and which one to resume from:
 // <run_dir>/checkpoints/step_<8 digits>/ (sharded, committed by index.json)
 // or step_<8 digits>.safetensors (single file); newest = highest step.
-#include "paratrain/train/checkpoint/checkpoint_files.h"
+#include "paratrain/checkpoint/checkpoint_files.h"
 
 #include <algorithm>
 #include <regex>
@@ -11,10 +11,10 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/core/remove_tree.h"
-#include "paratrain/train/checkpoint/checkpoint_access.h"
-#include "paratrain/train/checkpoint/checkpoint_index.h"
-#include "paratrain/train/checkpoint/checkpoint_metadata.h"
-#include "paratrain/train/checkpoint/safetensors.h"
+#include "paratrain/checkpoint/checkpoint_access.h"
+#include "paratrain/checkpoint/checkpoint_index.h"
+#include "paratrain/checkpoint/checkpoint_metadata.h"
+#include "paratrain/checkpoint/safetensors.h"
 
 namespace paratrain::train {
 namespace {

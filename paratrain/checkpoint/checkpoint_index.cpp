@@ -1,7 +1,7 @@
 // index.json (to and from JSON, with every field validated, since a resume
 // trusts it to say where each element is) and ShardedReader's range reads.
 // Writing the index and the rank files is sharded_writer.cpp's job.
-#include "paratrain/train/checkpoint/checkpoint_index.h"
+#include "paratrain/checkpoint/checkpoint_index.h"
 
 #include <torch/torch.h>
 
@@ -11,8 +11,8 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
-#include "paratrain/train/checkpoint/checkpoint_access.h"
-#include "paratrain/train/checkpoint/checksum.h"
+#include "paratrain/checkpoint/checkpoint_access.h"
+#include "paratrain/checkpoint/checksum.h"
 
 namespace paratrain::train {
 namespace {

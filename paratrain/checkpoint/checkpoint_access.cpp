@@ -10,7 +10,7 @@
 // throws CheckpointAccessError, which no caller deletes, moves aside or
 // skips: the run stops, naming the file and the fix (chmod/chown, or run as
 // the checkpoint's owner).
-#include "paratrain/train/checkpoint/checkpoint_access.h"
+#include "paratrain/checkpoint/checkpoint_access.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

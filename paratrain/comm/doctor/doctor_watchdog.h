@@ -5,7 +5,7 @@
 // because neither needs the main thread; a rank that is stopped (SIGSTOP) or
 // dead does neither, which is exactly what the launcher's heartbeat monitor
 // (launch/heartbeat_monitor.h) looks for. Not here: what the records mean
-// (train/doctor.h).
+// (comm/doctor/dump_reader.h).
 #pragma once
 
 #include <atomic>
@@ -14,7 +14,7 @@
 #include <memory>
 #include <thread>
 
-#include "paratrain/comm/flight_recorder.h"
+#include "paratrain/comm/doctor/flight_recorder.h"
 
 namespace paratrain::comm {
 

@@ -1,7 +1,7 @@
 // The flight recorder's ring buffer and its JSON dump (see flight_recorder.h).
 // The JSON is written by hand, one top-level field per line, so that the
 // launcher (no JSON library, no LibTorch) can read the few fields it needs.
-#include "paratrain/comm/flight_recorder.h"
+#include "paratrain/comm/doctor/flight_recorder.h"
 
 #include <unistd.h>
 

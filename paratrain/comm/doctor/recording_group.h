@@ -3,7 +3,7 @@
 // Wrapping here, above the backends, covers Gloo, shm and MPI alike, and every
 // strategy: init_process_group wraps the world group, and sub-groups made by
 // new_subgroup (the device mesh's dp/tp/pp/cp groups) come back wrapped too.
-// Not here: dumping on signals (doctor_watchdog.h), analysis (train/doctor.h).
+// Not here: dumping on signals (doctor_watchdog.h), analysis (comm/doctor/dump_reader.h).
 #pragma once
 
 #include <chrono>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "paratrain/comm/flight_recorder.h"
+#include "paratrain/comm/doctor/flight_recorder.h"
 #include "paratrain/comm/process_group.h"
 
 namespace paratrain::comm {

@@ -12,7 +12,7 @@
 #include <memory>
 #include <optional>
 
-#include "paratrain/train/checkpoint/sharded.h"
+#include "paratrain/checkpoint/sharded.h"
 
 namespace paratrain::train {
 

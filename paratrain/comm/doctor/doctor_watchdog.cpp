@@ -1,5 +1,5 @@
 // The watchdog thread: SIGUSR1 dumps and heartbeats (see doctor_watchdog.h).
-#include "paratrain/comm/doctor_watchdog.h"
+#include "paratrain/comm/doctor/doctor_watchdog.h"
 
 #include <fcntl.h>
 #include <poll.h>

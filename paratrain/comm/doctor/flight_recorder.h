@@ -2,7 +2,7 @@
 // which sequence number, which op, what tensor, when it started and ended) in
 // a ring buffer, written out as JSON when something looks hung. Recording
 // only: RecordingGroup (recording_group.h) feeds it, doctor_watchdog.h dumps
-// it on SIGUSR1, and train/doctor.h reads the dumps of every rank.
+// it on SIGUSR1, and comm/doctor/dump_reader.h reads the dumps of every rank.
 #pragma once
 
 #include <ATen/core/Tensor.h>

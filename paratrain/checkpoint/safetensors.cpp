@@ -1,7 +1,7 @@
 // safetensors writer (atomic: temp file, fsync, rename, fsync folder) and a
 // reader that trusts nothing in the file. The format is the one documented by
 // the safetensors project; this is our own implementation of it.
-#include "paratrain/train/checkpoint/safetensors.h"
+#include "paratrain/checkpoint/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -18,7 +18,7 @@
 #include <torch/torch.h>
 
 #include "paratrain/core/error.h"
-#include "paratrain/train/checkpoint/checksum.h"
+#include "paratrain/checkpoint/checksum.h"
 
 namespace paratrain::train {
 namespace {

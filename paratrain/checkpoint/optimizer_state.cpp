@@ -3,7 +3,7 @@
 // LAMB (step, exp_avg, exp_avg_sq).
 // torch::optim keys state by TensorImpl address, which means nothing in
 // another process; checkpoint.cpp re-keys it by parameter name.
-#include "paratrain/train/checkpoint/optimizer_state.h"
+#include "paratrain/checkpoint/optimizer_state.h"
 
 #include <torch/torch.h>
 
@@ -185,7 +185,7 @@ const OptimizerStateIo& optimizer_state_io(const torch::optim::Optimizer& optimi
   if (dynamic_cast<const optim::Lamb*>(&optimizer)) return kLamb;
   throw CheckpointError(fmt::format(
       "checkpoint '{}': this optimizer type has no checkpoint support (supported: SGD, Adam, AdamW, LARS, LAMB); "
-      "add an OptimizerStateIo in paratrain/train/checkpoint/optimizer_state.cpp",
+      "add an OptimizerStateIo in paratrain/checkpoint/optimizer_state.cpp",
       file));
 }
 

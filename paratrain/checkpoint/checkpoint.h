@@ -68,4 +68,4 @@ TrainingState load_model_weights(const std::filesystem::path& path, torch::nn::M
 
 // Run-folder helpers (checkpoint_path, find_latest_checkpoint, ...) used to be
 // declared here; kept reachable for existing includes.
-#include "paratrain/train/checkpoint/checkpoint_files.h"
+#include "paratrain/checkpoint/checkpoint_files.h"

@@ -1,6 +1,6 @@
 // CRC-32 helpers over zlib's crc32() (zlib is already a dependency of
 // paratrain/data). Streaming, so checking a multi-GB shard needs no copy.
-#include "paratrain/train/checkpoint/checksum.h"
+#include "paratrain/checkpoint/checksum.h"
 
 #include <zlib.h>
 

@@ -15,7 +15,7 @@
 //      chunks, or its error): lengths first, then the padded bytes.
 //   4. rank 0 builds the index, validates it like a reader would, and writes
 //      index.json atomically; all learn the outcome (all_reduce MAX).
-#include "paratrain/train/checkpoint/sharded.h"
+#include "paratrain/checkpoint/sharded.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -30,11 +30,11 @@
 #include "paratrain/comm/process_group.h"
 #include "paratrain/core/remove_tree.h"
 #include "paratrain/core/error.h"
-#include "paratrain/train/checkpoint/checkpoint_index.h"
-#include "paratrain/train/checkpoint/checkpoint_metadata.h"
-#include "paratrain/train/checkpoint/checksum.h"
-#include "paratrain/train/checkpoint/optimizer_state.h"
-#include "paratrain/train/checkpoint/safetensors.h"
+#include "paratrain/checkpoint/checkpoint_index.h"
+#include "paratrain/checkpoint/checkpoint_metadata.h"
+#include "paratrain/checkpoint/checksum.h"
+#include "paratrain/checkpoint/optimizer_state.h"
+#include "paratrain/checkpoint/safetensors.h"
 
 namespace paratrain::train {
 namespace {

@@ -1,6 +1,6 @@
 // RecordingGroup: record, forward, and stamp the end when the work completes
 // (see recording_group.h).
-#include "paratrain/comm/recording_group.h"
+#include "paratrain/comm/doctor/recording_group.h"
 
 #include <utility>
 

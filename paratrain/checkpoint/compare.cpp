@@ -1,7 +1,7 @@
 // compare_checkpoints: two checkpoints read through ShardedReader, compared by
 // tensor name in float64. Not a loader: nothing here touches a model, and the
 // training metadata (step, config) is not compared, only tensors.
-#include "paratrain/train/checkpoint/compare.h"
+#include "paratrain/checkpoint/compare.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,8 +13,8 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
-#include "paratrain/train/checkpoint/checkpoint_index.h"
-#include "paratrain/train/checkpoint/safetensors.h"
+#include "paratrain/checkpoint/checkpoint_index.h"
+#include "paratrain/checkpoint/safetensors.h"
 
 namespace paratrain::train {
 namespace {

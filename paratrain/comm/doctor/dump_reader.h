@@ -1,5 +1,5 @@
 // The hang doctor's diagnosis: reads every rank's dump (<run_dir>/doctor/
-// rank-<r>.json, written by comm/flight_recorder.h), finds the rank that is
+// rank-<r>.json, written by comm/doctor/flight_recorder.h), finds the rank that is
 // behind and the collective where the ranks diverged, and draws the last
 // seconds as a Chrome trace. Pure reading and analysis; sending SIGUSR1 and
 // waiting for fresh dumps is the CLI's (`paratrain doctor`).
@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-namespace paratrain::train {
+namespace paratrain::comm {
 
 /// One collective in a dump.
 struct DumpRecord {
@@ -85,4 +85,4 @@ DoctorReport diagnose(const std::vector<RankDump>& dumps, int world_size = 0, do
 /// their rank's dump time and are marked {"state": "in_flight"}.
 nlohmann::json doctor_trace(const std::vector<RankDump>& dumps, double seconds = 10.0);
 
-}  // namespace paratrain::train
+}  // namespace paratrain::comm

@@ -34,7 +34,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "paratrain/core/tensor_slot.h"
-#include "paratrain/train/checkpoint/checkpoint.h"
+#include "paratrain/checkpoint/checkpoint.h"
 
 namespace paratrain::comm {
 class ProcessGroup;

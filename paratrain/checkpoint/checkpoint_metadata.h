@@ -1,4 +1,4 @@
-// Internal to train/checkpoint: the names and metadata shared by the single-file
+// Internal to paratrain/checkpoint: the names and metadata shared by the single-file
 // format (checkpoint.cpp) and the sharded one (sharded_*.cpp), so a
 // consolidated sharded checkpoint is byte-for-byte the single-file layout.
 #pragma once
@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "paratrain/train/checkpoint/checkpoint.h"
+#include "paratrain/checkpoint/checkpoint.h"
 
 namespace paratrain::train {
 

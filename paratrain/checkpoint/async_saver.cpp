@@ -1,4 +1,4 @@
-#include "paratrain/train/checkpoint/async_saver.h"
+#include "paratrain/checkpoint/async_saver.h"
 
 #include <chrono>
 #include <numeric>

@@ -5,7 +5,7 @@
 //   rng/cpu                                 default CPU generator state (U8)
 //   __metadata__: format, step, epoch, batch_in_epoch, sampler_seed, config
 //                 (JSON), optimizer (kind), optimizer_options (JSON), extra.*
-#include "paratrain/train/checkpoint/checkpoint.h"
+#include "paratrain/checkpoint/checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -13,9 +13,9 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
-#include "paratrain/train/checkpoint/checkpoint_metadata.h"
-#include "paratrain/train/checkpoint/optimizer_state.h"
-#include "paratrain/train/checkpoint/safetensors.h"
+#include "paratrain/checkpoint/checkpoint_metadata.h"
+#include "paratrain/checkpoint/optimizer_state.h"
+#include "paratrain/checkpoint/safetensors.h"
 
 namespace paratrain::train {
 namespace {

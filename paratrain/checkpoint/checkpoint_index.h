@@ -1,4 +1,4 @@
-// Internal to train/checkpoint: index.json of a sharded checkpoint directory
+// Internal to paratrain/checkpoint: index.json of a sharded checkpoint directory
 // (which chunks of which global tensors each rank file holds, the files'
 // sizes and checksums, the training metadata) and ShardedReader, which cuts any
 // element range of a global tensor out of the chunks, verifying every file it
@@ -16,7 +16,7 @@
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
-#include "paratrain/train/checkpoint/safetensors.h"
+#include "paratrain/checkpoint/safetensors.h"
 
 namespace paratrain::train {
 

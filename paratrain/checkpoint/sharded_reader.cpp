@@ -11,12 +11,12 @@
 #include <spdlog/spdlog.h>
 
 #include "paratrain/core/error.h"
-#include "paratrain/train/checkpoint/checkpoint_index.h"
-#include "paratrain/train/checkpoint/checkpoint_metadata.h"
-#include "paratrain/train/checkpoint/checksum.h"
-#include "paratrain/train/checkpoint/optimizer_state.h"
-#include "paratrain/train/checkpoint/safetensors.h"
-#include "paratrain/train/checkpoint/sharded.h"
+#include "paratrain/checkpoint/checkpoint_index.h"
+#include "paratrain/checkpoint/checkpoint_metadata.h"
+#include "paratrain/checkpoint/checksum.h"
+#include "paratrain/checkpoint/optimizer_state.h"
+#include "paratrain/checkpoint/safetensors.h"
+#include "paratrain/checkpoint/sharded.h"
 
 namespace paratrain::train {
 namespace {
