@@ -17,6 +17,7 @@
 #include "paratrain/comm/doctor/doctor_watchdog.h"
 #include "paratrain/comm/doctor/recording_group.h"
 #include "paratrain/core/atomic_file.h"
+#include "paratrain/core/remove_tree.h"
 #include "paratrain/core/error.h"
 #include "paratrain/data/loader.h"
 #include "paratrain/models/model.h"
@@ -134,22 +135,18 @@ void build_model_and_optimizer(Trainer::State& s) {
   s.scaler = make_grad_scaler(c.precision);
 }
 
-Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world, TrainerParts parts) {
-  validate_config(config);
-  check_parts(config, parts);
-  auto dir = prepare_run_dir(config, world, std::chrono::seconds(config.world.timeout_s));
-  // The hang doctor's dumps (SIGUSR1, a collective timeout, `paratrain
-  // doctor --run`) land in the run: <run_dir>/doctor/rank-<r>.json.
-  if (auto recorder = comm::recorder_of(world)) comm::announce_doctor_dir(*recorder, dir / "doctor");
-  s_ = std::make_unique<State>(std::move(config), world, std::move(dir));
-  auto& s = *s_;
+namespace {
+
+// Everything a run needs after its folder exists: mesh, strategy, model,
+// optimizer, data, schedule, resume, the config's callbacks.
+void build_run(Trainer::State& s, TrainerParts& parts) {
   const auto& c = s.config;
   s.model_builder = std::move(parts.model);
   s.task = parts.task ? std::move(parts.task) : task_for_config(c);
 
   const auto dims = topology::ParallelDims::resolve(c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.cp,
-                                                    world.size());
-  s.mesh = std::make_unique<topology::DeviceMesh>(world, dims);
+                                                    s.world->size());
+  s.mesh = std::make_unique<topology::DeviceMesh>(*s.world, dims);
   s.device = training_device(c, train::strategy_name(c));
   build_model_and_optimizer(s);
   s.datasets = parts.data ? parts.data(c) : load_datasets(c);
@@ -173,7 +170,7 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world, TrainerParts par
   s.lr_schedule.emplace(make_lr_schedule(c, s.batch, steps_per_epoch, planned_steps(c, steps_per_epoch)));
 
   resume_or_start(s);
-  s.checkpointer = std::make_unique<TrainingCheckpointer>(c, world);  // collective with train.async_checkpoint
+  s.checkpointer = std::make_unique<TrainingCheckpointer>(c, *s.world);  // collective with train.async_checkpoint
 
   if (s.is_main()) {
     write_file_atomically(s.run_dir / "config.toml", to_toml(c));
@@ -181,7 +178,7 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world, TrainerParts par
     const int64_t numel = s.model_builder ? program_model_size(s) : parameter_count(c);
     spdlog::info("run {}: {} ranks = {}, strategy {} on {}, model {} ({} parameters), {} train / {} test items, "
                  "global batch {} ({} per dp rank x {} dp x {} accumulated micro-batches)",
-                 s.run_dir.string(), world.size(), dims.describe(), s.strategy->name(), s.device.str(),
+                 s.run_dir.string(), s.world->size(), dims.describe(), s.strategy->name(), s.device.str(),
                  s.model_builder ? "(the program's own)" : c.model.kind, numel,
                  s.datasets.train.size(), s.datasets.test.size(), s.batch.global, s.batch.per_rank, shard.size,
                  s.batch.accumulate);
@@ -189,6 +186,47 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world, TrainerParts par
                  c.optimizer.lr, planned_steps(c, steps_per_epoch), steps_per_epoch);
   }
   add_builtin_callbacks(s);
+}
+
+// A start that failed leaves no version folder behind when it wrote nothing
+// worth keeping there: no checkpoint, no metric, only the bookkeeping every
+// start makes (an empty metrics.jsonl, the hang doctor's doctor/rank-N.pid).
+// Such a folder never hides an older one from train.resume = "auto" (Note
+// [Resuming the newest version with a checkpoint] in run_dir.cpp), but
+// `paratrain runs` would list it. Best effort: the start's error is what the
+// user needs.
+void remove_if_nothing_kept(const std::filesystem::path& dir) {
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->is_directory(ec)) continue;
+    const auto rel = it->path().lexically_relative(dir);
+    const bool empty_metrics = rel == "metrics.jsonl" && it->file_size(ec) == 0;
+    const bool pid_file = rel.parent_path() == "doctor" && rel.extension() == ".pid";
+    if (!empty_metrics && !pid_file) return;
+  }
+  if (ec) return;
+  core::remove_tree(dir, ec);
+}
+
+}  // namespace
+
+Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world, TrainerParts parts) {
+  validate_config(config);
+  check_parts(config, parts);
+  auto dir = prepare_run_dir(config, world, std::chrono::seconds(config.world.timeout_s));
+  const auto version = dir;
+  // The hang doctor's dumps (SIGUSR1, a collective timeout, `paratrain
+  // doctor --run`) land in the run: <run_dir>/doctor/rank-<r>.json.
+  if (auto recorder = comm::recorder_of(world)) comm::announce_doctor_dir(*recorder, dir / "doctor");
+  s_ = std::make_unique<State>(std::move(config), world, std::move(dir));
+  try {
+    build_run(*s_, parts);
+  } catch (...) {
+    s_.reset();
+    if (world.rank() == 0) remove_if_nothing_kept(version);
+    throw;
+  }
 }
 
 Trainer::~Trainer() = default;

@@ -75,9 +75,12 @@ void poison(const fs::path& dir, const std::string& prefix, float value) {
   std::ofstream(dir / "index.json") << index.dump();
 }
 
-// Defect 5: a start that fails before its first save leaves an empty
-// version_1; resume = auto must continue version_0's checkpoint, not start
-// version_1 from step 0. The run folder holds no checkpoints/ of its own.
+// Defect 5: a start that fails before its first save removes the version
+// it made (it wrote nothing there). A version without checkpoints can still
+// exist (a process killed between making its folder and its first save:
+// made by hand here); resume = auto must continue version_0's checkpoint,
+// not start version_1 from step 0. The run folder holds no checkpoints/ of
+// its own.
 TEST(CheckpointSafety, ResumeAutoPassesOverAVersionWithoutCheckpoints) {
   const auto dir = paratrain::testing::temp_dir("safety-versions");
   auto c = tiny_config(dir);
@@ -85,7 +88,8 @@ TEST(CheckpointSafety, ResumeAutoPassesOverAVersionWithoutCheckpoints) {
   auto bad = c;
   bad.data.batch_size = 70000;  // larger than the dataset: fails after making version_1
   EXPECT_THROW(fit(bad), paratrain::Error);
-  ASSERT_TRUE(fs::is_directory(fs::path(dir) / "job" / "version_1"));
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "job" / "version_1")) << "the failed start left its empty version";
+  fs::create_directories(fs::path(dir) / "job" / "version_1" / "checkpoints");
   ASSERT_TRUE(pt::list_checkpoints(fs::path(dir) / "job" / "version_1").empty());
 
   c.train.resume = "auto";
