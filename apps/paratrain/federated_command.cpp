@@ -4,7 +4,9 @@
 // (`launch --keep-going` lets the run outlive a client process that dies).
 #include <ATen/Parallel.h>
 
+#include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "paratrain/comm/rendezvous.h"
 #include "paratrain/core/env.h"
 #include "paratrain/core/logging.h"
+#include "apps/paratrain/stop_status.h"
 #include "paratrain/federated/run.h"
 #include "paratrain/train/config.h"
 
@@ -51,7 +54,12 @@ Command add_federated_command(CLI::App& app) {
     init.backend = config.world.backend;
     auto group = comm::init_process_group(world, init);
 
-    const auto result = federated::run_federated(config, *group);
+    // SIGTERM / SIGINT / SIGHUP: run.json says "stopped", as for `paratrain
+    // train` (stop_status.h); rank 0 owns run.json.
+    std::optional<StopStatusRecorder> stop_status;
+    const auto result = federated::run_federated(config, *group, [&](const std::filesystem::path& dir) {
+      if (world.rank == 0) stop_status.emplace(dir);
+    });
     if (world.rank == 0)
       spdlog::info("done: {} rounds ({} applied), test accuracy {:.2f}% (loss {:.4f}); run dir {}", result.rounds,
                    result.rounds_applied, 100 * result.test.accuracy, result.test.loss, result.run_dir.string());

@@ -9,8 +9,11 @@
 #include <limits>
 #include <optional>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "paratrain/core/atomic_file.h"
@@ -80,11 +83,17 @@ Evaluation evaluate(models::Model& model, const data::TensorDataset& data, int64
   return out;
 }
 
-FederatedResult run_federated(const train::TrainConfig& config, comm::ProcessGroup& world) {
+namespace {
+
+double unix_time() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+FederatedResult run_in(const train::TrainConfig& config, comm::ProcessGroup& world, std::filesystem::path dir) {
   const auto& f = config.federated;
   const bool server = world.rank() == 0;
   FederatedResult result;
-  result.run_dir = run_dir_for(config, world);
+  result.run_dir = std::move(dir);
   if (server) write_file_atomically(result.run_dir / "config.toml", train::to_toml(config));
   // The server writes checkpoints alone (the sharded writer is collective
   // over its group): a one-rank group, made while every rank is alive.
@@ -202,6 +211,41 @@ FederatedResult run_federated(const train::TrainConfig& config, comm::ProcessGro
                  fmt::join(run.lost_ranks(), ", "));
   result.rounds = f.rounds;
   return result;
+}
+
+}  // namespace
+
+// run.json as `paratrain train` keeps it (train/run_dir.h): "running", then
+// "finished" or "failed" with the error; a signal's "stopped" is the CLI's
+// (on_run_dir hands it the folder). Rank 0 owns the file.
+FederatedResult run_federated(const train::TrainConfig& config, comm::ProcessGroup& world,
+                              const std::function<void(const std::filesystem::path&)>& on_run_dir) {
+  const bool server = world.rank() == 0;
+  const std::filesystem::path dir = run_dir_for(config, world);
+  if (server) {
+    train::update_run_status(dir, {{"status", "running"}, {"pid", ::getpid()}, {"started", unix_time()},
+                                   {"world_size", world.size()}, {"strategy", "federated"},
+                                   {"version", dir.filename().string()}});
+  }
+  if (on_run_dir) on_run_dir(dir);
+  try {
+    FederatedResult r = run_in(config, world, dir);
+    if (server) {
+      nlohmann::json done = {{"status", "finished"}, {"ended", unix_time()}, {"steps", r.rounds}};
+      if (r.test.count > 0) done["test"] = {{"loss", r.test.loss}, {"accuracy", r.test.accuracy}};
+      train::update_run_status(dir, done);
+    }
+    return r;
+  } catch (const std::exception& e) {
+    if (server) {
+      try {
+        train::update_run_status(dir, {{"status", "failed"}, {"ended", unix_time()}, {"error", e.what()}});
+      } catch (const std::exception&) {
+        // The run's own error matters more than a status file that failed too.
+      }
+    }
+    throw;
+  }
 }
 
 }  // namespace paratrain::federated

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 
 #include "paratrain/comm/process_group.h"
 #include "paratrain/data/dataset.h"
@@ -42,7 +43,11 @@ struct FederatedResult {
 // state in the sharded format, Note [Federated checkpoint]) every
 // federated.checkpoint_every rounds and at the end; train.resume ("auto" or
 // a path) continues from one. On client hosts the result holds only
-// run_dir and rounds.
-FederatedResult run_federated(const train::TrainConfig& config, comm::ProcessGroup& world);
+// run_dir and rounds. The server keeps <run_dir>/run.json as `paratrain
+// train` does ("running", then "finished" or "failed"); `on_run_dir`, when
+// given, is called on every rank with the run's folder once it exists (the
+// CLI records a signal's "stopped" there).
+FederatedResult run_federated(const train::TrainConfig& config, comm::ProcessGroup& world,
+                              const std::function<void(const std::filesystem::path&)>& on_run_dir = {});
 
 }  // namespace paratrain::federated

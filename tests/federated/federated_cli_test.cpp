@@ -5,6 +5,9 @@
 // that SIGKILLs itself mid-round (federated.test_kill_process_at_round)
 // costs the run only its clients; the federated.* keys read from TOML
 // (dotted ones included) and bad values are ConfigErrors naming the key.
+#include <signal.h>
+#include <sys/wait.h>
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -15,6 +18,7 @@
 #include "paratrain/core/error.h"
 #include "paratrain/train/config.h"
 #include "tests/support/multi_rank.h"
+#include "tests/support/spawn.h"
 
 namespace paratrain::federated {
 namespace {
@@ -53,6 +57,45 @@ void expect_a_complete_run(const fs::path& run_dir, const std::string& output) {
   EXPECT_TRUE(fs::exists(run_dir / "checkpoints" / "step_00000004" / "index.json")) << output;
   EXPECT_NE(output.find("round 4/4"), std::string::npos) << output;
   EXPECT_NE(output.find("labels per client"), std::string::npos) << output;
+  // run.json as `paratrain train` keeps it, so `paratrain runs` lists the run.
+  std::ifstream status_file(run_dir / "run.json");
+  const auto status = nlohmann::json::parse(status_file, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(status.is_object()) << output;
+  EXPECT_EQ(status.value("status", ""), "finished") << status.dump();
+  EXPECT_EQ(status.value("steps", int64_t{0}), 4) << status.dump();
+}
+
+nlohmann::json run_status(const fs::path& run_dir) {
+  std::ifstream in(run_dir / "run.json");
+  auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() ? j : nlohmann::json::object();
+}
+
+// SIGTERM (a scheduler, `paratrain launch`, kill) mid-run: run.json says
+// "stopped" with the signal, `paratrain runs` lists it so, and the process
+// still ends by the signal.
+TEST(FederatedCli, ASignalledRunRecordsStoppedInRunJson) {
+  const auto dir = testing::temp_dir("fed_signal");
+  const fs::path run_dir = fs::path(dir) / "long" / "version_0";
+  std::vector<std::string> args{PARATRAIN_CLI};
+  for (const auto& a : run_args(dir, "long")) args.push_back(a);
+  for (const auto& a : {"--set", "federated.rounds=100000", "--set", "federated.checkpoint_every=0"}) args.push_back(a);
+  const pid_t pid = testing::spawn_logged(args, dir + "/log");
+  ASSERT_GT(pid, 0);
+  const bool running = testing::wait_until(
+      pid, [&] { return fs::exists(run_dir / "metrics.jsonl") && fs::file_size(run_dir / "metrics.jsonl") > 0; },
+      std::chrono::seconds(120));
+  ASSERT_TRUE(running) << "no round finished";
+  EXPECT_EQ(run_status(run_dir).value("status", ""), "running");
+  kill(pid, SIGTERM);
+  const auto exit = testing::wait_exit(pid, std::chrono::seconds(60));
+  ASSERT_TRUE(exit) << "federated still running 60 s after SIGTERM";
+  EXPECT_TRUE(WIFSIGNALED(*exit) && WTERMSIG(*exit) == SIGTERM);
+  const auto status = run_status(run_dir);
+  EXPECT_EQ(status.value("status", ""), "stopped") << status.dump();
+  EXPECT_EQ(status.value("signal", ""), "SIGTERM") << status.dump();
+  const auto runs = testing::run_cli({"runs", dir + "/long"});
+  EXPECT_NE(runs.output.find("stopped"), std::string::npos) << runs.output;
 }
 
 TEST(FederatedCli, OneProcessServesAndHostsEveryClient) {

@@ -16,6 +16,7 @@
 
 #include "launch_test_util.h"
 #include "tests/support/multi_rank.h"
+#include "tests/support/spawn.h"
 
 extern char** environ;
 
@@ -96,30 +97,16 @@ TEST(LaunchCli, SigtermToTheLauncherStopsItAndEveryWorker) {
   const std::string pids = dir + "/pids", log = dir + "/log";
   std::vector<std::string> args{PARATRAIN_CLI};
   for (auto& a : cli_launch({"--nproc-per-node", "2"}, {"pidfile", pids, "sleep", "60"})) args.push_back(a);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  pid_t launcher = 0;
-  ASSERT_EQ(posix_spawn(&launcher, argv[0], &actions, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&actions);
+  const pid_t launcher = testing::spawn_logged(args, log);
+  ASSERT_GT(launcher, 0);
 
   const bool started = test::wait_for_lines(pids, 2);
   const auto sent = std::chrono::steady_clock::now();
   kill(launcher, SIGTERM);
-  int status = 0;
   // Bounded wait: a hung launcher fails the test instead of hanging it.
-  while (waitpid(launcher, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() - sent > std::chrono::seconds(15)) {
-      kill(launcher, SIGKILL);
-      waitpid(launcher, &status, 0);
-      FAIL() << "launcher still running 15 s after SIGTERM:\n" << test::slurp(log);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  const auto exit = testing::wait_exit(launcher, std::chrono::seconds(15));
+  if (!exit) FAIL() << "launcher still running 15 s after SIGTERM:\n" << test::slurp(log);
+  const int status = *exit;
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
   ASSERT_TRUE(started) << test::slurp(log);
   ASSERT_TRUE(WIFEXITED(status));

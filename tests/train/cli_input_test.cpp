@@ -21,6 +21,7 @@
 #include "paratrain/core/error.h"
 #include "paratrain/data/idx.h"
 #include "tests/support/multi_rank.h"
+#include "tests/support/spawn.h"
 
 extern char** environ;
 
@@ -73,54 +74,17 @@ TEST(CliInput, ASignalledTrainRecordsStoppedInRunJson) {
   for (int sig : {SIGTERM, SIGINT}) {
     const auto dir = paratrain::testing::temp_dir("cli-signal");
     const std::string log = dir + "/log", run_dir = dir + "/runs/long/version_0";
-    std::vector<std::string> args{PARATRAIN_CLI, "train", "--config", long_job(dir)};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    // A test started in the background inherits SIGINT ignored; a user's
-    // Ctrl-C reaches a train with the default action.
-    posix_spawnattr_t attr;
-    posix_spawnattr_init(&attr);
-    sigset_t defaults;
-    sigemptyset(&defaults);
-    sigaddset(&defaults, SIGINT);
-    sigaddset(&defaults, SIGTERM);
-    posix_spawnattr_setsigdefault(&attr, &defaults);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
-    pid_t pid = 0;
-    ASSERT_EQ(posix_spawn(&pid, argv[0], &actions, &attr, argv.data(), environ), 0);
-    posix_spawn_file_actions_destroy(&actions);
-    posix_spawnattr_destroy(&attr);
-
+    const pid_t pid = paratrain::testing::spawn_logged({PARATRAIN_CLI, "train", "--config", long_job(dir)}, log);
+    ASSERT_GT(pid, 0);
     // Bounded waits: a run that never starts or never ends fails the test.
-    const auto start = std::chrono::steady_clock::now();
-    int status = 0;
-    bool exited = false;
-    while (run_status(run_dir).value("status", "") != "running" &&
-           std::chrono::steady_clock::now() - start < std::chrono::seconds(120)) {
-      if (waitpid(pid, &status, WNOHANG) == pid) {
-        exited = true;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    ASSERT_FALSE(exited) << slurp(log);
-    ASSERT_EQ(run_status(run_dir).value("status", ""), "running") << slurp(log);
+    const bool running = paratrain::testing::wait_until(
+        pid, [&] { return run_status(run_dir).value("status", "") == "running"; }, std::chrono::seconds(120));
+    ASSERT_TRUE(running) << slurp(log);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // into the training loop
     kill(pid, sig);
-    const auto sent = std::chrono::steady_clock::now();
-    while (waitpid(pid, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() - sent > std::chrono::seconds(60)) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-        FAIL() << "train still running 60 s after signal " << sig << ":\n" << slurp(log);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    const auto exit = paratrain::testing::wait_exit(pid, std::chrono::seconds(60));
+    ASSERT_TRUE(exit) << "train still running 60 s after signal " << sig << ":\n" << slurp(log);
+    const int status = *exit;
     ASSERT_TRUE(WIFSIGNALED(status)) << slurp(log);
     EXPECT_EQ(WTERMSIG(status), sig);
     const auto j = run_status(run_dir);

@@ -1,0 +1,30 @@
+// A child process for the tests that signal one (a CLI run stopped by
+// SIGTERM, a launcher interrupted): started with its output in a log file,
+// waited on with bounds, so a hung child fails the test instead of hanging it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace paratrain::testing {
+
+// Starts `args` (args[0]: the program's path) with stdout and stderr in
+// `log`. SIGINT and SIGTERM start at their default action: a test run in
+// the background inherits SIGINT ignored, while a user's Ctrl-C reaches the
+// program with the default. Returns the pid, or -1 when the start failed.
+pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log);
+
+// Polls `ready` every 20 ms: true once it holds; false when `pid` exited
+// first or `timeout` passed.
+bool wait_until(pid_t pid, const std::function<bool()>& ready, std::chrono::milliseconds timeout);
+
+// The wait status of `pid` once it exits; after `timeout` it is SIGKILLed,
+// reaped, and the result is empty.
+std::optional<int> wait_exit(pid_t pid, std::chrono::milliseconds timeout);
+
+}  // namespace paratrain::testing
