@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "paratrain/checkpoint/checkpoint_access.h"
 #include "paratrain/core/error.h"
 #include "paratrain/train/builders.h"
 #include "paratrain/checkpoint/checkpoint_files.h"
@@ -112,14 +113,28 @@ RolledBack roll_back_in_job(Trainer::State& s) {
     const auto& path = list[i].second;
     std::optional<LoopPosition> position;
     std::string error;
+    bool denied = false;  // not allowed to read: Note [Unreadable is not damaged]
     try {
       position = load_training_checkpoint(path, *s.strategy, *s.optimizer, s.scaler.get());
+    } catch (const CheckpointAccessError& e) {
+      error = e.what();
+      denied = true;
     } catch (const CheckpointError& e) {
       error = e.what();
     }
-    auto ok = torch::tensor({position ? 1 : 0}, torch::kInt);
+    // One collective for both verdicts: loaded everywhere, readable everywhere.
+    auto ok = torch::tensor({position ? 1 : 0, denied ? 0 : 1}, torch::kInt);
     world.all_reduce(ok, comm::ReduceOp::kMin)->wait(s.timeout());
-    if (ok.item<int>() == 1) {
+    if (ok[1].item<int>() == 0) {
+      // Not damaged, and perhaps the newest good state: neither moved aside
+      // nor passed over for an older one; the permissions are the user's to fix.
+      throw CheckpointAccessError(
+          denied ? fmt::format("{} (in-job recovery: nothing was moved aside)", error)
+                 : fmt::format("rank {}: in-job recovery: another survivor may not read checkpoint {}; see its log "
+                               "(nothing was moved aside)",
+                               world.rank(), path.string()));
+    }
+    if (ok[0].item<int>() == 1) {
       s.step = position->step;
       return RolledBack{.step = position->step, .epoch = position->epoch,
                         .consumed_positions = position->consumed_positions, .checkpoint = path,
