@@ -34,11 +34,6 @@ const char* signal_name(int sig) {
   return "a signal";
 }
 
-// Seconds since the epoch, as the Trainer writes "started" and "ended".
-double unix_time() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 void on_signal(int sig) {
   const int saved = errno;
   const unsigned char byte = static_cast<unsigned char>(sig);
@@ -90,7 +85,7 @@ void StopStatusRecorder::watch() {
   try {
     train::update_run_status(run_dir_, {{"status", "stopped"},
                                         {"signal", signal_name(sig)},
-                                        {"ended", unix_time()}});
+                                        {"ended", train::unix_time()}});
     spdlog::warn("stopped by {}; {} records it", signal_name(sig), (run_dir_ / "run.json").string());
   } catch (const std::exception& e) {
     spdlog::warn("stopped by {}; could not record it in run.json: {}", signal_name(sig), e.what());

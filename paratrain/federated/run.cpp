@@ -85,10 +85,6 @@ Evaluation evaluate(models::Model& model, const data::TensorDataset& data, int64
 
 namespace {
 
-double unix_time() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 FederatedResult run_in(const train::TrainConfig& config, comm::ProcessGroup& world, std::filesystem::path dir) {
   const auto& f = config.federated;
   const bool server = world.rank() == 0;
@@ -223,7 +219,7 @@ FederatedResult run_federated(const train::TrainConfig& config, comm::ProcessGro
   const bool server = world.rank() == 0;
   const std::filesystem::path dir = run_dir_for(config, world);
   if (server) {
-    train::update_run_status(dir, {{"status", "running"}, {"pid", ::getpid()}, {"started", unix_time()},
+    train::update_run_status(dir, {{"status", "running"}, {"pid", ::getpid()}, {"started", train::unix_time()},
                                    {"world_size", world.size()}, {"strategy", "federated"},
                                    {"version", dir.filename().string()}});
   }
@@ -231,7 +227,7 @@ FederatedResult run_federated(const train::TrainConfig& config, comm::ProcessGro
   try {
     FederatedResult r = run_in(config, world, dir);
     if (server) {
-      nlohmann::json done = {{"status", "finished"}, {"ended", unix_time()}, {"steps", r.rounds}};
+      nlohmann::json done = {{"status", "finished"}, {"ended", train::unix_time()}, {"steps", r.rounds}};
       if (r.test.count > 0) done["test"] = {{"loss", r.test.loss}, {"accuracy", r.test.accuracy}};
       train::update_run_status(dir, done);
     }
@@ -239,7 +235,7 @@ FederatedResult run_federated(const train::TrainConfig& config, comm::ProcessGro
   } catch (const std::exception& e) {
     if (server) {
       try {
-        train::update_run_status(dir, {{"status", "failed"}, {"ended", unix_time()}, {"error", e.what()}});
+        train::update_run_status(dir, {{"status", "failed"}, {"ended", train::unix_time()}, {"error", e.what()}});
       } catch (const std::exception&) {
         // The run's own error matters more than a status file that failed too.
       }

@@ -136,6 +136,10 @@ fs::path resolve_run_dir(const fs::path& given) {
   return versions.empty() ? given : version_dir(given, versions.back());
 }
 
+double unix_time() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 void update_run_status(const fs::path& run_dir, const nlohmann::json& update) {
   const auto path = run_dir / "run.json";
   nlohmann::json status = nlohmann::json::object();

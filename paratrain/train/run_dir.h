@@ -48,5 +48,7 @@ std::filesystem::path resolve_run_dir(const std::filesystem::path& given);
 // "finished" | "failed" | "stopped" (by a signal: "signal"), "host", "pid", "started", "ended", "steps",
 // "total_steps", "error", ...}. `update` is merged into what is there.
 void update_run_status(const std::filesystem::path& run_dir, const nlohmann::json& update);
+// Seconds since the Unix epoch: how run.json records "started" and "ended".
+double unix_time();
 
 }  // namespace paratrain::train

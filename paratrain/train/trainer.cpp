@@ -93,10 +93,6 @@ std::string host_name() {
   return host;
 }
 
-double unix_time() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 // The program's model's parameter count, from a copy drawn as the run drew
 // its own (the same seed, so the global generator ends where it did).
 int64_t program_model_size(Trainer::State& s) {

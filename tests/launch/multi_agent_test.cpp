@@ -21,6 +21,7 @@
 #include "launch_test_util.h"
 #include "paratrain/launch/free_port.h"
 #include "tests/support/multi_rank.h"
+#include "tests/support/spawn.h"
 
 extern char** environ;
 
@@ -65,22 +66,9 @@ void start_agent(Agent& agent, const std::string& log, const std::vector<std::st
                  const std::vector<std::string>& extra_env = {}) {
   std::vector<std::string> argv = {PARATRAIN_CLI, "launch"};
   argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<char*> cargv;
-  for (auto& a : argv) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
-  env.insert(env.end(), extra_env.begin(), extra_env.end());
-  std::vector<char*> cenv;
-  for (auto& e : env) cenv.push_back(e.data());
-  cenv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
   agent.log = log;
-  ASSERT_EQ(posix_spawn(&agent.pid, PARATRAIN_CLI, &fa, nullptr, cargv.data(), cenv.data()), 0);
-  posix_spawn_file_actions_destroy(&fa);
+  agent.pid = testing::spawn_logged(argv, log, extra_env);
+  ASSERT_GT(agent.pid, 0);
 }
 
 std::vector<std::string> agent_args(const std::string& node, const std::string& endpoint, const std::string& nnodes,

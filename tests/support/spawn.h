@@ -16,8 +16,10 @@ namespace paratrain::testing {
 // Starts `args` (args[0]: the program's path) with stdout and stderr in
 // `log`. SIGINT and SIGTERM start at their default action: a test run in
 // the background inherits SIGINT ignored, while a user's Ctrl-C reaches the
-// program with the default. Returns the pid, or -1 when the start failed.
-pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log);
+// program with the default. `extra_env` ("NAME=value") is added to this
+// process's environment. Returns the pid, or -1 when the start failed.
+pid_t spawn_logged(const std::vector<std::string>& args, const std::string& log,
+                   const std::vector<std::string>& extra_env = {});
 
 // Polls `ready` every 20 ms: true once it holds; false when `pid` exited
 // first or `timeout` passed.
