@@ -26,7 +26,7 @@
 #include "paratrain/core/error.h"
 #include "paratrain/core/logging.h"
 #include "paratrain/train/callbacks.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/trainer.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// In-job recovery time (elastic.in_job, train/in_job.h): ranks as threads
+// In-job recovery time (elastic.in_job, train/recovery/in_job.h): ranks as threads
 // of this process, each with its own Gloo group over one in-memory store,
 // train the config's model; the last rank aborts its group after step
 // --die-at (as a killed process's sockets close) and leaves. Measured on the
@@ -27,7 +27,7 @@
 #include "paratrain/comm/gloo/gloo_group.h"
 #include "paratrain/comm/rejoin.h"
 #include "paratrain/train/callbacks.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/trainer.h"
 
 namespace {

@@ -23,12 +23,12 @@
 #include "paratrain/models/model.h"
 #include "paratrain/optim/grad_scaler.h"
 #include "paratrain/topology/device_mesh.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/registry.h"
 #include "paratrain/train/task.h"
 #include "paratrain/train/trainer.h"
 #include "paratrain/train/user_module.h"
-#include "paratrain/train/user_table.h"
+#include "paratrain/train/config/user_table.h"
 
 namespace paratrain {
 

@@ -20,7 +20,7 @@ Command add_checkpoint_command(CLI::App& app) {
     std::string checkpoint;
     std::string output;
     std::string a, b;                  // compare
-    train::CompareOptions compare;
+    checkpoint::CompareOptions compare;
   };
   auto args = std::make_shared<Args>();
   auto* sub = app.add_subcommand("checkpoint", "Inspect, convert or compare checkpoints (step_N/ directories or files)");
@@ -53,13 +53,13 @@ Command add_checkpoint_command(CLI::App& app) {
 
   auto run = [args, consolidate, inspect, compare]() -> int {
     if (consolidate->parsed()) {
-      train::consolidate_checkpoint(args->checkpoint, args->output);
+      checkpoint::consolidate_checkpoint(args->checkpoint, args->output);
       std::printf("wrote %s\n", args->output.c_str());
       return 0;
     }
     if (inspect->parsed()) {
-      std::fputs(train::describe_checkpoint(args->checkpoint).c_str(), stdout);
-      const auto problems = train::verify_checkpoint_files(args->checkpoint);
+      std::fputs(checkpoint::describe_checkpoint(args->checkpoint).c_str(), stdout);
+      const auto problems = checkpoint::verify_checkpoint_files(args->checkpoint);
       if (problems.empty()) {
         std::puts("  verified: every file has its recorded size and checksum");
         return 0;
@@ -70,7 +70,7 @@ Command add_checkpoint_command(CLI::App& app) {
       return 1;
     }
     if (compare->parsed()) {
-      const train::CompareReport report = train::compare_checkpoints(args->a, args->b, args->compare);
+      const checkpoint::CompareReport report = checkpoint::compare_checkpoints(args->a, args->b, args->compare);
       std::fputs(report.format().c_str(), stdout);
       return report.ok() ? 0 : 1;
     }

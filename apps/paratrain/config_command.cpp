@@ -6,7 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include "apps/paratrain/commands.h"
-#include "paratrain/train/config_reference.h"
+#include "paratrain/train/config/config_reference.h"
 
 namespace paratrain::cli {
 

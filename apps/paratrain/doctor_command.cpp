@@ -24,7 +24,7 @@
 #include "paratrain/core/atomic_file.h"
 #include "paratrain/core/error.h"
 #include "paratrain/comm/doctor/dump_reader.h"
-#include "paratrain/train/run_dir.h"
+#include "paratrain/train/run/run_dir.h"
 
 namespace paratrain::cli {
 namespace {

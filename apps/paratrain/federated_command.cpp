@@ -19,7 +19,7 @@
 #include "paratrain/core/logging.h"
 #include "apps/paratrain/stop_status.h"
 #include "paratrain/federated/run.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 
 namespace paratrain::cli {
 

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/paratrain/commands.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/memory_plan.h"
 
 namespace paratrain::cli {

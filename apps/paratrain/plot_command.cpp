@@ -1,6 +1,6 @@
 // `paratrain plot RUN_DIR... [-o DIR]`: accuracy and loss curves of several
 // runs on one chart each (PNG, drawn by gnuplot). The data files and the
-// gnuplot script are paratrain/train/plots.h's; this file runs gnuplot.
+// gnuplot script are paratrain/train/run/plots.h's; this file runs gnuplot.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,7 +14,7 @@
 
 #include "apps/paratrain/commands.h"
 #include "paratrain/core/error.h"
-#include "paratrain/train/plots.h"
+#include "paratrain/train/run/plots.h"
 
 namespace paratrain::cli {
 

@@ -1,5 +1,5 @@
 // `paratrain runs [DIR]`: lists the runs under DIR (default runs/), one row
-// per version, from train/run_list.h.
+// per version, from train/run/run_list.h.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -11,7 +11,7 @@
 
 #include "apps/paratrain/commands.h"
 #include "paratrain/core/error.h"
-#include "paratrain/train/run_list.h"
+#include "paratrain/train/run/run_list.h"
 
 namespace paratrain::cli {
 

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "paratrain/train/run_dir.h"
+#include "paratrain/train/run/run_dir.h"
 
 namespace paratrain::cli {
 namespace {

@@ -11,7 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "apps/paratrain/commands.h"
-#include "paratrain/train/run_dir.h"
+#include "paratrain/train/run/run_dir.h"
 #include "paratrain/pipeline/chrome_trace.h"
 #include "paratrain/pipeline/timeline.h"
 

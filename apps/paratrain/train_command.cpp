@@ -29,8 +29,8 @@
 #include "paratrain/core/env.h"
 #include "paratrain/core/error.h"
 #include "paratrain/core/logging.h"
-#include "paratrain/train/config.h"
-#include "paratrain/train/restart_resume.h"
+#include "paratrain/train/config/config.h"
+#include "paratrain/train/recovery/restart_resume.h"
 #include "paratrain/train/trainer.h"
 
 namespace paratrain::cli {

@@ -15,8 +15,8 @@ namespace paratrain {
 namespace {
 
 namespace strategies = train::strategies;
-using train::CheckpointContents;
-using train::OptimizerSlot;
+using checkpoint::CheckpointContents;
+using checkpoint::OptimizerSlot;
 
 // Parameter slots of a sharding wrapper plus the buffers every rank holds.
 std::vector<TensorSlot> with_buffers(std::vector<TensorSlot> params, torch::nn::Module& model, bool write) {
@@ -38,7 +38,7 @@ CheckpointContents of(zero::ZeroDataParallel& zero, torch::optim::Optimizer* opt
   c.model = with_buffers(zero.parameter_slots(), zero.module(), zero.group().rank() == 0);
   c.optimizer = optimizer;
   if (optimizer)
-    for (auto& [param, slot] : zero.optimizer_param_slots()) c.optimizer_slots.push_back(OptimizerSlot{param, slot});
+    for (auto& [param, slot] : zero.optimizer_param_slots()) c.optimizer_slots.push_back(checkpoint::OptimizerSlot{param, slot});
   return c;
 }
 
@@ -49,18 +49,18 @@ CheckpointContents of(fsdp::FullyShardedDataParallel& fsdp, torch::optim::Optimi
   if (optimizer) {
     auto params = fsdp.optimizer_params();
     auto slots = fsdp.parameter_slots();
-    for (size_t i = 0; i < params.size(); ++i) c.optimizer_slots.push_back(OptimizerSlot{params[i], slots.at(i)});
+    for (size_t i = 0; i < params.size(); ++i) c.optimizer_slots.push_back(checkpoint::OptimizerSlot{params[i], slots.at(i)});
   }
   return c;
 }
 
 void save(const std::filesystem::path& dir, comm::ProcessGroup& group, CheckpointContents c, int64_t step) {
   c.state.step = step;
-  train::save_sharded_checkpoint(dir, group, c);
+  checkpoint::save_sharded_checkpoint(dir, group, c);
 }
 
 int64_t load(const std::filesystem::path& dir, const CheckpointContents& c) {
-  return train::load_sharded_checkpoint(dir, c).step;
+  return checkpoint::load_sharded_checkpoint(dir, c).step;
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 #include "paratrain/comm/process_group.h"
 #include "paratrain/core/error.h"
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 
 AsyncCheckpointSaver::AsyncCheckpointSaver(comm::ProcessGroup& world) {
   std::vector<int> everyone(static_cast<size_t>(world.size()));
@@ -49,4 +49,4 @@ bool AsyncCheckpointSaver::busy() const {
   return in_flight_.valid() && in_flight_.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
 }
 
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint

@@ -14,7 +14,7 @@
 
 #include "paratrain/checkpoint/sharded.h"
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 
 class AsyncCheckpointSaver {
  public:
@@ -46,4 +46,4 @@ class AsyncCheckpointSaver {
   std::filesystem::path in_flight_dir_;
 };
 
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint

@@ -17,7 +17,7 @@
 #include "paratrain/checkpoint/optimizer_state.h"
 #include "paratrain/checkpoint/safetensors.h"
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 namespace {
 
 std::string shape_str(at::IntArrayRef sizes) { return fmt::format("[{}]", fmt::join(sizes, ", ")); }
@@ -231,4 +231,4 @@ TrainingState load_model_weights(const std::filesystem::path& path, torch::nn::M
   return state;
 }
 
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint

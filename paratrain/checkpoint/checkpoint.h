@@ -17,7 +17,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 
 // Everything in a checkpoint that is not a model or optimizer tensor.
 struct TrainingState {
@@ -64,7 +64,7 @@ TrainingState load_checkpoint(const std::filesystem::path& path, torch::nn::Modu
 // Only the model's parameters and buffers (evaluation, fine-tuning).
 TrainingState load_model_weights(const std::filesystem::path& path, torch::nn::Module& model);
 
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint
 
 // Run-folder helpers (checkpoint_path, find_latest_checkpoint, ...) used to be
 // declared here; kept reachable for existing includes.

@@ -20,7 +20,7 @@
 
 #include <fmt/format.h>
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 
 bool is_permission_error(const std::error_code& ec) {
   return ec == std::errc::permission_denied || ec == std::errc::operation_not_permitted;
@@ -51,4 +51,4 @@ void check_checkpoint_readable(const std::filesystem::path& path) {
   if (is_permission_error(ec)) throw checkpoint_access_error(path, ec);
 }
 
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint

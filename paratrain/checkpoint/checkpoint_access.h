@@ -10,7 +10,7 @@
 
 #include "paratrain/core/error.h"
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 
 // A checkpoint, or a file of one, exists but this process is not allowed to
 // read it (EACCES or EPERM). Nothing is known about its contents.
@@ -32,4 +32,4 @@ CheckpointAccessError checkpoint_access_error(const std::filesystem::path& path,
 // Any other failure (no such file, ...) is left to the caller's own read.
 void check_checkpoint_readable(const std::filesystem::path& path);
 
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint

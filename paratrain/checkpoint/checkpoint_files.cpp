@@ -16,7 +16,7 @@
 #include "paratrain/checkpoint/checkpoint_metadata.h"
 #include "paratrain/checkpoint/safetensors.h"
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 namespace {
 
 const std::regex& dir_pattern() {
@@ -183,4 +183,4 @@ int prune_checkpoints(const std::filesystem::path& run_dir, int64_t keep) {
   return removed;
 }
 
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint

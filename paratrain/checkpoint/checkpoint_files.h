@@ -9,7 +9,7 @@
 #include <optional>
 #include <vector>
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 
 // <run_dir>/checkpoints/step_<8 digits>/ : a sharded checkpoint directory
 // (save_sharded_checkpoint). Committed once it holds index.json.
@@ -67,4 +67,4 @@ int clean_interrupted_checkpoints(const std::filesystem::path& run_dir);
 // Returns how many went. Call it on one rank after a save has committed.
 int prune_checkpoints(const std::filesystem::path& run_dir, int64_t keep);
 
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint

@@ -14,7 +14,7 @@
 #include "paratrain/checkpoint/checkpoint_access.h"
 #include "paratrain/checkpoint/checksum.h"
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 namespace {
 
 [[noreturn]] void bad_index(const std::string& where, const std::string& what) {
@@ -274,4 +274,4 @@ at::Tensor ShardedReader::chunk_data(const std::string& tensor_name, const Chunk
   return t.reshape(-1);
 }
 
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint

@@ -18,7 +18,7 @@
 
 #include "paratrain/checkpoint/safetensors.h"
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 
 inline constexpr const char* kIndexFormat = "paratrain-sharded-checkpoint/1";
 inline constexpr const char* kIndexFileName = "index.json";
@@ -99,4 +99,4 @@ class ShardedReader {
   std::map<std::string, SafetensorsContents> files_;  // verified files by name
 };
 
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint

@@ -11,7 +11,7 @@
 
 #include "paratrain/checkpoint/checkpoint.h"
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 
 inline constexpr std::string_view kCheckpointFormat = "paratrain-checkpoint/1";
 inline constexpr std::string_view kModelPrefix = "model/";
@@ -35,4 +35,4 @@ TrainingState training_state_from_metadata(const std::map<std::string, std::stri
 void check_optimizer_kind(const std::map<std::string, std::string>& metadata, const OptimizerStateIo& io,
                           const std::string& file);
 
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint

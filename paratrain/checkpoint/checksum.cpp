@@ -14,7 +14,7 @@
 
 #include "paratrain/core/error.h"
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 
 uint32_t crc32_update(uint32_t crc, std::span<const uint8_t> bytes) {
   uLong c = crc;
@@ -58,4 +58,4 @@ bool parse_crc32_hex(const std::string& text, uint32_t& crc) {
   return true;
 }
 
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint

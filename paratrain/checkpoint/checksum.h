@@ -9,7 +9,7 @@
 #include <span>
 #include <string>
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 
 // The algorithm's name as recorded next to checksums (index.json "checksum").
 inline constexpr const char* kChecksumAlgorithm = "crc32";
@@ -25,4 +25,4 @@ uint32_t file_crc32(const std::filesystem::path& path);
 std::string crc32_hex(uint32_t crc);
 bool parse_crc32_hex(const std::string& text, uint32_t& crc);
 
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint

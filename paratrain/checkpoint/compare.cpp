@@ -16,7 +16,7 @@
 #include "paratrain/checkpoint/checkpoint_index.h"
 #include "paratrain/checkpoint/safetensors.h"
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 namespace {
 
 // The denominator's floor: only an all-zero reference reaches it, and then
@@ -135,4 +135,4 @@ std::string CompareReport::format() const {
   return out.str();
 }
 
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 
 struct CompareOptions {
   // Largest relative difference (see above) a tensor may have and still
@@ -66,4 +66,4 @@ struct CompareReport {
 CompareReport compare_checkpoints(const std::filesystem::path& a, const std::filesystem::path& b,
                                   const CompareOptions& options = {});
 
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint

@@ -13,7 +13,7 @@
 #include "paratrain/optim/lamb.h"
 #include "paratrain/optim/lars.h"
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 namespace {
 
 std::string shape_str(at::IntArrayRef sizes) { return fmt::format("[{}]", fmt::join(sizes, ", ")); }
@@ -194,4 +194,4 @@ compat::OptimizerStateKey optimizer_state_key(const at::Tensor& param) {
   return compat::optimizer_state_key(param);
 }
 
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint

@@ -16,7 +16,7 @@
 
 #include "paratrain/core/compat.h"
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 
 struct OptimizerStateIo {
   std::string kind;  // "sgd", "adam", "adamw": stored in the metadata
@@ -46,4 +46,4 @@ const OptimizerStateIo& optimizer_state_io(const torch::optim::Optimizer& optimi
 // The key torch::optim uses for a parameter in Optimizer::state().
 compat::OptimizerStateKey optimizer_state_key(const at::Tensor& param);
 
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint

@@ -20,7 +20,7 @@
 #include "paratrain/core/error.h"
 #include "paratrain/checkpoint/checksum.h"
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 namespace {
 
 // The format stores little-endian data and so does every machine we target;
@@ -376,4 +376,4 @@ void sync_folder(const std::filesystem::path& path) {
 }
 
 }  // namespace
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint

@@ -16,7 +16,7 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 
 // Tensors by name plus free-form string metadata ("__metadata__").
 // std::map: names are written in sorted order, so equal contents give
@@ -75,4 +75,4 @@ void write_file_atomically(const std::filesystem::path& path, std::string_view b
 std::optional<std::string> safetensors_dtype_name(at::ScalarType type);
 std::optional<at::ScalarType> safetensors_dtype(std::string_view name);
 
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint

@@ -40,7 +40,7 @@ namespace paratrain::comm {
 class ProcessGroup;
 }
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 
 // One tensor the optimizer steps, and which global parameter elements it is.
 struct OptimizerSlot {
@@ -140,4 +140,4 @@ std::string describe_checkpoint(const std::filesystem::path& checkpoint);
 // when the index itself (or a single file) is unreadable or invalid.
 std::vector<std::string> verify_checkpoint_files(const std::filesystem::path& checkpoint);
 
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint

@@ -18,7 +18,7 @@
 #include "paratrain/checkpoint/safetensors.h"
 #include "paratrain/checkpoint/sharded.h"
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 namespace {
 
 std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
@@ -256,4 +256,4 @@ std::string describe_checkpoint(const std::filesystem::path& checkpoint) {
   return out.str();
 }
 
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint

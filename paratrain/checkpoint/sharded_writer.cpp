@@ -36,7 +36,7 @@
 #include "paratrain/checkpoint/optimizer_state.h"
 #include "paratrain/checkpoint/safetensors.h"
 
-namespace paratrain::train {
+namespace paratrain::checkpoint {
 namespace {
 
 // What one rank contributes: its file and the global tensors it knows of.
@@ -298,4 +298,4 @@ void write_prepared_checkpoint(const std::filesystem::path& dir, comm::ProcessGr
                               : error);
 }
 
-}  // namespace paratrain::train
+}  // namespace paratrain::checkpoint

@@ -3,7 +3,7 @@
 // recovery: "recovery<e>/"), agree on who is alive, renumber densely in the
 // old order (the lowest surviving rank is the new rank 0: rank 0 dying
 // re-elects) and build a new Gloo world group among them.
-// Not here: what the Trainer rebuilds over the new group (train/in_job.h).
+// Not here: what the Trainer rebuilds over the new group (train/recovery/in_job.h).
 #pragma once
 
 #include <chrono>

@@ -1,5 +1,5 @@
 // Typed reads of environment variables, with errors that name the variable.
-// Not a config system: train/config.h owns user configuration.
+// Not a config system: train/config/config.h owns user configuration.
 #pragma once
 
 #include <optional>

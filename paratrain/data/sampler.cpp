@@ -22,7 +22,7 @@ namespace paratrain::data {
 // padded extension, not against the N-item single-process epoch.
 
 // Note [Remaining samples]
-// In-job recovery (train/in_job.h) changes the number of ranks in the middle
+// In-job recovery (train/recovery/in_job.h) changes the number of ranks in the middle
 // of an epoch. The steps taken so far trained the prefix P[0, c) of the
 // epoch's permutation (strided split: c = steps * global batch, plus the
 // start of an earlier recovery in the same epoch). The survivors go on with

@@ -51,7 +51,7 @@
 #include "paratrain/federated/mailbox.h"
 #include "paratrain/federated/partition.h"
 #include "paratrain/federated/server_optimizer.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 
 namespace paratrain::models {
 class Model;

@@ -25,8 +25,8 @@
 #include "paratrain/models/model.h"
 #include "paratrain/train/builders.h"
 #include "paratrain/checkpoint/checkpoint_files.h"
-#include "paratrain/train/metrics.h"
-#include "paratrain/train/run_dir.h"
+#include "paratrain/train/run/metrics.h"
+#include "paratrain/train/run/run_dir.h"
 
 namespace paratrain::federated {
 namespace {
@@ -128,7 +128,7 @@ FederatedResult run_in(const train::TrainConfig& config, comm::ProcessGroup& wor
   if (!config.train.resume.empty()) {
     std::optional<std::filesystem::path> from;
     if (config.train.resume == "auto") {
-      from = train::find_latest_checkpoint(result.run_dir);
+      from = checkpoint::find_latest_checkpoint(result.run_dir);
       if (!from) spdlog::info("train.resume = auto: no complete checkpoint in {}; starting fresh", result.run_dir.string());
     } else {
       from = std::filesystem::path(config.train.resume);
@@ -199,7 +199,7 @@ FederatedResult run_in(const train::TrainConfig& config, comm::ProcessGroup& wor
                  report.train_loss, eval_text, dp_text, megabytes(progress.bytes_up), megabytes(progress.bytes_down),
                  seconds);
     if (last || (f.checkpoint_every > 0 && round % f.checkpoint_every == 0))
-      save_server_checkpoint(train::checkpoint_dir(result.run_dir, round), *checkpoint_group, run, progress, config);
+      save_server_checkpoint(checkpoint::checkpoint_dir(result.run_dir, round), *checkpoint_group, run, progress, config);
   }
   run.finish();
   if (!run.lost_ranks().empty())
@@ -211,7 +211,7 @@ FederatedResult run_in(const train::TrainConfig& config, comm::ProcessGroup& wor
 
 }  // namespace
 
-// run.json as `paratrain train` keeps it (train/run_dir.h): "running", then
+// run.json as `paratrain train` keeps it (train/run/run_dir.h): "running", then
 // "finished" or "failed" with the error; a signal's "stopped" is the CLI's
 // (on_run_dir hands it the folder). Rank 0 owns the file.
 FederatedResult run_federated(const train::TrainConfig& config, comm::ProcessGroup& world,

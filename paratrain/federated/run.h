@@ -11,7 +11,7 @@
 
 #include "paratrain/comm/process_group.h"
 #include "paratrain/data/dataset.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 
 namespace paratrain::models {
 class Model;

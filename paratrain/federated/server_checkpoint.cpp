@@ -42,12 +42,12 @@ struct AdamCarrier {
     adam->step();
     return *state();
   }
-  std::vector<train::OptimizerSlot> slots() {
-    return {train::OptimizerSlot{param, TensorSlot{kSlot, {param.numel()}, 0, param.detach(), true}}};
+  std::vector<checkpoint::OptimizerSlot> slots() {
+    return {checkpoint::OptimizerSlot{param, TensorSlot{kSlot, {param.numel()}, 0, param.detach(), true}}};
   }
 };
 
-std::string extra_at(const train::TrainingState& st, const std::string& key, const std::filesystem::path& where) {
+std::string extra_at(const checkpoint::TrainingState& st, const std::string& key, const std::filesystem::path& where) {
   auto it = st.extra.find(key);
   if (it == st.extra.end())
     throw CheckpointError(fmt::format("{} is not a federated checkpoint: its metadata lacks extra.{}; resume a "
@@ -69,7 +69,7 @@ void save_server_checkpoint(const std::filesystem::path& dir, comm::ProcessGroup
   if (m.defined()) st.exp_avg().copy_(m);
   if (v.defined()) st.exp_avg_sq().copy_(v);
 
-  train::CheckpointContents contents;
+  checkpoint::CheckpointContents contents;
   contents.model = train::strategies::replicated_slots(run.model(), true);
   contents.optimizer = carrier.adam.get();
   contents.optimizer_slots = carrier.slots();
@@ -84,22 +84,22 @@ void save_server_checkpoint(const std::filesystem::path& dir, comm::ProcessGroup
   extra["federated.bytes_down"] = std::to_string(progress.bytes_down);
   extra["federated.rdp"] =
       nlohmann::json{{"rounds", progress.accountant.rounds()}, {"rdp", progress.accountant.rdp()}}.dump();
-  train::save_sharded_checkpoint(dir, self, contents);
+  checkpoint::save_sharded_checkpoint(dir, self, contents);
 }
 
 ServerProgress load_server_checkpoint(const std::filesystem::path& checkpoint, FederatedRun& run,
                                       const train::TrainConfig& config, const ServerResumeOptions& options) {
   AdamCarrier carrier(run.global().numel());
-  train::CheckpointContents contents;
+  checkpoint::CheckpointContents contents;
   contents.model = train::strategies::replicated_slots(run.model(), true);
   if (options.server_optimizer) {
     contents.optimizer = carrier.adam.get();
     contents.optimizer_slots = carrier.slots();
   }
   contents.save_rng = false;
-  train::LoadCheckpointOptions load;
+  checkpoint::LoadCheckpointOptions load;
   load.restore_rng = false;
-  const train::TrainingState st = train::load_sharded_checkpoint(checkpoint, contents, load);
+  const checkpoint::TrainingState st = checkpoint::load_sharded_checkpoint(checkpoint, contents, load);
 
   const std::string kind = extra_at(st, "federated.server_optimizer", checkpoint);
   if (options.server_optimizer && kind != config.federated.server_optimizer)

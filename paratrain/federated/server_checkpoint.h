@@ -27,7 +27,7 @@
 
 #include "paratrain/comm/process_group.h"
 #include "paratrain/federated/rdp_accountant.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 
 namespace paratrain::federated {
 

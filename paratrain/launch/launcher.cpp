@@ -180,7 +180,7 @@ int launch(const LaunchOptions& options) {
 // - every generation gets the same PARATRAIN_LAUNCH_ID; `paratrain train`
 //   records it in the run version's run.json, and with
 //   TORCHELASTIC_RESTART_COUNT > 0 continues that version with
-//   train.resume = "auto" (train/restart_resume.h): the newest checkpoint
+//   train.resume = "auto" (train/recovery/restart_resume.h): the newest checkpoint
 //   that has its index.json. A save interrupted by the failure has none and
 //   is never loaded.
 // The store is the agent's (node 0's launcher serves it for the whole launch,

@@ -83,7 +83,7 @@ void Supervisor::start() {
     spec.argv = options_.command;
     spec.env = worker_environment(options_, local, environ);
     // Workers write into pipes; tell them the launcher's stderr is a
-    // terminal, where rank 0 may draw a progress bar (train/progress.h).
+    // terminal, where rank 0 may draw a progress bar (train/run/progress.h).
     const bool terminal_err = options_.prefix_output && isatty(options_.err_fd);
     if (terminal_err && !getenv("PARATRAIN_PROGRESS")) spec.env.emplace_back("PARATRAIN_PROGRESS=1");
     if (!options_.heartbeat_dir.empty()) {

@@ -60,6 +60,8 @@ struct GradScalerOptions {
   /// Good steps in a row before growing. Shorter chases the largest usable
   /// scale faster but skips more steps from overshooting.
   int64_t growth_interval = 2000;
+
+  bool operator==(const GradScalerOptions&) const = default;
 };
 
 /// Parses the config value precision.loss_scale: "dynamic", "none", or a

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <optional>
 
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 
 namespace paratrain::train {
 

@@ -13,7 +13,7 @@
 #include "paratrain/optim/layer_norms.h"
 #include "paratrain/optim/lr_schedule.h"
 #include "paratrain/train/batch_size.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/user_module.h"
 
 namespace torch::optim {

@@ -23,7 +23,7 @@ constexpr const char* kScaleKey = "loss_scaler.scale";
 constexpr const char* kConsumedKey = "loader.consumed_positions";
 constexpr const char* kGrowthKey = "loss_scaler.growth_tracker";
 
-void restore_scaler(const std::filesystem::path& path, const TrainingState& state, optim::GradScaler& scaler) {
+void restore_scaler(const std::filesystem::path& path, const checkpoint::TrainingState& state, optim::GradScaler& scaler) {
   const auto scale = state.extra.find(kScaleKey);
   const auto growth = state.extra.find(kGrowthKey);
   if (scale == state.extra.end() || growth == state.extra.end()) {
@@ -64,11 +64,11 @@ std::vector<std::pair<std::string, std::string>> preprocessing_metadata(const Tr
 
 namespace {
 
-CheckpointContents training_contents(const TrainConfig& config, Strategy& strategy,
+checkpoint::CheckpointContents training_contents(const TrainConfig& config, Strategy& strategy,
                                      torch::optim::Optimizer& optimizer, const LoopPosition& position,
                                      const optim::GradScaler* scaler) {
   CheckpointSlots& slots = checkpoint_slots(strategy);
-  CheckpointContents contents;
+  checkpoint::CheckpointContents contents;
   contents.model = slots.model_slots();
   contents.optimizer = &optimizer;
   contents.optimizer_slots = slots.optimizer_slots();
@@ -96,13 +96,13 @@ std::filesystem::path save_training_checkpoint(const std::filesystem::path& run_
                                                comm::ProcessGroup& world, Strategy& strategy,
                                                torch::optim::Optimizer& optimizer, const LoopPosition& position,
                                                const optim::GradScaler* scaler) {
-  auto dir = checkpoint_dir(run_dir, position.step);
-  save_sharded_checkpoint(dir, world, training_contents(config, strategy, optimizer, position, scaler));
+  auto dir = checkpoint::checkpoint_dir(run_dir, position.step);
+  checkpoint::save_sharded_checkpoint(dir, world, training_contents(config, strategy, optimizer, position, scaler));
   return dir;
 }
 
 TrainingCheckpointer::TrainingCheckpointer(const TrainConfig& config, comm::ProcessGroup& world) : world_(world) {
-  if (config.train.async_checkpoint) async_ = std::make_unique<AsyncCheckpointSaver>(world);
+  if (config.train.async_checkpoint) async_ = std::make_unique<checkpoint::AsyncCheckpointSaver>(world);
 }
 
 TrainingCheckpointer::~TrainingCheckpointer() = default;
@@ -112,7 +112,7 @@ std::optional<SavedCheckpoint> TrainingCheckpointer::save(const std::filesystem:
                                                           torch::optim::Optimizer& optimizer,
                                                           const LoopPosition& position,
                                                           const optim::GradScaler* scaler, std::string why) {
-  SavedCheckpoint next{checkpoint_dir(run_dir, position.step), position.step, std::move(why)};
+  SavedCheckpoint next{checkpoint::checkpoint_dir(run_dir, position.step), position.step, std::move(why)};
   if (!async_) {
     save_training_checkpoint(run_dir, config, world_, strategy, optimizer, position, scaler);
     return next;
@@ -134,12 +134,12 @@ std::optional<SavedCheckpoint> TrainingCheckpointer::finish() {
 LoopPosition load_training_checkpoint(const std::filesystem::path& path, Strategy& strategy,
                                       torch::optim::Optimizer& optimizer, optim::GradScaler* scaler) {
   CheckpointSlots& slots = checkpoint_slots(strategy);
-  CheckpointContents contents;
+  checkpoint::CheckpointContents contents;
   contents.model = slots.model_slots();
   contents.optimizer = &optimizer;
   contents.optimizer_slots = slots.optimizer_slots();
   contents.strategy_state = slots.state_slots();
-  auto state = load_sharded_checkpoint(path, contents);
+  auto state = checkpoint::load_sharded_checkpoint(path, contents);
   slots.after_load();
   slots.state_loaded(state.missing_state);
   if (scaler != nullptr) restore_scaler(path, state, *scaler);
@@ -163,12 +163,12 @@ std::vector<std::filesystem::path> resume_candidates(const TrainConfig& config, 
     // damaged one is moved aside there instead of being left for the
     // continued run to save over (Note [Damaged checkpoints move aside]).
     std::vector<std::filesystem::path> out;
-    for (const CheckpointEntry& e : list_checkpoints(run_dir)) out.push_back(e.path);
+    for (const checkpoint::CheckpointEntry& e : checkpoint::list_checkpoints(run_dir)) out.push_back(e.path);
     return out;
   }
   std::error_code ec;
   const bool there = std::filesystem::exists(resume, ec);
-  if (ec && is_permission_error(ec)) throw checkpoint_access_error(resume, ec);
+  if (ec && checkpoint::is_permission_error(ec)) throw checkpoint::checkpoint_access_error(resume, ec);
   if (!there) {
     throw CheckpointError(fmt::format("train.resume = \"{}\": no such checkpoint. Give a checkpoint directory "
                                       "(checkpoints/step_N), \"auto\" (latest in {}) or \"\"",

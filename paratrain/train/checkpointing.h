@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "paratrain/comm/process_group.h"
-#include "paratrain/train/config.h"
-#include "paratrain/train/strategy.h"
+#include "paratrain/train/config/config.h"
+#include "paratrain/train/strategies/strategy.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -22,6 +22,10 @@ class Optimizer;
 namespace paratrain::optim {
 class GradScaler;
 }
+
+namespace paratrain::checkpoint {
+class AsyncCheckpointSaver;
+}  // namespace paratrain::checkpoint
 
 namespace paratrain::train {
 
@@ -34,7 +38,7 @@ struct LoopPosition {
   // The positions of the epoch's permutation trained so far, which a resume
   // continues from at any world size (Note [Resuming at another world size]
   // in resume_run.cpp; after an in-job recovery next_batch counts batches of the
-  // survivors' split, train/in_job.h). Saved as the checkpoint's
+  // survivors' split, train/recovery/in_job.h). Saved as the checkpoint's
   // "loader.consumed_positions" when > 0.
   int64_t consumed_positions = 0;
 };
@@ -55,8 +59,6 @@ struct SavedCheckpoint {
   int64_t step = 0;
   std::string why;  // "periodic", "end of epoch 2", ... for the log
 };
-
-class AsyncCheckpointSaver;
 
 // The Trainer's saves: synchronous, or with train.async_checkpoint in the
 // background (checkpoint/async_saver.h), where a save returns once this
@@ -83,7 +85,7 @@ class TrainingCheckpointer {
 
  private:
   comm::ProcessGroup& world_;
-  std::unique_ptr<AsyncCheckpointSaver> async_;
+  std::unique_ptr<checkpoint::AsyncCheckpointSaver> async_;
   std::optional<SavedCheckpoint> in_flight_;
 };
 

@@ -8,7 +8,7 @@
 #include <c10/core/Device.h>
 
 #include "paratrain/data/dataset.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 
 namespace paratrain::train {
 

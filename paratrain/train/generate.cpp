@@ -36,11 +36,11 @@ std::shared_ptr<models::Model> load_model_for_inference(const TrainConfig& confi
                                   config.model.kind));
   }
   auto model = make_model(config);
-  CheckpointContents contents;
+  checkpoint::CheckpointContents contents;
   contents.model = strategies::replicated_slots(*model, /*write=*/true);
-  LoadCheckpointOptions options;
+  checkpoint::LoadCheckpointOptions options;
   options.restore_rng = false;  // sampling has its own generator
-  load_sharded_checkpoint(checkpoint, contents, options);
+  checkpoint::load_sharded_checkpoint(checkpoint, contents, options);
   model->eval();
   return model;
 }

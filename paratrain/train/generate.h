@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 
 namespace paratrain::models {
 class Model;

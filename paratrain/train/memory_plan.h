@@ -11,7 +11,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 
 namespace paratrain::train {
 

@@ -7,12 +7,7 @@ namespace paratrain::train {
 
 std::unique_ptr<optim::GradScaler> make_grad_scaler(const PrecisionConfig& p) {
   if (p.loss_scale == "none") return nullptr;
-  optim::GradScalerOptions base;
-  base.init_scale = p.init_scale;
-  base.growth_factor = p.growth_factor;
-  base.backoff_factor = p.backoff_factor;
-  base.growth_interval = p.growth_interval;
-  return std::make_unique<optim::GradScaler>(optim::parse_loss_scale(p.loss_scale, base));
+  return std::make_unique<optim::GradScaler>(optim::parse_loss_scale(p.loss_scale, p.scaler));
 }
 
 LossFn scaled_loss(LossFn loss, const optim::GradScaler* scaler) {

@@ -7,8 +7,8 @@
 #include <memory>
 
 #include "paratrain/optim/grad_scaler.h"
-#include "paratrain/train/config.h"
-#include "paratrain/train/strategy.h"
+#include "paratrain/train/config/config.h"
+#include "paratrain/train/strategies/strategy.h"
 
 namespace paratrain::train {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "paratrain/train/builders.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/user_module.h"
 
 namespace paratrain::models {

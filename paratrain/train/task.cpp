@@ -7,7 +7,7 @@
 
 #include <torch/torch.h>
 
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 
 namespace paratrain::train {
 

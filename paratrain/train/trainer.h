@@ -17,7 +17,7 @@
 #include "paratrain/comm/process_group.h"
 #include "paratrain/train/builders.h"
 #include "paratrain/train/callbacks.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/task.h"
 #include "paratrain/train/user_module.h"
 

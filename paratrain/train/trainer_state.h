@@ -20,8 +20,8 @@
 #include "paratrain/train/builders.h"
 #include "paratrain/train/callbacks.h"
 #include "paratrain/train/checkpointing.h"
-#include "paratrain/train/metrics.h"
-#include "paratrain/train/strategy.h"
+#include "paratrain/train/run/metrics.h"
+#include "paratrain/train/strategies/strategy.h"
 #include "paratrain/train/task.h"
 #include "paratrain/train/trainer.h"
 

@@ -15,15 +15,15 @@
 #include "paratrain/checkpoint/sharded.h"
 #include "tests/support/multi_rank.h"
 
-namespace pt = paratrain::train;
+namespace ck = paratrain::checkpoint;
 namespace fs = std::filesystem;
 
 namespace {
 
 // The names real checkpoints use (checkpoint_metadata.h): model/<param>,
 // optimizer/<param>/<field>.
-pt::SafetensorsContents reference_contents() {
-  pt::SafetensorsContents c;
+ck::SafetensorsContents reference_contents() {
+  ck::SafetensorsContents c;
   c.tensors["model/fc.weight"] = at::linspace(-2, 2, 12).reshape({4, 3});  // max|w| = 2
   c.tensors["model/fc.bias"] = at::tensor({0.5f, -0.25f, 0.125f, 1.0f});
   c.tensors["model/scale"] = at::tensor({1.5f, -2.0f});
@@ -33,15 +33,15 @@ pt::SafetensorsContents reference_contents() {
   return c;
 }
 
-fs::path write(const fs::path& path, const pt::SafetensorsContents& c) {
-  pt::SafetensorsWriteOptions o;
+fs::path write(const fs::path& path, const ck::SafetensorsContents& c) {
+  ck::SafetensorsWriteOptions o;
   o.sync = false;  // scratch files
-  pt::write_safetensors(path, c, o);
+  ck::write_safetensors(path, c, o);
   return path;
 }
 
 // One element of `name` moved by 1e-3 of the tensor's largest magnitude.
-pt::SafetensorsContents perturbed(pt::SafetensorsContents c, const std::string& name) {
+ck::SafetensorsContents perturbed(ck::SafetensorsContents c, const std::string& name) {
   at::Tensor t = c.tensors.at(name).clone();
   t.view(-1)[5] += 1e-3 * t.abs().max().item<double>();
   c.tensors[name] = t;
@@ -61,7 +61,7 @@ Files make_files(const std::string& tag) {
   return f;
 }
 
-const pt::TensorDiff& find(const pt::CompareReport& r, const std::string& name) {
+const ck::TensorDiff& find(const ck::CompareReport& r, const std::string& name) {
   for (const auto& d : r.diffs)
     if (d.name == name) return d;
   throw std::runtime_error("no diff for " + name);
@@ -73,7 +73,7 @@ bool contains(const std::string& haystack, const std::string& needle) {
 
 TEST(CheckpointCompare, IdenticalCheckpointsAgreeOnEveryModelTensor) {
   const Files f = make_files("cmp-same");
-  const pt::CompareReport r = pt::compare_checkpoints(f.same, f.ref);
+  const ck::CompareReport r = ck::compare_checkpoints(f.same, f.ref);
   EXPECT_TRUE(r.ok()) << r.format();
   ASSERT_EQ(r.diffs.size(), 3u);  // model/ only by default
   for (const auto& d : r.diffs) {
@@ -88,7 +88,7 @@ TEST(CheckpointCompare, IdenticalCheckpointsAgreeOnEveryModelTensor) {
 
 TEST(CheckpointCompare, APerturbedTensorIsNamedWithItsRelativeDifference) {
   const Files f = make_files("cmp-bumped");
-  const pt::CompareReport r = pt::compare_checkpoints(f.bumped, f.ref);
+  const ck::CompareReport r = ck::compare_checkpoints(f.bumped, f.ref);
   EXPECT_FALSE(r.ok());
   const auto& w = find(r, "model/fc.weight");
   EXPECT_FALSE(w.ok);
@@ -103,30 +103,30 @@ TEST(CheckpointCompare, APerturbedTensorIsNamedWithItsRelativeDifference) {
   EXPECT_TRUE(contains(text, "exceeds rtol 1e-05")) << text;
 
   // The same difference under a looser tolerance agrees: the threshold decides.
-  pt::CompareOptions loose;
+  ck::CompareOptions loose;
   loose.rtol = 2e-3;
-  EXPECT_TRUE(pt::compare_checkpoints(f.bumped, f.ref, loose).ok());
+  EXPECT_TRUE(ck::compare_checkpoints(f.bumped, f.ref, loose).ok());
 }
 
 TEST(CheckpointCompare, PrefixAndAllChooseWhichTensorsCount) {
   const Files f = make_files("cmp-prefix");
   const fs::path opt = write(f.dir / "opt.safetensors",
                              perturbed(reference_contents(), "optimizer/fc.weight/momentum_buffer"));
-  EXPECT_TRUE(pt::compare_checkpoints(opt, f.ref).ok());  // model/ only: the optimizer is not looked at
-  pt::CompareOptions all;
+  EXPECT_TRUE(ck::compare_checkpoints(opt, f.ref).ok());  // model/ only: the optimizer is not looked at
+  ck::CompareOptions all;
   all.all = true;
-  const auto r = pt::compare_checkpoints(opt, f.ref, all);
+  const auto r = ck::compare_checkpoints(opt, f.ref, all);
   EXPECT_FALSE(r.ok());
   EXPECT_EQ(r.diffs.size(), 5u);
   EXPECT_FALSE(find(r, "optimizer/fc.weight/momentum_buffer").ok);
   EXPECT_EQ(find(r, "optimizer/fc.weight/step").max_abs, 0.0);
-  pt::CompareOptions optimizer_only;
+  ck::CompareOptions optimizer_only;
   optimizer_only.prefix = "optimizer/";
-  EXPECT_EQ(pt::compare_checkpoints(opt, f.ref, optimizer_only).diffs.size(), 2u);
+  EXPECT_EQ(ck::compare_checkpoints(opt, f.ref, optimizer_only).diffs.size(), 2u);
   // A prefix that matches nothing is not agreement.
-  pt::CompareOptions typo;
+  ck::CompareOptions typo;
   typo.prefix = "modle/";
-  const auto none = pt::compare_checkpoints(f.same, f.ref, typo);
+  const auto none = ck::compare_checkpoints(f.same, f.ref, typo);
   EXPECT_FALSE(none.ok());
   EXPECT_TRUE(contains(none.format(), "0 tensors compared")) << none.format();
 }
@@ -139,7 +139,7 @@ TEST(CheckpointCompare, NamesOnOneSideAndShapeOrDtypeMismatchesAreListed) {
   other.tensors["model/fc.weight"] = other.tensors["model/fc.weight"].t().contiguous();  // [3, 4]
   other.tensors["model/scale"] = other.tensors["model/scale"].to(at::kDouble);
   const fs::path b = write(f.dir / "other.safetensors", other);
-  const auto r = pt::compare_checkpoints(f.ref, b);
+  const auto r = ck::compare_checkpoints(f.ref, b);
   EXPECT_FALSE(r.ok());
   EXPECT_EQ(r.only_in_a, std::vector<std::string>{"model/fc.bias"});
   EXPECT_EQ(r.only_in_b, std::vector<std::string>{"model/extra"});
@@ -157,14 +157,14 @@ TEST(CheckpointCompare, AMissingPathIsACheckpointErrorNamingIt) {
   const Files f = make_files("cmp-missing");
   const fs::path missing = f.dir / "nope" / "step_00000007";
   try {
-    pt::compare_checkpoints(f.ref, missing);
+    ck::compare_checkpoints(f.ref, missing);
     ADD_FAILURE() << "expected a CheckpointError";
   } catch (const paratrain::CheckpointError& e) {
     EXPECT_TRUE(contains(e.what(), missing.string())) << e.what();
   }
   // A directory that is not a checkpoint (no index.json) is named too.
   try {
-    pt::compare_checkpoints(f.dir, f.ref);
+    ck::compare_checkpoints(f.dir, f.ref);
     ADD_FAILURE() << "expected a CheckpointError";
   } catch (const paratrain::CheckpointError& e) {
     EXPECT_TRUE(contains(e.what(), f.dir.string())) << e.what();
@@ -176,16 +176,16 @@ TEST(CheckpointCompare, AMissingPathIsACheckpointErrorNamingIt) {
 fs::path save_sharded_reference(const fs::path& dir) {
   const auto ref = reference_contents();
   paratrain::testing::run_ranks(2, [&](paratrain::comm::ProcessGroup& g) {
-    pt::CheckpointContents contents;
+    ck::CheckpointContents contents;
     contents.save_rng = false;
     for (const auto& [key, t] : ref.tensors) {
       if (!key.starts_with("model/")) continue;
       const int64_t half = t.numel() / 2, lo = g.rank() == 0 ? 0 : half, n = g.rank() == 0 ? half : t.numel() - half;
       contents.model.push_back({key.substr(6), t.sizes().vec(), lo, t.reshape(-1).narrow(0, lo, n).clone(), true});
     }
-    pt::ShardedSaveOptions o;
+    ck::ShardedSaveOptions o;
     o.sync = false;
-    pt::save_sharded_checkpoint(dir, g, contents, o);
+    ck::save_sharded_checkpoint(dir, g, contents, o);
   });
   return dir;
 }
@@ -193,20 +193,20 @@ fs::path save_sharded_reference(const fs::path& dir) {
 TEST(CheckpointCompare, AShardedDirectoryComparesAgainstAFile) {
   const Files f = make_files("cmp-sharded");
   const fs::path dir = save_sharded_reference(f.dir / "step_00000003");
-  const auto same = pt::compare_checkpoints(dir, f.ref);
+  const auto same = ck::compare_checkpoints(dir, f.ref);
   EXPECT_TRUE(same.ok()) << same.format();
   EXPECT_EQ(same.diffs.size(), 3u);
   for (const auto& d : same.diffs) EXPECT_EQ(d.max_abs, 0.0) << d.name;
 
-  const auto bumped = pt::compare_checkpoints(dir, f.bumped);
+  const auto bumped = ck::compare_checkpoints(dir, f.bumped);
   EXPECT_FALSE(bumped.ok());
   EXPECT_FALSE(find(bumped, "model/fc.weight").ok);
   EXPECT_NEAR(find(bumped, "model/fc.weight").rel, 1e-3, 1e-7);
 
   // --all: the file's optimizer state has no counterpart in the directory.
-  pt::CompareOptions all;
+  ck::CompareOptions all;
   all.all = true;
-  const auto everything = pt::compare_checkpoints(dir, f.ref, all);
+  const auto everything = ck::compare_checkpoints(dir, f.ref, all);
   EXPECT_FALSE(everything.ok());
   EXPECT_EQ(everything.only_in_b,
             (std::vector<std::string>{"optimizer/fc.weight/momentum_buffer", "optimizer/fc.weight/step"}));

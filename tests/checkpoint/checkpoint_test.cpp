@@ -16,7 +16,7 @@
 #include "paratrain/checkpoint/safetensors.h"
 #include "tests/support/multi_rank.h"
 
-namespace pt = paratrain::train;
+namespace ck = paratrain::checkpoint;
 namespace pm = paratrain::models;
 namespace fs = std::filesystem;
 using paratrain::CheckpointError;
@@ -40,8 +40,8 @@ struct NormNet : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) { return fc1(torch::relu(bn(fc0(x)))); }
 };
 
-pt::TrainingState at_step(int64_t step) {
-  pt::TrainingState s;
+ck::TrainingState at_step(int64_t step) {
+  ck::TrainingState s;
   s.step = step;
   return s;
 }
@@ -89,7 +89,7 @@ std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> resume_experiment(
   auto a = std::make_shared<NormNet>();
   auto opt_a = make_opt(a->parameters());
   train_steps([&](const at::Tensor& x) { return a->forward(x); }, *opt_a, 0, 3);
-  pt::save_checkpoint(file, *a, *opt_a, at_step(3));
+  ck::save_checkpoint(file, *a, *opt_a, at_step(3));
   train_steps([&](const at::Tensor& x) { return a->forward(x); }, *opt_a, 3, 3);
 
   torch::manual_seed(99);  // different init and RNG position: all must come from the file
@@ -100,10 +100,10 @@ std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> resume_experiment(
   return {state_of(*a), state_of(*b)};
 }
 
-void full_load(const fs::path& f, NormNet& m, torch::optim::Optimizer& o) { pt::load_checkpoint(f, m, o); }
+void full_load(const fs::path& f, NormNet& m, torch::optim::Optimizer& o) { ck::load_checkpoint(f, m, o); }
 // Control: everything but the optimizer state.
 void drop_optimizer_state(const fs::path& f, NormNet& m, torch::optim::Optimizer& o) {
-  pt::load_checkpoint(f, m, o);
+  ck::load_checkpoint(f, m, o);
   o.state().clear();
 }
 
@@ -121,7 +121,7 @@ TEST(Checkpoint, ResumingSgdWithMomentumMatchesTheUninterruptedRun) {
   auto [r1, no_optimizer_state] = resume_experiment(sgd, drop_optimizer_state);
   EXPECT_FALSE(identical(r1, no_optimizer_state));
   auto [r2, no_rng] = resume_experiment(sgd, [](const fs::path& f, NormNet& m, torch::optim::Optimizer& o) {
-    pt::load_checkpoint(f, m, o, {.restore_rng = false});
+    ck::load_checkpoint(f, m, o, {.restore_rng = false});
   });
   EXPECT_FALSE(identical(r2, no_rng));
 }
@@ -148,12 +148,12 @@ TEST(Checkpoint, FileHoldsNamedTensorsAndTheTrainingState) {
   auto model = pm::make_mlp({.in_features = 12, .hidden = {16}, .out_features = 4});
   torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
   train_steps([&](const at::Tensor& x) { return model->forward(x); }, opt, 0, 2);
-  pt::TrainingState state{.step = 1234, .epoch = 2, .batch_in_epoch = 17, .sampler_seed = 42,
+  ck::TrainingState state{.step = 1234, .epoch = 2, .batch_in_epoch = 17, .sampler_seed = 42,
                           .config = {{"optimizer", {{"lr", 0.001}}}}, .extra = {{"world_size", "2"}}};
-  pt::save_checkpoint(file, *model, opt, state);
+  ck::save_checkpoint(file, *model, opt, state);
   const auto rng_after_save = torch::rand({4});
 
-  const auto c = pt::read_safetensors(file);
+  const auto c = ck::read_safetensors(file);
   for (const char* name : {"model/fc0.weight", "model/fc0.bias", "model/fc1.weight", "model/fc1.bias",
                            "optimizer/fc0.weight/exp_avg", "optimizer/fc0.weight/exp_avg_sq",
                            "optimizer/fc1.bias/step", "rng/cpu"})
@@ -164,7 +164,7 @@ TEST(Checkpoint, FileHoldsNamedTensorsAndTheTrainingState) {
   EXPECT_TRUE(torch::equal(c.tensors.at("model/fc1.weight"), model->named_parameters()["fc1.weight"]));
 
   torch::optim::Adam opt2(model->parameters(), torch::optim::AdamOptions(1e-3));
-  const auto loaded = pt::load_checkpoint(file, *model, opt2);
+  const auto loaded = ck::load_checkpoint(file, *model, opt2);
   EXPECT_EQ(torch::rand({4}).equal(rng_after_save), true) << "RNG restored to its state at save time";
   EXPECT_EQ(loaded.step, 1234);
   EXPECT_EQ(loaded.epoch, 2);
@@ -181,7 +181,7 @@ TEST(Checkpoint, MismatchesAreRefusedAndLeaveTheModelUntouched) {
   auto small = pm::make_mlp({.in_features = 12, .hidden = {16}, .out_features = 4});
   torch::optim::SGD sgd(small->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   train_steps([&](const at::Tensor& x) { return small->forward(x); }, sgd, 0, 1);
-  pt::save_checkpoint(file, *small, sgd, {});
+  ck::save_checkpoint(file, *small, sgd, {});
 
   auto expect_error = [](const std::function<void()>& fn, const std::string& needle) {
     try {
@@ -194,51 +194,51 @@ TEST(Checkpoint, MismatchesAreRefusedAndLeaveTheModelUntouched) {
   auto wider = pm::make_mlp({.in_features = 12, .hidden = {32}, .out_features = 4});
   const auto before = state_of(*wider);
   torch::optim::SGD sgd_wider(wider->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  expect_error([&] { pt::load_checkpoint(file, *wider, sgd_wider); },
+  expect_error([&] { ck::load_checkpoint(file, *wider, sgd_wider); },
                "tensor 'model/fc0.weight' is Float [16, 12] in the file but Float [32, 12] in the model");
   EXPECT_TRUE(identical(before, state_of(*wider)));
 
   auto deeper = pm::make_mlp({.in_features = 12, .hidden = {16, 16}, .out_features = 4});
   torch::optim::SGD sgd_deeper(deeper->parameters(), torch::optim::SGDOptions(0.1));
-  expect_error([&] { pt::load_checkpoint(file, *deeper, sgd_deeper); }, "has no tensor 'model/fc2.weight'");
+  expect_error([&] { ck::load_checkpoint(file, *deeper, sgd_deeper); }, "has no tensor 'model/fc2.weight'");
   auto linear = pm::make_mlp({.in_features = 12, .hidden = {}, .out_features = 4});
-  expect_error([&] { pt::load_model_weights(file, *linear); }, "tensor 'model/fc1.bias' that the model lacks");
+  expect_error([&] { ck::load_model_weights(file, *linear); }, "tensor 'model/fc1.bias' that the model lacks");
 
   auto same = pm::make_mlp({.in_features = 12, .hidden = {16}, .out_features = 4});
   torch::optim::Adam adam(same->parameters(), torch::optim::AdamOptions(1e-3));
-  expect_error([&] { pt::load_checkpoint(file, *same, adam); },
+  expect_error([&] { ck::load_checkpoint(file, *same, adam); },
                "holds sgd optimizer state but the optimizer is adam");
   torch::optim::RMSprop rms(same->parameters(), torch::optim::RMSpropOptions(1e-3));
-  expect_error([&] { pt::save_checkpoint(dir.path / "r.safetensors", *same, rms, {}); }, "supported: SGD, Adam, AdamW");
+  expect_error([&] { ck::save_checkpoint(dir.path / "r.safetensors", *same, rms, {}); }, "supported: SGD, Adam, AdamW");
   auto other = pm::make_mlp({.in_features = 12, .hidden = {16}, .out_features = 4});
   torch::optim::SGD foreign(other->parameters(), torch::optim::SGDOptions(0.1));
-  expect_error([&] { pt::save_checkpoint(dir.path / "f.safetensors", *same, foreign, {}); },
+  expect_error([&] { ck::save_checkpoint(dir.path / "f.safetensors", *same, foreign, {}); },
                "not in the model");
 
   // A plain safetensors file is not a checkpoint.
-  pt::write_safetensors(dir.path / "plain.safetensors", {{{"model/fc0.weight", torch::zeros({16, 12})}}, {}});
-  expect_error([&] { pt::load_model_weights(dir.path / "plain.safetensors", *same); }, "not a paratrain checkpoint");
+  ck::write_safetensors(dir.path / "plain.safetensors", {{{"model/fc0.weight", torch::zeros({16, 12})}}, {}});
+  expect_error([&] { ck::load_model_weights(dir.path / "plain.safetensors", *same); }, "not a paratrain checkpoint");
 }
 
 TEST(Checkpoint, LatestCheckpointSkipsTempFilesAndCorruptOnes) {
   TempDir dir;
-  EXPECT_FALSE(pt::find_latest_checkpoint(dir.path).has_value());
+  EXPECT_FALSE(ck::find_latest_checkpoint(dir.path).has_value());
   torch::manual_seed(0);
   auto model = pm::make_mlp({.in_features = 4, .hidden = {}, .out_features = 2});
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
   fs::create_directories(dir.path / "checkpoints");
-  for (int64_t step : {5, 100, 12}) pt::save_checkpoint(pt::checkpoint_path(dir.path, step), *model, sgd, at_step(step));
-  EXPECT_EQ(pt::checkpoint_path(dir.path, 12).filename(), "step_00000012.safetensors");
+  for (int64_t step : {5, 100, 12}) ck::save_checkpoint(ck::checkpoint_path(dir.path, step), *model, sgd, at_step(step));
+  EXPECT_EQ(ck::checkpoint_path(dir.path, 12).filename(), "step_00000012.safetensors");
   // A crashed writer's leftover and a damaged newer file must not be chosen.
-  std::ofstream(pt::checkpoint_path(dir.path, 300).string() + ".tmp.4242") << "partial";
-  std::ofstream(pt::checkpoint_path(dir.path, 200)) << "garbage that is not a checkpoint";
-  const auto latest = pt::find_latest_checkpoint(dir.path);
+  std::ofstream(ck::checkpoint_path(dir.path, 300).string() + ".tmp.4242") << "partial";
+  std::ofstream(ck::checkpoint_path(dir.path, 200)) << "garbage that is not a checkpoint";
+  const auto latest = ck::find_latest_checkpoint(dir.path);
   ASSERT_TRUE(latest.has_value());
-  EXPECT_EQ(*latest, pt::checkpoint_path(dir.path, 100));
-  EXPECT_EQ(pt::load_model_weights(*latest, *model).step, 100);
+  EXPECT_EQ(*latest, ck::checkpoint_path(dir.path, 100));
+  EXPECT_EQ(ck::load_model_weights(*latest, *model).step, 100);
 
-  EXPECT_EQ(pt::prune_checkpoints(dir.path, 2), 2);  // keeps 200 and 100, drops 12 and 5
-  EXPECT_TRUE(fs::exists(pt::checkpoint_path(dir.path, 100)));
-  EXPECT_FALSE(fs::exists(pt::checkpoint_path(dir.path, 12)));
-  EXPECT_FALSE(fs::exists(pt::checkpoint_path(dir.path, 5)));
+  EXPECT_EQ(ck::prune_checkpoints(dir.path, 2), 2);  // keeps 200 and 100, drops 12 and 5
+  EXPECT_TRUE(fs::exists(ck::checkpoint_path(dir.path, 100)));
+  EXPECT_FALSE(fs::exists(ck::checkpoint_path(dir.path, 12)));
+  EXPECT_FALSE(fs::exists(ck::checkpoint_path(dir.path, 5)));
 }

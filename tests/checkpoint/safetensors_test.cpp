@@ -16,7 +16,7 @@
 #include "paratrain/checkpoint/safetensors.h"
 #include "tests/support/multi_rank.h"
 
-namespace pt = paratrain::train;
+namespace ck = paratrain::checkpoint;
 namespace fs = std::filesystem;
 using paratrain::CheckpointError;
 
@@ -44,7 +44,7 @@ std::vector<uint8_t> make_file(const std::string& json, const std::vector<uint8_
 
 std::string parse_error(const std::vector<uint8_t>& bytes) {
   try {
-    pt::parse_safetensors(bytes, "bad.safetensors");
+    ck::parse_safetensors(bytes, "bad.safetensors");
   } catch (const CheckpointError& e) {
     return e.what();
   }
@@ -61,7 +61,7 @@ const std::vector<uint8_t> kData = {0x00, 0x00, 0x80, 0x3f, 0x00, 0x00, 0x00, 0x
 TEST(Safetensors, RoundTripsManyDtypesShapesAndMetadata) {
   TempDir dir;
   torch::manual_seed(3);
-  pt::SafetensorsContents in;
+  ck::SafetensorsContents in;
   in.tensors["f32"] = torch::randn({2, 3});
   in.tensors["f64"] = torch::randn({5}, torch::kDouble);
   in.tensors["i64_scalar"] = torch::scalar_tensor(-123456789012345, torch::kLong);
@@ -76,15 +76,15 @@ TEST(Safetensors, RoundTripsManyDtypesShapesAndMetadata) {
   in.tensors["nested/name.with dots"] = torch::ones({1, 1, 2});
   in.metadata = {{"format", "test"}, {"json", R"({"a": [1, 2]})"}, {"unicode", "αβγ"}};
   const fs::path file = dir.path / "x.safetensors";
-  pt::write_safetensors(file, in);
+  ck::write_safetensors(file, in);
   const auto bytes = read_bytes(file);
   uint64_t header_len = 0;
   for (int i = 0; i < 8; ++i) header_len |= uint64_t(bytes.at(i)) << (8 * i);
   EXPECT_EQ((8 + header_len) % 8, 0u) << "the data section must start 8-byte aligned";
 
-  const auto out = pt::read_safetensors(file);
+  const auto out = ck::read_safetensors(file);
   auto metadata = out.metadata;
-  EXPECT_EQ(metadata.erase(pt::kDataChecksumKey), 1u) << "written by default";
+  EXPECT_EQ(metadata.erase(ck::kDataChecksumKey), 1u) << "written by default";
   EXPECT_EQ(metadata, in.metadata);
   ASSERT_EQ(out.tensors.size(), in.tensors.size());
   for (const auto& [name, t] : in.tensors) {
@@ -93,22 +93,22 @@ TEST(Safetensors, RoundTripsManyDtypesShapesAndMetadata) {
     EXPECT_EQ(u.sizes(), t.sizes()) << name;
     EXPECT_TRUE(torch::equal(u, t)) << name;
   }
-  EXPECT_EQ(pt::read_safetensors_metadata(file), out.metadata);
+  EXPECT_EQ(ck::read_safetensors_metadata(file), out.metadata);
   // Equal contents give identical bytes (sorted names, no timestamps).
-  pt::write_safetensors(dir.path / "y.safetensors", in);
+  ck::write_safetensors(dir.path / "y.safetensors", in);
   EXPECT_EQ(read_bytes(file), read_bytes(dir.path / "y.safetensors"));
 }
 
 TEST(Safetensors, WritesTheDocumentedByteLayout) {
   TempDir dir;
-  pt::SafetensorsContents in;
+  ck::SafetensorsContents in;
   in.tensors["b"] = torch::tensor({int64_t{-1}});
   in.tensors["a"] = torch::tensor({1.0f, 2.0f});
   in.metadata["k"] = "v";
   const fs::path file = dir.path / "layout.safetensors";
-  pt::SafetensorsWriteOptions plain;
+  ck::SafetensorsWriteOptions plain;
   plain.data_checksum = false;  // the format alone, without our metadata key
-  pt::write_safetensors(file, in, plain);
+  ck::write_safetensors(file, in, plain);
   const auto bytes = read_bytes(file);
   ASSERT_GE(bytes.size(), 8u);
   uint64_t n = 0;
@@ -135,18 +135,18 @@ TEST(Safetensors, ReadsFilesLaidOutByOtherWriters) {
       R"("a":{"data_offsets":[8,16],"dtype":"F32","shape":[2]}, "__metadata__":{"x":"1"}})";
   std::vector<uint8_t> data(kData.begin() + 8, kData.end());
   data.insert(data.end(), kData.begin(), kData.begin() + 8);
-  const auto c = pt::parse_safetensors(make_file(json, data), "handmade");
+  const auto c = ck::parse_safetensors(make_file(json, data), "handmade");
   EXPECT_TRUE(torch::equal(c.tensors.at("a"), torch::tensor({1.0f, 2.0f})));
   EXPECT_TRUE(torch::equal(c.tensors.at("b"), torch::tensor({int64_t{-1}})));
   EXPECT_EQ(c.metadata.at("x"), "1");
   // An empty file body (no tensors) is valid too.
-  EXPECT_TRUE(pt::parse_safetensors(make_file("{}", {}), "empty").tensors.empty());
+  EXPECT_TRUE(ck::parse_safetensors(make_file("{}", {}), "empty").tensors.empty());
 }
 
 TEST(Safetensors, CorruptFilesAreRejectedWithTheProblemNamed) {
   const std::string good = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                            R"("b":{"dtype":"I64","shape":[1],"data_offsets":[8,16]}})";
-  ASSERT_NO_THROW(pt::parse_safetensors(make_file(good, kData), "good"));
+  ASSERT_NO_THROW(ck::parse_safetensors(make_file(good, kData), "good"));
 
   auto truncated = make_file(good, kData);
   truncated.resize(truncated.size() - 4);
@@ -206,59 +206,59 @@ TEST(Safetensors, CorruptFilesAreRejectedWithTheProblemNamed) {
 
   TempDir dir;
   try {
-    pt::read_safetensors(dir.path / "missing.safetensors");
+    ck::read_safetensors(dir.path / "missing.safetensors");
     ADD_FAILURE();
   } catch (const CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("missing.safetensors"), std::string::npos) << e.what();
   }
   std::ofstream(dir.path / "cut.safetensors", std::ios::binary)
       .write(reinterpret_cast<const char*>(truncated.data()), static_cast<std::streamsize>(truncated.size()));
-  EXPECT_THROW(pt::read_safetensors_metadata(dir.path / "cut.safetensors"), CheckpointError);
+  EXPECT_THROW(ck::read_safetensors_metadata(dir.path / "cut.safetensors"), CheckpointError);
 }
 
 TEST(Safetensors, AFailedWriteLeavesThePreviousFileIntact) {
   TempDir dir;
   const fs::path file = dir.path / "ckpt.safetensors";
-  pt::SafetensorsContents v1;
+  ck::SafetensorsContents v1;
   v1.tensors["w"] = torch::full({64}, 1.0f);
   v1.tensors["z"] = torch::full({64}, 1.0f);
-  pt::write_safetensors(file, v1);
+  ck::write_safetensors(file, v1);
   const auto before = read_bytes(file);
 
-  pt::SafetensorsContents v2;
+  ck::SafetensorsContents v2;
   v2.tensors["w"] = torch::full({64}, 2.0f);
   v2.tensors["z"] = torch::full({64}, 2.0f);
   std::vector<std::string> seen;
-  pt::SafetensorsWriteOptions crash;
+  ck::SafetensorsWriteOptions crash;
   crash.after_write = [&](std::string_view what) {
     seen.emplace_back(what);
     if (what == "w") throw std::runtime_error("simulated crash after tensor w");
   };
-  EXPECT_THROW(pt::write_safetensors(file, v2, crash), std::runtime_error);
+  EXPECT_THROW(ck::write_safetensors(file, v2, crash), std::runtime_error);
   EXPECT_EQ(seen, (std::vector<std::string>{"header", "w"}));
   EXPECT_EQ(read_bytes(file), before);
   EXPECT_EQ(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()), 1)
       << "the temporary file must be removed";
 
   // Unsupported dtype: fails before any file is created.
-  pt::SafetensorsContents bad;
+  ck::SafetensorsContents bad;
   bad.tensors["c"] = torch::zeros({2}, torch::kComplexFloat);
-  EXPECT_THROW(pt::write_safetensors(file, bad), CheckpointError);
+  EXPECT_THROW(ck::write_safetensors(file, bad), CheckpointError);
   EXPECT_EQ(read_bytes(file), before);
 
   // A folder that does not exist, and a target that is a folder.
   try {
-    pt::write_safetensors(dir.path / "no" / "such" / "x.safetensors", v2);
+    ck::write_safetensors(dir.path / "no" / "such" / "x.safetensors", v2);
     ADD_FAILURE();
   } catch (const CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("no/such/x.safetensors"), std::string::npos) << e.what();
   }
   fs::create_directory(dir.path / "is_a_dir");
-  EXPECT_THROW(pt::write_safetensors(dir.path / "is_a_dir", v2), CheckpointError);
+  EXPECT_THROW(ck::write_safetensors(dir.path / "is_a_dir", v2), CheckpointError);
   EXPECT_TRUE(fs::is_directory(dir.path / "is_a_dir"));
 
-  pt::write_safetensors(file, v2);  // and a successful write replaces it
-  EXPECT_TRUE(torch::equal(pt::read_safetensors(file).tensors.at("w"), v2.tensors.at("w")));
+  ck::write_safetensors(file, v2);  // and a successful write replaces it
+  EXPECT_TRUE(torch::equal(ck::read_safetensors(file).tensors.at("w"), v2.tensors.at("w")));
 }
 
 TEST(Safetensors, EveryTruncationAndRandomHeaderDamageIsACleanError) {
@@ -266,14 +266,14 @@ TEST(Safetensors, EveryTruncationAndRandomHeaderDamageIsACleanError) {
   // byte changes in the length and header. Each must parse or throw
   // CheckpointError: never crash, hang or throw anything else.
   TempDir dir;
-  pt::SafetensorsContents in;
+  ck::SafetensorsContents in;
   in.tensors["a"] = torch::arange(6, torch::kFloat).reshape({2, 3});
   in.tensors["b"] = torch::arange(3, torch::kLong);
   in.metadata["m"] = "x";
-  pt::write_safetensors(dir.path / "v.safetensors", in);
+  ck::write_safetensors(dir.path / "v.safetensors", in);
   const auto valid = read_bytes(dir.path / "v.safetensors");
   for (size_t n = 0; n < valid.size(); ++n)
-    EXPECT_THROW(pt::parse_safetensors(std::span(valid.data(), n), "prefix"), CheckpointError) << n;
+    EXPECT_THROW(ck::parse_safetensors(std::span(valid.data(), n), "prefix"), CheckpointError) << n;
 
   uint64_t header_len = 0;
   for (int i = 0; i < 8; ++i) header_len |= uint64_t(valid[i]) << (8 * i);
@@ -284,7 +284,7 @@ TEST(Safetensors, EveryTruncationAndRandomHeaderDamageIsACleanError) {
     const int changes = 1 + static_cast<int>(rng() % 3);
     for (int c = 0; c < changes; ++c) bytes[rng() % (8 + header_len)] = static_cast<uint8_t>(rng());
     try {
-      pt::parse_safetensors(bytes, "mutated");
+      ck::parse_safetensors(bytes, "mutated");
     } catch (const CheckpointError&) {
       ++rejected;
     }
@@ -294,18 +294,18 @@ TEST(Safetensors, EveryTruncationAndRandomHeaderDamageIsACleanError) {
 
 TEST(Safetensors, DataChecksumCatchesABitFlipInTensorData) {
   TempDir dir;
-  pt::SafetensorsContents in;
+  ck::SafetensorsContents in;
   in.tensors["w"] = torch::arange(64, torch::kFloat);
   for (bool checksum : {true, false}) {
-    pt::SafetensorsWriteOptions options;
+    ck::SafetensorsWriteOptions options;
     options.data_checksum = checksum;
     const fs::path file = dir.path / (checksum ? "sum.safetensors" : "plain.safetensors");
-    pt::write_safetensors(file, in, options);
+    ck::write_safetensors(file, in, options);
     auto bytes = read_bytes(file);
     bytes[bytes.size() - 7] ^= 0x04;  // one bit of one float
     if (checksum) {
       try {
-        pt::parse_safetensors(bytes, "flipped");
+        ck::parse_safetensors(bytes, "flipped");
         ADD_FAILURE() << "a flipped data bit must be an error";
       } catch (const CheckpointError& e) {
         EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
@@ -313,7 +313,7 @@ TEST(Safetensors, DataChecksumCatchesABitFlipInTensorData) {
       }
     } else {
       // Control: without the checksum the same damage loads silently.
-      EXPECT_FALSE(torch::equal(pt::parse_safetensors(bytes, "flipped").tensors.at("w"), in.tensors.at("w")));
+      EXPECT_FALSE(torch::equal(ck::parse_safetensors(bytes, "flipped").tensors.at("w"), in.tensors.at("w")));
     }
   }
 }

@@ -13,16 +13,16 @@ TEST(ShardedCheckpoint, ConsolidatedFileIsTheSingleFileFormat) {
   Reference ref(Kind::kAdam);
   const fs::path tmp = paratrain::testing::temp_dir("consolidate");
   const auto dir = save_at_4(Kind::kAdam, ref, tmp / "step_00000003");
-  pt::consolidate_checkpoint(dir, tmp / "one.safetensors");
+  ck::consolidate_checkpoint(dir, tmp / "one.safetensors");
 
   // Same names, shapes, dtypes and values as save_checkpoint writes.
-  pt::TrainingState state;
+  ck::TrainingState state;
   state.step = 3;
   state.epoch = 1;
   state.extra["layout"] = "zero";
-  pt::save_checkpoint(tmp / "direct.safetensors", *ref.net, *ref.opt, state, {.save_rng = false});
-  const auto direct = pt::read_safetensors(tmp / "direct.safetensors");
-  auto consolidated = pt::read_safetensors(tmp / "one.safetensors");
+  ck::save_checkpoint(tmp / "direct.safetensors", *ref.net, *ref.opt, state, {.save_rng = false});
+  const auto direct = ck::read_safetensors(tmp / "direct.safetensors");
+  auto consolidated = ck::read_safetensors(tmp / "one.safetensors");
   consolidated.tensors.erase("rng/cpu");
   ASSERT_EQ(consolidated.tensors.size(), direct.tensors.size());
   for (const auto& [name, t] : direct.tensors) {
@@ -37,10 +37,10 @@ TEST(ShardedCheckpoint, ConsolidatedFileIsTheSingleFileFormat) {
   torch::manual_seed(55);
   Net net;
   auto opt = make_optimizer(Kind::kAdam, net.parameters());
-  EXPECT_EQ(pt::load_checkpoint(tmp / "one.safetensors", net, *opt).step, 3);
+  EXPECT_EQ(ck::load_checkpoint(tmp / "one.safetensors", net, *opt).step, 3);
   EXPECT_TRUE(torch::equal(net.fc0->weight, ref.net->fc0->weight));
   EXPECT_TRUE(torch::equal(net.scale, ref.net->scale));
-  const auto& s = static_cast<torch::optim::AdamParamState&>(*opt->state().at(pt::optimizer_state_key(net.fc0->weight)));
+  const auto& s = static_cast<torch::optim::AdamParamState&>(*opt->state().at(ck::optimizer_state_key(net.fc0->weight)));
   EXPECT_EQ(s.step(), 3);
   EXPECT_TRUE(torch::equal(s.exp_avg_sq(), ref.state.at("fc0.weight").at("exp_avg_sq")));
 
@@ -48,10 +48,10 @@ TEST(ShardedCheckpoint, ConsolidatedFileIsTheSingleFileFormat) {
   // sharded layout too: it reads as a one-rank checkpoint of whole tensors.
   for (const char* file : {"one.safetensors", "direct.safetensors"}) {
     Rank r = make_rank(Kind::kAdam, ref, zero2, 1, false);
-    EXPECT_EQ(pt::load_sharded_checkpoint(tmp / file, r.contents).step, 3) << file;
+    EXPECT_EQ(ck::load_sharded_checkpoint(tmp / file, r.contents).step, 3) << file;
     EXPECT_GT(expect_matches_reference(Kind::kAdam, ref, r), 0) << file;
   }
-  EXPECT_NE(pt::describe_checkpoint(tmp / "one.safetensors").find("single file"), std::string::npos);
+  EXPECT_NE(ck::describe_checkpoint(tmp / "one.safetensors").find("single file"), std::string::npos);
 }
 
 TEST(ShardedCheckpoint, DamageIsAnErrorNamingTheFileOrTensor) {
@@ -68,7 +68,7 @@ TEST(ShardedCheckpoint, DamageIsAnErrorNamingTheFileOrTensor) {
   };
   auto load_whole = [&](const fs::path& dir) {
     Rank r = make_rank(Kind::kSgd, ref, zero2, 0, false);
-    pt::load_sharded_checkpoint(dir, r.contents);
+    ck::load_sharded_checkpoint(dir, r.contents);
   };
   // Control: the undamaged copy loads.
   EXPECT_NO_THROW(load_whole(damaged([](const fs::path&) {})));
@@ -118,81 +118,81 @@ TEST(ShardedCheckpoint, DamageIsAnErrorNamingTheFileOrTensor) {
   // A model the checkpoint was not saved from.
   Rank other = make_rank(Kind::kSgd, ref, zero2, 0, false);
   other.contents.model[0].global_shape = {5, 8};
-  expect_error([&] { pt::load_sharded_checkpoint(good, other.contents); }, {"model/fc0.bias", "[5, 8]"});
+  expect_error([&] { ck::load_sharded_checkpoint(good, other.contents); }, {"model/fc0.bias", "[5, 8]"});
 }
 
 TEST(ShardedCheckpoint, ACrashBeforeTheIndexLeavesNoCheckpoint) {
   torch::manual_seed(5);
   Reference ref(Kind::kSgd);
   const fs::path run = paratrain::testing::temp_dir("crash");
-  save_at_4(Kind::kSgd, ref, pt::checkpoint_dir(run, 3));
+  save_at_4(Kind::kSgd, ref, ck::checkpoint_dir(run, 3));
   // Rank 2 "crashes" while writing its shard of step 6: every rank gets the
   // error (none hangs), and no index is written.
   std::atomic<int> errors{0};
   paratrain::testing::run_ranks(4, [&](paratrain::comm::ProcessGroup& g) {
     Rank r = make_rank(Kind::kSgd, ref, zero4, g.rank(), true);
-    pt::ShardedSaveOptions options = scratch();
+    ck::ShardedSaveOptions options = scratch();
     if (g.rank() == 2) options.after_write = [](std::string_view what) {
       if (what != "header") throw std::runtime_error("simulated crash");
     };
     try {
-      pt::save_sharded_checkpoint(pt::checkpoint_dir(run, 6), g, r.contents, options);
+      ck::save_sharded_checkpoint(ck::checkpoint_dir(run, 6), g, r.contents, options);
     } catch (const CheckpointError& e) {
       EXPECT_NE(std::string(e.what()).find("rank 2: simulated crash"), std::string::npos) << e.what();
       ++errors;
     }
   });
   EXPECT_EQ(errors.load(), 4);
-  EXPECT_TRUE(fs::exists(pt::checkpoint_dir(run, 6) / "rank_0.safetensors"));
-  EXPECT_FALSE(fs::exists(pt::checkpoint_dir(run, 6) / "index.json"));
+  EXPECT_TRUE(fs::exists(ck::checkpoint_dir(run, 6) / "rank_0.safetensors"));
+  EXPECT_FALSE(fs::exists(ck::checkpoint_dir(run, 6) / "index.json"));
   // Leftovers of a killed process: a temporary file the writer never removed.
-  std::ofstream(pt::checkpoint_dir(run, 3) / "rank_0.safetensors.tmp.4242") << "partial";
+  std::ofstream(ck::checkpoint_dir(run, 3) / "rank_0.safetensors.tmp.4242") << "partial";
   std::ofstream(run / "checkpoints" / "step_00000002.safetensors.tmp.17") << "partial";
 
-  EXPECT_EQ(pt::find_latest_checkpoint(run), pt::checkpoint_dir(run, 3));
-  EXPECT_EQ(pt::list_checkpoints(run).size(), 1u);
-  EXPECT_EQ(pt::clean_interrupted_checkpoints(run), 3);
-  EXPECT_FALSE(fs::exists(pt::checkpoint_dir(run, 6)));
-  EXPECT_FALSE(fs::exists(pt::checkpoint_dir(run, 3) / "rank_0.safetensors.tmp.4242"));
-  EXPECT_TRUE(fs::exists(pt::checkpoint_dir(run, 3) / "index.json"));
-  EXPECT_EQ(pt::clean_interrupted_checkpoints(run), 0);
+  EXPECT_EQ(ck::find_latest_checkpoint(run), ck::checkpoint_dir(run, 3));
+  EXPECT_EQ(ck::list_checkpoints(run).size(), 1u);
+  EXPECT_EQ(ck::clean_interrupted_checkpoints(run), 3);
+  EXPECT_FALSE(fs::exists(ck::checkpoint_dir(run, 6)));
+  EXPECT_FALSE(fs::exists(ck::checkpoint_dir(run, 3) / "rank_0.safetensors.tmp.4242"));
+  EXPECT_TRUE(fs::exists(ck::checkpoint_dir(run, 3) / "index.json"));
+  EXPECT_EQ(ck::clean_interrupted_checkpoints(run), 0);
 }
 
 TEST(ShardedCheckpoint, ResumeCandidatesSkipDamagedOnesAndPruneKeepsTheNewest) {
   torch::manual_seed(6);
   Reference ref(Kind::kSgd);
   const fs::path run = paratrain::testing::temp_dir("prune");
-  EXPECT_FALSE(pt::find_latest_checkpoint(run).has_value());
+  EXPECT_FALSE(ck::find_latest_checkpoint(run).has_value());
   for (int64_t step : {10, 20, 30, 40}) {
     paratrain::testing::run_ranks(2, [&](paratrain::comm::ProcessGroup& g) {
       Rank r = make_rank(Kind::kSgd, ref, zero2, g.rank(), true);
       r.contents.state.step = step;
-      pt::save_sharded_checkpoint(pt::checkpoint_dir(run, step), g, r.contents, scratch());
+      ck::save_sharded_checkpoint(ck::checkpoint_dir(run, step), g, r.contents, scratch());
     });
   }
   // Newest: a corrupt metadata value; next: a shard cut short. Both skipped.
-  auto j = read_json(pt::checkpoint_dir(run, 40) / "index.json");
+  auto j = read_json(ck::checkpoint_dir(run, 40) / "index.json");
   j["metadata"]["step"] = "forty";
-  write_json(pt::checkpoint_dir(run, 40) / "index.json", j);
-  fs::resize_file(pt::checkpoint_dir(run, 30) / "rank_1.safetensors", 100);
-  const auto loadable = pt::find_loadable_checkpoints(run);
+  write_json(ck::checkpoint_dir(run, 40) / "index.json", j);
+  fs::resize_file(ck::checkpoint_dir(run, 30) / "rank_1.safetensors", 100);
+  const auto loadable = ck::find_loadable_checkpoints(run);
   ASSERT_EQ(loadable.size(), 2u);
-  EXPECT_EQ(loadable[0], pt::checkpoint_dir(run, 20));
-  EXPECT_EQ(loadable[1], pt::checkpoint_dir(run, 10));
-  EXPECT_EQ(pt::find_latest_checkpoint(run), pt::checkpoint_dir(run, 20));
+  EXPECT_EQ(loadable[0], ck::checkpoint_dir(run, 20));
+  EXPECT_EQ(loadable[1], ck::checkpoint_dir(run, 10));
+  EXPECT_EQ(ck::find_latest_checkpoint(run), ck::checkpoint_dir(run, 20));
 
-  EXPECT_EQ(pt::prune_checkpoints(run, 0), 0);  // train.keep_checkpoints = 0 keeps all
-  EXPECT_EQ(pt::prune_checkpoints(run, 3), 1);
-  EXPECT_FALSE(fs::exists(pt::checkpoint_dir(run, 10)));
-  EXPECT_TRUE(fs::exists(pt::checkpoint_dir(run, 20)));
-  EXPECT_TRUE(fs::exists(pt::checkpoint_dir(run, 40)));
+  EXPECT_EQ(ck::prune_checkpoints(run, 0), 0);  // train.keep_checkpoints = 0 keeps all
+  EXPECT_EQ(ck::prune_checkpoints(run, 3), 1);
+  EXPECT_FALSE(fs::exists(ck::checkpoint_dir(run, 10)));
+  EXPECT_TRUE(fs::exists(ck::checkpoint_dir(run, 20)));
+  EXPECT_TRUE(fs::exists(ck::checkpoint_dir(run, 40)));
 }
 
 TEST(ShardedCheckpoint, SingleFileChecksumCatchesABitFlip) {
   torch::manual_seed(7);
   Reference ref(Kind::kSgd);
   const fs::path file = fs::path(paratrain::testing::temp_dir("flip")) / "c.safetensors";
-  pt::save_checkpoint(file, *ref.net, *ref.opt, {});
+  ck::save_checkpoint(file, *ref.net, *ref.opt, {});
   {
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
     f.seekg(-40, std::ios::end);  // inside tensor data
@@ -202,8 +202,8 @@ TEST(ShardedCheckpoint, SingleFileChecksumCatchesABitFlip) {
   }
   Net net;
   auto opt = make_optimizer(Kind::kSgd, net.parameters());
-  expect_error([&] { pt::load_checkpoint(file, net, *opt); }, {file.string(), "checksum"});
-  expect_error([&] { pt::load_model_weights(file, net); }, {file.string(), "checksum"});
+  expect_error([&] { ck::load_checkpoint(file, net, *opt); }, {file.string(), "checksum"});
+  expect_error([&] { ck::load_model_weights(file, net); }, {file.string(), "checksum"});
 }
 
 TEST(ShardedCheckpoint, CliInspectsAndConsolidates) {
@@ -220,7 +220,7 @@ TEST(ShardedCheckpoint, CliInspectsAndConsolidates) {
   const auto out = tmp / "whole.safetensors";
   auto consolidate = paratrain::testing::run_cli({"checkpoint", "consolidate", dir.string(), "-o", out.string()});
   ASSERT_EQ(consolidate.exit_code, 0) << consolidate.output;
-  EXPECT_TRUE(torch::equal(pt::read_safetensors(out).tensors.at("model/fc0.weight"), ref.params.at("fc0.weight")));
+  EXPECT_TRUE(torch::equal(ck::read_safetensors(out).tensors.at("model/fc0.weight"), ref.params.at("fc0.weight")));
 
   fs::remove(dir / "rank_2.safetensors");
   auto broken = paratrain::testing::run_cli({"checkpoint", "consolidate", dir.string(), "-o", (tmp / "x").string()});

@@ -23,7 +23,7 @@
 #include "paratrain/checkpoint/sharded.h"
 #include "tests/support/multi_rank.h"
 
-namespace pt = paratrain::train;
+namespace ck = paratrain::checkpoint;
 namespace fs = std::filesystem;
 using paratrain::CheckpointError;
 using paratrain::TensorSlot;
@@ -66,10 +66,10 @@ struct Reference {
       net->forward(x).pow(2).mean().backward();
       opt->step();
     }
-    const auto& io = pt::optimizer_state_io(*opt, "reference");
+    const auto& io = ck::optimizer_state_io(*opt, "reference");
     for (const auto& item : net->named_parameters()) {
       params[item.key()] = item.value().detach();
-      for (auto& [field, t] : io.save(*opt->state().at(pt::optimizer_state_key(item.value()))))
+      for (auto& [field, t] : io.save(*opt->state().at(ck::optimizer_state_key(item.value()))))
         state[item.key()][field] = t.clone();
     }
   }
@@ -105,7 +105,7 @@ inline std::optional<std::pair<int64_t, int64_t>> zero3(const std::string&, int6
 struct Rank {
   std::vector<at::Tensor> pieces;
   std::unique_ptr<torch::optim::Optimizer> opt;
-  pt::CheckpointContents contents;
+  ck::CheckpointContents contents;
 };
 
 inline Rank make_rank(Kind kind, const Reference& ref, const Layout& layout, int rank, bool from_reference,
@@ -127,7 +127,7 @@ inline Rank make_rank(Kind kind, const Reference& ref, const Layout& layout, int
     if (!from_reference) continue;
     const auto& fields = ref.state.at(slots[i].name);
     auto cut = [&](const char* f) { return fields.at(f).reshape(-1).narrow(0, slots[i].flat_offset, r.pieces[i].numel()).clone(); };
-    const auto key = pt::optimizer_state_key(r.pieces[i]);
+    const auto key = ck::optimizer_state_key(r.pieces[i]);
     if (kind == Kind::kSgd) {
       auto s = std::make_unique<torch::optim::SGDParamState>();
       s->momentum_buffer(cut("momentum_buffer"));
@@ -154,12 +154,12 @@ inline Rank make_rank(Kind kind, const Reference& ref, const Layout& layout, int
 // reference's; returns how many elements were compared.
 inline int64_t expect_matches_reference(Kind kind, const Reference& ref, const Rank& r) {
   int64_t compared = 0;
-  const auto& io = pt::optimizer_state_io(*r.opt, "loaded");
+  const auto& io = ck::optimizer_state_io(*r.opt, "loaded");
   for (const auto& os : r.contents.optimizer_slots) {
     const auto& s = os.slot;
     EXPECT_TRUE(torch::equal(s.local.reshape(-1), ref.params.at(s.name).reshape(-1).narrow(0, s.flat_offset, s.local.numel())))
         << s.name;
-    auto it = r.opt->state().find(pt::optimizer_state_key(os.param));
+    auto it = r.opt->state().find(ck::optimizer_state_key(os.param));
     if (it == r.opt->state().end()) {
       ADD_FAILURE() << "no optimizer state for " << s.name;
       continue;
@@ -177,8 +177,8 @@ inline int64_t expect_matches_reference(Kind kind, const Reference& ref, const R
   return compared;
 }
 
-inline pt::ShardedSaveOptions scratch() {  // tests need no fsync
-  pt::ShardedSaveOptions o;
+inline ck::ShardedSaveOptions scratch() {  // tests need no fsync
+  ck::ShardedSaveOptions o;
   o.sync = false;
   return o;
 }
@@ -186,7 +186,7 @@ inline pt::ShardedSaveOptions scratch() {  // tests need no fsync
 inline fs::path save_at_4(Kind kind, const Reference& ref, const fs::path& dir) {
   paratrain::testing::run_ranks(4, [&](paratrain::comm::ProcessGroup& g) {
     Rank r = make_rank(kind, ref, zero4, g.rank(), true);
-    pt::save_sharded_checkpoint(dir, g, r.contents, scratch());
+    ck::save_sharded_checkpoint(dir, g, r.contents, scratch());
   });
   return dir;
 }

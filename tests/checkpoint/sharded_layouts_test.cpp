@@ -26,7 +26,7 @@ TEST(ShardedCheckpoint, SavedAt4RanksLoadsAt2RanksAnd1ProcessExactly) {
     int64_t compared = 0;
     for (int rank = 0; rank < 2; ++rank) {
       Rank r = make_rank(kind, ref, zero2, rank, false);
-      const auto state = pt::load_sharded_checkpoint(dir, r.contents);
+      const auto state = ck::load_sharded_checkpoint(dir, r.contents);
       EXPECT_EQ(state.step, 3);
       EXPECT_EQ(state.extra.at("layout"), "zero");
       compared += expect_matches_reference(kind, ref, r);
@@ -37,7 +37,7 @@ TEST(ShardedCheckpoint, SavedAt4RanksLoadsAt2RanksAnd1ProcessExactly) {
     torch::manual_seed(77);
     Net net;
     auto opt = make_optimizer(kind, net.parameters());
-    pt::CheckpointContents whole;
+    ck::CheckpointContents whole;
     whole.optimizer = opt.get();
     for (const auto& item : net.named_parameters()) {
       TensorSlot s{item.key(), item.value().sizes().vec(), 0, item.value(), true};
@@ -45,7 +45,7 @@ TEST(ShardedCheckpoint, SavedAt4RanksLoadsAt2RanksAnd1ProcessExactly) {
       whole.optimizer_slots.push_back({item.value(), s});
     }
     whole.model.push_back({"scale", {2}, 0, net.scale, true});
-    pt::load_sharded_checkpoint(dir, whole);
+    ck::load_sharded_checkpoint(dir, whole);
     Rank as_rank{{}, std::move(opt), whole};
     EXPECT_EQ(expect_matches_reference(kind, ref, as_rank), 58);
     // One more step from the loaded state equals one more reference step:
@@ -116,7 +116,7 @@ TEST(ShardedCheckpoint, NonContiguousTensorParallelShardsRoundTrip) {
       slots.push_back(shard.slot);
     }
     torch::optim::Adam opt(locals, torch::optim::AdamOptions(0.01));
-    pt::CheckpointContents c;
+    ck::CheckpointContents c;
     c.optimizer = &opt;
     for (size_t i = 0; i < slots.size(); ++i) {
       const auto& fields = ref.state.at(slots[i].name);
@@ -124,12 +124,12 @@ TEST(ShardedCheckpoint, NonContiguousTensorParallelShardsRoundTrip) {
       st->step(fields.at("step").item<int64_t>());
       st->exp_avg(cut_like(fields.at("exp_avg"), slots[i]));
       st->exp_avg_sq(cut_like(fields.at("exp_avg_sq"), slots[i]));
-      opt.state()[pt::optimizer_state_key(locals[i])] = std::move(st);
+      opt.state()[ck::optimizer_state_key(locals[i])] = std::move(st);
       c.model.push_back(slots[i]);
       c.optimizer_slots.push_back({locals[i], slots[i]});
     }
     c.state.step = 3;
-    pt::save_sharded_checkpoint(dir, g, c, scratch());
+    ck::save_sharded_checkpoint(dir, g, c, scratch());
   });
   // fc0.weight is 5 x 7: 5 rows x 2 ranks = 10 runs.
   EXPECT_EQ(read_json(dir / "index.json")["tensors"]["model/fc0.weight"]["chunks"].size(), 10u);
@@ -138,29 +138,29 @@ TEST(ShardedCheckpoint, NonContiguousTensorParallelShardsRoundTrip) {
   torch::manual_seed(78);
   Net net;
   torch::optim::Adam opt(net.parameters(), torch::optim::AdamOptions(0.01));
-  pt::CheckpointContents whole;
+  ck::CheckpointContents whole;
   whole.optimizer = &opt;
   for (const auto& item : net.named_parameters()) {
     TensorSlot s{item.key(), item.value().sizes().vec(), 0, item.value(), true};
     whole.model.push_back(s);
     whole.optimizer_slots.push_back({item.value(), s});
   }
-  pt::load_sharded_checkpoint(dir, whole);
-  const auto& io = pt::optimizer_state_io(opt, "loaded");
+  ck::load_sharded_checkpoint(dir, whole);
+  const auto& io = ck::optimizer_state_io(opt, "loaded");
   for (const auto& item : net.named_parameters()) {
     EXPECT_TRUE(torch::equal(item.value(), ref.params.at(item.key()))) << item.key();
-    for (auto& [field, t] : io.save(*opt.state().at(pt::optimizer_state_key(item.value())))) {
+    for (auto& [field, t] : io.save(*opt.state().at(ck::optimizer_state_key(item.value())))) {
       EXPECT_TRUE(torch::equal(t, ref.state.at(item.key()).at(field))) << item.key() << "/" << field;
     }
   }
 
   // Back into the same shards, from zeros.
   for (int rank = 0; rank < 2; ++rank) {
-    pt::CheckpointContents c;
+    ck::CheckpointContents c;
     std::vector<ColumnShard> shards;
     for (const auto& [name, p] : ref.params) shards.push_back(column_shard(name, p, rank, false));
     for (auto& sh : shards) c.model.push_back(sh.slot);
-    pt::load_sharded_checkpoint(dir, c);
+    ck::load_sharded_checkpoint(dir, c);
     for (const auto& sh : shards) {
       EXPECT_TRUE(torch::equal(sh.local, cut_like(ref.params.at(sh.slot.name), sh.slot))) << sh.slot.name;
     }
@@ -174,14 +174,14 @@ TEST(ShardedCheckpoint, ReplicatedLayoutWrittenByRank0LoadsAt3Ranks) {
   auto whole = [](const std::string&, int64_t numel, int) { return std::optional(std::pair<int64_t, int64_t>{0, numel}); };
   paratrain::testing::run_ranks(2, [&](paratrain::comm::ProcessGroup& g) {
     Rank r = make_rank(Kind::kAdam, ref, whole, g.rank(), true, /*replicated=*/true);
-    pt::save_sharded_checkpoint(dir, g, r.contents, scratch());
+    ck::save_sharded_checkpoint(dir, g, r.contents, scratch());
   });
   // Only rank 0 wrote: rank 1's file has no tensors.
-  EXPECT_TRUE(pt::read_safetensors(dir / "rank_1.safetensors").tensors.empty());
+  EXPECT_TRUE(ck::read_safetensors(dir / "rank_1.safetensors").tensors.empty());
   int64_t compared = 0;
   for (int rank = 0; rank < 3; ++rank) {
     Rank r = make_rank(Kind::kAdam, ref, zero3, rank, false);
-    pt::load_sharded_checkpoint(dir, r.contents);
+    ck::load_sharded_checkpoint(dir, r.contents);
     compared += expect_matches_reference(Kind::kAdam, ref, r);
   }
   EXPECT_EQ(compared, 58);

@@ -1,4 +1,4 @@
-// In-job recovery at its edges (train/in_job.h): elastic.keep_global_batch
+// In-job recovery at its edges (train/recovery/in_job.h): elastic.keep_global_batch
 // applied by the survivors, and a rank dying inside an evaluation or inside
 // a synchronous checkpoint save. Ranks are threads with their own Gloo
 // groups over one test-held store, as in in_job_test.cpp; a dying thread
@@ -6,7 +6,7 @@
 // With elastic.keep_global_batch the survivors' job is, step for step, the
 // undisturbed job: the oracle is one process training with the same global
 // batch throughout (Note [Keeping the global batch in the job] in
-// train/in_job_batch.cpp).
+// train/recovery/in_job_batch.cpp).
 #include <gtest/gtest.h>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -26,7 +26,7 @@
 #include "paratrain/comm/rejoin.h"
 #include "paratrain/core/error.h"
 #include "paratrain/checkpoint/checkpoint_index.h"
-#include "paratrain/train/in_job_batch.h"
+#include "paratrain/train/recovery/in_job_batch.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"
 #include "tests/elastic/in_job_support.h"
@@ -279,7 +279,7 @@ TEST(InJobEdges, ARankDyingInsideACheckpointSaveIsRecoveredAndTheSaveRedoneAtThe
   EXPECT_EQ(recovery[0]["phase"], "checkpoint");
   EXPECT_EQ(recovery[0]["step"], kDeath);
   const auto step5 = out[0].result.run_dir / "checkpoints" / "step_00000005";
-  const auto index = train::read_index(step5);
+  const auto index = checkpoint::read_index(step5);
   EXPECT_EQ(index.world_size, 2);
   EXPECT_FALSE(std::filesystem::exists(step5 / "rank_2.safetensors"));
   // The redone checkpoint resumes: 4 more steps from it on 2 ranks equal
@@ -320,7 +320,7 @@ TEST(InJobEdges, ARollbackCaughtInsideACheckpointSaveGoesOnFromTheRestoredCheckp
   EXPECT_EQ(recovery[0]["restored_step"], 5);
   EXPECT_EQ(recovery[0]["redo_step"], 6);
   const auto step10 = out[0].result.run_dir / "checkpoints" / "step_00000010";
-  EXPECT_EQ(train::read_index(step10).world_size, 2);
+  EXPECT_EQ(checkpoint::read_index(step10).world_size, 2);
   EXPECT_EQ(out[0].result.steps, c.train.max_steps);
 }
 

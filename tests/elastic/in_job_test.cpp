@@ -1,4 +1,4 @@
-// In-job recovery (elastic.in_job, train/in_job.h): ranks are threads with
+// In-job recovery (elastic.in_job, train/recovery/in_job.h): ranks are threads with
 // their own Gloo groups over one test-held store; one thread "dies" after
 // step kDeath by aborting its group and leaving. The survivors must end
 // equal to the single-process oracle that trains the first kDeath steps with
@@ -25,7 +25,7 @@
 #include "paratrain/data/loader.h"
 #include "paratrain/models/model.h"
 #include "paratrain/train/builders.h"
-#include "paratrain/train/in_job.h"
+#include "paratrain/train/recovery/in_job.h"
 #include "paratrain/train/trainer.h"
 #include "tests/elastic/in_job_support.h"
 #include "tests/support/multi_rank.h"

@@ -1,5 +1,5 @@
 // In-job recovery of the sharded strategies (elastic.in_job with zero.stage
-// 1-3, train/in_job_rollback.h): rank 2 of 3 dies after step kDeath; the
+// 1-3, train/recovery/in_job_rollback.h): rank 2 of 3 dies after step kDeath; the
 // survivors roll back to the latest checkpoint (or the run's start) in the
 // same processes and train on at world 2. They must end equal to the run a
 // person would get by resuming from that checkpoint by hand on 2 ranks (or
@@ -15,7 +15,7 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/checkpoint/checkpoint_files.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "tests/elastic/in_job_support.h"
 #include "tests/support/multi_rank.h"
 #include "tests/support/trainer_oracle.h"
@@ -50,7 +50,7 @@ class CorruptCheckpoint : public train::Callback {
   void on_train_batch_end(const train::StepInfo& info) override {
     if (info.step != step_ + 1 || done_) return;
     done_ = true;
-    const auto file = train::checkpoint_dir(run_dir_, step_) / "rank_0.safetensors";
+    const auto file = checkpoint::checkpoint_dir(run_dir_, step_) / "rank_0.safetensors";
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
     ASSERT_TRUE(f) << file;
     f.seekg(-4, std::ios::end);
@@ -115,7 +115,7 @@ void check_case(const Case& k) {
   const auto run_dir = out[0].result.run_dir;
   // Read before the comparison runs add their own checkpoints elsewhere.
   const std::string checkpoint =
-      k.restored > 0 ? train::checkpoint_dir(run_dir, k.restored).string() : std::string();
+      k.restored > 0 ? checkpoint::checkpoint_dir(run_dir, k.restored).string() : std::string();
   const Params expected = by_hand(c, kWorld - 1, "by_hand", checkpoint);
   for (int rank : {0, 1}) {
     EXPECT_EQ(out[rank].result.recoveries, 1);
@@ -146,10 +146,10 @@ void check_case(const Case& k) {
   EXPECT_EQ(records[0]["restored_step"], k.restored);
   EXPECT_EQ(records[0]["redo_step"], k.restored + 1);
   if (k.corrupt > 0) {  // moved aside for a post-mortem; the redone step saved it anew
-    auto aside = train::checkpoint_dir(run_dir, k.corrupt);
+    auto aside = checkpoint::checkpoint_dir(run_dir, k.corrupt);
     aside += ".unreadable";
     EXPECT_TRUE(std::filesystem::exists(aside)) << aside;
-    EXPECT_TRUE(std::filesystem::exists(train::checkpoint_dir(run_dir, k.corrupt) / "index.json"));
+    EXPECT_TRUE(std::filesystem::exists(checkpoint::checkpoint_dir(run_dir, k.corrupt) / "index.json"));
   }
   const std::string restored = records[0]["restored"];
   EXPECT_NE(restored.find(k.restored > 0 ? fmt::format("rolled back to checkpoint step {}", k.restored)

@@ -19,7 +19,7 @@
 #include "paratrain/federated/rdp_accountant.h"
 #include "paratrain/federated/round.h"
 #include "paratrain/models/model.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "tests/support/multi_rank.h"
 
 namespace paratrain::federated {

@@ -28,7 +28,7 @@
 #include "paratrain/federated/round.h"
 #include "paratrain/models/model.h"
 #include "paratrain/train/builders.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "tests/support/multi_rank.h"
 
 namespace paratrain::federated {

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "paratrain/core/error.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "tests/support/multi_rank.h"
 #include "tests/support/spawn.h"
 

@@ -19,7 +19,7 @@
 #include "paratrain/federated/server_checkpoint.h"
 #include "paratrain/models/model.h"
 #include "paratrain/train/builders.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "tests/support/multi_rank.h"
 #include "tests/support/seeded.h"
 

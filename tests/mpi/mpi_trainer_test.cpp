@@ -15,7 +15,7 @@
 #include <filesystem>
 #include <string>
 
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "tests/support/multi_rank.h"
 #include "tests/support/trainer_oracle.h"
 

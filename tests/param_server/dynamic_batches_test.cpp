@@ -21,7 +21,7 @@
 #include "paratrain/param_server/item_queue.h"
 #include "paratrain/param_server/server.h"
 #include "paratrain/param_server/worker.h"
-#include "paratrain/train/batch_items.h"
+#include "paratrain/train/loop/batch_items.h"
 #include "paratrain/train/trainer.h"
 #include "tests/param_server/ps_training.h"
 #include "tests/support/multi_rank.h"

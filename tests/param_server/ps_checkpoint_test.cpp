@@ -40,15 +40,15 @@ TEST(PsCheckpoint, ConsolidatedPsCheckpointEqualsTheOneProcessCheckpoint) {
   train(cfg, 5);
   const auto ps_ckpt = checkpoint_of(dir + "/ps", 20);
   ASSERT_TRUE(fs::exists(ps_ckpt / "index.json")) << ps_ckpt;
-  train::consolidate_checkpoint(ps_ckpt, fs::path(dir) / "ps.safetensors");
+  checkpoint::consolidate_checkpoint(ps_ckpt, fs::path(dir) / "ps.safetensors");
   const auto report =
-      train::compare_checkpoints(fs::path(dir) / "ps.safetensors", checkpoint_of(dir + "/single", 20), {kTolerance});
+      checkpoint::compare_checkpoints(fs::path(dir) / "ps.safetensors", checkpoint_of(dir + "/single", 20), {kTolerance});
   EXPECT_TRUE(report.ok()) << report.format();
   // The servers' Adam moments are in the checkpoint too, under the same names
   // as one process's (looser: exp_avg_sq squares the few-ulp differences).
-  train::CompareOptions optimizer_state{1e-4, "optimizer/"};
+  checkpoint::CompareOptions optimizer_state{1e-4, "optimizer/"};
   const auto state =
-      train::compare_checkpoints(fs::path(dir) / "ps.safetensors", checkpoint_of(dir + "/single", 20), optimizer_state);
+      checkpoint::compare_checkpoints(fs::path(dir) / "ps.safetensors", checkpoint_of(dir + "/single", 20), optimizer_state);
   EXPECT_TRUE(state.ok()) << state.format();
 }
 

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "paratrain/core/error.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/trainer.h"
 #include "tests/param_server/ps_training.h"
 #include "tests/support/multi_rank.h"

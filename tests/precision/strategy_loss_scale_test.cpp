@@ -12,10 +12,10 @@
 
 #include "paratrain/optim/grad_scaler.h"
 #include "paratrain/topology/device_mesh.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/precision.h"
-#include "paratrain/train/strategy.h"
-#include "paratrain/train/strategy_registry.h"
+#include "paratrain/train/strategies/strategy.h"
+#include "paratrain/train/strategies/strategy_registry.h"
 #include "tests/support/multi_rank.h"
 #include "tests/support/seeded.h"
 

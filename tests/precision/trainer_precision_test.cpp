@@ -11,7 +11,7 @@
 
 #include "paratrain/core/autocast.h"
 #include "paratrain/core/error.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"
 
@@ -123,8 +123,8 @@ TEST(Bf16, DynamicLossScaleIsTransparentWithoutOverflow) {
   TrainConfig scaled = plain;
   scaled.run.name = "scaled";
   scaled.precision.loss_scale = "dynamic";
-  scaled.precision.init_scale = 256;
-  scaled.precision.growth_interval = 10;
+  scaled.precision.scaler.init_scale = 256;
+  scaled.precision.scaler.growth_interval = 10;
   const RunOutcome a = train(plain, 2);
   const RunOutcome b = train(scaled, 2);
   EXPECT_EQ(b.result.skipped_steps, 0);
@@ -142,8 +142,8 @@ TEST(Bf16, LossScalerStateResumesFromTheCheckpoint) {
   TrainConfig whole = mlp_config(dir, "whole");
   whole.precision.compute = "bf16";
   whole.precision.loss_scale = "dynamic";
-  whole.precision.init_scale = 256;
-  whole.precision.growth_interval = 10;
+  whole.precision.scaler.init_scale = 256;
+  whole.precision.scaler.growth_interval = 10;
   whole.train.max_steps = 20;
   TrainConfig first = whole;
   first.run.name = "stopped";

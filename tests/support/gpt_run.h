@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"
 

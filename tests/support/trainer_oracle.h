@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "paratrain/comm/gloo/gloo_group.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/trainer.h"
 
 namespace paratrain::testing {

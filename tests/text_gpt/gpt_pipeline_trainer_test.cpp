@@ -16,7 +16,7 @@
 #include "paratrain/core/error.h"
 #include "paratrain/checkpoint/compare.h"
 #include "paratrain/checkpoint/sharded.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/gpt_run.h"
 #include "tests/support/multi_rank.h"
@@ -113,10 +113,10 @@ TEST_F(GptPipeline, CheckpointConsolidatesToSingleProcessNamesAndResumesAtAnothe
   const RunOutput multi = run_training(pipelined("ckpt", 2, "1f1b"), 2);
   ASSERT_FALSE(multi.result.last_checkpoint.empty());
   const fs::path file = fs::path(*dir_) / "pp2.safetensors";
-  consolidate_checkpoint(multi.result.last_checkpoint, file);
-  CompareOptions options;
+  checkpoint::consolidate_checkpoint(multi.result.last_checkpoint, file);
+  checkpoint::CompareOptions options;
   options.prefix = "";  // parameters and SGD's momentum: wte.weight once, by its own name
-  const CompareReport report = compare_checkpoints(file, single_->result.last_checkpoint, options);
+  const checkpoint::CompareReport report = checkpoint::compare_checkpoints(file, single_->result.last_checkpoint, options);
   std::printf("%s\n", report.format().c_str());
   EXPECT_TRUE(report.ok());
   EXPECT_TRUE(report.only_in_a.empty());
@@ -152,10 +152,10 @@ TEST_F(GptPipeline, DataTimesTensorTimesPipelineEqualsOneProcessAndConsolidates)
   const RunOutput multi = check("dp2_tp2_pp2", cfg, 8);
   ASSERT_FALSE(multi.result.last_checkpoint.empty());
   const fs::path file = fs::path(*dir_) / "dp2_tp2_pp2.safetensors";
-  consolidate_checkpoint(multi.result.last_checkpoint, file);
-  CompareOptions options;
+  checkpoint::consolidate_checkpoint(multi.result.last_checkpoint, file);
+  checkpoint::CompareOptions options;
   options.prefix = "";
-  const CompareReport report = compare_checkpoints(file, single_->result.last_checkpoint, options);
+  const checkpoint::CompareReport report = checkpoint::compare_checkpoints(file, single_->result.last_checkpoint, options);
   std::printf("%s\n", report.format().c_str());
   EXPECT_TRUE(report.ok());
   EXPECT_TRUE(report.only_in_a.empty());

@@ -12,7 +12,7 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/models/gpt.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/generate.h"
 #include "paratrain/train/memory_plan.h"
 #include "paratrain/train/task.h"

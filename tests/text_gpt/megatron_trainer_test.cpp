@@ -15,7 +15,7 @@
 #include "paratrain/models/gpt.h"
 #include "paratrain/checkpoint/compare.h"
 #include "paratrain/checkpoint/sharded.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/generate.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/gpt_run.h"
@@ -127,10 +127,10 @@ TEST_F(MegatronTrainer, ConsolidatedCheckpointEqualsOneProcessAndGenerates) {
   ASSERT_FALSE(multi.result.last_checkpoint.empty());
   ASSERT_FALSE(single_->result.last_checkpoint.empty());
   const fs::path file = fs::path(*dir_) / "tp2_cp2_sp.safetensors";
-  consolidate_checkpoint(multi.result.last_checkpoint, file);
-  CompareOptions options;
+  checkpoint::consolidate_checkpoint(multi.result.last_checkpoint, file);
+  checkpoint::CompareOptions options;
   options.all = true;  // parameters, Adam's moments, the RNG state
-  const CompareReport report = compare_checkpoints(file, single_->result.last_checkpoint, options);
+  const checkpoint::CompareReport report = checkpoint::compare_checkpoints(file, single_->result.last_checkpoint, options);
   std::printf("%s\n", report.format().c_str());
   EXPECT_TRUE(report.ok());
   EXPECT_TRUE(report.only_in_a.empty());

@@ -17,8 +17,8 @@
 #include "paratrain/core/error.h"
 #include "paratrain/checkpoint/compare.h"
 #include "paratrain/checkpoint/sharded.h"
-#include "paratrain/train/config.h"
-#include "paratrain/train/strategy_registry.h"
+#include "paratrain/train/config/config.h"
+#include "paratrain/train/strategies/strategy_registry.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/gpt_run.h"
 #include "tests/support/multi_rank.h"
@@ -105,10 +105,10 @@ class Mesh4d : public ::testing::Test {
   static void expect_consolidates(const RunOutput& multi, const std::string& name) {
     ASSERT_FALSE(multi.result.last_checkpoint.empty());
     const fs::path file = fs::path(*dir_) / (name + ".safetensors");
-    consolidate_checkpoint(multi.result.last_checkpoint, file);
-    CompareOptions options;
+    checkpoint::consolidate_checkpoint(multi.result.last_checkpoint, file);
+    checkpoint::CompareOptions options;
     options.prefix = "";
-    const CompareReport report = compare_checkpoints(file, single_->result.last_checkpoint, options);
+    const checkpoint::CompareReport report = checkpoint::compare_checkpoints(file, single_->result.last_checkpoint, options);
     std::printf("%s\n", report.format().c_str());
     EXPECT_TRUE(report.ok());
     EXPECT_TRUE(report.only_in_a.empty());

@@ -9,7 +9,7 @@
 
 #include <filesystem>
 
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"
 

@@ -31,8 +31,8 @@ using paratrain::TensorSlot;
 namespace {
 
 // Rank r holds elements [4r, 4r + 4) of a 1-D tensor "w" of 4 * size elements.
-pt::CheckpointContents shard_of(const at::Tensor& local, int rank, int size) {
-  pt::CheckpointContents c;
+paratrain::checkpoint::CheckpointContents shard_of(const at::Tensor& local, int rank, int size) {
+  paratrain::checkpoint::CheckpointContents c;
   c.model.push_back(TensorSlot{.name = "w", .global_shape = {4 * size}, .flat_offset = 4 * rank, .local = local});
   c.save_rng = false;
   return c;
@@ -40,8 +40,8 @@ pt::CheckpointContents shard_of(const at::Tensor& local, int rank, int size) {
 
 at::Tensor consolidated(const fs::path& dir, const std::string& name) {
   const fs::path file = dir.parent_path() / (dir.filename().string() + ".safetensors");
-  pt::consolidate_checkpoint(dir, file);
-  return pt::read_safetensors(file).tensors.at(name);
+  paratrain::checkpoint::consolidate_checkpoint(dir, file);
+  return paratrain::checkpoint::read_safetensors(file).tensors.at(name);
 }
 
 // The writer thread is held at the rank file's header until the test has
@@ -49,8 +49,8 @@ at::Tensor consolidated(const fs::path& dir, const std::string& name) {
 struct HeldWriter {
   std::promise<void> changed;
   std::shared_future<void> go = changed.get_future().share();
-  pt::ShardedSaveOptions options() {
-    pt::ShardedSaveOptions o;
+  paratrain::checkpoint::ShardedSaveOptions options() {
+    paratrain::checkpoint::ShardedSaveOptions o;
     o.sync = false;
     o.after_write = [go = go](std::string_view what) {
       if (what == "header") go.wait();
@@ -63,7 +63,7 @@ TEST(AsyncCheckpoint, WritesTheStateOfTheMomentOfSave) {
   const fs::path dir = fs::path(paratrain::testing::temp_dir("async-ckpt")) / "step_1";
   paratrain::testing::run_ranks(2, [&](paratrain::comm::ProcessGroup& g) {
     at::Tensor w = torch::arange(4, torch::kFloat) + 4 * g.rank();
-    pt::AsyncCheckpointSaver saver(g);
+    paratrain::checkpoint::AsyncCheckpointSaver saver(g);
     HeldWriter held;
     saver.save(dir, shard_of(w, g.rank(), 2), held.options());
     w.add_(100);  // the next optimizer step
@@ -81,10 +81,10 @@ TEST(AsyncCheckpoint, ControlWritingViewsSeesTheLaterChange) {
   paratrain::testing::run_ranks(2, [&](paratrain::comm::ProcessGroup& g) {
     at::Tensor w = torch::arange(4, torch::kFloat) + 4 * g.rank();
     HeldWriter held;
-    pt::ShardedSaveOptions options = held.options();
+    paratrain::checkpoint::ShardedSaveOptions options = held.options();
     options.sync = false;
-    auto shard = pt::prepare_sharded_checkpoint(dir, shard_of(w, g.rank(), 2), g.rank(), /*copy=*/false);
-    auto writer = std::async(std::launch::async, [&] { pt::write_prepared_checkpoint(dir, g, *shard, options); });
+    auto shard = paratrain::checkpoint::prepare_sharded_checkpoint(dir, shard_of(w, g.rank(), 2), g.rank(), /*copy=*/false);
+    auto writer = std::async(std::launch::async, [&] { paratrain::checkpoint::write_prepared_checkpoint(dir, g, *shard, options); });
     w.add_(100);
     held.changed.set_value();
     // The data checksum was taken before the change: the file may not even
@@ -104,12 +104,12 @@ TEST(AsyncCheckpoint, ControlWritingViewsSeesTheLaterChange) {
 
 TEST(AsyncCheckpoint, AFailedBackgroundWriteFailsTheNextWaitOnEveryRankWithoutAnIndex) {
   const fs::path run = paratrain::testing::temp_dir("async-ckpt-fail");
-  const fs::path dir = pt::checkpoint_dir(run, 3);
+  const fs::path dir = paratrain::checkpoint::checkpoint_dir(run, 3);
   std::atomic<int> errors{0};
   paratrain::testing::run_ranks(2, [&](paratrain::comm::ProcessGroup& g) {
     at::Tensor w = torch::ones({4});
-    pt::AsyncCheckpointSaver saver(g);
-    pt::ShardedSaveOptions options;
+    paratrain::checkpoint::AsyncCheckpointSaver saver(g);
+    paratrain::checkpoint::ShardedSaveOptions options;
     options.sync = false;
     if (g.rank() == 1) options.after_write = [](std::string_view what) {
       if (what != "header") throw std::runtime_error("disk full (simulated)");
@@ -122,14 +122,14 @@ TEST(AsyncCheckpoint, AFailedBackgroundWriteFailsTheNextWaitOnEveryRankWithoutAn
       ++errors;
     }
     // The saver is usable again: the next save goes through.
-    pt::ShardedSaveOptions unsynced;
+    paratrain::checkpoint::ShardedSaveOptions unsynced;
     unsynced.sync = false;
-    saver.save(pt::checkpoint_dir(run, 4), shard_of(w, g.rank(), 2), unsynced);
-    EXPECT_EQ(saver.wait(), pt::checkpoint_dir(run, 4));
+    saver.save(paratrain::checkpoint::checkpoint_dir(run, 4), shard_of(w, g.rank(), 2), unsynced);
+    EXPECT_EQ(saver.wait(), paratrain::checkpoint::checkpoint_dir(run, 4));
   });
   EXPECT_EQ(errors.load(), 2);
   EXPECT_FALSE(fs::exists(dir / "index.json"));
-  const auto listed = pt::list_checkpoints(run);
+  const auto listed = paratrain::checkpoint::list_checkpoints(run);
   ASSERT_EQ(listed.size(), 1u);  // a checkpoint without its index is never listed
   EXPECT_EQ(listed[0].step, 4);
 }
@@ -155,19 +155,19 @@ TEST(AsyncCheckpoint, TrainerCheckpointsEqualTheSynchronousOnes) {
       if (g.rank() == 0) {
         (async ? async_params : sync_params) = params;
         (async ? async_dir : sync_dir) = result.run_dir;
-        EXPECT_EQ(result.last_checkpoint, pt::checkpoint_dir(result.run_dir, 20));
+        EXPECT_EQ(result.last_checkpoint, paratrain::checkpoint::checkpoint_dir(result.run_dir, 20));
       }
     });
   }
   EXPECT_EQ(paratrain::testing::relative_diff(async_params, sync_params), 0.0);
   for (int64_t step : {5, 10, 15, 20}) {
     SCOPED_TRACE(step);
-    const fs::path a = pt::checkpoint_dir(async_dir, step), s = pt::checkpoint_dir(sync_dir, step);
+    const fs::path a = paratrain::checkpoint::checkpoint_dir(async_dir, step), s = paratrain::checkpoint::checkpoint_dir(sync_dir, step);
     ASSERT_TRUE(fs::exists(a / "index.json"));
-    pt::consolidate_checkpoint(a, async_dir / fmt::format("c{}.safetensors", step));
-    pt::consolidate_checkpoint(s, sync_dir / fmt::format("c{}.safetensors", step));
-    const auto at = pt::read_safetensors(async_dir / fmt::format("c{}.safetensors", step)).tensors;
-    const auto st = pt::read_safetensors(sync_dir / fmt::format("c{}.safetensors", step)).tensors;
+    paratrain::checkpoint::consolidate_checkpoint(a, async_dir / fmt::format("c{}.safetensors", step));
+    paratrain::checkpoint::consolidate_checkpoint(s, sync_dir / fmt::format("c{}.safetensors", step));
+    const auto at = paratrain::checkpoint::read_safetensors(async_dir / fmt::format("c{}.safetensors", step)).tensors;
+    const auto st = paratrain::checkpoint::read_safetensors(sync_dir / fmt::format("c{}.safetensors", step)).tensors;
     ASSERT_EQ(at.size(), st.size());
     for (const auto& [name, tensor] : st) {
       ASSERT_TRUE(at.count(name)) << name;

@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "paratrain/train/callbacks.h"
-#include "paratrain/train/config.h"
-#include "paratrain/train/progress.h"
+#include "paratrain/train/config/config.h"
+#include "paratrain/train/run/progress.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"
 #include "tests/train/tiny_run.h"

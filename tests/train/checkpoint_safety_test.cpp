@@ -46,7 +46,7 @@ pt::TrainResult fit(const pt::TrainConfig& c) {
 }
 
 fs::path step_dir(const std::string& dir, int version, int64_t step) {
-  return pt::checkpoint_dir(fs::path(dir) / "job" / ("version_" + std::to_string(version)), step);
+  return paratrain::checkpoint::checkpoint_dir(fs::path(dir) / "job" / ("version_" + std::to_string(version)), step);
 }
 
 // Rewrites the first tensor of `dir`'s rank 0 shard whose name starts with
@@ -54,7 +54,7 @@ fs::path step_dir(const std::string& dir, int version, int64_t step) {
 // only the value itself is wrong.
 void poison(const fs::path& dir, const std::string& prefix, float value) {
   const auto file = dir / "rank_0.safetensors";
-  auto contents = pt::read_safetensors(file);
+  auto contents = paratrain::checkpoint::read_safetensors(file);
   bool done = false;
   for (auto& [name, t] : contents.tensors) {
     if (name.rfind(prefix, 0) != 0 || t.scalar_type() != at::kFloat) continue;
@@ -63,14 +63,14 @@ void poison(const fs::path& dir, const std::string& prefix, float value) {
     break;
   }
   ASSERT_TRUE(done) << "no float tensor named " << prefix << "* in " << file;
-  contents.metadata.erase(pt::kDataChecksumKey);
-  pt::write_safetensors(file, contents);
+  contents.metadata.erase(paratrain::checkpoint::kDataChecksumKey);
+  paratrain::checkpoint::write_safetensors(file, contents);
   nlohmann::json index;
   std::ifstream(dir / "index.json") >> index;
   for (auto& f : index["files"]) {
     if (f["file"] != "rank_0.safetensors") continue;
     f["bytes"] = fs::file_size(file);
-    f["crc32"] = pt::crc32_hex(pt::file_crc32(file));
+    f["crc32"] = paratrain::checkpoint::crc32_hex(paratrain::checkpoint::file_crc32(file));
   }
   std::ofstream(dir / "index.json") << index.dump();
 }
@@ -90,7 +90,7 @@ TEST(CheckpointSafety, ResumeAutoPassesOverAVersionWithoutCheckpoints) {
   EXPECT_THROW(fit(bad), paratrain::Error);
   EXPECT_FALSE(fs::exists(fs::path(dir) / "job" / "version_1")) << "the failed start left its empty version";
   fs::create_directories(fs::path(dir) / "job" / "version_1" / "checkpoints");
-  ASSERT_TRUE(pt::list_checkpoints(fs::path(dir) / "job" / "version_1").empty());
+  ASSERT_TRUE(paratrain::checkpoint::list_checkpoints(fs::path(dir) / "job" / "version_1").empty());
 
   c.train.resume = "auto";
   c.train.epochs = 2;
@@ -133,7 +133,7 @@ TEST_P(DamagedCheckpoint, ResumeAutoMovesItAsideAndFallsBack) {
   std::ifstream kept(aside / "index.json");
   EXPECT_EQ(std::string((std::istreambuf_iterator<char>(kept)), std::istreambuf_iterator<char>()), index_text);
   EXPECT_EQ(fs::exists(aside / "rank_0.safetensors"), GetParam() != Damage::kDeleted);
-  EXPECT_NO_THROW(pt::check_checkpoint(newest));  // saved afresh, not over the damaged one
+  EXPECT_NO_THROW(paratrain::checkpoint::check_checkpoint(newest));  // saved afresh, not over the damaged one
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, DamagedCheckpoint,
@@ -203,15 +203,15 @@ TEST(CheckpointSafety, ConsolidateRefusesToWriteIntoItsInput) {
   ASSERT_EQ(fit(tiny_config(dir)).steps, 8);
   const auto ckpt = step_dir(dir, 0, 8);
   const auto shard = ckpt / "rank_0.safetensors";
-  const auto crc = pt::file_crc32(shard);
+  const auto crc = paratrain::checkpoint::file_crc32(shard);
   for (const auto& out : {shard, ckpt / "new.safetensors", ckpt / ".." / "step_00000008" / "x.safetensors"}) {
     auto r = run_cli({"checkpoint", "consolidate", ckpt.string(), "-o", out.string()});
     EXPECT_EQ(r.exit_code, 1) << out << "\n" << r.output;
     EXPECT_NE(r.output.find("inside the checkpoint"), std::string::npos) << r.output;
     EXPECT_FALSE(fs::exists(ckpt / "new.safetensors"));
   }
-  EXPECT_EQ(pt::file_crc32(shard), crc);
-  EXPECT_NO_THROW(pt::check_checkpoint(ckpt));
+  EXPECT_EQ(paratrain::checkpoint::file_crc32(shard), crc);
+  EXPECT_NO_THROW(paratrain::checkpoint::check_checkpoint(ckpt));
 }
 
 // Runs `cmd` through the shell; exit code and stdout + stderr.
@@ -255,7 +255,7 @@ TEST(CheckpointSafety, AnUnreadableCheckpointIsNamedAndLeftAlone) {
   EXPECT_EQ(r.output.find("filesystem error"), std::string::npos) << r.output;
 
   fs::permissions(ckpt, fs::perms::owner_all, fs::perm_options::replace);
-  EXPECT_NO_THROW(pt::check_checkpoint(ckpt));  // still there, as it was
+  EXPECT_NO_THROW(paratrain::checkpoint::check_checkpoint(ckpt));  // still there, as it was
   EXPECT_FALSE(fs::exists(fs::path(ckpt.string() + ".unreadable")));
 }
 

@@ -59,11 +59,11 @@ TEST(TrainCli, AStopInsideTheFirstEpochReportsTheFractionTrained) {
 }
 
 // `paratrain checkpoint consolidate` of a run's checkpoint, read back.
-paratrain::train::SafetensorsContents consolidated(const std::string& run_dir, const std::string& step_dir) {
+paratrain::checkpoint::SafetensorsContents consolidated(const std::string& run_dir, const std::string& step_dir) {
   const auto out = run_dir + "/" + step_dir + ".consolidated.safetensors";
   auto r = run_cli({"checkpoint", "consolidate", run_dir + "/checkpoints/" + step_dir, "-o", out});
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  return paratrain::train::read_safetensors(out);
+  return paratrain::checkpoint::read_safetensors(out);
 }
 
 // The oracle across real processes, for every strategy: two ranks over

@@ -7,8 +7,8 @@
 #include <set>
 #include <sstream>
 
-#include "paratrain/train/config.h"
-#include "paratrain/train/config_reference.h"
+#include "paratrain/train/config/config.h"
+#include "paratrain/train/config/config_reference.h"
 #include "tests/support/multi_rank.h"
 
 namespace pt = paratrain::train;
@@ -23,7 +23,7 @@ TEST(ConfigReference, EveryKeyHasTypeDefaultAndMeaning) {
     EXPECT_FALSE(k.type.empty()) << k.key;
     EXPECT_FALSE(k.default_value.empty()) << k.key;
     // A meaning, not a placeholder: at least a few words.
-    EXPECT_GE(k.doc.size(), 8u) << k.key << " has no documentation: add its doc line in config_schema.cpp";
+    EXPECT_GE(k.doc.size(), 8u) << k.key << " has no documentation: add its doc line in its section's schema rows (train/config/<group>_section.cpp)";
   }
 }
 

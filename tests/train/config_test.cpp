@@ -12,7 +12,7 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/models/model.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "tests/support/multi_rank.h"
 
 namespace pt = paratrain::train;
@@ -265,7 +265,7 @@ TEST(Config, MakeModelUsesTheSyntheticDataShape) {
 
 // ---- Bad inputs found by trying the tool as a new user would.
 
-// Note [Numeric bounds] in config_schema.cpp: a value that would overflow
+// Note [Numeric bounds] in config_ranges.h: a value that would overflow
 // where the code converts it is refused at config time, naming the key.
 TEST(ConfigBadInput, NumericKeysHaveBoundsNamedInTheError) {
   auto msg = config_error([] { pt::config_from_toml_string("[ddp]\nbucket_cap_mb = 1e300\n", {}, "x.toml"); });

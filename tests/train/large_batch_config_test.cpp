@@ -8,7 +8,7 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/train/batch_size.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 
 namespace pt = paratrain::train;
 using paratrain::ConfigError;

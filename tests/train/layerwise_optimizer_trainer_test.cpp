@@ -10,7 +10,7 @@
 
 #include "paratrain/optim/lamb.h"
 #include "paratrain/optim/lars.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"
 

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "paratrain/train/plots.h"
+#include "paratrain/train/run/plots.h"
 #include "tests/support/multi_rank.h"
 
 namespace {

@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"
 #include "tests/support/trainer_oracle.h"

@@ -8,7 +8,7 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/models/model.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/registry.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"

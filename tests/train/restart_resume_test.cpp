@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "paratrain/train/restart_resume.h"
-#include "paratrain/train/run_dir.h"
+#include "paratrain/train/recovery/restart_resume.h"
+#include "paratrain/train/run/run_dir.h"
 #include "tests/support/multi_rank.h"
 #include "tests/train/tiny_run.h"
 

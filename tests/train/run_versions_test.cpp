@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "paratrain/core/error.h"
-#include "paratrain/train/config.h"
-#include "paratrain/train/run_dir.h"
-#include "paratrain/train/run_list.h"
+#include "paratrain/train/config/config.h"
+#include "paratrain/train/run/run_dir.h"
+#include "paratrain/train/run/run_list.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"
 #include "tests/train/tiny_run.h"

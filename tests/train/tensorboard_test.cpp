@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "paratrain/core/error.h"
-#include "paratrain/train/config.h"
-#include "paratrain/train/tensorboard.h"
+#include "paratrain/train/config/config.h"
+#include "paratrain/train/run/tensorboard.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"
 #include "tests/train/tiny_run.h"

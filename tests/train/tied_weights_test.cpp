@@ -39,11 +39,11 @@ TEST(TiedWeights, OptimizerStateSurvivesACheckpointUnderOneName) {
   opt.step();
 
   const auto dir = paratrain::testing::temp_dir("tied") + "/ckpt";
-  train::CheckpointContents save;
+  paratrain::checkpoint::CheckpointContents save;
   save.model = train::strategies::replicated_slots(*model, true);
   save.optimizer = &opt;
   save.optimizer_slots = slots;
-  paratrain::testing::run_ranks(1, [&](paratrain::comm::ProcessGroup& g) { train::save_sharded_checkpoint(dir, g, save); });
+  paratrain::testing::run_ranks(1, [&](paratrain::comm::ProcessGroup& g) { paratrain::checkpoint::save_sharded_checkpoint(dir, g, save); });
 
   torch::manual_seed(99);  // different weights, no state: only the checkpoint can make them equal
   auto fresh = std::make_shared<Tied>();
@@ -51,17 +51,17 @@ TEST(TiedWeights, OptimizerStateSurvivesACheckpointUnderOneName) {
   std::vector<at::Tensor> fresh_params;
   for (auto& s : fresh_slots) fresh_params.push_back(s.param);
   torch::optim::SGD fresh_opt(fresh_params, torch::optim::SGDOptions(0.1).momentum(0.9));
-  train::CheckpointContents load;
+  paratrain::checkpoint::CheckpointContents load;
   load.model = train::strategies::replicated_slots(*fresh, true);
   load.optimizer = &fresh_opt;
   load.optimizer_slots = fresh_slots;
-  train::load_sharded_checkpoint(dir, load);
+  paratrain::checkpoint::load_sharded_checkpoint(dir, load);
 
   EXPECT_TRUE(torch::equal(fresh->embed->weight, model->embed->weight));
   EXPECT_TRUE(fresh->embed->weight.is_same(fresh->head_weight));  // still tied after the in-place load
   for (size_t i = 0; i < slots.size(); ++i) {
-    auto& a = static_cast<torch::optim::SGDParamState&>(*opt.state().at(train::optimizer_state_key(params[i])));
-    auto& b = static_cast<torch::optim::SGDParamState&>(*fresh_opt.state().at(train::optimizer_state_key(fresh_params[i])));
+    auto& a = static_cast<torch::optim::SGDParamState&>(*opt.state().at(paratrain::checkpoint::optimizer_state_key(params[i])));
+    auto& b = static_cast<torch::optim::SGDParamState&>(*fresh_opt.state().at(paratrain::checkpoint::optimizer_state_key(fresh_params[i])));
     EXPECT_TRUE(torch::equal(a.momentum_buffer(), b.momentum_buffer())) << slots[i].slot.name;
   }
 }

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 
 namespace paratrain::testing {
 

@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "paratrain/core/error.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/task.h"
 #include "paratrain/train/trainer.h"
 #include "paratrain/train/user_module.h"

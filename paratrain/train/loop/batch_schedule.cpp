@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
-#include "paratrain/train/batch_items.h"
+#include "paratrain/train/loop/batch_items.h"
 #include "paratrain/train/device_placement.h"
 #include "paratrain/train/trainer_state.h"
 

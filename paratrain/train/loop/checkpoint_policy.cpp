@@ -6,7 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "paratrain/checkpoint/checkpoint_files.h"
-#include "paratrain/train/in_job.h"
+#include "paratrain/train/recovery/in_job.h"
 #include "paratrain/train/trainer_state.h"
 
 namespace paratrain::train {
@@ -46,7 +46,7 @@ void CheckpointPolicy::committed(const SavedCheckpoint& done) {
   // Before pruning: the best checkpoint's link must be in place to be spared.
   s_.each_callback([&](Callback& cb) { cb.on_checkpoint(done.step, done.dir); });
   if (s_.is_main() && s_.config.train.keep_checkpoints > 0) {
-    prune_checkpoints(s_.run_dir, s_.config.train.keep_checkpoints);
+    checkpoint::prune_checkpoints(s_.run_dir, s_.config.train.keep_checkpoints);
   }
 }
 

@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "paratrain/train/metrics.h"
+#include "paratrain/train/run/metrics.h"
 #include "paratrain/train/trainer_state.h"
 
 namespace paratrain::train {

@@ -1,5 +1,5 @@
 // InJobRecovery: the loop's side of elastic.in_job. When a collective fails
-// because a peer died, the survivors re-form the world (train/in_job.h) and
+// because a peer died, the survivors re-form the world (train/recovery/in_job.h) and
 // this object tells the loop where to go on: redo the failed step, or, when
 // they rolled back to a checkpoint (sharded strategies), continue from the
 // restored position that s.step and the loader now hold. Without
@@ -11,7 +11,7 @@
 #include <functional>
 
 #include "paratrain/data/loader.h"
-#include "paratrain/train/in_job.h"
+#include "paratrain/train/recovery/in_job.h"
 #include "paratrain/train/trainer.h"
 
 namespace paratrain::train {

@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "paratrain/train/callbacks.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/trainer.h"
 
 namespace paratrain::train {

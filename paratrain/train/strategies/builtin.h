@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "paratrain/train/strategy_registry.h"
+#include "paratrain/train/strategies/strategy_registry.h"
 
 namespace paratrain::train::strategies {
 

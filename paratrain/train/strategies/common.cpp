@@ -39,8 +39,8 @@ std::vector<TensorSlot> replicated_slots(torch::nn::Module& module, bool write) 
   return out;
 }
 
-std::vector<OptimizerSlot> replicated_optimizer_slots(torch::nn::Module& module, bool write) {
-  std::vector<OptimizerSlot> out;
+std::vector<checkpoint::OptimizerSlot> replicated_optimizer_slots(torch::nn::Module& module, bool write) {
+  std::vector<checkpoint::OptimizerSlot> out;
   // A tied weight (one tensor under two names, e.g. an embedding reused as
   // the output layer) has one optimizer state: key it by its first name, on
   // save and on load alike, as the reducer and ZeRO also list it once.
@@ -48,7 +48,7 @@ std::vector<OptimizerSlot> replicated_optimizer_slots(torch::nn::Module& module,
   for (const auto& item : module.named_parameters()) {
     if (!item.value().requires_grad()) continue;
     if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
-    out.push_back(OptimizerSlot{item.value(), full_slot(item.key(), item.value(), write)});
+    out.push_back(checkpoint::OptimizerSlot{item.value(), full_slot(item.key(), item.value(), write)});
   }
   return out;
 }

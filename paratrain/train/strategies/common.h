@@ -12,9 +12,9 @@
 #include "paratrain/data_parallel/ddp/step_stats.h"
 #include "paratrain/models/model.h"
 #include "paratrain/topology/device_mesh.h"
-#include "paratrain/train/config.h"
-#include "paratrain/train/strategy.h"
-#include "paratrain/train/strategy_registry.h"
+#include "paratrain/train/config/config.h"
+#include "paratrain/train/strategies/strategy.h"
+#include "paratrain/train/strategies/strategy_registry.h"
 
 
 namespace paratrain::zero {
@@ -33,7 +33,7 @@ std::vector<TensorSlot> buffer_slots(torch::nn::Module& module, bool write);
 // Slots for parameters and buffers held in full (DDP).
 std::vector<TensorSlot> replicated_slots(torch::nn::Module& module, bool write);
 // Optimizer slots when the optimizer steps the full parameters (DDP).
-std::vector<OptimizerSlot> replicated_optimizer_slots(torch::nn::Module& module, bool write);
+std::vector<checkpoint::OptimizerSlot> replicated_optimizer_slots(torch::nn::Module& module, bool write);
 // Detached clones of every parameter, by name.
 std::vector<std::pair<std::string, at::Tensor>> clone_parameters(torch::nn::Module& module);
 

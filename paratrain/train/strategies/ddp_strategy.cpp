@@ -126,7 +126,7 @@ class DdpStrategy final : public DataParallelStrategy {
   }
 
   std::vector<TensorSlot> model_slots() override { return replicated_slots(*model_, dp_.rank() == 0); }
-  std::vector<OptimizerSlot> optimizer_slots() override {
+  std::vector<checkpoint::OptimizerSlot> optimizer_slots() override {
     return replicated_optimizer_slots(*model_, dp_.rank() == 0);
   }
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() override { return clone_parameters(*model_); }

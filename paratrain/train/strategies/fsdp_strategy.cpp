@@ -94,11 +94,11 @@ class FsdpStrategy final : public DataParallelStrategy {
   }
 
   std::vector<TensorSlot> model_slots() override { return with_buffer_slots(fsdp_->parameter_slots()); }
-  std::vector<OptimizerSlot> optimizer_slots() override {
+  std::vector<checkpoint::OptimizerSlot> optimizer_slots() override {
     auto params = fsdp_->optimizer_params();
     auto slots = fsdp_->parameter_slots();
-    std::vector<OptimizerSlot> out;
-    for (size_t i = 0; i < params.size(); ++i) out.push_back(OptimizerSlot{params[i], slots.at(i)});
+    std::vector<checkpoint::OptimizerSlot> out;
+    for (size_t i = 0; i < params.size(); ++i) out.push_back(checkpoint::OptimizerSlot{params[i], slots.at(i)});
     return out;
   }
   void after_load() override { fsdp_->reshard(); }

@@ -21,7 +21,7 @@
 #include "paratrain/pipeline/schedule.h"
 #include "paratrain/pipeline/tied.h"
 #include "paratrain/topology/device_mesh.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 
 namespace paratrain::train::strategies {
 

@@ -233,7 +233,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
   // Under ZeRO each replica writes its pieces (disjoint) of what this tp
   // rank and stage writes: its shards, tp rank 0 the replicated tensors,
   // the first stage a tied tensor.
-  std::vector<OptimizerSlot> optimizer_slots() override {
+  std::vector<checkpoint::OptimizerSlot> optimizer_slots() override {
     return sync_->optimizer_slots(model_slots(), [this](const std::string& name) {
       return !is_tied_copy(name) && (!layout_[name].replicated() || tp_.rank() == 0);
     });

@@ -14,7 +14,7 @@
 #include "paratrain/pipeline/executor.h"
 #include "paratrain/pipeline/schedule.h"
 #include "paratrain/pipeline/stage.h"
-#include "paratrain/train/config.h"
+#include "paratrain/train/config/config.h"
 
 namespace paratrain::train::strategies {
 

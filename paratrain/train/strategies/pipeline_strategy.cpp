@@ -232,15 +232,15 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     out.insert(out.end(), std::make_move_iterator(buffers.begin()), std::make_move_iterator(buffers.end()));
     return out;
   }
-  std::vector<OptimizerSlot> optimizer_slots() override {
+  std::vector<checkpoint::OptimizerSlot> optimizer_slots() override {
     if (zero_.empty()) {
       auto out = replicated_optimizer_slots(*module_, dp_.rank() == 0);
       for (auto& o : out) o.slot.write = o.slot.write && !tied_->is_copy(o.slot.name);
       return out;
     }
-    std::vector<OptimizerSlot> out;
+    std::vector<checkpoint::OptimizerSlot> out;
     for (const auto& z : zero_) {
-      for (auto& [param, slot] : z->optimizer_param_slots()) out.push_back(OptimizerSlot{param, slot});
+      for (auto& [param, slot] : z->optimizer_param_slots()) out.push_back(checkpoint::OptimizerSlot{param, slot});
     }
     return out;
   }

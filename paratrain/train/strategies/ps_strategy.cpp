@@ -224,10 +224,10 @@ class PsStrategy final : public DataParallelStrategy, public DynamicBatches {
     return out;
   }
 
-  std::vector<OptimizerSlot> optimizer_slots() override {
-    std::vector<OptimizerSlot> out;
+  std::vector<checkpoint::OptimizerSlot> optimizer_slots() override {
+    std::vector<checkpoint::OptimizerSlot> out;
     if (server_) {
-      for (auto& [piece, slot] : piece_slots()) out.push_back(OptimizerSlot{piece, slot});
+      for (auto& [piece, slot] : piece_slots()) out.push_back(checkpoint::OptimizerSlot{piece, slot});
     }
     return out;
   }

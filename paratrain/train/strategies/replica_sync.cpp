@@ -105,12 +105,12 @@ void ReplicaSync::step(torch::optim::Optimizer& optimizer) {
   for (auto& z : zero_) z->end_step();
 }
 
-std::vector<OptimizerSlot> ReplicaSync::optimizer_slots(const std::vector<TensorSlot>& model,
+std::vector<checkpoint::OptimizerSlot> ReplicaSync::optimizer_slots(const std::vector<TensorSlot>& model,
                                                         const std::function<bool(const std::string&)>& writes) const {
-  std::vector<OptimizerSlot> out;
+  std::vector<checkpoint::OptimizerSlot> out;
   if (zero_.empty()) {
     for (const auto& slot : model) {
-      if (slot.local.requires_grad()) out.push_back(OptimizerSlot{slot.local, slot});  // not buffers
+      if (slot.local.requires_grad()) out.push_back(checkpoint::OptimizerSlot{slot.local, slot});  // not buffers
     }
     return out;
   }
@@ -121,7 +121,7 @@ std::vector<OptimizerSlot> ReplicaSync::optimizer_slots(const std::vector<Tensor
       const TensorSlot& whole = *by_name.at(piece.name);
       TensorSlot slot{piece.name, whole.global_shape, 0, piece.local, writes(piece.name)};
       slot.segments = sub_segments(whole, piece.flat_offset, piece.local.numel());
-      out.push_back(OptimizerSlot{param, std::move(slot)});
+      out.push_back(checkpoint::OptimizerSlot{param, std::move(slot)});
     }
   }
   return out;

@@ -21,8 +21,8 @@
 #include "paratrain/data_parallel/ddp/ddp.h"
 #include "paratrain/data_parallel/zero/zero.h"
 #include "paratrain/pipeline/executor.h"
-#include "paratrain/train/config.h"
-#include "paratrain/train/strategy.h"
+#include "paratrain/train/config/config.h"
+#include "paratrain/train/strategies/strategy.h"
 
 namespace paratrain::train::strategies {
 
@@ -65,7 +65,7 @@ class ReplicaSync {
   // ZeRO each piece placed inside its parameter's model slot (`model`, by
   // name: a tp shard's segments), written by every replica (disjoint), where
   // `writes(name)` says this tp rank / stage writes the tensor at all.
-  std::vector<OptimizerSlot> optimizer_slots(const std::vector<TensorSlot>& model,
+  std::vector<checkpoint::OptimizerSlot> optimizer_slots(const std::vector<TensorSlot>& model,
                                              const std::function<bool(const std::string&)>& writes) const;
   // After a checkpoint load: ZeRO all-gathers (the pieces alias the loaded
   // parameters; kept for the wrappers' own state).

@@ -80,9 +80,9 @@ class ZeroStrategy final : public DataParallelStrategy {
   }
 
   std::vector<TensorSlot> model_slots() override { return with_buffer_slots(zero_->parameter_slots()); }
-  std::vector<OptimizerSlot> optimizer_slots() override {
-    std::vector<OptimizerSlot> out;
-    for (auto& [param, slot] : zero_->optimizer_param_slots()) out.push_back(OptimizerSlot{param, slot});
+  std::vector<checkpoint::OptimizerSlot> optimizer_slots() override {
+    std::vector<checkpoint::OptimizerSlot> out;
+    for (auto& [param, slot] : zero_->optimizer_param_slots()) out.push_back(checkpoint::OptimizerSlot{param, slot});
     return out;
   }
   void after_load() override { zero_->gather_parameters(); }

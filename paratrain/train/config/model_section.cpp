@@ -1,0 +1,102 @@
+// The schema rows and cross-key rules of [model] and [data] (model_section.h).
+#include "paratrain/train/config/model_section.h"
+
+#include <fmt/format.h>
+
+#include "paratrain/train/config/config_ranges.h"
+#include "paratrain/train/config/config_schema.h"
+#include "paratrain/train/registry.h"
+
+namespace paratrain::train::detail {
+namespace {
+
+// The GPT and the text data go together: a GPT reads token windows, the
+// image models read pixels.
+std::string gpt_problem(const TrainConfig& c) {
+  const bool gpt = builds_gpt(c), text = c.data.dataset == "text";
+  if (gpt && !text)
+    return fmt::format("model.kind = \"gpt\" reads token windows: set data.dataset = \"text\" (got \"{}\")",
+                       c.data.dataset);
+  if (text && !gpt)
+    return fmt::format("data.dataset = \"text\" gives token windows, which only model.kind = \"gpt\" reads (got \"{}\")",
+                       c.model.kind);
+  if (!gpt) return "";
+  if (c.model.d_model % c.model.heads != 0)
+    return fmt::format("model.d_model ({}) must be a multiple of model.heads ({}): each head gets d_model / heads "
+                       "dimensions",
+                       c.model.d_model, c.model.heads);
+  if (c.data.path.empty()) return "data.path must name a text file or folder (e.g. /usr/share/games/fortunes)";
+  // A pipeline cuts the GPT into embed, blocks.<i>, head (models/gpt.h):
+  // every chunk needs one of them.
+  const int64_t chunks = c.parallel.pp * c.pipeline.virtual_stages;
+  if (c.parallel.pp > 1 && c.model.layers + 2 < chunks)
+    return fmt::format("model.layers ({}) + 2 (the embedding and the head) = {} pipeline layers cannot fill "
+                       "parallel.pp ({}) x pipeline.virtual_stages ({}) = {} chunks of at least one layer each: "
+                       "raise model.layers or lower parallel.pp",
+                       c.model.layers, c.model.layers + 2, c.parallel.pp, c.pipeline.virtual_stages, chunks);
+  return "";
+}
+
+}  // namespace
+
+std::vector<FieldSpec> model_fields() {
+  using TC = TrainConfig;
+  return {
+      field("model.kind", &TC::model, &ModelConfig::kind, "\"mlp\", \"cnn\" or \"gpt\" (gpt needs data.dataset = \"text\"), or a name the program registered (register_model)", one_of_now(&model_kinds)),
+      field("model.hidden", &TC::model, &ModelConfig::hidden, "MLP hidden layer widths", widths(0)),
+      field("model.channels", &TC::model, &ModelConfig::channels, "CNN channels per conv block", widths(1)),
+      field("model.cnn_hidden", &TC::model, &ModelConfig::cnn_hidden, "CNN fully connected width", in_range<int64_t>(1, kMaxWidth)),
+      field("model.layers", &TC::model, &ModelConfig::layers, "GPT decoder blocks", in_range<int64_t>(1, 1024)),
+      field("model.d_model", &TC::model, &ModelConfig::d_model, "GPT width (a multiple of model.heads)", in_range<int64_t>(1, kMaxWidth)),
+      field("model.heads", &TC::model, &ModelConfig::heads, "GPT attention heads", in_range<int64_t>(1, kMaxWidth)),
+      field("model.seq_len", &TC::model, &ModelConfig::seq_len, "GPT context length in tokens", in_range<int64_t>(1, kMaxWidth)),
+      field("model.dropout", &TC::model, &ModelConfig::dropout, "GPT dropout on embeddings, attention and residuals", in_range_finite(0.0, 0.999)),
+      field("model.batchnorm", &TC::model, &ModelConfig::batchnorm, "CNN: BatchNorm2d after each conv"),
+      field("model.sync_batchnorm", &TC::model, &ModelConfig::sync_batchnorm, "BatchNorm statistics over the whole dp batch (needs batchnorm = true)"),
+  };
+}
+
+std::vector<FieldSpec> data_fields() {
+  using TC = TrainConfig;
+  return {
+      field("data.dataset", &TC::data, &DataConfig::dataset, "\"fashion_mnist\", \"synthetic\" or \"text\", or a name the program registered (register_dataset)", one_of_now(&dataset_names)),
+      field("data.dir", &TC::data, &DataConfig::dir, "folder of the *-ubyte.gz files"),
+      field("data.path", &TC::data, &DataConfig::path, "text: a file or folder of text files (byte tokens, the last 5% for validation)"),
+      field("data.batch_size", &TC::data, &DataConfig::batch_size, "examples per rank per micro-batch (global = batch_size * dp * train.accumulate)", in_range<int64_t>(1, kMaxCount)),
+      field("data.global_batch_size", &TC::data, &DataConfig::global_batch_size, "examples per optimizer step over all ranks (0 = batch_size * dp * train.accumulate); overrides batch_size", in_range<int64_t>(0, kMaxCount)),
+      field("data.shuffle", &TC::data, &DataConfig::shuffle, "reshuffle the training set every epoch"),
+      field("data.drop_last", &TC::data, &DataConfig::drop_last, "drop the last incomplete batch"),
+      field("data.prefetch", &TC::data, &DataConfig::prefetch, "batches prepared ahead (0 = none)", in_range<int64_t>(0, 1024)),
+      field("data.synthetic_train_size", &TC::data, &DataConfig::synthetic_train_size, "synthetic training examples", in_range<int64_t>(1, kMaxCount)),
+      field("data.synthetic_test_size", &TC::data, &DataConfig::synthetic_test_size, "synthetic test examples", in_range<int64_t>(0, kMaxCount)),
+      field("data.synthetic_channels", &TC::data, &DataConfig::synthetic_channels, "synthetic image channels", in_range<int64_t>(1, kMaxWidth)),
+      field("data.synthetic_image_size", &TC::data, &DataConfig::synthetic_image_size, "synthetic image height = width", in_range<int64_t>(1, kMaxWidth)),
+      field("data.synthetic_classes", &TC::data, &DataConfig::synthetic_classes, "synthetic label classes", in_range<int64_t>(2, kMaxWidth)),
+  };
+}
+
+std::string model_problem(const TrainConfig& c) {
+  if (c.model.kind == "cnn" && c.data.dataset == "synthetic" &&
+      c.data.synthetic_image_size < (int64_t{1} << c.model.channels.size()))
+    return fmt::format(
+        "model.kind = \"cnn\" with {} conv blocks needs data.synthetic_image_size >= {} (got {})",
+        c.model.channels.size(), int64_t{1} << c.model.channels.size(), c.data.synthetic_image_size);
+  if (c.parallel.pp > 1 && find_model(c.model.kind))
+    return fmt::format("model.kind = \"{}\" is a registered model, which cannot be cut into pipeline stages yet "
+                       "(parallel.pp = {}): stage boundary shapes come from the built-in datasets; set "
+                       "parallel.pp = 1 (DDP and zero.stage = 1, 2, 3 do apply)",
+                       c.model.kind, c.parallel.pp);
+  if (auto problem = gpt_problem(c); !problem.empty()) return problem;
+  if (c.model.batchnorm && c.model.kind != "cnn")
+    return fmt::format("model.batchnorm = true applies to model.kind = \"cnn\" (got \"{}\"); set "
+                       "model.batchnorm = false or use the CNN",
+                       c.model.kind);
+  if (c.model.sync_batchnorm && !c.model.batchnorm)
+    return "model.sync_batchnorm = true converts the model's BatchNorm layers, but model.batchnorm = false: "
+           "set model.batchnorm = true (or sync_batchnorm = false)";
+  if (c.data.dataset == "fashion_mnist" && c.data.dir.empty())
+    return "data.dir must name the folder with Fashion-MNIST's *-ubyte.gz files";
+  return "";
+}
+
+}  // namespace paratrain::train::detail

@@ -1,0 +1,170 @@
+// The schema rows and cross-key rules of [ddp], [parallel], [zero] and [pipeline] (parallel_section.h).
+#include "paratrain/train/config/parallel_section.h"
+
+#include <fmt/format.h>
+
+#include "paratrain/train/config/config_ranges.h"
+#include "paratrain/train/config/config_schema.h"
+
+namespace paratrain::train::detail {
+namespace {
+
+// Tensor and context parallelism (the "megatron" strategy) split the GPT's
+// heads and vocabulary over tp and its sequence over cp; every split must be
+// even. The product of the axes with the world size is checked where the
+// world is known (topology::ParallelDims::resolve).
+std::string megatron_problem(const TrainConfig& c) {
+  const auto& p = c.parallel;
+  if (p.megatron_sp && p.tp < 2)
+    return fmt::format("parallel.megatron_sp = true shards the sequence inside the tensor-parallel group, but "
+                       "parallel.tp = {}: set parallel.tp >= 2 or parallel.megatron_sp = false",
+                       p.tp);
+  // A GPT with stages and ZeRO runs on the megatron strategy at tp = cp = 1
+  // too (train::strategy_name), under the same rules.
+  const bool gpt_stages_zero = builds_gpt(c) && p.pp > 1 && c.zero.stage > 0;
+  if (p.tp == 1 && p.cp == 1 && !gpt_stages_zero) return "";
+  if (!builds_gpt(c))
+    return fmt::format("parallel.tp = {} and parallel.cp = {} split a transformer's heads and sequence; only "
+                       "model.kind = \"gpt\" supports them (got \"{}\"): set parallel.tp = 1 and parallel.cp = 1",
+                       p.tp, p.cp, c.model.kind);
+  constexpr int64_t kVocab = 256;  // byte tokens (train/config/config_model.cpp)
+  if (c.model.heads % p.tp != 0)
+    return fmt::format("model.heads ({}) is not divisible by parallel.tp ({}): each tensor-parallel rank computes "
+                       "heads / tp whole heads; pick a tp that divides {}",
+                       c.model.heads, p.tp, c.model.heads);
+  if (kVocab % p.tp != 0)
+    return fmt::format("the vocabulary ({} byte tokens) is not divisible by parallel.tp ({}): each rank holds "
+                       "vocab / tp embedding rows; use a power of two for tp",
+                       kVocab, p.tp);
+  if (c.model.seq_len % p.cp != 0)
+    return fmt::format("model.seq_len ({}) is not divisible by parallel.cp ({}): ring attention gives each cp rank "
+                       "an equal chunk of the sequence; pick a cp that divides {}",
+                       c.model.seq_len, p.cp, c.model.seq_len);
+  if (p.megatron_sp && (c.model.seq_len / p.cp) % p.tp != 0)
+    return fmt::format("model.seq_len ({}) / parallel.cp ({}) = {} is not divisible by parallel.tp ({}): "
+                       "parallel.megatron_sp gives each tp rank an equal part of its sequence chunk; pick seq_len a "
+                       "multiple of cp * tp = {}",
+                       c.model.seq_len, p.cp, c.model.seq_len / p.cp, p.tp, p.cp * p.tp);
+  if (p.cp > 1 && c.model.dropout > 0)
+    return fmt::format("model.dropout = {} with parallel.cp = {}: ring attention has no attention dropout (its "
+                       "backward rebuilds the probabilities block by block); set model.dropout = 0",
+                       c.model.dropout, p.cp);
+  if (c.precision.compute != "fp32")
+    return fmt::format("precision.compute = \"{}\" with parallel.tp = {} / parallel.cp = {}: the tensor- and "
+                       "context-parallel collectives run in fp32 only (Gloo has no bf16 kernels); set "
+                       "precision.compute = \"fp32\"",
+                       c.precision.compute, p.tp, p.cp);
+  if (c.zero.stage == 3)
+    return fmt::format("zero.stage = 3 with parallel.tp = {} / parallel.cp = {}: the megatron strategy shards "
+                       "optimizer state (1) and gradients (2) over its replicas, not parameters (FSDP); set "
+                       "zero.stage = 0, 1 or 2",
+                       p.tp, p.cp);
+  // ZeRO-2 keeps only this rank's piece of each reduced gradient, but the
+  // tied embedding's copies (pp) and Megatron-SP's LayerNorm gradients are
+  // summed over whole tensors after the reduction; ZeRO-1 keeps them whole.
+  if (c.zero.stage == 2 && (p.pp > 1 || p.megatron_sp))
+    return fmt::format("zero.stage = 2 with parallel.pp = {} / parallel.megatron_sp = {} (parallel.tp = {}, "
+                       "parallel.cp = {}): the tied embedding's stage copies and Megatron-SP's sequence-parallel "
+                       "gradients are summed as whole tensors after the data-parallel reduction, which ZeRO-2 "
+                       "frees; set zero.stage = 1 (or parallel.pp = 1 and parallel.megatron_sp = false)",
+                       p.pp, p.megatron_sp, p.tp, p.cp);
+  if (c.optimizer.kind == "lars" || c.optimizer.kind == "lamb")
+    return fmt::format("optimizer.kind = \"{}\" with parallel.tp = {} / parallel.cp = {}: its per-tensor norms "
+                       "across tensor-parallel shards are not computed yet; use sgd, adam or adamw",
+                       c.optimizer.kind, p.tp, p.cp);
+  if (c.ddp.mode != "bucketed")
+    return fmt::format("ddp.mode = \"{}\" with parallel.tp = {} / parallel.cp = {}: the megatron strategy "
+                       "reduces gradients with the bucketed reducer; set ddp.mode = \"bucketed\"",
+                       c.ddp.mode, p.tp, p.cp);
+  return "";
+}
+
+}  // namespace
+
+std::vector<FieldSpec> ddp_fields() {
+  using TC = TrainConfig;
+  return {
+      field("ddp.mode", &TC::ddp, &DdpConfig::mode, "\"bucketed\", \"naive\" or \"none\"", one_of({"bucketed", "naive", "none"})),
+      field("ddp.bucket_cap_mb", &TC::ddp, &DdpConfig::bucket_cap_mb, "gradient bucket size (MiB)", in_range_finite(kMinBucketMiB, kMaxBucketMiB, "MiB: 1 byte to 1 TiB")),
+      field("ddp.first_bucket_cap_mb", &TC::ddp, &DdpConfig::first_bucket_cap_mb, "first bucket size (MiB): small so its all-reduce starts early", in_range_finite(kMinBucketMiB, kMaxBucketMiB, "MiB: 1 byte to 1 TiB")),
+      field("ddp.find_unused_parameters", &TC::ddp, &DdpConfig::find_unused_parameters, "tolerate parameters without gradients"),
+      field("ddp.broadcast_buffers", &TC::ddp, &DdpConfig::broadcast_buffers, "copy rank 0's buffers before each forward"),
+      field("ddp.compression", &TC::ddp, &DdpConfig::compression, "gradient compression of the bucketed all-reduce: \"none\", \"fp16\" / \"bf16\" (16-bit wire, fp32 sums; also ZeRO-1/2's all-reduce / reduce-scatter) or \"powersgd\" (rank-r factors, error feedback; DDP only)", one_of({"none", "fp16", "bf16", "powersgd"})),
+      field("ddp.powersgd_rank", &TC::ddp, &DdpConfig::powersgd_rank, "PowerSGD: columns of the factors each gradient matrix is sent as (higher: closer to exact, more bytes)", at_least<int64_t>(1)),
+      field("ddp.powersgd_start_step", &TC::ddp, &DdpConfig::powersgd_start_step, "PowerSGD: synchronized steps sent uncompressed before compression starts (PyTorch suggests ~10% of training)", at_least<int64_t>(0)),
+  };
+}
+
+std::vector<FieldSpec> parallel_fields() {
+  using TC = TrainConfig;
+  return {
+      field("parallel.dp", &TC::parallel, &ParallelConfig::dp, "data-parallel size (0 = world / (tp * pp * cp))", in_range<int64_t>(0, kMaxRanks)),
+      field("parallel.tp", &TC::parallel, &ParallelConfig::tp, "tensor-parallel size", in_range<int64_t>(1, kMaxRanks)),
+      field("parallel.pp", &TC::parallel, &ParallelConfig::pp, "pipeline-parallel stages", in_range<int64_t>(1, kMaxRanks)),
+      field("parallel.cp", &TC::parallel, &ParallelConfig::cp, "context (sequence) parallel size: ring self-attention over cp ranks (GPT)", in_range<int64_t>(1, kMaxRanks)),
+      field("parallel.megatron_sp", &TC::parallel, &ParallelConfig::megatron_sp, "Megatron sequence parallelism inside the tp group (GPT, needs parallel.tp > 1)"),
+  };
+}
+
+std::vector<FieldSpec> zero_fields() {
+  using TC = TrainConfig;
+  return {
+      field("zero.stage", &TC::zero, &ZeroConfig::stage, "0 = DDP, 1 = shard optimizer state, 2 = + gradients, 3 = + parameters (FSDP)", in_range<int64_t>(0, 3)),
+      field("zero.unit_min_params", &TC::zero, &ZeroConfig::unit_min_params, "stage 3: parameter elements per wrapping unit", in_range<int64_t>(1, kMaxCount)),
+      field("zero.unit_modules", &TC::zero, &ZeroConfig::unit_modules, "stage 3: comma-separated child modules, one unit each (overrides unit_min_params)", module_list()),
+      field("zero.reshard_after_forward", &TC::zero, &ZeroConfig::reshard_after_forward, "stage 3: free gathered parameters between forward and backward"),
+      field("zero.prefetch", &TC::zero, &ZeroConfig::prefetch, "stage 3: gather the next unit while this one computes"),
+  };
+}
+
+std::vector<FieldSpec> pipeline_fields() {
+  using TC = TrainConfig;
+  return {
+      field("pipeline.schedule", &TC::pipeline, &PipelineConfig::schedule, "\"gpipe\", \"1f1b\" or \"interleaved_1f1b\"", one_of({"gpipe", "1f1b", "interleaved_1f1b"})),
+      field("pipeline.microbatches", &TC::pipeline, &PipelineConfig::microbatches, "micro-batches per step (divides the per-replica batch)", in_range<int64_t>(1, kMaxCount)),
+      field("pipeline.virtual_stages", &TC::pipeline, &PipelineConfig::virtual_stages, "model chunks per rank (interleaved_1f1b: >= 2)", in_range<int64_t>(1, 1024)),
+      field("pipeline.split", &TC::pipeline, &PipelineConfig::split, "layers per chunk, e.g. [5, 3] (empty = balanced)", widths(0)),
+      field("pipeline.balance", &TC::pipeline, &PipelineConfig::balance, "\"parameters\" or \"time\": how an empty split balances chunks", one_of({"parameters", "time"})),
+      field("pipeline.checkpoint_activations", &TC::pipeline, &PipelineConfig::checkpoint_activations, "recompute each chunk's forward during backward"),
+      field("pipeline.trace_steps", &TC::pipeline, &PipelineConfig::trace_steps, "steps recorded for `paratrain trace` (0 = none)", in_range<int64_t>(0, kMaxCount)),
+  };
+}
+
+std::string parallel_problem(const TrainConfig& c) {
+  if (c.zero.stage > 0 && c.ddp.mode != "bucketed")
+    return fmt::format(
+        "zero.stage = {} reduce-scatters gradients through the bucketed reducer, but ddp.mode = \"{}\": "
+        "set ddp.mode = \"bucketed\" (the default), or zero.stage = 0 to keep the {} mode",
+        c.zero.stage, c.ddp.mode, c.ddp.mode);
+  if (c.pipeline.schedule == "interleaved_1f1b" && c.pipeline.virtual_stages < 2)
+    return fmt::format("pipeline.schedule = \"interleaved_1f1b\" needs pipeline.virtual_stages >= 2 (got {}); "
+                       "set it to 2 or more, or use pipeline.schedule = \"1f1b\"",
+                       c.pipeline.virtual_stages);
+  if (c.pipeline.schedule != "interleaved_1f1b" && c.pipeline.virtual_stages != 1)
+    return fmt::format("pipeline.virtual_stages = {} only applies to pipeline.schedule = \"interleaved_1f1b\" "
+                       "(got \"{}\"): set virtual_stages = 1 or schedule = \"interleaved_1f1b\"",
+                       c.pipeline.virtual_stages, c.pipeline.schedule);
+  if (c.ddp.first_bucket_cap_mb > c.ddp.bucket_cap_mb)
+    return fmt::format("ddp.first_bucket_cap_mb ({}) must be <= ddp.bucket_cap_mb ({})",
+                       c.ddp.first_bucket_cap_mb, c.ddp.bucket_cap_mb);
+  if (auto problem = megatron_problem(c); !problem.empty()) return problem;
+  // fp16/bf16 also compress ZeRO-1/2's all-reduce or reduce-scatter;
+  // PowerSGD's factors only fit DDP's all-reduce.
+  const bool zero_wire = c.zero.stage == 1 || c.zero.stage == 2;
+  if (c.ddp.compression != "none" &&
+      ((c.zero.stage != 0 && !(zero_wire && c.ddp.compression != "powersgd")) || c.ddp.mode != "bucketed" ||
+       c.parallel.pp != 1 || c.parallel.tp != 1 || c.parallel.cp != 1 || c.ps.servers != 0))
+    return fmt::format("ddp.compression = \"{}\" is a comm hook of the bucketed DDP all-reduce (zero.stage = 0, "
+                       "or 1-2 for fp16/bf16; ddp.mode = \"bucketed\", parallel.pp = tp = cp = 1, ps.servers = 0); "
+                       "got zero.stage = {}, ddp.mode = \"{}\", pp = {}, tp = {}, cp = {}, ps.servers = {}: set "
+                       "ddp.compression = \"none\" or change those keys",
+                       c.ddp.compression, c.zero.stage, c.ddp.mode, c.parallel.pp, c.parallel.tp, c.parallel.cp,
+                       c.ps.servers);
+  if (c.ddp.compression != "none" && c.precision.comm_dtype != "fp32" && c.ddp.compression != c.precision.comm_dtype)
+    return fmt::format("ddp.compression = \"{}\" and precision.comm_dtype = \"{}\" both choose the gradient wire "
+                       "format: keep one (precision.comm_dtype = \"fp32\", or ddp.compression = \"none\")",
+                       c.ddp.compression, c.precision.comm_dtype);
+  return "";
+}
+
+}  // namespace paratrain::train::detail

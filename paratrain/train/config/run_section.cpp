@@ -1,0 +1,64 @@
+// The schema rows and cross-key rules of [run], [train] and [log] (run_section.h).
+#include "paratrain/train/config/run_section.h"
+
+#include <fmt/format.h>
+
+#include "paratrain/train/config/config_ranges.h"
+#include "paratrain/train/config/config_schema.h"
+
+namespace paratrain::train::detail {
+
+std::vector<FieldSpec> run_fields() {
+  using TC = TrainConfig;
+  return {
+      field("run.name", &TC::run, &RunConfig::name, "outputs go to <output_dir>/<name>/version_<N>/", path_component()),
+      field("run.version", &TC::run, &RunConfig::version, "-1 = a new version_N per run (with train.resume = \"auto\": the newest version holding a checkpoint); N = exactly version_N", in_range<int64_t>(-1, 999999999)),
+      field("run.output_dir", &TC::run, &RunConfig::output_dir, "parent folder of all runs", non_empty()),
+      field("run.seed", &TC::run, &RunConfig::seed, "seeds model init and data shuffling", at_least<int64_t>(0)),
+      field("run.log_every", &TC::run, &RunConfig::log_every, "steps between log lines (0 = per epoch only)", in_range<int64_t>(0, kMaxCount)),
+  };
+}
+
+std::vector<FieldSpec> train_fields() {
+  using TC = TrainConfig;
+  return {
+      field("train.epochs", &TC::train, &TrainLoopConfig::epochs, "passes over the training set", in_range<int64_t>(1, kMaxCount)),
+      field("train.max_steps", &TC::train, &TrainLoopConfig::max_steps, "stop after this many optimizer steps (0 = no limit)", in_range<int64_t>(0, kMaxCount)),
+      field("train.eval_every_epochs", &TC::train, &TrainLoopConfig::eval_every_epochs, "test-set evaluation period (0 = never)", in_range<int64_t>(0, kMaxCount)),
+      field("train.checkpoint_every_steps", &TC::train, &TrainLoopConfig::checkpoint_every_steps, "0 = checkpoint at epoch ends only", in_range<int64_t>(0, kMaxCount)),
+      field("train.resume", &TC::train, &TrainLoopConfig::resume, "\"\" = fresh, \"auto\" = latest in the run dir (damaged ones moved aside as step_N.unreadable), or a checkpoint path"),
+      field("train.keep_checkpoints", &TC::train, &TrainLoopConfig::keep_checkpoints, "keep only the newest N checkpoints (0 = all)", in_range<int64_t>(0, kMaxCount)),
+      field("train.async_checkpoint", &TC::train, &TrainLoopConfig::async_checkpoint, "write checkpoints in the background: a save copies the state and training goes on; index.json is still written last, and the next save waits for the previous one"),
+      field("train.accumulate", &TC::train, &TrainLoopConfig::accumulate, "micro-batches per optimizer step (gradient accumulation; an epoch's incomplete last step is dropped)", in_range<int64_t>(1, kMaxRanks)),
+      field("train.monitor", &TC::train, &TrainLoopConfig::monitor, "metric that picks checkpoints/best and drives early stopping: \"test_loss\", \"test_accuracy\", \"perplexity\", \"train_loss\", a program's own \"test_<name>\" (its Task's sums) or \"\" (none)", monitor_name()),
+      field("train.mode", &TC::train, &TrainLoopConfig::mode, "\"min\", \"max\" or \"auto\" (max for accuracies): which way train.monitor improves", one_of({"auto", "min", "max"})),
+      field("train.patience", &TC::train, &TrainLoopConfig::patience, "early stopping: evaluations without improvement of train.monitor before stopping (0 = never stop early)", in_range<int64_t>(0, kMaxCount)),
+      field("train.min_delta", &TC::train, &TrainLoopConfig::min_delta, "smallest change of train.monitor that counts as an improvement", in_range_finite(0.0, 1e30, "a non-negative number")),
+  };
+}
+
+std::vector<FieldSpec> log_fields() {
+  using TC = TrainConfig;
+  return {
+      field("log.tensorboard", &TC::log, &LogConfig::tensorboard, "also write TensorBoard scalar event files to <run_dir>/tensorboard/"),
+      field("log.progress", &TC::log, &LogConfig::progress, "\"auto\" (a progress bar on a terminal, log lines otherwise), \"on\" or \"off\"", one_of({"auto", "on", "off"})),
+  };
+}
+
+std::string run_problem(const TrainConfig& c) {
+  if (c.train.patience > 0 && c.train.monitor.empty())
+    return fmt::format("train.patience = {} stops on a monitored metric, but train.monitor is empty: set "
+                       "train.monitor (e.g. \"test_loss\"), or train.patience = 0",
+                       c.train.patience);
+  if (!c.train.monitor.empty() && c.train.eval_every_epochs == 0)
+    return fmt::format("train.monitor = \"{}\" is read at evaluations, but train.eval_every_epochs = 0 never "
+                       "evaluates: set train.eval_every_epochs >= 1, or train.monitor = \"\"",
+                       c.train.monitor);
+  if (c.train.monitor == "perplexity" && !builds_gpt(c))
+    return fmt::format("train.monitor = \"perplexity\" is logged for language models only (model.kind = \"{}\"): "
+                       "monitor \"test_loss\" or \"test_accuracy\"",
+                       c.model.kind);
+  return "";
+}
+
+}  // namespace paratrain::train::detail
