@@ -105,7 +105,7 @@ train::TrainConfig gpt_config(const std::string& dir) {
   c.data.path = "/usr/share/games/fortunes/debian";
   c.data.global_batch_size = 8;
   c.optimizer.lr = 3e-3;
-  c.train.max_steps = 10;
+  c.train.max_steps = 6;  // AdamW against one process: before float-order noise can part them (issue 23)
   return c;
 }
 

