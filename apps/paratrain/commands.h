@@ -37,6 +37,7 @@ Command add_train_command(CLI::App& app);   // train_command.cpp
 Command add_checkpoint_command(CLI::App& app);  // checkpoint_command.cpp
 Command add_plan_command(CLI::App& app);    // plan_command.cpp
 Command add_trace_command(CLI::App& app);   // trace_command.cpp
+Command add_profile_command(CLI::App& app);  // profile_command.cpp
 Command add_plot_command(CLI::App& app);    // plot_command.cpp
 Command add_generate_command(CLI::App& app);  // generate_command.cpp
 Command add_runs_command(CLI::App& app);    // runs_command.cpp

@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
       paratrain::cli::add_checkpoint_command(app),
       paratrain::cli::add_plan_command(app),
       paratrain::cli::add_trace_command(app),
+      paratrain::cli::add_profile_command(app),
       paratrain::cli::add_plot_command(app),
       paratrain::cli::add_generate_command(app),
       paratrain::cli::add_runs_command(app),

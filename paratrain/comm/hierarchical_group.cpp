@@ -16,6 +16,7 @@
 
 #include "paratrain/comm/worker_work.h"
 #include "paratrain/core/error.h"
+#include "paratrain/core/process_state.h"
 
 namespace paratrain::comm {
 
@@ -41,12 +42,6 @@ namespace paratrain::comm {
 namespace {
 
 constexpr std::size_t kNameBytes = 256;
-
-std::string host_name() {
-  char host[kNameBytes] = {0};
-  gethostname(host, sizeof host - 1);
-  return host;
-}
 
 using HierarchicalWork = WorkerWork;  // comm/worker_work.h
 

@@ -1,6 +1,8 @@
 // Reading a process's state letter from /proc (see process_state.h).
 #include "paratrain/core/process_state.h"
 
+#include <unistd.h>
+
 #include <fstream>
 #include <iterator>
 
@@ -21,6 +23,12 @@ std::string process_state(pid_t pid) {
     case 'Z': return "a zombie (dead)";
     default: return std::string("in state ") + stat[paren + 2];
   }
+}
+
+std::string host_name() {
+  char host[256] = {0};
+  if (gethostname(host, sizeof host - 1) != 0) return "";
+  return host;
 }
 
 }  // namespace paratrain

@@ -1,4 +1,5 @@
-// What /proc says about a process of this machine: why it went silent.
+// What /proc says about a process of this machine (why it went silent), and
+// the machine's name.
 // Shared by the launcher's heartbeat monitor (launch/heartbeat_monitor.h)
 // and the ranks' own peer watch (comm/peer_watch.h). std + POSIX only.
 #pragma once
@@ -13,5 +14,8 @@ namespace paratrain {
 /// from /proc/<pid>/stat. Only meaningful for a process of this machine (and
 /// this pid namespace).
 std::string process_state(pid_t pid);
+
+/// This machine's name (gethostname; "" when it fails).
+std::string host_name();
 
 }  // namespace paratrain

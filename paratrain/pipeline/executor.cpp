@@ -14,6 +14,7 @@
 
 #include "paratrain/core/autocast.h"
 #include "paratrain/core/error.h"
+#include "paratrain/core/phase.h"
 
 namespace paratrain::pipeline {
 namespace {
@@ -137,6 +138,7 @@ StepReport Executor::train_step(const at::Tensor& inputs, const at::Tensor& targ
       at::Tensor out;
       {
         Timeline::Scope s(rec, {EventKind::kForward, step, mb, a.chunk});
+        PhaseScope phase(kPhaseForward);
         core::AutocastGuard autocast(options_.autocast);
         if (options_.checkpoint_activations) {
           torch::NoGradGuard no_grad;
@@ -189,6 +191,7 @@ StepReport Executor::train_step(const at::Tensor& inputs, const at::Tensor& targ
     }
     {
       Timeline::Scope s(rec, {EventKind::kBackward, step, mb, a.chunk});
+      PhaseScope phase(kPhaseBackward);
       if (mc == last_model_chunk) {
         h.loss.backward();
       } else {

@@ -19,6 +19,8 @@
 #include "paratrain/core/atomic_file.h"
 #include "paratrain/core/remove_tree.h"
 #include "paratrain/core/error.h"
+#include "paratrain/core/phase.h"
+#include "paratrain/core/process_state.h"
 #include "paratrain/data/loader.h"
 #include "paratrain/models/model.h"
 #include "paratrain/optim/lr_schedule.h"
@@ -85,12 +87,6 @@ void add_builtin_callbacks(Trainer::State& s) {
   if (s.config.log.tensorboard) s.callbacks.push_back(std::make_shared<TensorBoardLogger>());
   s.progress_bar = progress_bar_wanted(s.config.log, s.world->rank());
   if (s.progress_bar) s.callbacks.push_back(std::make_shared<ProgressBar>());
-}
-
-std::string host_name() {
-  char host[256] = "";
-  gethostname(host, sizeof host - 1);
-  return host;
 }
 
 // The program's model's parameter count, from a copy drawn as the run drew
@@ -205,6 +201,21 @@ void remove_if_nothing_kept(const std::filesystem::path& dir) {
   core::remove_tree(dir, ec);
 }
 
+// profile.* reads each step's collectives from the hang doctor's flight
+// recorder. A world without one (world.doctor_records = 0, a program's own
+// group) gets one of its own before the strategy cuts its groups from it.
+void record_collectives_for_profiling(Trainer::State& s) {
+  if (!profile_step_range(s.config.profile) || comm::recorder_of(*s.world)) return;
+  auto recorder = std::make_shared<comm::FlightRecorder>(s.world->rank(), 1 << 16);
+  comm::RecordingOptions options;
+  options.timeout = s.timeout();
+  options.dump_on_timeout = false;
+  // Not owned: the caller's world outlives the Trainer.
+  std::shared_ptr<comm::ProcessGroup> world(std::shared_ptr<comm::ProcessGroup>(), s.world);
+  s.owned_world = comm::record_collectives(std::move(world), std::move(recorder), options);
+  s.world = s.owned_world.get();
+}
+
 }  // namespace
 
 Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world, TrainerParts parts) {
@@ -216,6 +227,7 @@ Trainer::Trainer(TrainConfig config, comm::ProcessGroup& world, TrainerParts par
   // doctor --run`) land in the run: <run_dir>/doctor/rank-<r>.json.
   if (auto recorder = comm::recorder_of(world)) comm::announce_doctor_dir(*recorder, dir / "doctor");
   s_ = std::make_unique<State>(std::move(config), world, std::move(dir));
+  record_collectives_for_profiling(*s_);
   try {
     build_run(*s_, parts);
   } catch (...) {
@@ -278,6 +290,7 @@ TrainResult Trainer::fit() {
 
 EvalResult Trainer::evaluate() {
   auto& s = *s_;
+  PhaseScope phase(kPhaseEval);
   torch::NoGradGuard no_grad;
   auto module = s.strategy->module();
   module->eval();

@@ -171,6 +171,10 @@ void apply_override_from(TrainConfig& config, std::string_view assignment) {
   const FieldSpec* field = detail::find_field(key);
   if (!field) throw ConfigError(fmt::format("{}: {}", where, unknown_key_message(key, false)));
 
+  if (field->all_keyword && (text == "all" || text == "\"all\"")) {
+    check_and_set(config, *field, Value(std::vector<int64_t>{}), where);
+    return;
+  }
   if (field->type == ValueType::String && (text.empty() || (text[0] != '"' && text[0] != '\''))) {
     check_and_set(config, *field, Value(text), where);
     return;
@@ -242,6 +246,7 @@ Value value_from_toml(const toml::node& node, const FieldSpec& field, const std:
       return node.as_string()->get();
     case ValueType::IntList:
     case ValueType::DoubleList: {
+      if (field.all_keyword && node.is_string() && node.as_string()->get() == "all") return std::vector<int64_t>{};
       const toml::array* array = node.as_array();
       if (!array) throw wrong(node);
       std::vector<int64_t> ints;

@@ -26,6 +26,7 @@
 #include "paratrain/train/config/model_section.h"
 #include "paratrain/train/config/optim_section.h"
 #include "paratrain/train/config/parallel_section.h"
+#include "paratrain/train/config/profile_section.h"
 #include "paratrain/train/config/ps_section.h"
 #include "paratrain/train/config/run_section.h"
 #include "paratrain/train/config/user_table.h"
@@ -56,6 +57,7 @@ struct TrainConfig {
   LogConfig log;                ///< [log]
   PsConfig ps;                  ///< [ps]
   FederatedConfig federated;    ///< [federated]
+  ProfileConfig profile;        ///< [profile]
   UserTable user;               ///< [user]: the program's own keys
 
   bool operator==(const TrainConfig&) const = default;

@@ -32,6 +32,9 @@ struct FieldSpec {
   std::function<void(TrainConfig&, const Value&)> set;
   // Empty when the value is allowed; else what is allowed ("must be > 0").
   std::function<std::string(const Value&)> check;
+  // A list key where the string "all" is another spelling of [] (every
+  // entry): profile.ranks = "all" in a file, --set profile.ranks=all.
+  bool all_keyword = false;
 
   std::string_view section() const { return std::string_view(key).substr(0, key.find('.')); }
   std::string_view name() const { return std::string_view(key).substr(key.find('.') + 1); }
@@ -103,6 +106,7 @@ std::vector<FieldSpec> pipeline_fields();
 std::vector<FieldSpec> precision_fields();
 std::vector<FieldSpec> ps_fields();
 std::vector<FieldSpec> federated_fields();
+std::vector<FieldSpec> profile_fields();
 
 // Each group's cross-key rules, beside its sections: "" when consistent, else
 // the first rule broken, naming the keys and what to set.
@@ -113,6 +117,7 @@ std::string world_problem(const TrainConfig& config);
 std::string parallel_problem(const TrainConfig& config);
 std::string ps_problem(const TrainConfig& config);
 std::string federated_problem(const TrainConfig& config);
+std::string profile_problem(const TrainConfig& config);
 
 // Every key, grouped by section in the order sections appear in TrainConfig.
 const std::vector<FieldSpec>& schema();

@@ -4,10 +4,13 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/core/phase.h"
 #include "paratrain/optim/lr_schedule.h"
 #include "paratrain/train/precision.h"
 #include "paratrain/train/trainer_state.h"
@@ -23,7 +26,7 @@ FitLoop::FitLoop(Trainer& trainer, Trainer::State& s)
         losses_.reset(s_.step);
       }),
       checkpoints_(s, recovery_), eval_(s.config), throughput_(s.step), schedule_(make_batch_schedule(s, plan_)),
-      logger_(std::make_shared<MetricsLogger>(s, plan_)) {
+      logger_(std::make_shared<MetricsLogger>(s, plan_)), profiler_(s) {
   result_.run_dir = s.run_dir;
   result_.global_batch = s.batch.global;
   // Note [Accumulation]
@@ -103,19 +106,31 @@ Outcome FitLoop::train_window(const Window& w) {
 // gradients over the ranks), then the optimizer step at the schedule's rate.
 // Returns the step's mean loss on this rank.
 double FitLoop::take_step(const ScheduledStep& step, int64_t index) {
+  profiler_.begin_step(index + 1);
   // The loss is scaled in backward (precision.loss_scale); logged unscaled.
   const double loss_scale = s_.scaler ? s_.scaler->get_scale() : 1.0;
   const int64_t k = plan_.accumulate;
+  const ProfileConfig& profile = s_.config.profile;
+  if (profile.test_slow_rank == s_.world->rank())  // a straggler on purpose (experiments, tests)
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(profile.test_slow_ms));
   double loss = 0;  // the micro-batch losses are divided by k: their sum is the step's mean
   for (int64_t i = 0; i < k; ++i) {
-    const data::Batch batch = schedule_->micro_batch(step, i);
+    data::Batch batch;
+    {
+      PhaseScope phase(kPhaseData);
+      batch = schedule_->micro_batch(step, i);
+    }
     loss += s_.strategy->forward_backward(batch, micro_loss_, /*sync=*/i == k - 1).loss.item<double>();
   }
   applied_lr_ = s_.lr_schedule->lr(index);
   optim::set_learning_rate(*s_.optimizer, applied_lr_);
-  if (!s_.strategy->optimizer_step(*s_.optimizer, s_.config.optimizer.clip_grad_norm, s_.scaler.get())) {
-    ++result_.skipped_steps;
+  {
+    PhaseScope phase(kPhaseOptimizer);
+    if (!s_.strategy->optimizer_step(*s_.optimizer, s_.config.optimizer.clip_grad_norm, s_.scaler.get())) {
+      ++result_.skipped_steps;
+    }
   }
+  profiler_.end_step(index + 1);
   return loss / loss_scale;
 }
 
@@ -204,6 +219,7 @@ StepInfo FitLoop::step_info(int64_t step, int64_t epoch, int64_t batch) const {
 
 void FitLoop::finish() {
   checkpoints_.finish();
+  profiler_.finish();
   if (auto* telemetry = dynamic_cast<Telemetry*>(s_.strategy.get())) {
     for (auto& record : telemetry->final_metrics()) s_.log_record(std::move(record));
   }

@@ -4,8 +4,8 @@
 // over ranks, logs and callbacks, a periodic checkpoint), and at an epoch's
 // end evaluate, stop early or go on, and save. Each part owns its cadence
 // (run_plan.h, batch_schedule.h, loss_window.h, eval_policy.h,
-// checkpoint_policy.h) and in-job recovery tells the loop where to go on
-// (recovery.h). Internal to paratrain/train: users see trainer.h.
+// checkpoint_policy.h, step_profiler.h) and in-job recovery tells the loop
+// where to go on (recovery.h). Internal to paratrain/train: users see trainer.h.
 #pragma once
 
 #include <memory>
@@ -17,6 +17,7 @@
 #include "paratrain/train/loop/metrics_logger.h"
 #include "paratrain/train/loop/recovery.h"
 #include "paratrain/train/loop/run_plan.h"
+#include "paratrain/train/loop/step_profiler.h"
 #include "paratrain/train/task.h"
 #include "paratrain/train/trainer.h"
 
@@ -53,6 +54,7 @@ class FitLoop {
   Throughput throughput_;
   std::unique_ptr<BatchSchedule> schedule_;
   std::shared_ptr<MetricsLogger> logger_;
+  StepProfiler profiler_;  // profile.*: collective at construction when on
   double applied_lr_ = 0;
 };
 

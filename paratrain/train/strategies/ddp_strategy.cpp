@@ -8,6 +8,7 @@
 
 #include "paratrain/core/autocast.h"
 #include "paratrain/core/error.h"
+#include "paratrain/core/phase.h"
 #include "paratrain/data_parallel/ddp/compress_hook.h"
 #include "paratrain/data_parallel/ddp/ddp.h"
 #include "paratrain/data_parallel/ddp/naive.h"
@@ -89,9 +90,11 @@ class DdpStrategy final : public DataParallelStrategy {
     if (naive_) naive_->prepare_forward();
     at::Tensor loss;
     {
+      PhaseScope phase(kPhaseForward);
       core::AutocastGuard autocast(compute_);
       loss = loss_fn(model_->forward(batch.inputs), batch.targets);
     }
+    PhaseScope phase(kPhaseBackward);
     loss.backward();
     if (ddp_ && sync) ddp_->finish_backward();
     // The naive twin all-reduces whatever .grad holds: after unsynchronized

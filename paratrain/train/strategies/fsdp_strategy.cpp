@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/autocast.h"
+#include "paratrain/core/phase.h"
 #include "paratrain/data_parallel/fsdp/fsdp.h"
 #include "paratrain/models/model.h"
 #include "paratrain/optim/grad_scaler.h"
@@ -65,10 +66,12 @@ class FsdpStrategy final : public DataParallelStrategy {
     if (!sync) no_sync.emplace(*fsdp_);
     at::Tensor loss;
     {
+      PhaseScope phase(kPhaseForward);
       core::AutocastGuard autocast(compute_);
       auto output = fsdp_->forward([&] { return model_->forward(batch.inputs); });
       loss = loss_fn(output, batch.targets);
     }
+    PhaseScope phase(kPhaseBackward);
     loss.backward();
     fsdp_->finish_backward();
     return {loss.detach()};

@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/core/phase.h"
 #include "paratrain/models/parallel_gpt.h"
 #include "paratrain/optim/grad_scaler.h"
 #include "paratrain/sequence_parallel/megatron_sp.h"
@@ -162,9 +163,14 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     // why DDP's average over dp x cp gives the single-process gradient.
     const at::Tensor inputs = sequence_parallel::sequence_chunk(batch.inputs, 1, cp_);
     const at::Tensor targets = sequence_parallel::sequence_chunk(batch.targets, 1, cp_).to(at::kLong);
-    const at::Tensor logits = model_->forward(inputs);
-    const at::Tensor ce = tpl::vocab_parallel_cross_entropy(logits, targets, tp_context());
-    const at::Tensor loss = ce * loss_factor(loss_fn);
+    at::Tensor loss;
+    {
+      PhaseScope phase(kPhaseForward);
+      const at::Tensor logits = model_->forward(inputs);
+      const at::Tensor ce = tpl::vocab_parallel_cross_entropy(logits, targets, tp_context());
+      loss = ce * loss_factor(loss_fn);
+    }
+    PhaseScope phase(kPhaseBackward);
     loss.backward();
     if (sync) sync_->finish_backward(0);
     sync_->set_sync(0, true);

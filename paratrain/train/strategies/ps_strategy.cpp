@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/core/phase.h"
 #include "paratrain/models/model.h"
 #include "paratrain/param_server/bucket_plan.h"
 #include "paratrain/param_server/item_queue.h"
@@ -153,16 +154,21 @@ class PsStrategy final : public DataParallelStrategy, public DynamicBatches {
     if (ps::is_slowed(straggler_, dp_.rank(), forwards_++)) {
       std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(straggler_.slow_ms));
     }
-    at::Tensor output;
-    if (worker_->pull_pending() && config_.ps.overlap && !layers_.empty()) {
-      output = forward_pulling(batch.inputs);
-    } else {
+    at::Tensor loss;
+    {
+      PhaseScope phase(kPhaseForward);
+      at::Tensor output;
+      if (worker_->pull_pending() && config_.ps.overlap && !layers_.empty()) {
+        output = forward_pulling(batch.inputs);
+      } else {
+        finish_pull();
+        output = model_->forward(batch.inputs);
+      }
+      // Backward's hooks post the next step's receives: this pull must be done.
       finish_pull();
-      output = model_->forward(batch.inputs);
+      loss = loss_fn(output, batch.targets);
     }
-    // Backward's hooks post the next step's receives: this pull must be done.
-    finish_pull();
-    auto loss = loss_fn(output, batch.targets);
+    PhaseScope phase(kPhaseBackward);
     // Hooks push only on the micro-batch that completes the gradient.
     push_from_hooks_ = sync && config_.ps.overlap;
     try {

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/autocast.h"
+#include "paratrain/core/phase.h"
 #include "paratrain/data_parallel/zero/zero.h"
 #include "paratrain/models/model.h"
 #include "paratrain/optim/grad_scaler.h"
@@ -49,9 +50,11 @@ class ZeroStrategy final : public DataParallelStrategy {
     if (!sync) no_sync.emplace(zero_->reducer());
     at::Tensor loss;
     {
+      PhaseScope phase(kPhaseForward);
       core::AutocastGuard autocast(compute_);
       loss = loss_fn(model_->forward(batch.inputs), batch.targets);
     }
+    PhaseScope phase(kPhaseBackward);
     loss.backward();
     if (sync) zero_->finish_backward();
     return {loss.detach()};
