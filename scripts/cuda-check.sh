@@ -93,4 +93,14 @@ for layout in tp2 cp2; do
     echo "gpt_$layout vs single: $($cli checkpoint compare --all "$out/gpt_$layout.safetensors" \
       "$out/runs/gpt_single/$gckpt" 2>&1 | tail -1)" >> "$out/summary.txt"
 done
+# Profiling on the GPU (issue 27): GPU kernels must appear in the rank files.
+step "CLI: profile steps 10-11 of DDP on 2 GPUs"
+timeout 120 $cli launch --nproc-per-node 2 -- $cli train "${mlp[@]}" --set run.name=profiled \
+  --set train.max_steps=12 --set profile.steps=10-11 > "$out/profiled.log" 2>&1
+echo "rc=$?" >> "$out/summary.txt"
+$cli profile "$out/runs/profiled" --top 5 > "$out/profile.txt" 2>&1
+head -4 "$out/profile.txt" >> "$out/summary.txt"
+python3 -c "import json,sys; d=json.load(open(sys.argv[1])); g=[e for e in d['events'] if e.get('gpu')]; \
+print('profile rank 0: %d GPU events, e.g. %s' % (len(g), sorted({e['name'] for e in g})[:3]))" \
+  "$out/runs/profiled/version_0/profile/rank_0.json" >> "$out/summary.txt" 2>&1
 step "done"
