@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "paratrain/checkpoint/safetensors.h"
 #include "paratrain/core/error.h"
 #include "paratrain/core/phase.h"
 #include "paratrain/profile/chrome_trace.h"
@@ -166,6 +167,14 @@ TEST(ProfileTrainer, ProfilingChangesNothingInTraining) {
   EXPECT_FALSE(std::filesystem::exists(pp::profile_dir(plain.dir)));
   ASSERT_EQ(plain.parameters.size(), profiled.parameters.size());
   for (size_t i = 0; i < plain.parameters.size(); ++i) EXPECT_TRUE(at::equal(plain.parameters[i], profiled.parameters[i]));
+  // The checkpoints' tensors (model and optimizer state, every rank's file)
+  // are bitwise equal; only the saved config differs.
+  for (const char* file : {"rank_0.safetensors", "rank_1.safetensors"}) {
+    const auto a = paratrain::checkpoint::read_safetensors(plain.dir / "checkpoints" / "step_00000008" / file);
+    const auto b = paratrain::checkpoint::read_safetensors(profiled.dir / "checkpoints" / "step_00000008" / file);
+    ASSERT_EQ(a.tensors.size(), b.tensors.size()) << file;
+    for (const auto& [name, t] : a.tensors) EXPECT_TRUE(at::equal(t, b.tensors.at(name))) << file << " " << name;
+  }
   // Shapes and memory were recorded.
   const auto p = pp::read_run_profiles(profiled.dir)[0];
   EXPECT_TRUE(std::any_of(p.events.begin(), p.events.end(), [](const pp::OpEvent& e) { return !e.shapes.empty(); }));
