@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <thread>
+#include <vector>
 
 namespace paratrain::cli {
 
@@ -15,7 +16,9 @@ namespace paratrain::cli {
 // The destructor restores the previous handlers.
 class StopStatusRecorder {
  public:
-  explicit StopStatusRecorder(std::filesystem::path run_dir);
+  // `preempting`: signals train.preempt_signals owns (the run checkpoints
+  // and records "preempted" itself); they are left alone here.
+  StopStatusRecorder(std::filesystem::path run_dir, const std::vector<int>& preempting);
   ~StopStatusRecorder();
   StopStatusRecorder(const StopStatusRecorder&) = delete;
   StopStatusRecorder& operator=(const StopStatusRecorder&) = delete;

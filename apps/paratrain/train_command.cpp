@@ -20,6 +20,8 @@
 
 #include "apps/paratrain/commands.h"
 #include "apps/paratrain/stop_status.h"
+#include "paratrain/core/exit_codes.h"
+#include "paratrain/train/run/preemption.h"
 #include "paratrain/comm/doctor/doctor_watchdog.h"
 #include "paratrain/comm/peer_watch.h"
 #include "paratrain/comm/rejoin.h"
@@ -265,7 +267,7 @@ Command add_train_command(CLI::App& app) {
     // SIGTERM / SIGINT / SIGHUP: run.json says "stopped", not "running"
     // (which `paratrain runs` would call "died"); rank 0 owns run.json.
     std::optional<StopStatusRecorder> stop_status;
-    if (world.rank == 0) stop_status.emplace(trainer.run_dir());
+    if (world.rank == 0) stop_status.emplace(trainer.run_dir(), train::parse_preempt_signals(config.train.preempt_signals));
     if (kill_step) trainer.add_callback(std::make_shared<FaultKill>(*kill_step));
     if (stop_step) trainer.add_callback(std::make_shared<FaultStop>(*stop_step, watchdog.get(), peer_watch.get()));
     train::TrainResult result;
@@ -278,6 +280,15 @@ Command add_train_command(CLI::App& app) {
       // Gloo names a lost peer by address only; the launcher names nodes by rank.
       if (!peer_watch) throw;
       throw CommError(e.what() + peer_watch->name_peers_in(e.what()));
+    }
+    if (result.preempted) {
+      if (result.rank == 0)
+        spdlog::warn("preempted by {} at step {}: checkpoint {}; exiting with code {} (the next start with "
+                     "train.resume = \"auto\" continues from it)",
+                     train::preempt_signal_name(result.preempt_signal), result.steps, result.last_checkpoint.string(),
+                     kPreemptedExitCode);
+      group->barrier()->wait();
+      return kPreemptedExitCode;
     }
     if (result.rank == 0) {  // after an in-job recovery: the re-elected rank 0
       std::string acc = result.test.count > 0 ? fmt::format("test accuracy {:.2f}% (loss {:.4f})",

@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "paratrain/core/exit_codes.h"
+
 namespace paratrain::launch {
 
 // Fields map one to one onto the CLI flags, and error messages name the flags.
@@ -191,6 +193,9 @@ struct WorkerOutcome {
   std::string hang{};
 
   bool ok() const { return exited && exit_code == 0; }
+  // It stopped at a checkpoint on a preemption signal (kPreemptedExitCode):
+  // not a failure that stops the others; the launch exits with that code.
+  bool preempted() const { return exited && exit_code == kPreemptedExitCode; }
   // The shell's convention: the exit code, or 128 + signal.
   int shell_code() const { return exited ? exit_code : 128 + signal; }
 };

@@ -1,6 +1,8 @@
 // Outcome descriptions and the launcher's final summary (see report.h).
 #include "paratrain/launch/report.h"
 
+#include <algorithm>
+
 #include <cctype>
 #include <regex>
 #include <sstream>
@@ -199,6 +201,26 @@ std::string summarize(LaunchReport& r) {
                                    r.exit_code, describe(r.workers[static_cast<std::size_t>(r.first_failed)]));
     if (!other_failures.empty()) line += "; also failed: " + fmt::format("{}", fmt::join(other_failures, ", "));
     return line;
+  }
+
+  // Note [A preempted launch]
+  // Ranks that stopped at a preemption checkpoint exit kPreemptedExitCode;
+  // when every rank did so (or finished), the launch did what the signal
+  // asked, whether the signal reached the launcher (and was passed on) or
+  // a rank: it exits with the same code, and nothing restarts it.
+  const bool any_preempted = std::any_of(r.workers.begin(), r.workers.end(), [](const auto& w) { return w.preempted(); });
+  const bool all_done = std::all_of(r.workers.begin(), r.workers.end(), [](const auto& w) { return w.ok() || w.preempted(); });
+  if (any_preempted && all_done) {
+    std::vector<int> preempted;
+    for (const auto& w : r.workers)
+      if (w.preempted()) preempted.push_back(w.rank);
+    r.exit_code = kPreemptedExitCode;
+    r.first_failed = -1;
+    return fmt::format("paratrain launch: preempted (exit code {}): {} stopped at a checkpoint{}; the next start "
+                       "with train.resume = \"auto\" continues from it",
+                       kPreemptedExitCode, rank_list(preempted),
+                       r.received_signal ? fmt::format(" after the launcher passed on {}", signal_name(r.received_signal))
+                                         : std::string());
   }
 
   std::string cause;

@@ -220,6 +220,11 @@ void Supervisor::reap(Clock::time_point now) {
       w.outcome.signal = WTERMSIG(status);
     }
     w.outcome.ended_at = now;
+    if (w.outcome.preempted()) {
+      say(fmt::format("paratrain launch: rank {} (pid {}) stopped at a checkpoint on a preemption signal (exit code {})",
+                      w.outcome.rank, w.outcome.pid, kPreemptedExitCode));
+      continue;  // not a failure: its peers reach the same checkpoint and stop too
+    }
     if (!w.outcome.ok() && !stopping_ && options_.keep_going &&
         (w.outcome.rank != 0 || options_.keep_going_rank0)) {
       w.outcome.tolerated = true;

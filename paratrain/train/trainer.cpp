@@ -35,6 +35,7 @@
 #include "paratrain/train/loop/run_plan.h"
 #include "paratrain/train/memory_plan.h"
 #include "paratrain/train/run/metrics.h"
+#include "paratrain/train/run/preemption.h"
 #include "paratrain/train/task.h"
 #include "paratrain/train/precision.h"
 #include "paratrain/train/run/progress.h"
@@ -268,7 +269,11 @@ TrainResult Trainer::fit() {
   }
   try {
     TrainResult r = fit_loop();
-    if (s.is_main()) {
+    if (s.is_main() && r.preempted) {
+      update_run_status(s.run_dir, {{"status", "preempted"}, {"ended", unix_time()}, {"steps", r.steps},
+                                    {"signal", preempt_signal_name(r.preempt_signal)},
+                                    {"checkpoint", r.last_checkpoint.string()}});
+    } else if (s.is_main()) {
       nlohmann::json done = {{"status", "finished"}, {"ended", unix_time()}, {"steps", r.steps},
                              {"stopped_early", r.stopped_early}};
       if (r.test.count > 0) done["test"] = {{"loss", r.test.loss}, {"accuracy", r.test.accuracy}};

@@ -75,6 +75,10 @@ struct TrainResult {
   int64_t skipped_steps = 0;     ///< steps the loss scaler skipped (inf/nan gradients) in this process
   double loss_scale = 1.0;       ///< the loss scaler's scale at the end (1 without one)
   bool stopped_early = false;    ///< a callback (train.patience) ended training
+  /// A preemption signal (train.preempt_signals) stopped training at a
+  /// checkpoint of this step; the CLI exits with kPreemptedExitCode.
+  bool preempted = false;
+  int preempt_signal = 0;        ///< which signal (SIGTERM, ...) when preempted
   int64_t recoveries = 0;        ///< in-job recoveries from a dead rank (elastic.in_job)
   int world_size = 0;            ///< ranks at the end (fewer than at the start after recoveries)
   int rank = 0;                  ///< this process's rank at the end (renumbered by recoveries)

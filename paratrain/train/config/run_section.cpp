@@ -3,10 +3,27 @@
 
 #include <fmt/format.h>
 
+#include "paratrain/core/error.h"
 #include "paratrain/train/config/config_ranges.h"
 #include "paratrain/train/config/config_schema.h"
+#include "paratrain/train/run/preemption.h"
 
 namespace paratrain::train::detail {
+
+namespace {
+
+Check<std::string> preempt_signal_list() {
+  return [](const std::string& v) -> std::string {
+    try {
+      (void)parse_preempt_signals(v);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+}
+
+}  // namespace
 
 std::vector<FieldSpec> run_fields() {
   using TC = TrainConfig;
@@ -34,6 +51,7 @@ std::vector<FieldSpec> train_fields() {
       field("train.mode", &TC::train, &TrainLoopConfig::mode, "\"min\", \"max\" or \"auto\" (max for accuracies): which way train.monitor improves", one_of({"auto", "min", "max"})),
       field("train.patience", &TC::train, &TrainLoopConfig::patience, "early stopping: evaluations without improvement of train.monitor before stopping (0 = never stop early)", in_range<int64_t>(0, kMaxCount)),
       field("train.min_delta", &TC::train, &TrainLoopConfig::min_delta, "smallest change of train.monitor that counts as an improvement", in_range_finite(0.0, 1e30, "a non-negative number")),
+      field("train.preempt_signals", &TC::train, &TrainLoopConfig::preempt_signals, "signals that preempt, e.g. \"SIGTERM,SIGUSR2\" (SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2): every rank stops at the same step boundary, writes a checkpoint, marks run.json \"preempted\" and exits 75; a second signal exits at once; \"\" = off", preempt_signal_list()),
   };
 }
 
@@ -46,6 +64,11 @@ std::vector<FieldSpec> log_fields() {
 }
 
 std::string run_problem(const TrainConfig& c) {
+  if (!c.train.preempt_signals.empty() && c.elastic.in_job)
+    return fmt::format("train.preempt_signals = \"{}\" with elastic.in_job = true: in-job recovery re-forms the "
+                       "world the preemption agreement runs on; use one of them (restart-based recovery, "
+                       "`paratrain launch --max-restarts`, works with preemption)",
+                       c.train.preempt_signals);
   if (c.train.patience > 0 && c.train.monitor.empty())
     return fmt::format("train.patience = {} stops on a monitored metric, but train.monitor is empty: set "
                        "train.monitor (e.g. \"test_loss\"), or train.patience = 0",

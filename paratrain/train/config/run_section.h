@@ -54,6 +54,12 @@ struct TrainLoopConfig {
   /// of the monitored metric by more than min_delta; 0 = never.
   int64_t patience = 0;
   double min_delta = 0.0;  ///< smallest change that counts as an improvement
+  /// Preemption (docs/launchers.md, "Preemption"): comma-separated signals,
+  /// e.g. "SIGTERM,SIGUSR2", after which every rank stops at the same step
+  /// boundary, writes a checkpoint, marks run.json "preempted" and exits
+  /// with code 75 (kPreemptedExitCode); "" = off (a signal ends the run as
+  /// before). One of them reaching one rank is enough.
+  std::string preempt_signals;
 
   bool operator==(const TrainLoopConfig&) const = default;
 };

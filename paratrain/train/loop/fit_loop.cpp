@@ -26,7 +26,7 @@ FitLoop::FitLoop(Trainer& trainer, Trainer::State& s)
         losses_.reset(s_.step);
       }),
       checkpoints_(s, recovery_), eval_(s.config), throughput_(s.step), schedule_(make_batch_schedule(s, plan_)),
-      logger_(std::make_shared<MetricsLogger>(s, plan_)), profiler_(s) {
+      logger_(std::make_shared<MetricsLogger>(s, plan_)), profiler_(s), preemption_(s) {
   result_.run_dir = s.run_dir;
   result_.global_batch = s.batch.global;
   // Note [Accumulation]
@@ -64,6 +64,7 @@ TrainResult FitLoop::run() {
       const Window window = schedule_->open(plan_);
       if (train_window(window) != Outcome::kDone) continue;  // recovered: go on where the survivors stand
       if (meet(window) != Outcome::kDone) continue;          // the loss over ranks, logs, periodic checkpoint
+      if (result_.preempted) break;                          // saved at this step: the process exits
       if (s_.step < plan_.total_steps) continue;
     }
     const EpochEnd end = end_epoch(/*stopping=*/s_.step >= plan_.total_steps);  // evaluate, stop early, save
@@ -170,6 +171,11 @@ Outcome FitLoop::meet(const Window& w) {
     }
   }
   s_.each_callback([&](Callback& cb) { cb.on_train_batch_end(info); });
+  if (preemption_.agreed()) {
+    result_.preempted = true;
+    result_.preempt_signal = preemption_.signal();
+    return checkpoints_.save(fmt::format("preempted by {}", preempt_signal_name(preemption_.signal())));
+  }
   return checkpoint_now ? checkpoints_.save("periodic") : Outcome::kDone;
 }
 
@@ -218,6 +224,7 @@ StepInfo FitLoop::step_info(int64_t step, int64_t epoch, int64_t batch) const {
 }
 
 void FitLoop::finish() {
+  preemption_.drain();
   checkpoints_.finish();
   profiler_.finish();
   if (auto* telemetry = dynamic_cast<Telemetry*>(s_.strategy.get())) {

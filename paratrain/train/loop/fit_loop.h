@@ -4,8 +4,8 @@
 // over ranks, logs and callbacks, a periodic checkpoint), and at an epoch's
 // end evaluate, stop early or go on, and save. Each part owns its cadence
 // (run_plan.h, batch_schedule.h, loss_window.h, eval_policy.h,
-// checkpoint_policy.h, step_profiler.h) and in-job recovery tells the loop
-// where to go on (recovery.h). Internal to paratrain/train: users see trainer.h.
+// checkpoint_policy.h, step_profiler.h, preemption_check.h) and in-job
+// recovery tells the loop where to go on (recovery.h). Internal to paratrain/train: users see trainer.h.
 #pragma once
 
 #include <memory>
@@ -15,6 +15,7 @@
 #include "paratrain/train/loop/eval_policy.h"
 #include "paratrain/train/loop/loss_window.h"
 #include "paratrain/train/loop/metrics_logger.h"
+#include "paratrain/train/loop/preemption_check.h"
 #include "paratrain/train/loop/recovery.h"
 #include "paratrain/train/loop/run_plan.h"
 #include "paratrain/train/loop/step_profiler.h"
@@ -55,6 +56,7 @@ class FitLoop {
   std::unique_ptr<BatchSchedule> schedule_;
   std::shared_ptr<MetricsLogger> logger_;
   StepProfiler profiler_;  // profile.*: collective at construction when on
+  PreemptionCheck preemption_;  // train.preempt_signals
   double applied_lr_ = 0;
 };
 

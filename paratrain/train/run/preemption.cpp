@@ -1,0 +1,90 @@
+// PreemptionSignals: see preemption.h.
+#include "paratrain/train/run/preemption.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cctype>
+#include <csignal>
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "paratrain/core/error.h"
+
+namespace paratrain::train {
+namespace {
+
+const std::map<std::string, int>& known_signals() {
+  static const std::map<std::string, int> known = {
+      {"SIGTERM", SIGTERM}, {"SIGINT", SIGINT}, {"SIGHUP", SIGHUP}, {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}};
+  return known;
+}
+
+std::atomic<int> g_received{0};
+std::mutex g_mutex;
+std::map<int, int> g_installed;                   // signal -> how many PreemptionSignals want it
+std::map<int, struct sigaction> g_previous;       // the handler before the first of them
+
+void on_signal(int sig) {
+  // A second preemption signal: the user or the scheduler insists. Only
+  // async-signal-safe calls here.
+  if (g_received.exchange(sig) != 0) ::_exit(128 + sig);
+}
+
+}  // namespace
+
+std::vector<int> parse_preempt_signals(const std::string& text) {
+  std::vector<int> out;
+  size_t begin = 0;
+  while (begin < text.size()) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    std::string name = text.substr(begin, end - begin);
+    name.erase(0, name.find_first_not_of(' '));
+    name.erase(name.find_last_not_of(' ') + 1);
+    for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    if (name.rfind("SIG", 0) != 0) name = "SIG" + name;
+    const auto it = known_signals().find(name);
+    if (it == known_signals().end())
+      throw ConfigError(fmt::format("train.preempt_signals: '{}' is not one of SIGTERM, SIGINT, SIGHUP, SIGUSR1, "
+                                    "SIGUSR2 (comma-separated, e.g. \"SIGTERM,SIGUSR2\")",
+                                    text.substr(begin, end - begin)));
+    out.push_back(it->second);
+    begin = end + 1;
+  }
+  return out;
+}
+
+std::string preempt_signal_name(int signal) {
+  for (const auto& [name, number] : known_signals())
+    if (number == signal) return name;
+  return fmt::format("signal {}", signal);
+}
+
+PreemptionSignals::PreemptionSignals(const std::vector<int>& signals) : signals_(signals) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (int sig : signals_) {
+    if (g_installed[sig]++ > 0) continue;
+    struct sigaction action {};
+    action.sa_handler = on_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    ::sigaction(sig, &action, &g_previous[sig]);
+  }
+}
+
+PreemptionSignals::~PreemptionSignals() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (int sig : signals_) {
+    if (--g_installed[sig] > 0) continue;
+    ::sigaction(sig, &g_previous[sig], nullptr);
+    g_previous.erase(sig);
+  }
+}
+
+int PreemptionSignals::received() { return g_received.load(); }
+
+void PreemptionSignals::clear() { g_received.store(0); }
+
+}  // namespace paratrain::train

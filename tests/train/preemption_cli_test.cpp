@@ -1,0 +1,166 @@
+// train.preempt_signals as a scheduler drives it, in real processes under
+// `paratrain launch`: a SIGTERM to one rank (or to the launcher) mid-epoch
+// makes every rank stop at the same step, write a complete checkpoint, mark
+// run.json "preempted" and exit 75, which the launcher passes on; the run
+// resumed with train.resume = "auto" ends equal to the uninterrupted run.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "paratrain/core/error.h"
+#include "paratrain/core/exit_codes.h"
+#include "paratrain/train/config/config.h"
+#include "tests/support/multi_rank.h"
+#include "tests/support/spawn.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using paratrain::testing::run_cli;
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+nlohmann::json run_status(const fs::path& run_dir) {
+  std::ifstream in(run_dir / "run.json");
+  if (!in) return nlohmann::json::object();
+  try {
+    return nlohmann::json::parse(in);
+  } catch (...) {
+    return nlohmann::json::object();
+  }
+}
+
+// 64 epochs of 16 steps at 2 ranks (1024 steps, a second or two): long
+// enough to be signalled mid-run, short enough to run twice more.
+std::string job(const std::string& dir) {
+  const auto path = dir + "/job.toml";
+  std::ofstream(path) << "[run]\nname = \"job\"\noutput_dir = \"" << dir << "/runs\"\nlog_every = 10\nseed = 4\n"
+                      << "[model]\nhidden = [32]\n"
+                      << "[data]\ndataset = \"synthetic\"\nsynthetic_train_size = 512\n"
+                      << "synthetic_test_size = 64\nsynthetic_image_size = 8\nbatch_size = 16\n"
+                      << "[train]\nepochs = 64\neval_every_epochs = 0\n[world]\ntimeout_s = 30\n";
+  return path;
+}
+
+// The launcher's child that runs `rank` (its environment says RANK=<rank>).
+pid_t rank_pid(pid_t launcher, int rank) {
+  std::ifstream children(fmt::format("/proc/{}/task/{}/children", launcher, launcher));
+  pid_t pid = 0;
+  while (children >> pid) {
+    std::ifstream env(fmt::format("/proc/{}/environ", pid), std::ios::binary);
+    std::string entry;
+    while (std::getline(env, entry, '\0'))
+      if (entry == "RANK=" + std::to_string(rank)) return pid;
+  }
+  return -1;
+}
+
+struct Preempted {
+  int64_t step = 0;
+  std::string log;
+};
+
+// Starts the job under the launcher, signals `target` (a rank, or -1 for the
+// launcher) once training is under way, and checks what a preemption leaves.
+Preempted preempt(const std::string& dir, int target) {
+  const std::string log = dir + "/launch.log";
+  const pid_t launcher = paratrain::testing::spawn_logged(
+      {PARATRAIN_CLI, "launch", "--nproc-per-node", "2", "--", PARATRAIN_CLI, "train", "--config", job(dir), "--set",
+       "train.preempt_signals=SIGTERM,SIGUSR2"},
+      log);
+  EXPECT_GT(launcher, 0);
+  const fs::path run = dir + "/runs/job/version_0";
+  const bool training = paratrain::testing::wait_until(
+      launcher, [&] { return fs::exists(run / "metrics.jsonl") && fs::file_size(run / "metrics.jsonl") > 200; },
+      std::chrono::seconds(120));
+  EXPECT_TRUE(training) << slurp(log);
+  const pid_t victim = target < 0 ? launcher : rank_pid(launcher, target);
+  EXPECT_GT(victim, 0) << "no rank " << target << " under the launcher";
+  kill(victim, SIGTERM);
+  const auto exit = paratrain::testing::wait_exit(launcher, std::chrono::seconds(60));
+  Preempted out;
+  out.log = slurp(log);
+  EXPECT_TRUE(exit) << out.log;
+  if (!exit) return out;
+  EXPECT_TRUE(WIFEXITED(*exit)) << out.log;
+  EXPECT_EQ(WEXITSTATUS(*exit), paratrain::kPreemptedExitCode) << out.log;
+  EXPECT_NE(out.log.find("paratrain launch: preempted (exit code 75): ranks 0-1 stopped at a checkpoint"),
+            std::string::npos) << out.log;
+  const auto status = run_status(run);
+  EXPECT_EQ(status.value("status", ""), "preempted") << status.dump();
+  EXPECT_EQ(status.value("signal", ""), "SIGTERM") << status.dump();
+  out.step = status.value("steps", int64_t{0});
+  EXPECT_GT(out.step, 0) << status.dump();
+  EXPECT_LT(out.step, 1024) << "the run ended before the signal took effect: " << status.dump();
+  // The checkpoint of that step is complete (every rank's file and the index).
+  const fs::path checkpoint = run / "checkpoints" / fmt::format("step_{:08d}", out.step);
+  EXPECT_EQ(status.value("checkpoint", ""), checkpoint.string()) << status.dump();
+  for (const char* file : {"index.json", "rank_0.safetensors", "rank_1.safetensors"})
+    EXPECT_TRUE(fs::exists(checkpoint / file)) << checkpoint / file;
+  return out;
+}
+
+}  // namespace
+
+TEST(Preemption, ASignalToOneRankStopsEveryRankAtOneCheckpointAndResumingEqualsTheUninterruptedRun) {
+  const auto dir = paratrain::testing::temp_dir("preempt-rank");
+  const Preempted p = preempt(dir, /*target=*/1);
+  // Requeued: the same command with train.resume = "auto" finishes the run.
+  auto resumed = run_cli({"launch", "--nproc-per-node", "2", "--", PARATRAIN_CLI, "train", "--config", job(dir),
+                          "--set", "train.resume=auto"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find(fmt::format("step_{:08d}", p.step)), std::string::npos) << resumed.output;
+  auto whole = run_cli({"launch", "--nproc-per-node", "2", "--", PARATRAIN_CLI, "train", "--config", job(dir),
+                        "--set", "run.name=whole"});
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  const std::string last = "checkpoints/step_00001024";
+  auto compare = run_cli({"checkpoint", "compare", "--all", dir + "/runs/job/version_0/" + last,
+                          dir + "/runs/whole/version_0/" + last});
+  EXPECT_EQ(compare.exit_code, 0) << compare.output;
+  std::printf("[ measured ] %s", compare.output.substr(compare.output.rfind('\n', compare.output.size() - 2) + 1).c_str());
+  // At another world size: the preemption checkpoint resumed by one process
+  // on the same global batch, to the next epoch end (at most 16 steps: one
+  // process sums in another order, so the comparison stays well before the
+  // float-order horizon), equals the resumed 2-rank run there.
+  const int64_t epoch_end = (p.step / 16 + 1) * 16;
+  auto alone = run_cli({"train", "--config", job(dir), "--set", "run.name=alone", "--set", "data.batch_size=32",
+                        "--set", "ddp.mode=none", "--set", "train.max_steps=" + std::to_string(epoch_end), "--set",
+                        "train.resume=" + dir + fmt::format("/runs/job/version_0/checkpoints/step_{:08d}", p.step)});
+  ASSERT_EQ(alone.exit_code, 0) << alone.output;
+  const std::string at_end = fmt::format("checkpoints/step_{:08d}", epoch_end);
+  compare = run_cli({"checkpoint", "compare", dir + "/runs/alone/version_0/" + at_end,
+                     dir + "/runs/job/version_0/" + at_end});
+  EXPECT_EQ(compare.exit_code, 0) << compare.output;
+  std::printf("[ measured ] %s", compare.output.substr(compare.output.rfind('\n', compare.output.size() - 2) + 1).c_str());
+}
+
+TEST(Preemption, ASignalToTheLauncherReachesEveryRank) {
+  const auto dir = paratrain::testing::temp_dir("preempt-launcher");
+  const Preempted p = preempt(dir, /*target=*/-1);
+  EXPECT_NE(p.log.find("after the launcher passed on SIGTERM"), std::string::npos) << p.log;
+}
+
+TEST(Preemption, SignalNamesAreChecked) {
+  auto c = paratrain::train::TrainConfig{};
+  paratrain::train::apply_override(c, "train.preempt_signals=TERM, sigusr2");
+  EXPECT_EQ(c.train.preempt_signals, "TERM, sigusr2");
+  EXPECT_THROW(paratrain::train::apply_override(c, "train.preempt_signals=SIGFOO"), paratrain::ConfigError);
+  c.elastic.in_job = true;
+  EXPECT_THROW(paratrain::train::validate_config(c), paratrain::ConfigError);
+}
