@@ -131,6 +131,19 @@ WorldInfo world_from_env() {
     read_ranks(w, {"SLURM_NTASKS", "SLURM_PROCID", nullptr, "SLURM_LOCALID"}, false);
     auto per_node = env::get_or("SLURM_NTASKS_PER_NODE", "");
     w.local_world_size = per_node.empty() ? w.world_size : slurm_tasks_per_node(per_node);
+    // Note [A store port per Slurm job]
+    // Two jobs packed onto one node must not both serve their store on
+    // 29500: the second would fail ("Address already in use") and its ranks
+    // could reach the first job's store. Without MASTER_PORT, a Slurm job
+    // takes 15000 + the job id's last four digits, as Lightning does, so
+    // jobs that run at once on a node get different ports (ids 10000 apart
+    // would collide; set MASTER_PORT then).
+    if (!env::get("MASTER_PORT")) {
+      if (const auto job = env::get("SLURM_JOB_ID"); job && !job->empty() &&
+                                                      job->find_first_not_of("0123456789") == std::string::npos) {
+        w.master_port = 15000 + static_cast<int>(std::stoll(job->substr(job->size() > 4 ? job->size() - 4 : 0)));
+      }
+    }
     if (!env::get("MASTER_ADDR")) {
       if (auto nodes = env::get("SLURM_JOB_NODELIST")) {
         w.master_addr = first_slurm_host(*nodes);

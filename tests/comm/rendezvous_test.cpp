@@ -29,7 +29,7 @@ class EnvGuard {
     for (const char* k : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                           "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                           "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-                          "SLURM_NTASKS_PER_NODE", "SLURM_JOB_NODELIST", "TORCHELASTIC_RESTART_COUNT",
+                          "SLURM_NTASKS_PER_NODE", "SLURM_JOB_NODELIST", "SLURM_JOB_ID", "TORCHELASTIC_RESTART_COUNT",
                           "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"}) {
       unsetenv(k);
     }
@@ -89,6 +89,20 @@ TEST(WorldFromEnv, SlurmTakesMasterFromNodeList) {
   EXPECT_EQ(w.world_size, 4);
   EXPECT_EQ(w.local_world_size, 2);
   EXPECT_EQ(w.master_addr, "gpu07");
+}
+
+// Note [A store port per Slurm job]: two jobs on one node, no MASTER_PORT.
+TEST(WorldFromEnv, SlurmJobsTakeTheirOwnStorePort) {
+  EnvGuard env;
+  env.set("SLURM_PROCID", "0");
+  env.set("SLURM_NTASKS", "2");
+  env.set("SLURM_LOCALID", "0");
+  env.set("SLURM_JOB_ID", "123457");
+  EXPECT_EQ(world_from_env().master_port, 18457);
+  env.set("SLURM_JOB_ID", "42");
+  EXPECT_EQ(world_from_env().master_port, 15042);
+  env.set("MASTER_PORT", "29600");  // the user's choice wins
+  EXPECT_EQ(world_from_env().master_port, 29600);
 }
 
 TEST(WorldFromEnv, InconsistentValuesAreConfigErrors) {

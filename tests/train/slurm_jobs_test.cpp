@@ -1,0 +1,62 @@
+// Two Slurm jobs packed onto one node, as srun starts their tasks (SLURM_*
+// variables, no MASTER_PORT): each takes its own store port from its job id
+// (Note [A store port per Slurm job] in comm/world_env.cpp) and both finish.
+// Before, both served on 29500 and the second job failed.
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/support/multi_rank.h"
+#include "tests/support/spawn.h"
+
+namespace {
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST(SlurmJobs, TwoJobsOnOneNodeWithoutMasterPortBothFinish) {
+  const auto dir = paratrain::testing::temp_dir("slurm-jobs");
+  const auto config = dir + "/job.toml";
+  std::ofstream(config) << "[run]\noutput_dir = \"" << dir << "/runs\"\nlog_every = 0\n"
+                        << "[model]\nhidden = [16]\n"
+                        << "[data]\ndataset = \"synthetic\"\nsynthetic_train_size = 2048\n"
+                        << "synthetic_test_size = 64\nsynthetic_image_size = 8\nbatch_size = 16\n"
+                        << "[train]\nepochs = 2\n[world]\ntimeout_s = 30\n";
+  struct Task {
+    pid_t pid;
+    std::string log;
+  };
+  std::vector<Task> tasks;
+  for (const std::string job : {"4101", "4102"}) {
+    for (const std::string rank : {"0", "1"}) {
+      const std::string log = dir + "/job" + job + "_rank" + rank + ".log";
+      const pid_t pid = paratrain::testing::spawn_logged(
+          {PARATRAIN_CLI, "train", "--config", config, "--set", "run.name=job" + job},
+          log,
+          {"SLURM_JOB_ID=" + job, "SLURM_PROCID=" + rank, "SLURM_LOCALID=" + rank, "SLURM_NTASKS=2",
+           "SLURM_NTASKS_PER_NODE=2", "SLURM_JOB_NODELIST=localhost"});
+      ASSERT_GT(pid, 0);
+      tasks.push_back({pid, log});
+    }
+  }
+  for (const auto& t : tasks) {
+    const auto status = paratrain::testing::wait_exit(t.pid, std::chrono::seconds(120));
+    ASSERT_TRUE(status) << slurp(t.log);
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << slurp(t.log);
+  }
+  EXPECT_NE(slurp(tasks[0].log).find("done:"), std::string::npos) << slurp(tasks[0].log);
+  EXPECT_NE(slurp(tasks[2].log).find("done:"), std::string::npos) << slurp(tasks[2].log);
+}
+
+}  // namespace
