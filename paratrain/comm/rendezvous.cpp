@@ -349,6 +349,14 @@ std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOp
   std::string backend = options.backend;
   if (backend == "auto") backend = choose_backend(world, options);
   if (backend == "mpi") {
+    // Under srun without PMIx, OpenMPI's MPI_Init aborts the process with
+    // "OMPI was not built with SLURM's PMI support", which no handler sees:
+    // say what to do before calling it.
+    if (world.source == "slurm" && !launched_by_mpi())
+      throw ConfigError("world.backend = \"mpi\" under srun: srun started these tasks without PMIx, so MPI cannot "
+                        "find its peers (OpenMPI would abort: \"OMPI was not built with SLURM's PMI support\"). "
+                        "Start them with `srun --mpi=pmix ...`, or use world.backend = \"gloo\" (srun's "
+                        "variables give the ranks; the store is on the allocation's first node)");
     MpiOptions mpi;
     mpi.timeout = options.timeout;
     auto group = make_mpi_world_group(mpi);

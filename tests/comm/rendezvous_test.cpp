@@ -105,6 +105,22 @@ TEST(WorldFromEnv, SlurmJobsTakeTheirOwnStorePort) {
   EXPECT_EQ(world_from_env().master_port, 29600);
 }
 
+// srun without --mpi=pmix: MPI_Init would abort the process; the error says what to do first.
+TEST(WorldFromEnv, MpiUnderSrunWithoutPmixNamesTheFlag) {
+  EnvGuard env;
+  env.set("SLURM_PROCID", "0");
+  env.set("SLURM_NTASKS", "1");
+  env.set("SLURM_LOCALID", "0");
+  paratrain::comm::InitOptions options;
+  options.backend = "mpi";
+  try {
+    init_process_group(world_from_env(), options);
+    FAIL() << "expected a ConfigError";
+  } catch (const paratrain::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("srun --mpi=pmix"), std::string::npos) << e.what();
+  }
+}
+
 TEST(WorldFromEnv, InconsistentValuesAreConfigErrors) {
   EnvGuard env;
   env.set("RANK", "4");
