@@ -49,6 +49,9 @@ class HeartbeatWatch {
   const std::optional<Heartbeat>& last() const { return last_; }
   // Seconds since the counter last changed.
   double silent_for(Clock::time_point now) const;
+  // The launcher itself was not running until `now` (suspended with the
+  // whole job): silence is measured from here (Note [A suspended job]).
+  void forgive(Clock::time_point now) { changed_at_ = now; }
   const std::filesystem::path& file() const { return file_; }
 
  private:

@@ -284,9 +284,27 @@ void Supervisor::on_signal(int sig, Clock::time_point now) {
 //    the silent rank as the cause (report.h, tier 0).
 // A worker that exited has no live heartbeat to miss: reap() sees it first.
 // Files are read at most every kHeartbeatCheck.
+// Note [A suspended job]
+// A scheduler that time-slices jobs (Slurm's PreemptMode=SUSPEND,GANG) or a
+// user's Ctrl-Z stops every process of the job, the launcher included, and
+// continues them later. On waking, every worker's last beat is as old as
+// the pause, which would read as a stopped worker. A pause of the launcher
+// itself shows as a gap between two of its checks (which run every 200 ms):
+// after a gap of more than a second, silence is measured from the wake-up.
+// A single stopped worker leaves the launcher running, so it is still
+// caught after its timeout. The ranks' own peer watch does the same
+// (comm/peer_watch.cpp).
 void Supervisor::check_heartbeats(Clock::time_point now) {
   constexpr auto kHeartbeatCheck = std::chrono::milliseconds(200);
+  constexpr auto kPaused = std::chrono::seconds(1);
   if (next_heartbeat_check_ && now < *next_heartbeat_check_) return;
+  if (next_heartbeat_check_ && now - *next_heartbeat_check_ > kPaused) {
+    say(fmt::format("paratrain launch: this launcher did not run for {:.1f} s (the job was suspended?); "
+                    "heartbeats are measured from now",
+                    std::chrono::duration<double>(now - *next_heartbeat_check_).count()));
+    for (auto& w : workers_)
+      if (w.heartbeat) w.heartbeat->forgive(now);
+  }
   next_heartbeat_check_ = now + kHeartbeatCheck;
   for (auto& w : workers_) {
     if (w.reaped || !w.heartbeat || !w.heartbeat->silent(now)) continue;

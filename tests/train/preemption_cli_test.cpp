@@ -164,3 +164,55 @@ TEST(Preemption, SignalNamesAreChecked) {
   c.elastic.in_job = true;
   EXPECT_THROW(paratrain::train::validate_config(c), paratrain::ConfigError);
 }
+
+// Gang scheduling (Slurm's PreemptMode=SUSPEND,GANG) or Ctrl-Z: the whole
+// job, launcher included, stopped for longer than world.heartbeat_timeout_s
+// and continued goes on training (Note [A suspended job] in
+// launch/supervisor.cpp) and ends equal to a run never stopped. A single
+// stopped rank is still caught (Launch.* and ShmProcesses.* tests).
+TEST(Suspension, TheWholeJobStoppedAndContinuedFinishesAsIfNeverStopped) {
+  const auto dir = paratrain::testing::temp_dir("suspend");
+  // 200 epochs (3200 steps): still training a second after it started.
+  const std::vector<std::string> beats{"--set", "world.heartbeat_s=0.2", "--set", "world.heartbeat_timeout_s=1",
+                                       "--set", "train.epochs=200"};
+  std::vector<std::string> args{PARATRAIN_CLI, "launch", "--nproc-per-node", "2", "--", PARATRAIN_CLI, "train",
+                                "--config", job(dir)};
+  args.insert(args.end(), beats.begin(), beats.end());
+  const std::string log = dir + "/launch.log";
+  const pid_t launcher = paratrain::testing::spawn_logged(args, log);
+  ASSERT_GT(launcher, 0);
+  const fs::path run = dir + "/runs/job/version_0";
+  ASSERT_TRUE(paratrain::testing::wait_until(
+      launcher, [&] { return fs::exists(run / "metrics.jsonl") && fs::file_size(run / "metrics.jsonl") > 200; },
+      std::chrono::seconds(120)))
+      << slurp(log);
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // the launcher has followed their beats
+  const pid_t ranks[2] = {rank_pid(launcher, 0), rank_pid(launcher, 1)};
+  ASSERT_GT(ranks[0], 0);
+  ASSERT_GT(ranks[1], 0);
+  // The workers stop first (each leads its own process group) and the
+  // launcher half a second later, after it read their last beats.
+  for (pid_t r : ranks) kill(-r, SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  kill(launcher, SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // three heartbeat timeouts
+  // The launcher wakes first, as any process of a job may: for a moment it
+  // sees only beats as old as the pause.
+  kill(launcher, SIGCONT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (pid_t r : ranks) kill(-r, SIGCONT);
+  const auto exit = paratrain::testing::wait_exit(launcher, std::chrono::seconds(120));
+  ASSERT_TRUE(exit) << slurp(log);
+  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << slurp(log);
+  EXPECT_NE(slurp(log).find("did not run for"), std::string::npos) << slurp(log);
+
+  std::vector<std::string> whole{"launch", "--nproc-per-node", "2", "--", PARATRAIN_CLI, "train", "--config",
+                                 job(dir), "--set", "run.name=whole"};
+  whole.insert(whole.end(), beats.begin(), beats.end());
+  const auto never_stopped = run_cli(whole);
+  ASSERT_EQ(never_stopped.exit_code, 0) << never_stopped.output;
+  const std::string last = "checkpoints/step_00003200";
+  const auto compare =
+      run_cli({"checkpoint", "compare", "--all", (run / last).string(), dir + "/runs/whole/version_0/" + last});
+  EXPECT_EQ(compare.exit_code, 0) << compare.output;
+}
