@@ -125,6 +125,30 @@ c10::intrusive_ptr<c10d::Store> connect_auth_store(const WorldInfo& world, const
   }
 }
 
+// Note [Whose store is this]
+// Two jobs that happen to share MASTER_PORT on one host (hand-started, or
+// Slurm jobs given the same port) meet in one plain TCPStore: the second
+// job's rank 0 cannot serve it, and its other ranks would check in with the
+// first job's ranks and fail far from the cause. Rank 0 writes its job's id
+// (TORCHELASTIC_RUN_ID, or "slurm-<SLURM_JOB_ID>") into the store; every
+// other rank reads it before writing anything and refuses a store of
+// another job by name. Jobs without any id ("none") cannot be told apart.
+void check_store_owner(c10d::Store& store, const WorldInfo& world, bool serving, const std::string& where) {
+  static const std::string kOwner = "paratrain/store_owner";
+  if (serving) {
+    const std::string id = world.run_id;
+    store.set(kOwner, std::vector<uint8_t>(id.begin(), id.end()));
+    return;
+  }
+  const auto got = store.get(kOwner);
+  const std::string owner(got.begin(), got.end());
+  if (owner != world.run_id)
+    throw ConfigError(fmt::format("rank {} of job '{}' reached the {}, which is job '{}''s: two jobs share "
+                                  "MASTER_PORT {} on this host. Give each job its own MASTER_PORT (under Slurm, "
+                                  "leave it unset: each job then takes 15000 + its id's last four digits)",
+                                  world.rank, world.run_id, where, owner, world.master_port));
+}
+
 c10::intrusive_ptr<c10d::Store> connect_store(const WorldInfo& world, const InitOptions& options,
                                               std::string& where) {
   if (auto token = job_token()) {
@@ -174,7 +198,11 @@ c10::intrusive_ptr<c10d::Store> connect_store(const WorldInfo& world, const Init
     }
   }
   try {
-    return c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_opts);
+    auto store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_opts);
+    if (!world.use_agent_store) check_store_owner(*store, world, store_opts.isServer, where);
+    return store;
+  } catch (const ConfigError&) {
+    throw;
   } catch (const std::exception& e) {
     std::string msg = e.what();
     if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);

@@ -138,6 +138,10 @@ WorldInfo world_from_env() {
     // takes 15000 + the job id's last four digits, as Lightning does, so
     // jobs that run at once on a node get different ports (ids 10000 apart
     // would collide; set MASTER_PORT then).
+    // The job's id names its rendezvous keys and its store (Note [Whose store
+    // is this] in rendezvous.cpp) when no torchelastic id does.
+    if (const auto job = env::get("SLURM_JOB_ID"); job && !job->empty() && !env::get("TORCHELASTIC_RUN_ID"))
+      w.run_id = "slurm-" + *job;
     if (!env::get("MASTER_PORT")) {
       if (const auto job = env::get("SLURM_JOB_ID"); job && !job->empty() &&
                                                       job->find_first_not_of("0123456789") == std::string::npos) {

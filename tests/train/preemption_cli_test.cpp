@@ -172,9 +172,9 @@ TEST(Preemption, SignalNamesAreChecked) {
 // stopped rank is still caught (Launch.* and ShmProcesses.* tests).
 TEST(Suspension, TheWholeJobStoppedAndContinuedFinishesAsIfNeverStopped) {
   const auto dir = paratrain::testing::temp_dir("suspend");
-  // 200 epochs (3200 steps): still training a second after it started.
+  // 400 epochs (6400 steps, ~5 s here): still training a second after it started.
   const std::vector<std::string> beats{"--set", "world.heartbeat_s=0.2", "--set", "world.heartbeat_timeout_s=1",
-                                       "--set", "train.epochs=200"};
+                                       "--set", "train.epochs=400"};
   std::vector<std::string> args{PARATRAIN_CLI, "launch", "--nproc-per-node", "2", "--", PARATRAIN_CLI, "train",
                                 "--config", job(dir)};
   args.insert(args.end(), beats.begin(), beats.end());
@@ -211,7 +211,7 @@ TEST(Suspension, TheWholeJobStoppedAndContinuedFinishesAsIfNeverStopped) {
   whole.insert(whole.end(), beats.begin(), beats.end());
   const auto never_stopped = run_cli(whole);
   ASSERT_EQ(never_stopped.exit_code, 0) << never_stopped.output;
-  const std::string last = "checkpoints/step_00003200";
+  const std::string last = "checkpoints/step_00006400";
   const auto compare =
       run_cli({"checkpoint", "compare", "--all", (run / last).string(), dir + "/runs/whole/version_0/" + last});
   EXPECT_EQ(compare.exit_code, 0) << compare.output;
