@@ -216,3 +216,50 @@ TEST(Suspension, TheWholeJobStoppedAndContinuedFinishesAsIfNeverStopped) {
       run_cli({"checkpoint", "compare", "--all", (run / last).string(), dir + "/runs/whole/version_0/" + last});
   EXPECT_EQ(compare.exit_code, 0) << compare.output;
 }
+
+// A second signal ends the process at once (the user or the scheduler
+// insists), possibly in the middle of the preemption checkpoint: nothing
+// half-written may count as a checkpoint, and train.resume = "auto" goes on
+// from a complete one.
+TEST(Preemption, ASecondSignalExitsAtOnceAndLeavesNoHalfCheckpoint) {
+  const auto dir = paratrain::testing::temp_dir("preempt-twice");
+  const std::string log = dir + "/launch.log";
+  const pid_t launcher = paratrain::testing::spawn_logged(
+      {PARATRAIN_CLI, "launch", "--nproc-per-node", "2", "--", PARATRAIN_CLI, "train", "--config", job(dir), "--set",
+       "train.preempt_signals=SIGTERM", "--set", "train.checkpoint_every_steps=50"},
+      log);
+  ASSERT_GT(launcher, 0);
+  const fs::path run = dir + "/runs/job/version_0";
+  ASSERT_TRUE(paratrain::testing::wait_until(
+      launcher, [&] { return fs::exists(run / "checkpoints" / "step_00000100" / "index.json"); },
+      std::chrono::seconds(120)))
+      << slurp(log);
+  const pid_t rank0 = rank_pid(launcher, 0);
+  ASSERT_GT(rank0, 0);
+  kill(rank0, SIGTERM);
+  // Not at once: two pending SIGTERMs would merge into one delivery.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  kill(rank0, SIGTERM);
+  const auto exit = paratrain::testing::wait_exit(launcher, std::chrono::seconds(60));
+  ASSERT_TRUE(exit) << slurp(log);
+  // The second signal ended rank 0 (the handler's _exit(128 + SIGTERM), or
+  // SIGTERM's default action once the run's handlers were gone), not a
+  // preemption exit.
+  const std::string out = slurp(log);
+  EXPECT_TRUE(out.find("exited with code 143") != std::string::npos ||
+              out.find("was killed by SIGTERM first") != std::string::npos)
+      << out;
+  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) != paratrain::kPreemptedExitCode) << slurp(log);
+  // Every checkpoint that has its index has every rank's file.
+  int complete = 0;
+  for (const auto& entry : fs::directory_iterator(run / "checkpoints")) {
+    if (!fs::exists(entry.path() / "index.json")) continue;
+    ++complete;
+    for (const char* file : {"rank_0.safetensors", "rank_1.safetensors"})
+      EXPECT_TRUE(fs::exists(entry.path() / file)) << entry.path() / file;
+  }
+  EXPECT_GE(complete, 2);  // step 50 and step 100 at least
+  auto resumed = run_cli({"launch", "--nproc-per-node", "2", "--", PARATRAIN_CLI, "train", "--config", job(dir),
+                          "--set", "train.resume=auto"});
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+}
