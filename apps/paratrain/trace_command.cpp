@@ -105,6 +105,42 @@ int write_profile_trace(const std::string& run_dir, const std::string& out) {
   return 0;
 }
 
+// A profile with at least one rank file (an empty folder falls back to the timelines).
+bool has_profile(const std::string& run_dir) {
+  try {
+    return !profile::read_run_profiles(run_dir).empty();
+  } catch (const ConfigError&) {
+    return false;
+  }
+}
+
+std::vector<pipeline::RankTimeline> timelines_of(const std::string& run_dir) {
+  try {
+    return pipeline::read_run_timelines(run_dir);
+  } catch (const std::exception&) {
+    return {};
+  }
+}
+
+// The measured pipeline bubble of each recorded step (within --steps).
+void print_bubbles(const std::string& run_dir, const pipeline::ChromeTraceOptions& options) {
+  const auto ranks = timelines_of(run_dir);
+  std::vector<std::vector<pipeline::TimelineEvent>> per_rank;
+  std::vector<int> rank_ids;
+  for (const auto& r : ranks) {
+    per_rank.push_back(r.events);
+    rank_ids.push_back(r.header.rank);
+  }
+  std::vector<pipeline::BubbleReport> reports;
+  for (int64_t step : pipeline::recorded_steps(per_rank)) {
+    if (options.first_step && step < *options.first_step) continue;
+    if (options.last_step && step > *options.last_step) continue;
+    reports.push_back(pipeline::measure_bubble(per_rank, step));
+  }
+  std::printf("measured bubble (1 - time in forward/backward/recompute / step span, mean over ranks):\n");
+  std::fputs(pipeline::format_bubbles(reports, rank_ids).c_str(), stdout);
+}
+
 }  // namespace
 
 Command add_trace_command(CLI::App& app) {
@@ -131,31 +167,21 @@ Command add_trace_command(CLI::App& app) {
     args->run_dir = train::resolve_run_dir(args->run_dir).string();  // runs/<name>: its newest version
     const auto options = args->steps.empty() ? pipeline::ChromeTraceOptions{} : *parse_steps(args->steps);
     const std::string out = args->output.empty() ? args->run_dir + "/trace.json" : args->output;
-    if (std::filesystem::exists(profile::profile_dir(args->run_dir))) return write_profile_trace(args->run_dir, out);
+    if (has_profile(args->run_dir)) {
+      write_profile_trace(args->run_dir, out);
+      // A profiled pipeline run still gets its bubble per step.
+      if (!timelines_of(args->run_dir).empty()) print_bubbles(args->run_dir, options);
+      return 0;
+    }
     int64_t count = 0;
     try {
       count = pipeline::write_chrome_trace(args->run_dir, out, options);
     } catch (const Error& e) {
       throw Error(std::string(e.what()) + "; or profile any run with --set profile.steps=A-B (RUN_DIR/profile/)");
     }
-
-    const auto ranks = pipeline::read_run_timelines(args->run_dir);
-    std::vector<std::vector<pipeline::TimelineEvent>> per_rank;
-    std::vector<int> rank_ids;
-    for (const auto& r : ranks) {
-      per_rank.push_back(r.events);
-      rank_ids.push_back(r.header.rank);
-    }
-    std::vector<pipeline::BubbleReport> reports;
-    for (int64_t step : pipeline::recorded_steps(per_rank)) {
-      if (options.first_step && step < *options.first_step) continue;
-      if (options.last_step && step > *options.last_step) continue;
-      reports.push_back(pipeline::measure_bubble(per_rank, step));
-    }
     std::printf("wrote %s: %lld events from %zu ranks (open it in chrome://tracing or ui.perfetto.dev)\n",
-                out.c_str(), static_cast<long long>(count), ranks.size());
-    std::printf("measured bubble (1 - time in forward/backward/recompute / step span, mean over ranks):\n");
-    std::fputs(pipeline::format_bubbles(reports, rank_ids).c_str(), stdout);
+                out.c_str(), static_cast<long long>(count), timelines_of(args->run_dir).size());
+    print_bubbles(args->run_dir, options);
     return 0;
   };
   return Command{sub, run};

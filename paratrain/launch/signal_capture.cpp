@@ -68,6 +68,7 @@ SignalCapture::SignalCapture() {
   sigemptyset(&forwarded);
   for (int sig : kForwarded) sigaddset(&forwarded, sig);  // ignored ones stay ignored anyway
   sigaddset(&forwarded, SIGUSR1);
+  sigaddset(&forwarded, SIGUSR2);
   pthread_sigmask(SIG_UNBLOCK, &forwarded, &old_mask_);
 }
 

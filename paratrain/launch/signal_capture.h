@@ -1,6 +1,7 @@
 // Catches SIGINT, SIGTERM and SIGHUP while the launcher runs so it can
 // forward them to the workers (and SIGUSR1, which asks the workers for their
-// hang-doctor records without stopping anything), and keeps SIGPIPE from killing the launcher
+// hang-doctor records without stopping anything, and SIGUSR2, passed on as it
+// is: Slurm's --signal=USR2@60 for train.preempt_signals), and keeps SIGPIPE from killing the launcher
 // (which would orphan the workers) when its own stdout goes away. Not a
 // general signal library: one instance at a time per process.
 #pragma once
@@ -31,7 +32,7 @@ class SignalCapture {
   bool was_ignored(int sig) const;
 
  private:
-  static constexpr int kChanged[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD, SIGUSR1};
+  static constexpr int kChanged[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD, SIGUSR1, SIGUSR2};
   int read_fd_ = -1;
   int write_fd_ = -1;
   struct sigaction old_[std::size(kChanged)] = {};

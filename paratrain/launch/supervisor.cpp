@@ -251,6 +251,15 @@ void Supervisor::on_signal(int sig, Clock::time_point now) {
                     asked.size(), asked.size() == 1 ? "" : "s"));
     return;
   }
+  if (sig == SIGUSR2) {
+    // Not a stop either: a scheduler's early warning (Slurm's --signal=USR2@60),
+    // which the workers turn into a preemption checkpoint when
+    // train.preempt_signals names it. Passed on as it is.
+    say("paratrain launch: got SIGUSR2; passing it on to the workers");
+    for (auto& w : workers_)
+      if (!w.reaped) signal_group(w.outcome.pid, SIGUSR2);
+    return;
+  }
   if (!stopping_) {
     received_signal_ = sig;
     say(fmt::format("paratrain launch: got {}; forwarding it to the workers (SIGKILL after {})",
@@ -289,22 +298,26 @@ void Supervisor::on_signal(int sig, Clock::time_point now) {
 // user's Ctrl-Z stops every process of the job, the launcher included, and
 // continues them later. On waking, every worker's last beat is as old as
 // the pause, which would read as a stopped worker. A pause of the launcher
-// itself shows as a gap between two of its checks (which run every 200 ms):
-// after a gap of more than a second, silence is measured from the wake-up.
+// itself shows as a gap between two of its checks (which run every 200 ms,
+// or every monitor_interval when that is longer): after a gap of a second
+// more than that, silence is measured from the wake-up.
 // A single stopped worker leaves the launcher running, so it is still
 // caught after its timeout. The ranks' own peer watch does the same
 // (comm/peer_watch.cpp).
 void Supervisor::check_heartbeats(Clock::time_point now) {
   constexpr auto kHeartbeatCheck = std::chrono::milliseconds(200);
-  constexpr auto kPaused = std::chrono::seconds(1);
+  // A pause is a gap well beyond what this loop's own wait (monitor_interval) explains.
+  const auto paused = std::max<std::chrono::milliseconds>(std::chrono::seconds(1),
+                                                          options_.monitor_interval + std::chrono::seconds(1));
   if (next_heartbeat_check_ && now < *next_heartbeat_check_) return;
-  if (next_heartbeat_check_ && now - *next_heartbeat_check_ > kPaused) {
+  if (last_heartbeat_check_ && now - *last_heartbeat_check_ > paused) {
     say(fmt::format("paratrain launch: this launcher did not run for {:.1f} s (the job was suspended?); "
                     "heartbeats are measured from now",
-                    std::chrono::duration<double>(now - *next_heartbeat_check_).count()));
+                    std::chrono::duration<double>(now - *last_heartbeat_check_).count()));
     for (auto& w : workers_)
       if (w.heartbeat) w.heartbeat->forgive(now);
   }
+  last_heartbeat_check_ = now;
   next_heartbeat_check_ = now + kHeartbeatCheck;
   for (auto& w : workers_) {
     if (w.reaped || !w.heartbeat || !w.heartbeat->silent(now)) continue;

@@ -84,6 +84,7 @@ class Supervisor {
   int received_signal_ = 0;
   std::optional<Clock::time_point> all_reaped_at_;
   std::optional<Clock::time_point> next_heartbeat_check_;
+  std::optional<Clock::time_point> last_heartbeat_check_;  // Note [A suspended job]
   int silent_ = -1;  // local rank that went silent, while the others dump
   Clock::time_point doctor_deadline_{};
   std::map<int, std::filesystem::file_time_type> doctor_pending_;

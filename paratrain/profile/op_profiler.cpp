@@ -168,8 +168,11 @@ std::vector<OpEvent> OpProfiler::stop() {
           start_mark_us = static_cast<int64_t>(e.cpuUs());
     events = from_legacy(lists, legacy_offset_us_ - start_mark_us, options_);
   }
-  std::sort(events.begin(), events.end(),
-            [](const OpEvent& a, const OpEvent& b) { return a.start_us < b.start_us; });
+  // An operator and its first callee often start in the same microsecond:
+  // the longer one (the caller) first, so nesting stays right.
+  std::stable_sort(events.begin(), events.end(), [](const OpEvent& a, const OpEvent& b) {
+    return a.start_us != b.start_us ? a.start_us < b.start_us : a.dur_us > b.dur_us;
+  });
   return events;
 }
 

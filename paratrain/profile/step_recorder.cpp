@@ -27,6 +27,9 @@ StepRecorder::StepRecorder(StepRecorderOptions options) : options_(std::move(opt
   profile_.rank = options_.rank;
   profile_.world_size = options_.world_size;
   profile_.host = host_name();
+  // The steady-to-system offset as of now: the two clocks drift apart (NTP
+  // slews the system clock) between the run's start and a late range.
+  options_.clock.steady_to_system_us = system_now_us() - comm::FlightRecorder::now_us();
   profile_.clock = options_.clock;
   profile_.collectives_source = options_.recorder ? "flight recorder" : options_.no_recorder_reason;
   if (options_.recorder) {

@@ -148,13 +148,13 @@ TEST(ProfileTrainer, PartsAddUpAndDdpExposesCommunicationThatNoDdpDoesNot) {
 TEST(ProfileTrainer, AStragglerOnPurposeIsNamedWithItsDelay) {
   auto c = small_run("slow", "3-5");
   c.profile.test_slow_rank = 1;
-  c.profile.test_slow_ms = 40;
+  c.profile.test_slow_ms = 100;
   const auto s = pp::summarize(pp::read_run_profiles(train(c).dir));
   ASSERT_EQ(s.stragglers.size(), 3u);
   for (const auto& st : s.stragglers) {
     EXPECT_EQ(st.rank, 1) << "step " << st.step;
     EXPECT_EQ(st.waiting_rank, 0);
-    EXPECT_NEAR(st.waited_ms, 40.0, 8.0) << "step " << st.step;
+    EXPECT_NEAR(st.waited_ms, 100.0, 20.0) << "step " << st.step;  // the delay within 20%
   }
 }
 

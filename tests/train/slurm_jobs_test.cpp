@@ -71,7 +71,8 @@ TEST(SlurmJobs, ARankThatReachesAnotherJobsStoreIsRefusedByName) {
                         << "[data]\ndataset = \"synthetic\"\nsynthetic_train_size = 2048\n"
                         << "synthetic_test_size = 64\nsynthetic_image_size = 8\nbatch_size = 16\n"
                         << "[train]\nepochs = 2\n[world]\ntimeout_s = 30\n";
-  const std::string port = "MASTER_PORT=" + std::to_string(20000 + ::getpid() % 20000);
+  // Below Linux's ephemeral ports (32768 and up), which a connection may hold.
+  const std::string port = "MASTER_PORT=" + std::to_string(20000 + ::getpid() % 10000);
   auto start = [&](const std::string& job, const std::string& rank) {
     const std::string log = dir + "/job" + job + "_rank" + rank + ".log";
     const pid_t pid = paratrain::testing::spawn_logged(

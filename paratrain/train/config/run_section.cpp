@@ -64,6 +64,11 @@ std::vector<FieldSpec> log_fields() {
 }
 
 std::string run_problem(const TrainConfig& c) {
+  if (!c.train.preempt_signals.empty() && c.ps.servers > 0 && c.ps.mode == "async" && c.ps.dynamic_batches)
+    return fmt::format("train.preempt_signals = \"{}\" with asynchronous parameter servers taking dynamic batches "
+                       "(ps.mode = \"async\", ps.dynamic_batches = true): their ranks meet only at epoch ends and "
+                       "checkpoints, too late to stop before the scheduler's kill; set ps.dynamic_batches = false",
+                       c.train.preempt_signals);
   if (!c.train.preempt_signals.empty() && c.elastic.in_job)
     return fmt::format("train.preempt_signals = \"{}\" with elastic.in_job = true: in-job recovery re-forms the "
                        "world the preemption agreement runs on; use one of them (restart-based recovery, "

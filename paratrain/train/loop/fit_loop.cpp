@@ -171,7 +171,9 @@ Outcome FitLoop::meet(const Window& w) {
     }
   }
   s_.each_callback([&](Callback& cb) { cb.on_train_batch_end(info); });
-  if (preemption_.agreed()) {
+  // At the run's last step the run ends here anyway: finish it (the final
+  // evaluation and save) instead of leaving a preempted run with nothing left.
+  if (preemption_.agreed() && s_.step < plan_.total_steps) {
     result_.preempted = true;
     result_.preempt_signal = preemption_.signal();
     return checkpoints_.save(fmt::format("preempted by {}", preempt_signal_name(preemption_.signal())));

@@ -1,6 +1,7 @@
 // PreemptionSignals: see preemption.h.
 #include "paratrain/train/run/preemption.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -27,10 +28,29 @@ std::mutex g_mutex;
 std::map<int, int> g_installed;                   // signal -> how many PreemptionSignals want it
 std::map<int, struct sigaction> g_previous;       // the handler before the first of them
 
+std::atomic<int64_t> g_received_at_ms{0};
+constexpr int64_t kRepeatWindowMs = 2000;
+
+int64_t monotonic_ms() {
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);  // async-signal-safe
+  return static_cast<int64_t>(t.tv_sec) * 1000 + t.tv_nsec / 1000000;
+}
+
+// Note [A signal that insists]
+// Only async-signal-safe calls here. The first preemption signal sets the
+// flag. Another one ends the process at once (the user or the scheduler
+// insists), except the same signal again within two seconds: that is the
+// same request arriving twice, as when a scheduler signals every process
+// of the job and `paratrain launch` passes its own copy on to the workers.
 void on_signal(int sig) {
-  // A second preemption signal: the user or the scheduler insists. Only
-  // async-signal-safe calls here.
-  if (g_received.exchange(sig) != 0) ::_exit(128 + sig);
+  int first = 0;
+  if (g_received.compare_exchange_strong(first, sig)) {
+    g_received_at_ms.store(monotonic_ms());
+    return;
+  }
+  if (sig == first && monotonic_ms() - g_received_at_ms.load() < kRepeatWindowMs) return;
+  ::_exit(128 + sig);
 }
 
 }  // namespace

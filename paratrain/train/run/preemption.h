@@ -1,9 +1,10 @@
 // The signals of train.preempt_signals while a run trains: the first one
 // sets a flag that the loop's PreemptionCheck (loop/preemption_check.h)
 // reads at a step boundary, where every rank agrees to stop, save and exit
-// with kPreemptedExitCode; a second one ends the process at once (128 +
-// signal). A checkpoint commits its index.json last, so one cut short by a
-// second signal is never taken for complete.
+// with kPreemptedExitCode; another one ends the process at once (128 +
+// signal), except the same signal repeated within two seconds (Note [A
+// signal that insists] in preemption.cpp). A checkpoint commits its
+// index.json last, so one cut short that way is never taken for complete.
 #pragma once
 
 #include <string>
