@@ -29,4 +29,7 @@ bool wait_until(pid_t pid, const std::function<bool()>& ready, std::chrono::mill
 // reaped, and the result is empty.
 std::optional<int> wait_exit(pid_t pid, std::chrono::milliseconds timeout);
 
+// The whole text of `path` (a child's log); "" when it cannot be read.
+std::string read_file(const std::string& path);
+
 }  // namespace paratrain::testing

@@ -27,17 +27,12 @@ extern char** environ;
 
 namespace {
 
+using paratrain::testing::read_file;
+
 namespace fs = std::filesystem;
 using paratrain::testing::run_cli;
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // Reading /dev/zero "to its end" never ends; run_cli's bound (exit code -1)
 // fails the test instead of hanging it.
@@ -63,7 +58,7 @@ std::string long_job(const std::string& dir) {
 }
 
 nlohmann::json run_status(const std::string& run_dir) {
-  auto j = nlohmann::json::parse(slurp(run_dir + "/run.json"), nullptr, /*allow_exceptions=*/false);
+  auto j = nlohmann::json::parse(read_file(run_dir + "/run.json"), nullptr, /*allow_exceptions=*/false);
   return j.is_object() ? j : nlohmann::json::object();
 }
 
@@ -79,13 +74,13 @@ TEST(CliInput, ASignalledTrainRecordsStoppedInRunJson) {
     // Bounded waits: a run that never starts or never ends fails the test.
     const bool running = paratrain::testing::wait_until(
         pid, [&] { return run_status(run_dir).value("status", "") == "running"; }, std::chrono::seconds(120));
-    ASSERT_TRUE(running) << slurp(log);
+    ASSERT_TRUE(running) << read_file(log);
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // into the training loop
     kill(pid, sig);
     const auto exit = paratrain::testing::wait_exit(pid, std::chrono::seconds(60));
-    ASSERT_TRUE(exit) << "train still running 60 s after signal " << sig << ":\n" << slurp(log);
+    ASSERT_TRUE(exit) << "train still running 60 s after signal " << sig << ":\n" << read_file(log);
     const int status = *exit;
-    ASSERT_TRUE(WIFSIGNALED(status)) << slurp(log);
+    ASSERT_TRUE(WIFSIGNALED(status)) << read_file(log);
     EXPECT_EQ(WTERMSIG(status), sig);
     const auto j = run_status(run_dir);
     EXPECT_EQ(j.value("status", ""), "stopped") << j.dump();

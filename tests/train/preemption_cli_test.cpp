@@ -26,15 +26,10 @@
 
 namespace {
 
+using paratrain::testing::read_file;
+
 namespace fs = std::filesystem;
 using paratrain::testing::run_cli;
-
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 nlohmann::json run_status(const fs::path& run_dir) {
   std::ifstream in(run_dir / "run.json");
@@ -91,7 +86,7 @@ Preempted preempt(const std::string& dir, int target, bool also_ranks = false, i
   const bool training = paratrain::testing::wait_until(
       launcher, [&] { return fs::exists(run / "metrics.jsonl") && fs::file_size(run / "metrics.jsonl") > 200; },
       std::chrono::seconds(120));
-  EXPECT_TRUE(training) << slurp(log);
+  EXPECT_TRUE(training) << read_file(log);
   const pid_t victim = target < 0 ? launcher : rank_pid(launcher, target);
   EXPECT_GT(victim, 0) << "no rank " << target << " under the launcher";
   const pid_t ranks[2] = {rank_pid(launcher, 0), rank_pid(launcher, 1)};
@@ -100,7 +95,7 @@ Preempted preempt(const std::string& dir, int target, bool also_ranks = false, i
     for (pid_t r : ranks) kill(r, sig);
   const auto exit = paratrain::testing::wait_exit(launcher, std::chrono::seconds(60));
   Preempted out;
-  out.log = slurp(log);
+  out.log = read_file(log);
   EXPECT_TRUE(exit) << out.log;
   if (!exit) return out;
   EXPECT_TRUE(WIFEXITED(*exit)) << out.log;
@@ -201,7 +196,7 @@ TEST(Suspension, TheWholeJobStoppedAndContinuedFinishesAsIfNeverStopped) {
   ASSERT_TRUE(paratrain::testing::wait_until(
       launcher, [&] { return fs::exists(run / "metrics.jsonl") && fs::file_size(run / "metrics.jsonl") > 200; },
       std::chrono::seconds(120)))
-      << slurp(log);
+      << read_file(log);
   std::this_thread::sleep_for(std::chrono::seconds(1));  // the launcher has followed their beats
   const pid_t ranks[2] = {rank_pid(launcher, 0), rank_pid(launcher, 1)};
   ASSERT_GT(ranks[0], 0);
@@ -218,9 +213,9 @@ TEST(Suspension, TheWholeJobStoppedAndContinuedFinishesAsIfNeverStopped) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   for (pid_t r : ranks) kill(-r, SIGCONT);
   const auto exit = paratrain::testing::wait_exit(launcher, std::chrono::seconds(120));
-  ASSERT_TRUE(exit) << slurp(log);
-  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << slurp(log);
-  EXPECT_NE(slurp(log).find("did not run for"), std::string::npos) << slurp(log);
+  ASSERT_TRUE(exit) << read_file(log);
+  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << read_file(log);
+  EXPECT_NE(read_file(log).find("did not run for"), std::string::npos) << read_file(log);
 
   std::vector<std::string> whole{"launch", "--nproc-per-node", "2", "--", PARATRAIN_CLI, "train", "--config",
                                  job(dir), "--set", "run.name=whole"};
@@ -249,7 +244,7 @@ TEST(Preemption, ASecondSignalExitsAtOnceAndLeavesNoHalfCheckpoint) {
   ASSERT_TRUE(paratrain::testing::wait_until(
       launcher, [&] { return fs::exists(run / "checkpoints" / "step_00000100" / "index.json"); },
       std::chrono::seconds(120)))
-      << slurp(log);
+      << read_file(log);
   const pid_t rank0 = rank_pid(launcher, 0);
   ASSERT_GT(rank0, 0);
   // Another preemption signal insists (a repeat of the same one within two
@@ -258,18 +253,18 @@ TEST(Preemption, ASecondSignalExitsAtOnceAndLeavesNoHalfCheckpoint) {
   kill(rank0, SIGTERM);
   kill(rank0, SIGUSR2);
   const auto exit = paratrain::testing::wait_exit(launcher, std::chrono::seconds(60));
-  ASSERT_TRUE(exit) << slurp(log);
+  ASSERT_TRUE(exit) << read_file(log);
   // The second signal ended rank 0 (the handler's _exit(128 + signal), or the
   // signal's default action once the run's handlers were gone), not a
   // preemption exit. Linux delivers pending signals lowest number first, so
   // SIGUSR2 (12) may be the first one and SIGTERM (15) the second.
-  const std::string out = slurp(log);
+  const std::string out = read_file(log);
   bool ended_by_the_second = false;
   for (const char* how : {"exited with code 140", "exited with code 143", "was killed by SIGUSR2 first",
                           "was killed by SIGTERM first"})
     ended_by_the_second = ended_by_the_second || out.find(how) != std::string::npos;
   EXPECT_TRUE(ended_by_the_second) << out;
-  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) != paratrain::kPreemptedExitCode) << slurp(log);
+  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) != paratrain::kPreemptedExitCode) << read_file(log);
   // Every checkpoint that has its index has every rank's file.
   int complete = 0;
   for (const auto& entry : fs::directory_iterator(run / "checkpoints")) {

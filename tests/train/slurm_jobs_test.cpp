@@ -19,21 +19,22 @@
 
 namespace {
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using paratrain::testing::read_file;
 
-TEST(SlurmJobs, TwoJobsOnOneNodeWithoutMasterPortBothFinish) {
-  const auto dir = paratrain::testing::temp_dir("slurm-jobs");
+// A job of 128 steps at 2 ranks (a second or two), writing under `dir`.
+std::string write_job(const std::string& dir) {
   const auto config = dir + "/job.toml";
   std::ofstream(config) << "[run]\noutput_dir = \"" << dir << "/runs\"\nlog_every = 0\n"
                         << "[model]\nhidden = [16]\n"
                         << "[data]\ndataset = \"synthetic\"\nsynthetic_train_size = 2048\n"
                         << "synthetic_test_size = 64\nsynthetic_image_size = 8\nbatch_size = 16\n"
                         << "[train]\nepochs = 2\n[world]\ntimeout_s = 30\n";
+  return config;
+}
+
+TEST(SlurmJobs, TwoJobsOnOneNodeWithoutMasterPortBothFinish) {
+  const auto dir = paratrain::testing::temp_dir("slurm-jobs");
+  const auto config = write_job(dir);
   struct Task {
     pid_t pid;
     std::string log;
@@ -53,11 +54,11 @@ TEST(SlurmJobs, TwoJobsOnOneNodeWithoutMasterPortBothFinish) {
   }
   for (const auto& t : tasks) {
     const auto status = paratrain::testing::wait_exit(t.pid, std::chrono::seconds(120));
-    ASSERT_TRUE(status) << slurp(t.log);
-    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << slurp(t.log);
+    ASSERT_TRUE(status) << read_file(t.log);
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << read_file(t.log);
   }
-  EXPECT_NE(slurp(tasks[0].log).find("done:"), std::string::npos) << slurp(tasks[0].log);
-  EXPECT_NE(slurp(tasks[2].log).find("done:"), std::string::npos) << slurp(tasks[2].log);
+  EXPECT_NE(read_file(tasks[0].log).find("done:"), std::string::npos) << read_file(tasks[0].log);
+  EXPECT_NE(read_file(tasks[2].log).find("done:"), std::string::npos) << read_file(tasks[2].log);
 }
 
 // Two jobs given the same MASTER_PORT: a rank of the second that reaches the
@@ -65,12 +66,7 @@ TEST(SlurmJobs, TwoJobsOnOneNodeWithoutMasterPortBothFinish) {
 // comm/rendezvous.cpp), and the first job is unharmed.
 TEST(SlurmJobs, ARankThatReachesAnotherJobsStoreIsRefusedByName) {
   const auto dir = paratrain::testing::temp_dir("slurm-stray");
-  const auto config = dir + "/job.toml";
-  std::ofstream(config) << "[run]\noutput_dir = \"" << dir << "/runs\"\nlog_every = 0\n"
-                        << "[model]\nhidden = [16]\n"
-                        << "[data]\ndataset = \"synthetic\"\nsynthetic_train_size = 2048\n"
-                        << "synthetic_test_size = 64\nsynthetic_image_size = 8\nbatch_size = 16\n"
-                        << "[train]\nepochs = 2\n[world]\ntimeout_s = 30\n";
+  const auto config = write_job(dir);
   // Below Linux's ephemeral ports (32768 and up), which a connection may hold.
   const std::string port = "MASTER_PORT=" + std::to_string(20000 + ::getpid() % 10000);
   auto start = [&](const std::string& job, const std::string& rank) {
@@ -85,15 +81,15 @@ TEST(SlurmJobs, ARankThatReachesAnotherJobsStoreIsRefusedByName) {
   const auto stray = start("5102", "1");
   const auto stray_exit = paratrain::testing::wait_exit(stray.first, std::chrono::seconds(60));
   const auto first1 = start("5101", "1");
-  ASSERT_TRUE(stray_exit) << slurp(stray.second);
-  EXPECT_TRUE(WIFEXITED(*stray_exit) && WEXITSTATUS(*stray_exit) != 0) << slurp(stray.second);
-  EXPECT_NE(slurp(stray.second).find("rank 1 of job 'slurm-5102' reached the TCPStore"), std::string::npos)
-      << slurp(stray.second);
-  EXPECT_NE(slurp(stray.second).find("which is job 'slurm-5101''s"), std::string::npos) << slurp(stray.second);
+  ASSERT_TRUE(stray_exit) << read_file(stray.second);
+  EXPECT_TRUE(WIFEXITED(*stray_exit) && WEXITSTATUS(*stray_exit) != 0) << read_file(stray.second);
+  EXPECT_NE(read_file(stray.second).find("rank 1 of job 'slurm-5102' reached the TCPStore"), std::string::npos)
+      << read_file(stray.second);
+  EXPECT_NE(read_file(stray.second).find("which is job 'slurm-5101''s"), std::string::npos) << read_file(stray.second);
   for (const auto& [pid, log] : {first0, first1}) {
     const auto status = paratrain::testing::wait_exit(pid, std::chrono::seconds(120));
-    ASSERT_TRUE(status) << slurp(log);
-    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << slurp(log);
+    ASSERT_TRUE(status) << read_file(log);
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << read_file(log);
   }
 }
 

@@ -8,11 +8,12 @@
 #include <spdlog/spdlog.h>
 
 #include "paratrain/checkpoint/checkpoint_access.h"
+#include "paratrain/checkpoint/checkpoint_files.h"
 #include "paratrain/core/error.h"
 #include "paratrain/train/builders.h"
-#include "paratrain/checkpoint/checkpoint_files.h"
 #include "paratrain/train/checkpointing.h"
 #include "paratrain/train/precision.h"
+#include "paratrain/train/recovery/load_attempt.h"
 #include "paratrain/train/strategies/strategy_registry.h"
 
 namespace paratrain::train {
@@ -111,17 +112,7 @@ RolledBack roll_back_in_job(Trainer::State& s) {
       return start;
     }
     const auto& path = list[i].second;
-    std::optional<LoopPosition> position;
-    std::string error;
-    bool denied = false;  // not allowed to read: Note [Unreadable is not damaged]
-    try {
-      position = load_training_checkpoint(path, *s.strategy, *s.optimizer, s.scaler.get());
-    } catch (const checkpoint::CheckpointAccessError& e) {
-      error = e.what();
-      denied = true;
-    } catch (const CheckpointError& e) {
-      error = e.what();
-    }
+    auto [position, error, denied] = try_load_training_checkpoint(path, s);
     // One collective for both verdicts: loaded everywhere, readable everywhere.
     auto ok = torch::tensor({position ? 1 : 0, denied ? 0 : 1}, torch::kInt);
     world.all_reduce(ok, comm::ReduceOp::kMin)->wait(s.timeout());

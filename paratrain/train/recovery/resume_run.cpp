@@ -6,11 +6,12 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "paratrain/checkpoint/checkpoint_access.h"
+#include "paratrain/checkpoint/checkpoint_files.h"
 #include "paratrain/core/error.h"
 #include "paratrain/data/loader.h"
 #include "paratrain/train/checkpointing.h"
-#include "paratrain/checkpoint/checkpoint_access.h"
-#include "paratrain/checkpoint/checkpoint_files.h"
+#include "paratrain/train/recovery/load_attempt.h"
 #include "paratrain/train/trainer_state.h"
 
 namespace paratrain::train {
@@ -59,18 +60,7 @@ std::optional<LoopPosition> resume(Trainer::State& s) {
   }
   std::string last_error;
   for (const auto& path : candidates) {
-    std::optional<LoopPosition> position;
-    std::string error;
-    bool denied = false;  // not allowed to read: Note [Unreadable is not damaged]
-    try {
-      // Also refuses non-finite parameters and optimizer state.
-      position = load_training_checkpoint(path, *s.strategy, *s.optimizer, s.scaler.get());
-    } catch (const checkpoint::CheckpointAccessError& e) {
-      error = e.what();
-      denied = true;
-    } catch (const CheckpointError& e) {
-      error = e.what();
-    }
+    auto [position, error, denied] = try_load_training_checkpoint(path, s);
     if (!error.empty()) last_error = error;
     if (!all_ranks(*s.world, position.has_value(), s.timeout())) {
       const bool any_denied = !all_ranks(*s.world, !denied, s.timeout());
