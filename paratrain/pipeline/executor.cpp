@@ -96,7 +96,8 @@ StepReport Executor::train_step(const at::Tensor& inputs, const at::Tensor& targ
     if (a.kind == ActionKind::kForward && c.model_chunk > 0) {
       p2p_.post_recv(prev_rank(c.model_chunk), message_tag(Payload::kActivation, c.model_chunk, a.microbatch),
                      with_rows(mb_rows, c.input_shape), c.input_dtype);
-    } else if (a.kind == ActionKind::kBackward && c.model_chunk < last_model_chunk) {
+    } else if (a.kind == ActionKind::kBackward && c.model_chunk < last_model_chunk &&
+               c.model_chunk >= options_.frozen_chunks) {
       p2p_.post_recv(next_rank(c.model_chunk), message_tag(Payload::kGradient, c.model_chunk, a.microbatch),
                      with_rows(mb_rows, c.output_shape), c.output_dtype);
     }
@@ -130,20 +131,22 @@ StepReport Executor::train_step(const at::Tensor& inputs, const at::Tensor& targ
         Timeline::Scope s(rec, {EventKind::kRecv, step, mb, a.chunk, prev_rank(mc)});
         x = p2p_.wait_recv(message_tag(Payload::kActivation, mc, mb),
                            fmt::format("activation of micro-batch {} for model chunk {}", mb, mc));
-        x.requires_grad_(true);
+        // The chunks before a frozen prefix's end want no gradient back.
+        if (mc > options_.frozen_chunks) x.requires_grad_(true);
       }
+      const bool frozen = mc < options_.frozen_chunks;
       if (hooks.before_forward) hooks.before_forward(a.chunk);
       Held h;
-      h.input = x;
+      if (!frozen) h.input = x;
       at::Tensor out;
       {
         Timeline::Scope s(rec, {EventKind::kForward, step, mb, a.chunk});
         PhaseScope phase(kPhaseForward);
         core::AutocastGuard autocast(options_.autocast);
-        if (options_.checkpoint_activations) {
+        if (options_.checkpoint_activations || frozen) {
           torch::NoGradGuard no_grad;
           out = boundary(c.module->forward(x), mc, last_model_chunk);
-          h.bytes = bytes_of(x);
+          h.bytes = frozen ? 0 : bytes_of(x);
         } else {
           out = boundary(c.module->forward(x, &h.bytes), mc, last_model_chunk);
         }
@@ -156,7 +159,7 @@ StepReport Executor::train_step(const at::Tensor& inputs, const at::Tensor& targ
       if (mc != last_model_chunk) {
         Timeline::Scope s(rec, {EventKind::kSend, step, mb, a.chunk, next_rank(mc), bytes_of(out)});
         p2p_.send(out, next_rank(mc), message_tag(Payload::kActivation, mc + 1, mb));
-        if (!options_.checkpoint_activations) h.output = out;
+        if (!options_.checkpoint_activations && !frozen) h.output = out;
       }
       held_bytes += h.bytes;
       held.emplace(std::make_pair(mb, a.chunk), std::move(h));
@@ -172,6 +175,7 @@ StepReport Executor::train_step(const at::Tensor& inputs, const at::Tensor& targ
     held.erase(it);
     held_bytes -= h.bytes;
     const bool last_backward = --backwards_left[a.chunk] == 0;
+    if (mc < options_.frozen_chunks) continue;  // a frozen prefix: nothing to compute or send
     if (hooks.before_backward) hooks.before_backward(a.chunk, last_backward);
     if (options_.checkpoint_activations) {
       Timeline::Scope s(rec, {EventKind::kRecompute, step, mb, a.chunk});
@@ -199,7 +203,7 @@ StepReport Executor::train_step(const at::Tensor& inputs, const at::Tensor& targ
       }
     }
     if (hooks.after_backward) hooks.after_backward(a.chunk, last_backward);
-    if (mc > 0) {
+    if (mc > options_.frozen_chunks) {
       at::Tensor g = h.input.grad();
       TORCH_CHECK(g.defined(), "pipeline: model chunk ", mc, " produced no gradient for its input (micro-batch ", mb,
                   "): every layer must depend on its input");

@@ -43,6 +43,12 @@ struct ExecutorOptions {
   // output is widened before it is sent, so the gradient coming back is fp32.
   at::ScalarType autocast = at::kFloat;
   std::chrono::milliseconds timeout = comm::kDefaultTimeout;
+  // Model chunks [0, frozen_chunks) train nothing and feed nothing that
+  // trains (their parameters are frozen, and so is every earlier chunk's):
+  // they run forward without autograd history and skip their backward, and
+  // chunk frozen_chunks neither keeps nor sends back its input's gradient.
+  // The schedule is unchanged; their backward slots are simply empty.
+  int frozen_chunks = 0;
 };
 
 // What the strategy does around compute, for data parallelism over

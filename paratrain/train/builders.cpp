@@ -16,18 +16,23 @@
 #include "paratrain/optim/lars.h"
 #include "paratrain/data/text.h"
 #include "paratrain/models/model.h"
+#include "paratrain/train/freeze/freezing.h"
 #include "paratrain/train/registry.h"
 
 namespace paratrain::train {
 
 std::function<std::shared_ptr<models::Model>()> seeded_model_factory(const TrainConfig& config, c10::Device device,
-                                                                     ModelBuilder builder) {
-  return [&config, device, builder = std::move(builder)] {
+                                                                     ModelBuilder builder, FrozenSet* frozen) {
+  return [&config, device, builder = std::move(builder), frozen] {
     static std::mutex init_mutex;
     std::lock_guard<std::mutex> lock(init_mutex);
     torch::manual_seed(static_cast<uint64_t>(config.run.seed));
     auto model = builder ? builder(config) : make_model(config);
     if (!model) throw ConfigError("the program's model builder (TrainerParts::model) returned no model");
+    if (!config.freeze.modules.empty()) {
+      FrozenSet set = freeze_modules(*model, config.freeze.modules);
+      if (frozen) *frozen = std::move(set);
+    }
     if (!device.is_cpu()) model->to(device);
     return model;
   };

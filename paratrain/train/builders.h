@@ -28,6 +28,8 @@ class Model;
 
 namespace paratrain::train {
 
+struct FrozenSet;
+
 // optimizer.kind over `params`. LARS and LAMB also use `full_dims` (the
 // dim() of the full tensor each param is a piece of, for
 // optimizer.exclude_from_adaptation; empty = the params' own) and
@@ -53,9 +55,12 @@ optim::LrSchedule make_lr_schedule(const TrainConfig& config, const BatchSizes& 
 // global, and ranks that are threads of one process (tests) must not reseed
 // it in the middle of each other's draw. `config` must outlive the calls.
 // `builder`, when given, draws the model instead of make_model(config) (a
-// program's own model: TrainerParts::model).
+// program's own model: TrainerParts::model). freeze.modules are frozen on
+// every model drawn (train/freeze/freezing.h); `frozen`, when given, is set
+// to what each call froze.
 std::function<std::shared_ptr<models::Model>()> seeded_model_factory(const TrainConfig& config, c10::Device device,
-                                                                     ModelBuilder builder = {});
+                                                                     ModelBuilder builder = {},
+                                                                     FrozenSet* frozen = nullptr);
 
 struct Datasets {
   data::TensorDataset train;

@@ -2,6 +2,7 @@
 #include "paratrain/train/checkpointing.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <torch/optim/optimizer.h>
 
@@ -83,6 +84,9 @@ checkpoint::CheckpointContents training_contents(const TrainConfig& config, Stra
   if (position.consumed_positions > 0) state.extra[kConsumedKey] = std::to_string(position.consumed_positions);
   for (auto& [k, v] : slots.checkpoint_metadata()) state.extra[k] = v;
   for (auto& [k, v] : preprocessing_metadata(config)) state.extra[k] = v;
+  // The frozen set (informative: a resume freezes what its own config says,
+  // so a changed freeze.modules unfreezes or freezes more).
+  if (!config.freeze.modules.empty()) state.extra["freeze.modules"] = nlohmann::json(config.freeze.modules).dump();
   if (scaler != nullptr) {
     state.extra[kScaleKey] = fmt::format("{:.17g}", scaler->get_scale());
     state.extra[kGrowthKey] = fmt::format("{}", scaler->growth_tracker());

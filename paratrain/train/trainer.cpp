@@ -119,13 +119,20 @@ void build_model_and_optimizer(Trainer::State& s) {
   s.strategy = make_strategy(train::strategy_name(c), StrategyContext{s.config, *s.mesh, s.timeout(), s.run_dir});
   // The same seed on every rank: each builds the single-process model's
   // initial weights (replicas are also broadcast from rank 0).
-  s.strategy->build_model(seeded_model_factory(c, s.device, s.model_builder));
+  s.strategy->build_model(seeded_model_factory(c, s.device, s.model_builder, &s.frozen));
   // LARS/LAMB: the full dims of sharded pieces and the reducer of their norms.
   const bool layerwise_kind = c.optimizer.kind == "lars" || c.optimizer.kind == "lamb";
   const LayerwiseParams layerwise = layerwise_kind ? s.strategy->layerwise_params() : LayerwiseParams{};
   s.optimizer = make_optimizer(c.optimizer, s.strategy->optimizer_params(), layerwise.full_dims,
                                layerwise.norm_reducer);
-  s.scaler = make_grad_scaler(c.precision);
+  // A rebuild (in-job rollback, adaptive freezing) resets the scaler in
+  // place: the loop's scaled loss (FitLoop::micro_loss_) points at it.
+  auto scaler = make_grad_scaler(c.precision);
+  if (s.scaler && scaler) {
+    *s.scaler = *scaler;
+  } else {
+    s.scaler = std::move(scaler);
+  }
 }
 
 namespace {
@@ -177,6 +184,11 @@ void build_run(Trainer::State& s, TrainerParts& parts) {
                  s.batch.accumulate);
     spdlog::info("{} (optimizer.lr = {:g} is the base rate; {} steps, {} per epoch)", s.lr_schedule->describe(),
                  c.optimizer.lr, planned_steps(c, steps_per_epoch), steps_per_epoch);
+    if (!s.frozen.modules.empty()) {
+      spdlog::info("freeze: [{}] frozen: {} parameter tensors, {} of {} elements ({:.1f}%) train no more",
+                   fmt::join(s.frozen.modules, ", "), s.frozen.parameters.size(), s.frozen.frozen_numel,
+                   s.frozen.total_numel, 100.0 * s.frozen.fraction());
+    }
   }
   add_builtin_callbacks(s);
 }

@@ -20,6 +20,7 @@
 #include "paratrain/train/builders.h"
 #include "paratrain/train/callbacks.h"
 #include "paratrain/train/checkpointing.h"
+#include "paratrain/train/freeze/freezing.h"
 #include "paratrain/train/run/metrics.h"
 #include "paratrain/train/strategies/strategy.h"
 #include "paratrain/train/task.h"
@@ -46,6 +47,7 @@ struct Trainer::State {
   Datasets datasets;
   BatchSizes batch;
   std::unique_ptr<data::Loader> loader;
+  FrozenSet frozen;  // freeze.modules as the model builder froze them (empty when off)
   c10::Device device{c10::kCPU};  // world.device: the model's, and every batch is moved here
   std::optional<optim::LrSchedule> lr_schedule;  // [lr]: the rate of every optimizer step
   MetricsLog metrics;

@@ -310,7 +310,15 @@ TEST(UserTable, KeysOfEveryTypeParseOverrideRoundTripAndNameMistakes) {
   EXPECT_NE(error_of([&] { c.user.get<int64_t>("hiden"); }).find("hidden"), std::string::npos);
   EXPECT_NE(error_of([&] { c.user.get<int64_t>("activation"); }).find("user.activation = \"gelu\" is not an integer"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { config_from_toml_string("[user]\nnames = [\"a\"]\n"); }).find("lists of integers or floats"),
+  // Lists of strings too; a list that mixes strings and numbers is refused.
+  const TrainConfig named = config_from_toml_string("[user]\nnames = [\"a\", \"b\"]\n");
+  EXPECT_EQ(named.user.get<std::vector<std::string>>("names"), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(config_from_toml_string(to_toml(named)), named);
+  EXPECT_EQ(config_from_json(to_json(named)), named);
+  EXPECT_NE(error_of([&] { named.user.get<std::vector<int64_t>>("names"); }).find("is not a list of integers"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { config_from_toml_string("[user]\nnames = [\"a\", 1]\n"); })
+                .find("lists of integers, floats or strings"),
             std::string::npos);
 }
 

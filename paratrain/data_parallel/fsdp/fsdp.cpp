@@ -37,13 +37,18 @@ int64_t bytes_of(const at::Tensor& t) { return t.defined() ? static_cast<int64_t
 FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<torch::nn::Module> model,
                                                    comm::ProcessGroup& dp, FsdpOptions options) {
   TORCH_CHECK(model, "FullyShardedDataParallel: model is null");
+  // Frozen parameters (requires_grad false) stay out of the units: whole on
+  // every rank, never gathered, reduced or stepped. They are checked and
+  // broadcast like the others, so replicas start identical.
   std::vector<ddp::NamedTensor> params;
+  bool any_trainable = false;
   for (const auto& item : model->named_parameters(/*recurse=*/true)) {
-    TORCH_CHECK(item.value().requires_grad(), "FSDP shards trainable parameters only: '", item.key(),
-                "' does not require grad (leave it out of the optimizer instead of freezing it)");
-    params.push_back({item.key(), item.value()});
+    any_trainable = any_trainable || item.value().requires_grad();
+    params.push_back({item.key() + (item.value().requires_grad() ? "" : " (frozen)"), item.value()});
   }
   TORCH_CHECK(!params.empty(), "FullyShardedDataParallel: the model has no parameters");
+  TORCH_CHECK(any_trainable, "FullyShardedDataParallel: every parameter of the model is frozen (requires_grad "
+              "false): there is nothing to shard or train");
   ddp::verify_same_tensors(dp, params, "parameters", options.timeout);
   std::vector<at::Tensor> values;
   for (const auto& p : params) values.push_back(p.tensor);
@@ -153,7 +158,8 @@ std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_p
   }
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& item : impl_->model->named_parameters(/*recurse=*/true)) {
-    out.emplace_back(item.key(), by_name.at(item.key()));
+    const auto it = by_name.find(item.key());
+    out.emplace_back(item.key(), it != by_name.end() ? it->second : item.value().detach().clone());  // frozen: whole
   }
   return out;
 }

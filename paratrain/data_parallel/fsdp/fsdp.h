@@ -8,7 +8,9 @@
 // into the shards). Works on CPU with Gloo; the user's model object is not
 // wrapped or changed (same parameters, same forward). Not here: the unit
 // layout (flat_unit.h), gradient reduction (grad_sink.h), the mechanism that
-// sees operations (touch_observer.h).
+// sees operations (touch_observer.h). Frozen parameters (requires_grad
+// false) belong to no unit: each rank holds them whole, and they are never
+// gathered, reduced or stepped.
 //
 //   FullyShardedDataParallel fsdp(model, group, options);
 //   torch::optim::Adam opt(fsdp.optimizer_params(), ...);   // shard pieces only

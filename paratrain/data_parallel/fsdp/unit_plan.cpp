@@ -11,12 +11,14 @@ namespace {
 
 using Named = std::vector<std::pair<std::string, at::Tensor>>;
 
-// Parameters of `module` not yet assigned, named with `prefix`.
+// Trainable parameters of `module` not yet assigned, named with `prefix`.
+// Frozen ones belong to no unit (fsdp.h).
 Named take_new(torch::nn::Module& module, const std::string& prefix, bool recurse,
                std::unordered_set<const void*>& seen) {
   Named out;
   for (const auto& item : module.named_parameters(recurse)) {
     if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
+    if (!item.value().requires_grad()) continue;
     out.emplace_back(prefix + item.key(), item.value());
   }
   return out;

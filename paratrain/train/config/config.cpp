@@ -154,6 +154,44 @@ std::string trim(std::string_view s) {
   return std::string(s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1));
 }
 
+// A list of strings after --set: a TOML array (["fc0", "blocks.0"]), or bare
+// words with or without brackets (fc0,blocks.0 or [fc0]). "" and [] are the
+// empty list. Bare words keep the shell's quoting out of the way, as a bare
+// word for a string key does.
+std::vector<std::string> string_list_from_text(const std::string& text, const FieldSpec& field,
+                                               const std::string& where) {
+  if (text.empty() || text == "\"\"" || text == "[]") return {};
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + text);
+    if (parsed.get("v")->is_array()) return std::get<std::vector<std::string>>(value_from_toml(*parsed.get("v"), field, where));
+  } catch (const toml::parse_error&) {
+    // Bare words: split below.
+  }
+  std::string_view inner = text;
+  if (inner.front() == '[') {
+    if (inner.back() != ']') throw ConfigError(fmt::format("{}: {} expects {}, got '{}' (no closing ])", where,
+                                                           field.key, detail::type_name(field.type), text));
+    inner = inner.substr(1, inner.size() - 2);
+  }
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= inner.size()) {
+    std::size_t end = inner.find(',', start);
+    if (end == std::string_view::npos) end = inner.size();
+    std::string item = trim(inner.substr(start, end - start));
+    if (item.size() >= 2 && (item.front() == '"' || item.front() == '\'') && item.back() == item.front())
+      item = item.substr(1, item.size() - 2);
+    if (item.empty())
+      throw ConfigError(fmt::format("{}: {} has an empty entry in '{}'; write names separated by commas, e.g. "
+                                    "--set {}=fc0,fc1",
+                                    where, field.key, text, field.key));
+    out.push_back(std::move(item));
+    start = end + 1;
+  }
+  return out;
+}
+
 // `key=value`: the value is read as a TOML value and converted to the key's
 // type like a file value would be. Two conveniences: a bare word for a string
 // key needs no quotes (run.name=exp1), and a list of two or more entries may
@@ -179,7 +217,11 @@ void apply_override_from(TrainConfig& config, std::string_view assignment) {
     check_and_set(config, *field, Value(text), where);
     return;
   }
-  const bool is_list = field->type == ValueType::IntList || field->type == ValueType::DoubleList;
+  if (field->type == ValueType::StringList) {
+    check_and_set(config, *field, Value(string_list_from_text(text, *field, where)), where);
+    return;
+  }
+  const bool is_list = detail::is_list_type(field->type);
   if (is_list && (text.empty() || text[0] != '[')) {
     if (!text.empty() && text.find(',') == std::string::npos) throw ConfigError(list_expected(*field, where, "'" + text + "'"));
     text = "[" + text + "]";
@@ -197,12 +239,15 @@ void apply_override_from(TrainConfig& config, std::string_view assignment) {
 // A scalar (or anything else) where a list belongs: show both spellings.
 ConfigError list_expected(const FieldSpec& field, const std::string& where, const std::string& got) {
   const bool ints = field.type == ValueType::IntList;
+  const bool strings = field.type == ValueType::StringList;
   const std::string syntax =
       where.rfind("--set", 0) == 0
-          ? fmt::format("--set {}=[{}] (one entry: --set {}=[{}])", field.key, ints ? "256,128" : "0.9,0.999",
-                        field.key, ints ? "256" : "0.9")
-          : fmt::format("{} = [{}] under [{}] (one entry: [{}])", field.name(), ints ? "256, 128" : "0.9, 0.999",
-                        field.section(), ints ? "256" : "0.9");
+          ? fmt::format("--set {}=[{}] (one entry: --set {}=[{}])", field.key,
+                        strings ? "fc0,fc1" : ints ? "256,128" : "0.9,0.999", field.key,
+                        strings ? "fc0" : ints ? "256" : "0.9")
+          : fmt::format("{} = [{}] under [{}] (one entry: [{}])", field.name(),
+                        strings ? "\"fc0\", \"fc1\"" : ints ? "256, 128" : "0.9, 0.999", field.section(),
+                        strings ? "\"fc0\"" : ints ? "256" : "0.9");
   return ConfigError(fmt::format("{}: {} expects {}, got {}; write the list in brackets: {}", where, field.key,
                                  detail::type_name(field.type), got, syntax));
 }
@@ -220,7 +265,7 @@ std::string describe(const toml::node& node) {
 }
 
 Value value_from_toml(const toml::node& node, const FieldSpec& field, const std::string& where) {
-  const bool is_list = field.type == ValueType::IntList || field.type == ValueType::DoubleList;
+  const bool is_list = detail::is_list_type(field.type);
   auto wrong = [&](const toml::node& bad) {
     if (is_list && !bad.is_array()) return list_expected(field, where, describe(bad));
     return ConfigError(fmt::format("{}: {} expects {}, got {}", where, field.key,
@@ -256,6 +301,16 @@ Value value_from_toml(const toml::node& node, const FieldSpec& field, const std:
         else doubles.push_back(as_double(item));
       }
       return field.type == ValueType::IntList ? Value(ints) : Value(doubles);
+    }
+    case ValueType::StringList: {
+      const toml::array* array = node.as_array();
+      if (!array) throw wrong(node);
+      std::vector<std::string> strings;
+      for (const auto& item : *array) {
+        if (!item.is_string()) throw wrong(node);
+        strings.push_back(item.as_string()->get());
+      }
+      return strings;
     }
   }
   throw wrong(node);

@@ -22,7 +22,9 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "paratrain/train/config/distill_section.h"
 #include "paratrain/train/config/federated_section.h"
+#include "paratrain/train/config/freeze_section.h"
 #include "paratrain/train/config/model_section.h"
 #include "paratrain/train/config/optim_section.h"
 #include "paratrain/train/config/parallel_section.h"
@@ -58,6 +60,8 @@ struct TrainConfig {
   PsConfig ps;                  ///< [ps]
   FederatedConfig federated;    ///< [federated]
   ProfileConfig profile;        ///< [profile]
+  FreezeConfig freeze;          ///< [freeze]
+  DistillConfig distill;        ///< [distill]
   UserTable user;               ///< [user]: the program's own keys
 
   bool operator==(const TrainConfig&) const = default;

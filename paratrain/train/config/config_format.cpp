@@ -77,6 +77,15 @@ Value value_from_json(const nlohmann::json& j, const FieldSpec& field) {
       }
       return field.type == ValueType::IntList ? Value(ints) : Value(doubles);
     }
+    case ValueType::StringList: {
+      if (!j.is_array()) throw wrong();
+      std::vector<std::string> strings;
+      for (const auto& x : j) {
+        if (!x.is_string()) throw wrong();
+        strings.push_back(x.get<std::string>());
+      }
+      return strings;
+    }
   }
   throw wrong();
 }
@@ -145,7 +154,11 @@ std::string format_toml_value(const Value& value) {
         else if constexpr (std::is_same_v<T, std::string>) return quote(v);
         else if constexpr (std::is_same_v<T, std::vector<int64_t>>)
           return fmt::format("[{}]", fmt::join(v, ", "));
-        else {
+        else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+          std::vector<std::string> parts;
+          for (const std::string& item : v) parts.push_back(quote(item));
+          return fmt::format("[{}]", fmt::join(parts, ", "));
+        } else {
           std::vector<std::string> parts;
           for (double d : v) parts.push_back(format_double(d));
           return fmt::format("[{}]", fmt::join(parts, ", "));

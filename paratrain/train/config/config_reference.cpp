@@ -19,6 +19,7 @@ std::string short_type(detail::ValueType type) {
     case detail::ValueType::String: return "string";
     case detail::ValueType::IntList: return "list of int";
     case detail::ValueType::DoubleList: return "list of float";
+    case detail::ValueType::StringList: return "list of string";
   }
   return "?";
 }

@@ -22,7 +22,7 @@ const std::vector<FieldSpec>& schema() {
     std::vector<FieldSpec> all;
     for (auto rows : {run_fields, model_fields, optimizer_fields, lr_fields, data_fields, train_fields,
                       log_fields, world_fields, elastic_fields, ddp_fields, parallel_fields, zero_fields,
-                      pipeline_fields, precision_fields, ps_fields, federated_fields, profile_fields})
+                      pipeline_fields, precision_fields, ps_fields, federated_fields, profile_fields, freeze_fields})
       for (FieldSpec& row : rows()) all.push_back(std::move(row));
     return all;
   }();
@@ -31,7 +31,7 @@ const std::vector<FieldSpec>& schema() {
 
 std::string cross_key_problem(const TrainConfig& config) {
   for (auto problem_of : {optim_problem, federated_problem, world_problem, model_problem, parallel_problem,
-                          run_problem, ps_problem, profile_problem})
+                          run_problem, ps_problem, profile_problem, freeze_problem})
     if (std::string problem = problem_of(config); !problem.empty()) return problem;
   return "";
 }
@@ -58,6 +58,7 @@ std::string_view type_name(ValueType type) {
     case ValueType::String: return "a string";
     case ValueType::IntList: return "a list of integers, e.g. [256, 128]";
     case ValueType::DoubleList: return "a list of numbers, e.g. [0.9, 0.999]";
+    case ValueType::StringList: return "a list of strings, e.g. [\"fc0\", \"fc1\"]";
   }
   return "?";
 }

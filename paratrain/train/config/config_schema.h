@@ -18,7 +18,12 @@
 
 namespace paratrain::train::detail {
 
-enum class ValueType { Int, Double, Bool, String, IntList, DoubleList };
+enum class ValueType { Int, Double, Bool, String, IntList, DoubleList, StringList };
+
+// Whether values of `type` are lists ([a, b] in TOML).
+inline bool is_list_type(ValueType type) {
+  return type == ValueType::IntList || type == ValueType::DoubleList || type == ValueType::StringList;
+}
 
 // One key's value, whatever its type: what parsers produce and printers read.
 // (The same variant as a [user] value.)
@@ -47,6 +52,7 @@ constexpr ValueType value_type_of() {
   else if constexpr (std::is_same_v<T, bool>) return ValueType::Bool;
   else if constexpr (std::is_same_v<T, std::string>) return ValueType::String;
   else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return ValueType::IntList;
+  else if constexpr (std::is_same_v<T, std::vector<std::string>>) return ValueType::StringList;
   else {
     static_assert(std::is_same_v<T, std::vector<double>>, "unsupported config field type");
     return ValueType::DoubleList;
@@ -107,6 +113,7 @@ std::vector<FieldSpec> precision_fields();
 std::vector<FieldSpec> ps_fields();
 std::vector<FieldSpec> federated_fields();
 std::vector<FieldSpec> profile_fields();
+std::vector<FieldSpec> freeze_fields();
 
 // Each group's cross-key rules, beside its sections: "" when consistent, else
 // the first rule broken, naming the keys and what to set.
@@ -118,6 +125,7 @@ std::string parallel_problem(const TrainConfig& config);
 std::string ps_problem(const TrainConfig& config);
 std::string federated_problem(const TrainConfig& config);
 std::string profile_problem(const TrainConfig& config);
+std::string freeze_problem(const TrainConfig& config);
 
 // Every key, grouped by section in the order sections appear in TrainConfig.
 const std::vector<FieldSpec>& schema();

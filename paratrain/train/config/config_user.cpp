@@ -29,7 +29,7 @@ namespace {
 
 ConfigError unsupported(const std::string& key, const std::string& where, const std::string& what) {
   return ConfigError(fmt::format("{}: user.{} = {}: [user] values are integers, floats, booleans, strings, or "
-                                 "lists of integers or floats",
+                                 "lists of integers, floats or strings",
                                  where, key, what));
 }
 
@@ -41,6 +41,14 @@ void set_user_value(UserTable& user, const std::string& key, const toml::node& n
   if (auto* b = node.as_boolean()) return user.set(key, b->get());
   if (auto* s = node.as_string()) return user.set(key, s->get());
   if (auto* a = node.as_array()) {
+    if (!a->empty() && a->front().is_string()) {
+      std::vector<std::string> strings;
+      for (const auto& item : *a) {
+        if (!item.is_string()) throw unsupported(key, where, "a list that mixes strings and other values");
+        strings.push_back(item.as_string()->get());
+      }
+      return user.set(key, strings);
+    }
     std::vector<int64_t> ints;
     std::vector<double> doubles;
     bool any_float = false;
@@ -78,6 +86,11 @@ void set_user_from_json(UserTable& user, const std::string& key, const nlohmann:
   if (j.is_number()) return user.set(key, j.get<double>());
   if (j.is_string()) return user.set(key, j.get<std::string>());
   if (j.is_array()) {
+    if (!j.empty() && j.front().is_string()) {
+      for (const auto& x : j)
+        if (!x.is_string()) throw unsupported(key, "<json>", j.dump());
+      return user.set(key, j.get<std::vector<std::string>>());
+    }
     bool ints = true;
     for (const auto& x : j) {
       if (!x.is_number()) throw unsupported(key, "<json>", j.dump());

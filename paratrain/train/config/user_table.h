@@ -15,19 +15,22 @@ namespace paratrain::train {
 /// them; it parses them (`hidden = 64` under [user], `--set user.hidden=64`),
 /// saves them with the run (config.toml) and hands them to the program's
 /// builders, which read them with get<T>(). Values: integers, floats,
-/// booleans, strings, and lists of integers or floats; a dotted name under
+/// booleans, strings, and lists of integers, floats or strings; a dotted name under
 /// [user] (`head.width = 8`, or a [user.head] table) is the key "head.width".
 class UserTable {
  public:
-  /// One value: an integer, float, boolean, string, or list of integers or floats.
-  using Value = std::variant<int64_t, double, bool, std::string, std::vector<int64_t>, std::vector<double>>;
+  /// One value: an integer, float, boolean, string, or list of integers,
+  /// floats or strings.
+  using Value = std::variant<int64_t, double, bool, std::string, std::vector<int64_t>, std::vector<double>,
+                             std::vector<std::string>>;
 
   /// Sets (or replaces) `key`, e.g. from a program's defaults.
   void set(const std::string& key, Value value) { values_[key] = std::move(value); }
   /// Whether `key` is set.
   bool has(const std::string& key) const { return values_.count(key) > 0; }
   /// The value of `key` as T (an integral type, double, bool, std::string,
-  /// std::vector<int64_t> or std::vector<double>; an integer reads as a
+  /// std::vector<int64_t>, std::vector<double> or std::vector<std::string>;
+  /// an integer reads as a
   /// float too). ConfigError naming the key when it is missing or of another
   /// type.
   template <typename T>
@@ -72,12 +75,15 @@ T UserTable::get(const std::string& key) const {
     }
     missing_or_mistyped(key, "a list of numbers");
   } else {
-    static_assert(std::is_same_v<T, std::string> || std::is_same_v<T, std::vector<int64_t>>,
+    static_assert(std::is_same_v<T, std::string> || std::is_same_v<T, std::vector<int64_t>> ||
+                      std::is_same_v<T, std::vector<std::string>>,
                   "UserTable::get<T>: T is an integer type, a floating type, bool, std::string, "
-                  "std::vector<int64_t> or std::vector<double>");
+                  "std::vector<int64_t>, std::vector<double> or std::vector<std::string>");
     if (it != values_.end())
       if (auto* v = std::get_if<T>(&it->second)) return *v;
-    missing_or_mistyped(key, std::is_same_v<T, std::string> ? "a string" : "a list of integers");
+    missing_or_mistyped(key, std::is_same_v<T, std::string>             ? "a string"
+                             : std::is_same_v<T, std::vector<int64_t>> ? "a list of integers"
+                                                                        : "a list of strings");
   }
 }
 

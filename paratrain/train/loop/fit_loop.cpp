@@ -26,7 +26,7 @@ FitLoop::FitLoop(Trainer& trainer, Trainer::State& s)
         losses_.reset(s_.step);
       }),
       checkpoints_(s, recovery_), eval_(s.config), throughput_(s.step), schedule_(make_batch_schedule(s, plan_)),
-      logger_(std::make_shared<MetricsLogger>(s, plan_)), profiler_(s), preemption_(s) {
+      logger_(std::make_shared<MetricsLogger>(s, plan_)), profiler_(s), preemption_(s), freezing_(s) {
   result_.run_dir = s.run_dir;
   result_.global_batch = s.batch.global;
   // Note [Accumulation]
@@ -123,6 +123,7 @@ double FitLoop::take_step(const ScheduledStep& step, int64_t index) {
     }
     loss += s_.strategy->forward_backward(batch, micro_loss_, /*sync=*/i == k - 1).loss.item<double>();
   }
+  freezing_.observe_gradients();
   applied_lr_ = s_.lr_schedule->lr(index);
   optim::set_learning_rate(*s_.optimizer, applied_lr_);
   {
@@ -151,7 +152,8 @@ void FitLoop::report_inside_window(const ScheduledStep& step, int64_t index, con
 
 // Where every rank stands at the same step: the loss over the ranks at a
 // log point (every run.log_every steps, a checkpoint, the last step, every
-// dynamic window's end), the callbacks, a periodic checkpoint.
+// dynamic window's end), the callbacks, a periodic checkpoint, a check of
+// adaptive freezing.
 Outcome FitLoop::meet(const Window& w) {
   const bool checkpoint_now = checkpoints_.periodic_due(s_.step);
   const int64_t every = s_.config.run.log_every;
@@ -178,7 +180,8 @@ Outcome FitLoop::meet(const Window& w) {
     result_.preempt_signal = preemption_.signal();
     return checkpoints_.save(fmt::format("preempted by {}", preempt_signal_name(preemption_.signal())));
   }
-  return checkpoint_now ? checkpoints_.save("periodic") : Outcome::kDone;
+  if (checkpoint_now && checkpoints_.save("periodic") == Outcome::kRolledBack) return Outcome::kRolledBack;
+  return freezing_.maybe_freeze(checkpoints_, plan_.total_steps);
 }
 
 // The loader's epoch is done (its last whole step taken), or the run stops

@@ -4,12 +4,14 @@
 // over ranks, logs and callbacks, a periodic checkpoint), and at an epoch's
 // end evaluate, stop early or go on, and save. Each part owns its cadence
 // (run_plan.h, batch_schedule.h, loss_window.h, eval_policy.h,
-// checkpoint_policy.h, step_profiler.h, preemption_check.h) and in-job
+// checkpoint_policy.h, step_profiler.h, preemption_check.h,
+// adaptive_freezing.h) and in-job
 // recovery tells the loop where to go on (recovery.h). Internal to paratrain/train: users see trainer.h.
 #pragma once
 
 #include <memory>
 
+#include "paratrain/train/loop/adaptive_freezing.h"
 #include "paratrain/train/loop/batch_schedule.h"
 #include "paratrain/train/loop/checkpoint_policy.h"
 #include "paratrain/train/loop/eval_policy.h"
@@ -57,6 +59,7 @@ class FitLoop {
   std::shared_ptr<MetricsLogger> logger_;
   StepProfiler profiler_;  // profile.*: collective at construction when on
   PreemptionCheck preemption_;  // train.preempt_signals
+  AdaptiveFreezing freezing_;   // freeze.adaptive
   double applied_lr_ = 0;
 };
 

@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -11,6 +13,7 @@
 #include "paratrain/core/error.h"
 #include "paratrain/data/loader.h"
 #include "paratrain/train/checkpointing.h"
+#include "paratrain/train/freeze/refreeze.h"
 #include "paratrain/train/recovery/load_attempt.h"
 #include "paratrain/train/trainer_state.h"
 
@@ -43,6 +46,27 @@ bool all_ranks(comm::ProcessGroup& world, bool ok, std::chrono::milliseconds tim
   auto flag = torch::tensor({ok ? 1 : 0}, torch::kInt);
   world.all_reduce(flag, comm::ReduceOp::kMin)->wait(timeout);
   return flag.item<int>() == 1;
+}
+
+// freeze.adaptive: what earlier checks of the run froze stays frozen. The
+// checkpoint records its frozen set; when that holds more than this run's
+// freeze.modules, the strategy is rebuilt with the union and the checkpoint
+// loaded again (refreeze.h). Every rank reads the same checkpoint.
+void keep_adaptively_frozen(Trainer::State& s, const std::filesystem::path& path) {
+  if (!s.config.freeze.adaptive) return;
+  std::vector<std::string> modules = s.config.freeze.modules;
+  std::vector<std::string> added;
+  for (const std::string& m : checkpoint_frozen_modules(path)) {
+    if (std::find(modules.begin(), modules.end(), m) != modules.end()) continue;
+    modules.push_back(m);
+    added.push_back(m);
+  }
+  if (added.empty()) return;
+  if (s.is_main()) {
+    spdlog::info("freeze.adaptive: {} froze [{}] before it was saved; they stay frozen", path.string(),
+                 fmt::join(added, ", "));
+  }
+  refreeze(s, std::move(modules), path);
 }
 
 // Loads the first candidate that every rank can load (train.resume = "auto"
@@ -82,6 +106,7 @@ std::optional<LoopPosition> resume(Trainer::State& s) {
       spdlog::info("resumed from {} at epoch {}, batch {}, step {}", path.string(), position->epoch + 1,
                    position->next_batch, position->step);
     }
+    keep_adaptively_frozen(s, path);
     return position;
   }
   throw CheckpointError(fmt::format("train.resume = auto: no checkpoint in {} could be loaded (last error: {}); "

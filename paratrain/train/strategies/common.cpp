@@ -31,6 +31,13 @@ std::vector<TensorSlot> buffer_slots(torch::nn::Module& module, bool write) {
   return out;
 }
 
+std::vector<TensorSlot> frozen_parameter_slots(torch::nn::Module& module, bool write) {
+  std::vector<TensorSlot> out;
+  for (const auto& item : module.named_parameters())
+    if (!item.value().requires_grad()) out.push_back(full_slot(item.key(), item.value(), write));
+  return out;
+}
+
 std::vector<TensorSlot> replicated_slots(torch::nn::Module& module, bool write) {
   std::vector<TensorSlot> out;
   for (const auto& item : module.named_parameters()) out.push_back(full_slot(item.key(), item.value(), write));
@@ -134,7 +141,9 @@ DataParallelStrategy::DataParallelStrategy(const StrategyContext& context, const
   require_data_parallel_only(context.mesh, strategy);
 }
 
-std::vector<TensorSlot> DataParallelStrategy::with_buffer_slots(std::vector<TensorSlot> params) const {
+std::vector<TensorSlot> DataParallelStrategy::with_replicated_slots(std::vector<TensorSlot> params) const {
+  auto frozen = frozen_parameter_slots(*model_, dp_.rank() == 0);
+  params.insert(params.end(), frozen.begin(), frozen.end());
   auto buffers = buffer_slots(*model_, dp_.rank() == 0);
   params.insert(params.end(), buffers.begin(), buffers.end());
   return params;
@@ -163,6 +172,7 @@ ModelStateBytes zero_chunks_memory(const std::vector<std::unique_ptr<zero::ZeroD
                                    const torch::optim::Optimizer& optimizer) {
   ModelStateBytes m;
   for (const auto& z : engines) {
+    if (!z) continue;  // a frozen pipeline chunk
     const ModelStateBytes b = z->model_state_bytes(nullptr);
     m.params += b.params;
     m.grads += b.grads;

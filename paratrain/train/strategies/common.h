@@ -30,6 +30,10 @@ namespace paratrain::train::strategies {
 // Slots for the module's buffers, held in full by every rank; written by the
 // rank for which `write` is true (dp rank 0).
 std::vector<TensorSlot> buffer_slots(torch::nn::Module& module, bool write);
+// Slots for the module's frozen parameters (requires_grad false), which
+// sharding strategies leave whole on every rank (Note [What freezing saves]
+// in train/freeze/freezing.cpp); written by the rank for which `write` is true.
+std::vector<TensorSlot> frozen_parameter_slots(torch::nn::Module& module, bool write);
 // Slots for parameters and buffers held in full (DDP).
 std::vector<TensorSlot> replicated_slots(torch::nn::Module& module, bool write);
 // Optimizer slots when the optimizer steps the full parameters (DDP).
@@ -91,8 +95,9 @@ class DataParallelStrategy : public Strategy, public CheckpointSlots, public Tel
  protected:
   // Checks that the mesh has no model-parallel axis (`strategy` names it).
   DataParallelStrategy(const StrategyContext& context, const std::string& strategy);
-  // `params` (the strategy's parameter slots) followed by the buffers.
-  std::vector<TensorSlot> with_buffer_slots(std::vector<TensorSlot> params) const;
+  // `params` (the strategy's slots of its sharded parameters) followed by
+  // what every replica holds whole: frozen parameters and buffers.
+  std::vector<TensorSlot> with_replicated_slots(std::vector<TensorSlot> params) const;
 
   TrainConfig config_;
   at::ScalarType compute_;  // precision.compute: autocast dtype of forward and loss

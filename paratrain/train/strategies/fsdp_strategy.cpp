@@ -96,7 +96,7 @@ class FsdpStrategy final : public DataParallelStrategy {
     return fsdp_->forward([&] { return model_->forward(inputs); });
   }
 
-  std::vector<TensorSlot> model_slots() override { return with_buffer_slots(fsdp_->parameter_slots()); }
+  std::vector<TensorSlot> model_slots() override { return with_replicated_slots(fsdp_->parameter_slots()); }
   std::vector<checkpoint::OptimizerSlot> optimizer_slots() override {
     auto params = fsdp_->optimizer_params();
     auto slots = fsdp_->parameter_slots();

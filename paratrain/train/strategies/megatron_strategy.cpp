@@ -111,6 +111,14 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     // The single-process GPT from the run's seed, then this rank's shards of
     // it: the same initial weights as one process.
     const auto full = factory();
+    for (const auto& item : full->named_parameters()) {
+      if (item.value().requires_grad()) continue;
+      throw ConfigError(fmt::format(
+          "freeze.modules freezes {}, but the megatron strategy (a GPT with parallel.tp or cp > 1, or in pipeline "
+          "stages with ZeRO) does not freeze yet; freeze under parallel.pp alone (zero.stage = 0), data "
+          "parallelism, ZeRO/FSDP or parameter servers, or leave freeze.modules empty",
+          item.key()));
+    }
     models::ParallelGptOptions o;
     o.gpt = {.vocab = kVocab,
              .seq_len = config_.model.seq_len,

@@ -132,7 +132,9 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     tied_->broadcast_from_first();
     wrap_replicas();
 
-    executor_ = std::make_unique<pipeline::Executor>(pp_, std::move(local), executor_options(config_, shape_, timeout_));
+    pipeline::ExecutorOptions options = executor_options(config_, shape_, timeout_);
+    options.frozen_chunks = frozen_prefix_chunks(layers);
+    executor_ = std::make_unique<pipeline::Executor>(pp_, std::move(local), options);
     if (config_.pipeline.trace_steps > 0) {
       const int rank = mesh_.world().rank();
       pipeline::TimelineOptions options;
@@ -147,31 +149,38 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
   std::shared_ptr<torch::nn::Module> module() const override { return module_; }
   // ZeRO: this rank's shard pieces of every local chunk, chunk by chunk.
   std::vector<at::Tensor> optimizer_params() override {
-    if (zero_.empty()) return module_->parameters();
     std::vector<at::Tensor> out;
-    for (const auto& z : zero_) out.insert(out.end(), z->optimizer_params().begin(), z->optimizer_params().end());
+    if (zero_.empty()) {
+      for (const auto& p : module_->parameters())
+        if (p.requires_grad()) out.push_back(p);  // frozen ones never step
+      return out;
+    }
+    for (const auto& z : zero_) {
+      if (z) out.insert(out.end(), z->optimizer_params().begin(), z->optimizer_params().end());
+    }
     return out;
   }
   DataShard data_shard() const override { return {dp_.rank(), dp_.size()}; }
 
   StepOutput forward_backward(const data::Batch& batch, const LossFn& loss, bool sync) override {
     pipeline::ExecutorHooks hooks;
+    // A chunk with nothing to train has no replica wrapper (null).
     hooks.before_forward = [this](int chunk) {
-      if (!ddp_.empty()) ddp_[chunk]->prepare_forward();
-      if (!naive_.empty()) naive_[chunk]->prepare_forward();
-      if (!zero_.empty()) zero_[chunk]->prepare_forward();
+      if (!ddp_.empty() && ddp_[chunk]) ddp_[chunk]->prepare_forward();
+      if (!naive_.empty() && naive_[chunk]) naive_[chunk]->prepare_forward();
+      if (!zero_.empty() && zero_[chunk]) zero_[chunk]->prepare_forward();
     };
     // Replicas reduce a chunk's gradients once, in its last backward of the
     // step: the earlier micro-batches accumulate locally (no_sync).
     hooks.before_backward = [this, sync](int chunk, bool last) {
-      if (!ddp_.empty()) ddp_[chunk]->reducer().set_sync_enabled(sync && last);
-      if (!zero_.empty()) zero_[chunk]->reducer().set_sync_enabled(sync && last);
+      if (!ddp_.empty() && ddp_[chunk]) ddp_[chunk]->reducer().set_sync_enabled(sync && last);
+      if (!zero_.empty() && zero_[chunk]) zero_[chunk]->reducer().set_sync_enabled(sync && last);
     };
     hooks.after_backward = [this, sync](int chunk, bool last) {
       if (!(sync && last)) return;
-      if (!ddp_.empty()) ddp_[chunk]->finish_backward();
-      if (!naive_.empty()) naive_[chunk]->sync_gradients();
-      if (!zero_.empty()) zero_[chunk]->finish_backward();
+      if (!ddp_.empty() && ddp_[chunk]) ddp_[chunk]->finish_backward();
+      if (!naive_.empty() && naive_[chunk]) naive_[chunk]->sync_gradients();
+      if (!zero_.empty() && zero_[chunk]) zero_[chunk]->finish_backward();
     };
     const auto report = executor_->train_step(batch.inputs, batch.targets, loss, hooks, timeline_.get(), steps_++);
     // The copies of a tied tensor each hold their stage's part of its
@@ -188,7 +197,8 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     // Stages hold different parameters and ZeRO replicas different shards:
     // the inf flag is agreed over dp and pp (over dp also without ZeRO, as
     // the ddp strategy does, though replicas then hold equal gradients).
-    for (auto& z : zero_) z->finish_backward();
+    for (auto& z : zero_)
+      if (z) z->finish_backward();
     const bool skip = unscale_found_inf(scaler, grads_of(optimizer_params()), {&dp_, &pp_}, timeout_);
     if (!skip) {
       if (clip_grad_norm > 0) clip_across_stages(clip_grad_norm);
@@ -197,9 +207,11 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
       } else {
         // One optimizer over every chunk's shard: step it once, then each
         // chunk all-gathers its updated parameters.
-        for (auto& z : zero_) z->begin_step();
+        for (auto& z : zero_)
+          if (z) z->begin_step();
         optimizer.step();
-        for (auto& z : zero_) z->end_step();
+        for (auto& z : zero_)
+          if (z) z->end_step();
       }
     }
     // A skipped ZeRO step needs no all-gather (parameters are unchanged);
@@ -210,9 +222,12 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
   }
 
   at::Tensor eval_forward(const at::Tensor& inputs) override {
-    for (auto& d : ddp_) d->sync_buffers();
-    for (auto& n : naive_) n->prepare_forward();
-    for (auto& z : zero_) z->prepare_forward();
+    for (auto& d : ddp_)
+      if (d) d->sync_buffers();
+    for (auto& n : naive_)
+      if (n) n->prepare_forward();
+    for (auto& z : zero_)
+      if (z) z->prepare_forward();
     std::vector<int64_t> shape{inputs.size(0)};
     shape.insert(shape.end(), output_shape_.begin(), output_shape_.end());
     // Evaluation logits leave the executor as float32 (executor.h).
@@ -225,9 +240,12 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     if (zero_.empty()) return without_tied_copies(replicated_slots(*module_, dp_.rank() == 0));
     std::vector<TensorSlot> out;
     for (const auto& z : zero_) {
+      if (!z) continue;
       auto pieces = z->parameter_slots();
       out.insert(out.end(), std::make_move_iterator(pieces.begin()), std::make_move_iterator(pieces.end()));
     }
+    auto frozen = frozen_parameter_slots(*module_, dp_.rank() == 0);  // not sharded: every replica holds them
+    out.insert(out.end(), std::make_move_iterator(frozen.begin()), std::make_move_iterator(frozen.end()));
     auto buffers = buffer_slots(*module_, dp_.rank() == 0);
     out.insert(out.end(), std::make_move_iterator(buffers.begin()), std::make_move_iterator(buffers.end()));
     return out;
@@ -240,12 +258,14 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     }
     std::vector<checkpoint::OptimizerSlot> out;
     for (const auto& z : zero_) {
+      if (!z) continue;
       for (auto& [param, slot] : z->optimizer_param_slots()) out.push_back(checkpoint::OptimizerSlot{param, slot});
     }
     return out;
   }
   void after_load() override {
-    for (auto& z : zero_) z->gather_parameters();
+    for (auto& z : zero_)
+      if (z) z->gather_parameters();
   }
 
   std::vector<std::pair<std::string, std::string>> checkpoint_metadata() const override {
@@ -270,8 +290,11 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
   }
 
   SyncStats last_stats() const override {
-    if (!zero_.empty()) return sync_stats(zero_[0]->reducer().last_step());
-    return ddp_.empty() ? SyncStats{} : sync_stats(ddp_[0]->last_step_stats());
+    for (const auto& z : zero_)
+      if (z) return sync_stats(z->reducer().last_step());
+    for (const auto& d : ddp_)
+      if (d) return sync_stats(d->last_step_stats());
+    return SyncStats{};
   }
 
   ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const override {
@@ -327,17 +350,47 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     }
   }
 
+  // The leading model chunks that train nothing and feed nothing that
+  // trains (Note [What freezing saves] in train/freeze/freezing.cpp): the
+  // same count on every rank, from the whole model each rank drew.
+  int frozen_prefix_chunks(const std::vector<models::Layer>& layers) const {
+    const int chunks = static_cast<int>(bounds_.size()) - 1;
+    for (int mc = 0; mc < chunks; ++mc) {
+      for (int j = bounds_[mc]; j < bounds_[mc + 1]; ++j)
+        for (const auto& [name, module] : layers[j].modules)
+          for (const auto& p : module->parameters())
+            if (p.requires_grad()) return mc;
+    }
+    return chunks;
+  }
+
+  static bool trains_anything(torch::nn::Module& chunk) {
+    for (const auto& p : chunk.parameters())
+      if (p.requires_grad()) return true;
+    return false;
+  }
+
+  // A chunk with nothing to train (frozen) gets no wrapper: a null entry,
+  // so the vectors stay indexed by local chunk. Its values need no
+  // broadcast: every rank drew the same model from run.seed.
   void wrap_replicas() {
     if (config_.zero.stage > 0) {
       // Even at dp = 1: the optimizer state and checkpoint layout are the
       // ZeRO ones, as for the zero strategy on one rank.
       for (auto& chunk : modules_) {
-        zero_.push_back(std::make_unique<zero::ZeroDataParallel>(chunk, dp_, zero_options(config_, timeout_)));
+        zero_.push_back(trains_anything(*chunk) ? std::make_unique<zero::ZeroDataParallel>(
+                                                      chunk, dp_, zero_options(config_, timeout_))
+                                                : nullptr);
       }
       return;
     }
     if (dp_.size() == 1 || config_.ddp.mode == "none") return;
     for (auto& chunk : modules_) {
+      if (!trains_anything(*chunk)) {
+        if (config_.ddp.mode == "bucketed") ddp_.push_back(nullptr);
+        else naive_.push_back(nullptr);
+        continue;
+      }
       if (config_.ddp.mode == "bucketed") {
         ddp_.push_back(std::make_unique<ddp::DistributedDataParallel>(chunk, dp_, ddp_options(config_, timeout_)));
       } else {
@@ -356,13 +409,15 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     torch::NoGradGuard no_grad;
     if (!zero_.empty()) {
       double local = 0;
-      for (auto& z : zero_) local += z->local_grad_square_sum();
+      for (auto& z : zero_)
+        if (z) local += z->local_grad_square_sum();
       at::Tensor total = torch::full({1}, local, torch::kDouble);
       dp_.all_reduce(total, comm::ReduceOp::kSum)->wait(timeout_);
       pp_.all_reduce(total, comm::ReduceOp::kSum)->wait(timeout_);
       const double coef = max_norm / (std::sqrt(total.item<double>()) + 1e-6);
       if (coef < 1) {
-        for (auto& z : zero_) z->scale_gradients(coef);
+        for (auto& z : zero_)
+          if (z) z->scale_gradients(coef);
       }
       return;
     }

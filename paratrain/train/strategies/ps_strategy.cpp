@@ -73,6 +73,9 @@ class PsStrategy final : public DataParallelStrategy, public DynamicBatches {
     std::set<const void*> seen;  // a tied weight is one key range, under its first name
     for (const auto& item : model_->named_parameters()) {
       if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
+      // Frozen: no key range, never pushed or pulled; every rank holds it
+      // as drawn from run.seed (Note [What freezing saves]).
+      if (!item.value().requires_grad()) continue;
       names_.push_back(item.key());
       params_.push_back(item.value());
     }
@@ -225,6 +228,8 @@ class PsStrategy final : public DataParallelStrategy, public DynamicBatches {
         out.push_back(TensorSlot{names_[i], params_[i].sizes().vec(), 0, params_[i], false});
       }
     }
+    auto frozen = frozen_parameter_slots(*model_, dp_.rank() == 0);
+    out.insert(out.end(), frozen.begin(), frozen.end());
     auto buffers = buffer_slots(*model_, dp_.rank() == 0);
     out.insert(out.end(), buffers.begin(), buffers.end());
     return out;
@@ -345,7 +350,6 @@ class PsStrategy final : public DataParallelStrategy, public DynamicBatches {
   // of the step, bit for bit.
   void register_push_hooks() {
     for (size_t i = 0; i < params_.size(); ++i) {
-      if (!params_[i].requires_grad()) continue;  // never gets a gradient: push_pull sends zeros
       params_[i].register_hook([this, i](const at::Tensor& grad) {
         if (!push_from_hooks_) return;
         const auto& p = params_[i];

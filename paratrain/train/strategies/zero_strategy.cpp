@@ -82,7 +82,7 @@ class ZeroStrategy final : public DataParallelStrategy {
     return model_->forward(inputs);
   }
 
-  std::vector<TensorSlot> model_slots() override { return with_buffer_slots(zero_->parameter_slots()); }
+  std::vector<TensorSlot> model_slots() override { return with_replicated_slots(zero_->parameter_slots()); }
   std::vector<checkpoint::OptimizerSlot> optimizer_slots() override {
     std::vector<checkpoint::OptimizerSlot> out;
     for (auto& [param, slot] : zero_->optimizer_param_slots()) out.push_back(checkpoint::OptimizerSlot{param, slot});
