@@ -54,9 +54,9 @@ PY
 }
 
 cnn=configs/fashion_mnist_cnn.toml
-# conv0/bn0 and conv1/bn1: 4.6% of the CNN's 421k parameters, most of its FLOPs.
+# conv0 and conv1: 4.6% of the CNN's 421k parameters, most of its FLOPs.
 job cnn_none "$cnn" 936 "600-602"
-job cnn_convs "$cnn" 936 "600-602" --set freeze.modules=conv0,bn0,conv1,bn1
+job cnn_convs "$cnn" 936 "600-602" --set freeze.modules=conv0,conv1
 job cnn_adaptive "$cnn" 936 "900-902" --set freeze.adaptive=true --set freeze.check_every_steps=100 \
   --set freeze.threshold=0.2 --set freeze.max_fraction=0.1
 gpt=configs/gpt_fortunes.toml

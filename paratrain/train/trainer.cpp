@@ -149,6 +149,11 @@ void build_run(Trainer::State& s, TrainerParts& parts) {
   s.mesh = std::make_unique<topology::DeviceMesh>(*s.world, dims);
   s.device = training_device(c, train::strategy_name(c));
   build_model_and_optimizer(s);
+  if (!c.distill.teacher.empty()) {
+    // Sharded like the student under FSDP; whole on every rank otherwise.
+    s.teacher = std::make_unique<Teacher>(find_teacher(c.distill.teacher, c), s.device, s.dp(),
+                                          train::strategy_name(c) == "fsdp", s.timeout());
+  }
   s.datasets = parts.data ? parts.data(c) : load_datasets(c);
 
   const DataShard shard = s.strategy->data_shard();
@@ -184,6 +189,11 @@ void build_run(Trainer::State& s, TrainerParts& parts) {
                  s.batch.accumulate);
     spdlog::info("{} (optimizer.lr = {:g} is the base rate; {} steps, {} per epoch)", s.lr_schedule->describe(),
                  c.optimizer.lr, planned_steps(c, steps_per_epoch), steps_per_epoch);
+    if (s.teacher) {
+      spdlog::info("distill: teacher {} ({}, {} parameters), distill.temperature = {:g}, distill.alpha = {:g}",
+                   s.teacher->source().checkpoint.string(), s.teacher->source().config.model.kind,
+                   s.teacher->parameter_count(), c.distill.temperature, c.distill.alpha);
+    }
     if (!s.frozen.modules.empty()) {
       spdlog::info("freeze: [{}] frozen: {} parameter tensors, {} of {} elements ({:.1f}%) train no more",
                    fmt::join(s.frozen.modules, ", "), s.frozen.parameters.size(), s.frozen.frozen_numel,
@@ -258,6 +268,11 @@ std::vector<std::pair<std::string, at::Tensor>> Trainer::full_parameters() { ret
 
 std::string Trainer::strategy_name() const { return s_->strategy->name(); }
 
+std::vector<std::pair<std::string, at::Tensor>> Trainer::teacher_parameters() {
+  if (!s_->teacher) return {};
+  return s_->teacher->full_parameters();
+}
+
 torch::optim::Optimizer& Trainer::optimizer() { return *s_->optimizer; }
 
 void Trainer::enable_in_job_recovery(std::shared_ptr<comm::Rejoiner> rejoiner) {
@@ -311,6 +326,13 @@ EvalResult Trainer::evaluate() {
   torch::NoGradGuard no_grad;
   auto module = s.strategy->module();
   module->eval();
+  EvalResult r = evaluate_forward(s, [&](const at::Tensor& inputs) { return s.strategy->eval_forward(inputs); });
+  module->train();
+  return r;
+}
+
+EvalResult evaluate_forward(Trainer::State& s, const std::function<at::Tensor(const at::Tensor&)>& forward) {
+  torch::NoGradGuard no_grad;
   const auto& test = s.datasets.test;
   const DataShard shard = s.strategy->data_shard();
   // Strided share without padding, so every test item counts exactly once.
@@ -327,7 +349,7 @@ EvalResult Trainer::evaluate() {
     const int64_t i = r * chunk;
     auto idx = rows.slice(0, std::min(i, rows.numel()), std::min(i + chunk, rows.numel()));
     auto batch = to_device(data::gather(test, idx), s.device);
-    auto output = s.strategy->eval_forward(batch.inputs);
+    auto output = forward(batch.inputs);
     // A rank with no rows at all (a parameter server) still names the sums,
     // in the task's order, so every rank reduces the same vector: from the
     // empty chunk, with its values zeroed.
@@ -348,7 +370,6 @@ EvalResult Trainer::evaluate() {
   for (const auto& [name, v] : sums.sums) values.push_back(v);
   auto totals = torch::tensor(values, torch::kDouble);
   s.dp().all_reduce(totals, comm::ReduceOp::kSum)->wait(s.timeout());
-  module->train();
   EvalResult r;
   r.count = static_cast<int64_t>(totals[0].item<double>());
   const double n = static_cast<double>(std::max<int64_t>(r.count, 1));

@@ -125,6 +125,9 @@ class Trainer {
   std::shared_ptr<torch::nn::Module> model() const;
   /// Every parameter in full, by name (identical on every rank). Collective.
   std::vector<std::pair<std::string, at::Tensor>> full_parameters();
+  /// The distillation teacher's parameters in full, by name (distill.teacher;
+  /// empty without one). Collective when the teacher is sharded (FSDP).
+  std::vector<std::pair<std::string, at::Tensor>> teacher_parameters();
   /// "ddp (bucketed)", "zero (stage 2)", ...
   std::string strategy_name() const;
   /// The optimizer over the strategy's optimizer_params() (shard pieces under

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "paratrain/train/builders.h"
 #include "paratrain/train/callbacks.h"
 #include "paratrain/train/checkpointing.h"
+#include "paratrain/train/distill/teacher.h"
 #include "paratrain/train/freeze/freezing.h"
 #include "paratrain/train/run/metrics.h"
 #include "paratrain/train/strategies/strategy.h"
@@ -48,6 +50,7 @@ struct Trainer::State {
   BatchSizes batch;
   std::unique_ptr<data::Loader> loader;
   FrozenSet frozen;  // freeze.modules as the model builder froze them (empty when off)
+  std::unique_ptr<Teacher> teacher;  // distill.teacher; null when off
   c10::Device device{c10::kCPU};  // world.device: the model's, and every batch is moved here
   std::optional<optim::LrSchedule> lr_schedule;  // [lr]: the rate of every optimizer step
   MetricsLog metrics;
@@ -81,5 +84,11 @@ struct Trainer::State {
 // constructor and in-job recovery's rollback (in_job_rollback.cpp) both.
 // Collective (the strategy's broadcast of the initial weights).
 void build_model_and_optimizer(Trainer::State& s);
+
+// The task's metrics of `forward` on the test set, each dp rank a strided
+// share, reduced over dp (Trainer::evaluate with the strategy's eval_forward;
+// distillation's teacher with its own). Every rank runs the same number of
+// forwards. Collective.
+EvalResult evaluate_forward(Trainer::State& s, const std::function<at::Tensor(const at::Tensor&)>& forward);
 
 }  // namespace paratrain::train

@@ -16,6 +16,9 @@
 #include "paratrain/core/error.h"
 #include "paratrain/train/config/config.h"
 #include "paratrain/train/freeze/auto_freeze.h"
+#include "paratrain/train/freeze/freezing.h"
+#include "paratrain/train/freeze/refreeze.h"
+#include "paratrain/models/model.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"
 
@@ -60,6 +63,31 @@ TEST(AutoFreezeCriterion, ALayerStillChangingEndsThePrefix) {
   f.check({1.0, 1.0, 1.0, 1.0});
   EXPECT_TRUE(f.check({2.0, 1.0, 1.0, 1.0}).empty());  // a changed by 100%: b, c wait behind it
   EXPECT_THROW(f.check({1.0}), std::invalid_argument);
+}
+
+// The GPT's embedding layer owns wte, wpe and a dropout: only modules with
+// parameters are named (freeze.modules refuses a name that holds none), and
+// each layer's count holds a tied tensor once.
+TEST(AdaptiveFreezing, LayersNameOnlyModulesWithParameters) {
+  TrainConfig c;
+  c.model.kind = "gpt";
+  c.model.layers = 2;
+  c.model.d_model = 16;
+  c.model.heads = 2;
+  c.model.seq_len = 8;
+  c.data.dataset = "text";
+  auto model = paratrain::train::make_model(c);
+  const auto layers = paratrain::train::freeze_layers(*model, {"wte", "wpe"});
+  ASSERT_GE(layers.size(), 3u);
+  EXPECT_EQ(layers[0].modules, (std::vector<std::string>{"wte", "wpe"}));
+  EXPECT_TRUE(layers[0].frozen);
+  EXPECT_FALSE(layers[1].frozen);
+  int64_t total = 0;
+  for (const auto& l : layers) total += l.numel;
+  int64_t numel = 0;
+  for (const auto& p : model->parameters()) numel += p.numel();
+  EXPECT_EQ(total, numel);
+  EXPECT_NO_THROW(paratrain::train::freeze_modules(*model, layers[0].modules));
 }
 
 // ---- through the Trainer

@@ -114,6 +114,7 @@ std::vector<FieldSpec> ps_fields();
 std::vector<FieldSpec> federated_fields();
 std::vector<FieldSpec> profile_fields();
 std::vector<FieldSpec> freeze_fields();
+std::vector<FieldSpec> distill_fields();
 
 // Each group's cross-key rules, beside its sections: "" when consistent, else
 // the first rule broken, naming the keys and what to set.
@@ -126,6 +127,7 @@ std::string ps_problem(const TrainConfig& config);
 std::string federated_problem(const TrainConfig& config);
 std::string profile_problem(const TrainConfig& config);
 std::string freeze_problem(const TrainConfig& config);
+std::string distill_problem(const TrainConfig& config);
 
 // Every key, grouped by section in the order sections appear in TrainConfig.
 const std::vector<FieldSpec>& schema();

@@ -30,8 +30,9 @@ std::vector<FreezeLayer> freeze_layers(models::Model& model, const std::vector<s
   std::vector<FreezeLayer> out;
   std::set<const void*> counted;  // a tensor two layers share counts once, for the first
   for (const auto& [name, modules] : groups) {
-    FreezeLayer layer{name, {}, 0, !modules.empty()};
+    FreezeLayer layer{name, {}, 0, true};
     for (const auto& [module_name, module] : modules) {
+      if (module->parameters().empty()) continue;  // dropout: nothing to freeze, and no name freeze.modules takes
       layer.modules.push_back(module_name);
       bool covered = false;
       for (const auto& f : frozen) covered = covered || under_module(module_name, f);
@@ -39,6 +40,7 @@ std::vector<FreezeLayer> freeze_layers(models::Model& model, const std::vector<s
       for (const auto& p : module->parameters())
         if (counted.insert(p.unsafeGetTensorImpl()).second) layer.numel += p.numel();
     }
+    if (layer.modules.empty()) continue;  // a layer without parameters trains nothing
     out.push_back(std::move(layer));
   }
   return out;

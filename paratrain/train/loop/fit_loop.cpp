@@ -18,7 +18,7 @@
 namespace paratrain::train {
 
 FitLoop::FitLoop(Trainer& trainer, Trainer::State& s)
-    : trainer_(trainer), s_(s), plan_(s),
+    : trainer_(trainer), s_(s), distill_(s), plan_(s),
       losses_(s.strategy->data_shard().computes, s.timeout(), s.step),
       recovery_(s, [this](const Recovery& r) {
         if (r.rolled_back) checkpoints_.restored(s_.step);  // the redone steps' checkpoints are saved again
@@ -38,9 +38,9 @@ FitLoop::FitLoop(Trainer& trainer, Trainer::State& s)
   // sees the same number of examples and the loader stands at a multiple of
   // k at every step boundary, where checkpoints are taken. k may change in
   // an in-job recovery with elastic.keep_global_batch: read from the plan.
-  LossFn task_loss = [task = s.task](const at::Tensor& output, const at::Tensor& targets) {
+  LossFn task_loss = distill_.wrap([task = s.task](const at::Tensor& output, const at::Tensor& targets) {
     return task->loss(output, targets);
-  };
+  });
   micro_loss_ = [this, loss = scaled_loss(std::move(task_loss), s.scaler.get())](const at::Tensor& o,
                                                                               const at::Tensor& t) {
     const int64_t k = plan_.accumulate;
@@ -57,6 +57,7 @@ TrainResult FitLoop::run() {
   s_.strategy->module()->train();
   const FitInfo fit = plan_.fit_info(s_);
   s_.each_callback([&](Callback& cb) { cb.on_fit_start(fit); });
+  distill_.evaluate_teacher();
   bool over = s_.step >= plan_.total_steps;
   while (!over) {
     start_epoch_if_fresh();
@@ -121,6 +122,7 @@ double FitLoop::take_step(const ScheduledStep& step, int64_t index) {
       PhaseScope phase(kPhaseData);
       batch = schedule_->micro_batch(step, i);
     }
+    distill_.before_micro_batch(batch.inputs);
     loss += s_.strategy->forward_backward(batch, micro_loss_, /*sync=*/i == k - 1).loss.item<double>();
   }
   freezing_.observe_gradients();
@@ -173,6 +175,7 @@ Outcome FitLoop::meet(const Window& w) {
     }
   }
   s_.each_callback([&](Callback& cb) { cb.on_train_batch_end(info); });
+  if ((every > 0 && s_.step % every == 0) || s_.step >= plan_.total_steps) distill_.log(s_.step);
   // At the run's last step the run ends here anyway: finish it (the final
   // evaluation and save) instead of leaving a preempted run with nothing left.
   if (preemption_.agreed() && s_.step < plan_.total_steps) {

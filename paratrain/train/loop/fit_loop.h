@@ -5,7 +5,7 @@
 // end evaluate, stop early or go on, and save. Each part owns its cadence
 // (run_plan.h, batch_schedule.h, loss_window.h, eval_policy.h,
 // checkpoint_policy.h, step_profiler.h, preemption_check.h,
-// adaptive_freezing.h) and in-job
+// adaptive_freezing.h, distillation.h) and in-job
 // recovery tells the loop where to go on (recovery.h). Internal to paratrain/train: users see trainer.h.
 #pragma once
 
@@ -14,6 +14,7 @@
 #include "paratrain/train/loop/adaptive_freezing.h"
 #include "paratrain/train/loop/batch_schedule.h"
 #include "paratrain/train/loop/checkpoint_policy.h"
+#include "paratrain/train/loop/distillation.h"
 #include "paratrain/train/loop/eval_policy.h"
 #include "paratrain/train/loop/loss_window.h"
 #include "paratrain/train/loop/metrics_logger.h"
@@ -48,6 +49,7 @@ class FitLoop {
   Trainer& trainer_;
   Trainer::State& s_;
   TrainResult result_;
+  Distillation distill_;  // distill.teacher: wraps the task's loss, so before micro_loss_
   LossFn micro_loss_;
   RunPlan plan_;
   LossWindow losses_;

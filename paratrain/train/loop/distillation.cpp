@@ -1,0 +1,65 @@
+// The loop's distillation part (distillation.h).
+#include "paratrain/train/loop/distillation.h"
+
+#include <torch/torch.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "paratrain/core/phase.h"
+#include "paratrain/train/distill/distill_loss.h"
+#include "paratrain/train/trainer_state.h"
+
+namespace paratrain::train {
+
+Distillation::Distillation(Trainer::State& s) : s_(s) {}
+
+void Distillation::evaluate_teacher() {
+  if (!s_.teacher) return;
+  const EvalResult r = evaluate_forward(s_, [&](const at::Tensor& inputs) { return s_.teacher->logits(inputs); });
+  nlohmann::json record = {{"kind", "teacher"}, {"step", s_.step}};
+  for (const auto& [name, value] : r.metrics) record[name] = value;
+  if (s_.is_main()) {
+    spdlog::info("distill: teacher {} ({}, {} parameters{}) on the test set: loss {:.4f}{}",
+                 s_.teacher->source().checkpoint.string(), s_.teacher->source().config.model.kind,
+                 s_.teacher->parameter_count(), s_.teacher->sharded() ? ", sharded over dp" : "", r.loss,
+                 r.perplexity > 0 ? fmt::format(", perplexity {:.3f}", r.perplexity)
+                                  : fmt::format(", accuracy {:.2f}%", 100.0 * r.accuracy));
+  }
+  s_.log_record(std::move(record));
+}
+
+void Distillation::before_micro_batch(const at::Tensor& inputs) {
+  if (!s_.teacher) return;
+  // Timed with the forward it serves (profile's "forward" phase).
+  PhaseScope phase(kPhaseForward);
+  teacher_logits_ = s_.teacher->logits(inputs);
+}
+
+LossFn Distillation::wrap(LossFn task) {
+  if (!s_.teacher) return task;
+  const double temperature = s_.config.distill.temperature;
+  const double alpha = s_.config.distill.alpha;
+  return [this, task = std::move(task), temperature, alpha](const at::Tensor& output, const at::Tensor& targets) {
+    DistillLoss parts = distillation_loss(output, teacher_logits_, task(output, targets), temperature, alpha);
+    soft_sum_ += parts.soft.item<double>();
+    hard_sum_ += parts.hard.item<double>();
+    ++micro_batches_;
+    return parts.total;
+  };
+}
+
+void Distillation::log(int64_t step) {
+  if (!s_.teacher) return;
+  // A rank that trains no data (a parameter server) adds zeros.
+  auto sums = torch::tensor({soft_sum_, hard_sum_, static_cast<double>(micro_batches_)}, torch::kDouble);
+  s_.dp().all_reduce(sums, comm::ReduceOp::kSum)->wait(s_.timeout());
+  soft_sum_ = hard_sum_ = 0;
+  micro_batches_ = 0;
+  const double n = sums[2].item<double>();
+  if (n <= 0) return;
+  s_.log_record({{"kind", "distill"}, {"step", step}, {"soft_loss", sums[0].item<double>() / n},
+                 {"hard_loss", sums[1].item<double>() / n}});
+}
+
+}  // namespace paratrain::train
