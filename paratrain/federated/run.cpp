@@ -216,6 +216,12 @@ FederatedResult run_in(const train::TrainConfig& config, comm::ProcessGroup& wor
 // (on_run_dir hands it the folder). Rank 0 owns the file.
 FederatedResult run_federated(const train::TrainConfig& config, comm::ProcessGroup& world,
                               const std::function<void(const std::filesystem::path&)>& on_run_dir) {
+  // Before the run folder exists: clients train with their own loop, which
+  // neither freezes nor distills; the keys would be ignored silently.
+  if (!config.freeze.modules.empty() || config.freeze.adaptive || !config.distill.teacher.empty()) {
+    throw ConfigError("freeze.* and distill.* apply to paratrain train; federated clients train whole models on "
+                      "labels: leave freeze.modules empty, freeze.adaptive = false and distill.teacher = """);
+  }
   const bool server = world.rank() == 0;
   const std::filesystem::path dir = run_dir_for(config, world);
   if (server) {

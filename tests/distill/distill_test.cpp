@@ -218,6 +218,24 @@ TEST(Distillation, ATeacherSavedAtTwoRanksLoadsAtOneAndThreeAndAlphaZeroIsPlainT
   EXPECT_GT(relative_diff(at_one.student, labels_only.student), 1e-3);
 }
 
+// Parameter servers: the workers distill, the server only serves (its
+// batches are never trained on, or empty with async dynamic batches).
+TEST(Distillation, ParameterServerWorkersDistillAndServersDoNot) {
+  const std::string teacher = trained_teacher();
+  auto dir = paratrain::testing::temp_dir("distill_ps");
+  auto single = student_config(dir, "single", teacher);
+  single.ddp.mode = "none";
+  const RunResult oracle = train(single, 1);
+  auto sync = student_config(dir, "sync", teacher);
+  sync.ps.servers = 1;
+  EXPECT_LT(relative_diff(train(sync, 3).student, oracle.student), 1e-5);
+  auto async = student_config(dir, "async", teacher);
+  async.ps.servers = 1;
+  async.ps.mode = "async";
+  const RunResult run = train(async, 3);
+  EXPECT_EQ(run.student.size(), oracle.student.size());
+}
+
 TEST(Distillation, ATeacherThatCannotServeIsAConfigError) {
   auto dir = paratrain::testing::temp_dir("distill_bad");
   auto missing = student_config(dir, "missing", dir + "/nowhere");
@@ -246,6 +264,9 @@ TEST(Distillation, ATeacherThatCannotServeIsAConfigError) {
     }
   });
   EXPECT_THROW(paratrain::train::config_from_toml_string("", {"distill.teacher=x", "parallel.pp=2"}),
+               paratrain::ConfigError);
+  EXPECT_THROW(paratrain::train::config_from_toml_string(
+                   "", {"distill.teacher=x", "zero.stage=3", "elastic.in_job=true"}),
                paratrain::ConfigError);
 }
 

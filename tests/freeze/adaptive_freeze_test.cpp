@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <map>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -165,17 +166,46 @@ at::Tensor saved_tensor(const std::filesystem::path& checkpoint, const std::stri
   return paratrain::checkpoint::ShardedReader(checkpoint).read_whole(name);
 }
 
+// Each layer's gradient norm of every check, by step.
+std::map<int64_t, std::map<std::string, double>> check_norms(const std::string& run_dir) {
+  std::map<int64_t, std::map<std::string, double>> out;
+  for (const auto& r : records_of(run_dir, "freeze_check"))
+    for (const auto& [layer, v] : r["layers"].items()) out[r["step"].get<int64_t>()][layer] = v["grad_norm"].get<double>();
+  return out;
+}
+
 TEST(AdaptiveFreezing, EveryRankFreezesTheSamePrefixAtTheSameStepAsOneProcess) {
   auto dir = paratrain::testing::temp_dir("adaptive");
   const RunResult single = train(adaptive_config(dir + "/single", 12), 1);
-  auto zero = adaptive_config(dir + "/zero2", 12);
-  zero.zero.stage = 2;
-  const RunResult sharded = train(zero, 2);
-  for (bool f : sharded.fc0_frozen_on_rank) EXPECT_TRUE(f);
   EXPECT_TRUE(single.fc0_frozen_on_rank[0]);
-  const double diff = relative_diff(sharded.params, single.params);
-  std::cout << "[adaptive] ZeRO-2 at 2 ranks vs one process: relative diff " << diff << "\n";
-  EXPECT_LT(diff, 1e-5);
+  const auto single_norms = check_norms(dir + "/single/t/version_0");
+  ASSERT_EQ(single_norms.size(), 2u);
+  // The norms each layout measures are the one process's: every element
+  // counted once (replicas on one rank, shards on their holders), and the
+  // same decision follows on every rank.
+  RunResult sharded;
+  for (const std::string layout : {"zero2", "ddp", "pp2"}) {
+    auto cfg = adaptive_config(dir + "/" + layout, 12);
+    if (layout == "zero2") cfg.zero.stage = 2;
+    if (layout == "pp2") {
+      cfg.parallel.pp = 2;
+      cfg.pipeline.split = {1, 2};
+      cfg.pipeline.microbatches = 2;
+    }
+    const RunResult run = train(cfg, 2);
+    if (layout == "zero2") sharded = run;
+    if (layout != "pp2") {  // a pipeline stage holds only its own layers
+      for (bool f : run.fc0_frozen_on_rank) EXPECT_TRUE(f) << layout;
+    }
+    const double diff = relative_diff(run.params, single.params);
+    std::cout << "[adaptive] " << layout << " at 2 ranks vs one process: relative diff " << diff << "\n";
+    EXPECT_LT(diff, 1e-5) << layout;
+    const auto norms = check_norms(dir + "/" + layout + "/t/version_0");
+    ASSERT_EQ(norms.size(), single_norms.size()) << layout;
+    for (const auto& [step, layers] : single_norms)
+      for (const auto& [layer, norm] : layers)
+        EXPECT_NEAR(norms.at(step).at(layer), norm, 1e-5 * norm) << layout << " step " << step << " " << layer;
+  }
 
   // Logged once, at step 8, and fc0 as it was saved then is fc0 at the end.
   const std::string run_dir = dir + "/zero2/t/version_0";
@@ -192,7 +222,8 @@ TEST(AdaptiveFreezing, EveryRankFreezesTheSamePrefixAtTheSameStepAsOneProcess) {
   EXPECT_NEAR(records[0]["frozen_fraction"].get<double>(), 888.0 / 1458.0, 1e-12);
   const auto at8 = std::filesystem::path(run_dir) / "checkpoints" / "step_00000008";
   ASSERT_TRUE(std::filesystem::exists(at8 / "index.json"));
-  EXPECT_EQ(paratrain::checkpoint::read_index(at8).metadata.count("extra.freeze.modules"), 0u);  // saved before freezing
+  // Saved as the decision's step, with the frozen set from then on.
+  EXPECT_EQ(paratrain::checkpoint::read_index(at8).metadata.at("extra.freeze.modules"), "[\"fc0\"]");
   EXPECT_TRUE(torch::equal(sharded.params[0].second, saved_tensor(at8, "model/fc0.weight")));
   // The control: with adaptive freezing off, fc0 goes on training after step 8.
   auto off = adaptive_config(dir + "/off", 12);
@@ -218,6 +249,13 @@ TEST(AdaptiveFreezing, AResumeAtAnotherWorldSizeKeepsWhatWasFrozen) {
   const RunResult after = train(resumed, 3);
   for (bool f : after.fc0_frozen_on_rank) EXPECT_TRUE(f);
   EXPECT_LT(relative_diff(after.params, uninterrupted.params), 1e-5);
+  // From the checkpoint of the decision's step itself.
+  const auto at8 = std::filesystem::path(dir) / "split" / "t" / "version_0" / "checkpoints" / "step_00000008";
+  auto from8 = adaptive_config(dir + "/from8", 16);
+  from8.train.resume = at8.string();
+  const RunResult after8 = train(from8, 1);
+  EXPECT_TRUE(after8.fc0_frozen_on_rank[0]);
+  EXPECT_LT(relative_diff(after8.params, uninterrupted.params), 1e-5);
 
   // The control: a resume that does not freeze adaptively trains fc0 again.
   auto thawed = adaptive_config(dir + "/thawed", 16);

@@ -217,6 +217,13 @@ INSTANTIATE_TEST_SUITE_P(
                                c.pipeline.microbatches = 2;
                                c.zero.stage = 1;
                              }},
+                      Layout{"pp2_recompute", 2,
+                             [](TrainConfig& c) {
+                               c.parallel.pp = 2;
+                               c.pipeline.split = {1, 2};
+                               c.pipeline.microbatches = 2;
+                               c.pipeline.checkpoint_activations = true;
+                             }},
                       Layout{"dp2_pp2", 4,
                              [](TrainConfig& c) {
                                c.parallel.pp = 2;
@@ -224,6 +231,39 @@ INSTANTIATE_TEST_SUITE_P(
                                c.pipeline.microbatches = 2;
                              }}),
     [](const ::testing::TestParamInfo<Layout>& info) { return info.param.name; });
+
+// Interleaved 1F1B: 4 one-layer chunks, 2 per rank (chunks 0 and 2 on rank
+// 0, 1 and 3 on rank 1). Freezing fc0 freezes chunk 0 alone; fc0 and fc1 a
+// prefix that spans both ranks, so rank 1's first chunk sends no gradient back
+// and rank 0's second chunk is the first that trains.
+TEST(FreezeOracle, InterleavedChunksOfAFrozenPrefixEqualOneProcess) {
+  auto dir = paratrain::testing::temp_dir("freeze_interleaved");
+  for (const std::vector<std::string> frozen : {std::vector<std::string>{"fc0"}, {"fc0", "fc1"}}) {
+    const std::string name = frozen.size() == 1 ? "one" : "two";
+    auto single = small_config(dir + "/single_" + name);
+    single.model.hidden = {24, 16, 16};
+    single.ddp.mode = "none";
+    single.freeze.modules = frozen;
+    const Params oracle = train(single, 1);
+    auto cfg = small_config(dir + "/interleaved_" + name);
+    cfg.model.hidden = {24, 16, 16};
+    cfg.freeze.modules = frozen;
+    cfg.parallel.pp = 2;
+    cfg.pipeline.schedule = "interleaved_1f1b";
+    cfg.pipeline.virtual_stages = 2;
+    cfg.pipeline.split = {1, 1, 1, 1};
+    cfg.pipeline.microbatches = 2;
+    const Params trained = train(cfg, 2);
+    ASSERT_EQ(trained.size(), oracle.size());
+    for (size_t i = 0; i < trained.size(); ++i) {
+      const bool is_frozen = trained[i].first.rfind("fc0.", 0) == 0 || (frozen.size() == 2 && trained[i].first.rfind("fc1.", 0) == 0);
+      const double scale = std::max(oracle[i].second.abs().max().item<double>(), 1e-12);
+      const double diff = (trained[i].second - oracle[i].second).abs().max().item<double>() / scale;
+      if (is_frozen) EXPECT_EQ(diff, 0.0) << name << " " << trained[i].first;
+      else EXPECT_LT(diff, kTolerance) << name << " " << trained[i].first;
+    }
+  }
+}
 
 // ---- what freezing saves
 

@@ -25,6 +25,10 @@ std::string distill_problem(const TrainConfig& c) {
                        "tensor-parallel shards yet; distill under data parallelism, ZeRO/FSDP or parameter servers "
                        "(parallel.pp = tp = cp = 1), or set distill.teacher = \"\"",
                        c.parallel.pp, c.parallel.tp, c.parallel.cp);
+  if (c.zero.stage == 3 && c.elastic.in_job)
+    return "distill.teacher with zero.stage = 3 and elastic.in_job = true: the teacher is sharded over the "
+           "data-parallel group, which an in-job recovery replaces; use restarts (elastic.in_job = false) or "
+           "zero.stage <= 2";
   return "";
 }
 

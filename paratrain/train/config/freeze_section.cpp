@@ -41,6 +41,11 @@ std::string freeze_problem(const TrainConfig& c) {
                        "freeze yet; freeze under data parallelism, ZeRO/FSDP, parameter servers or pipelines "
                        "(parallel.tp = cp = 1), or turn freezing off",
                        key, c.parallel.tp, c.parallel.cp);
+  if (builds_gpt(c) && c.parallel.pp > 1 && c.zero.stage > 0)
+    return fmt::format("{} with a GPT in pipeline stages under ZeRO (parallel.pp = {}, zero.stage = {}): that runs "
+                       "the megatron strategy, which does not freeze yet; use zero.stage = 0 with parallel.pp, or "
+                       "turn freezing off",
+                       key, c.parallel.pp, c.zero.stage);
   if (!f.adaptive) return "";
   if (c.ps.servers > 0)
     return fmt::format("freeze.adaptive with ps.servers = {}: parameter servers step gradients the workers "

@@ -12,6 +12,7 @@
 #include "paratrain/data_parallel/fsdp/fsdp.h"
 #include "paratrain/models/model.h"
 #include "paratrain/train/builders.h"
+#include "paratrain/train/rng_guard.h"
 #include "paratrain/train/run/run_dir.h"
 
 namespace paratrain::train {
@@ -75,7 +76,10 @@ Teacher::Teacher(const TeacherSource& source, c10::Device device, comm::ProcessG
   // thread's draws; the checkpoint's values replace what it drew.
   TrainConfig config = source.config;
   config.freeze = FreezeConfig{};  // the teacher's own frozen set does not matter here
-  model_ = seeded_model_factory(config, c10::Device(c10::kCPU))();
+  {
+    CpuRngGuard keep_rng;
+    model_ = seeded_model_factory(config, c10::Device(c10::kCPU))();
+  }
   checkpoint::ShardedReader reader(source.checkpoint);
   const auto& tensors = reader.index().tensors;
   torch::NoGradGuard no_grad;

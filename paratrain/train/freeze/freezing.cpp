@@ -20,7 +20,8 @@ namespace paratrain::train {
 // stepped); parameter servers hold no key range for them, so workers neither
 // push nor pull them; a pipeline chunk whose parameters and predecessors are
 // all frozen runs its forward without autograd history and no backward (the
-// executor's needs_backward). The optimizer is built over what the strategy
+// executor's frozen_chunks), and has no replica wrapper (its buffers are
+// broadcast as a wrapper would). The optimizer is built over what the strategy
 // hands it, so frozen parameters get no state. Autograd itself saves the
 // rest: a frozen prefix of the model sees inputs that need no gradient, so
 // its forward records no graph and keeps no activations for backward. Every

@@ -30,7 +30,9 @@ void Distillation::evaluate_teacher() {
 }
 
 void Distillation::before_micro_batch(const at::Tensor& inputs) {
-  if (!s_.teacher) return;
+  // A rank that trains no data (a parameter server) runs no student loss:
+  // its batches are empty (async) or never trained on (sync).
+  if (!s_.teacher || !s_.strategy->data_shard().computes || inputs.numel() == 0) return;
   // Timed with the forward it serves (profile's "forward" phase).
   PhaseScope phase(kPhaseForward);
   teacher_logits_ = s_.teacher->logits(inputs);

@@ -130,9 +130,10 @@ double FitLoop::take_step(const ScheduledStep& step, int64_t index) {
   optim::set_learning_rate(*s_.optimizer, applied_lr_);
   {
     PhaseScope phase(kPhaseOptimizer);
-    if (!s_.strategy->optimizer_step(*s_.optimizer, s_.config.optimizer.clip_grad_norm, s_.scaler.get())) {
-      ++result_.skipped_steps;
-    }
+    const bool stepped =
+        s_.strategy->optimizer_step(*s_.optimizer, s_.config.optimizer.clip_grad_norm, s_.scaler.get());
+    if (!stepped) ++result_.skipped_steps;
+    freezing_.step_done(stepped);
   }
   profiler_.end_step(index + 1);
   return loss / loss_scale;
@@ -183,8 +184,10 @@ Outcome FitLoop::meet(const Window& w) {
     result_.preempt_signal = preemption_.signal();
     return checkpoints_.save(fmt::format("preempted by {}", preempt_signal_name(preemption_.signal())));
   }
-  if (checkpoint_now && checkpoints_.save("periodic") == Outcome::kRolledBack) return Outcome::kRolledBack;
-  return freezing_.maybe_freeze(checkpoints_, plan_.total_steps);
+  // Freezing first: a decision saves this step with the larger frozen set,
+  // and the periodic save then finds the step saved.
+  if (freezing_.maybe_freeze(checkpoints_, plan_.total_steps) == Outcome::kRolledBack) return Outcome::kRolledBack;
+  return checkpoint_now ? checkpoints_.save("periodic") : Outcome::kDone;
 }
 
 // The loader's epoch is done (its last whole step taken), or the run stops

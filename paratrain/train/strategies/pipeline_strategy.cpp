@@ -16,6 +16,7 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/data_parallel/ddp/ddp.h"
+#include "paratrain/data_parallel/ddp/module_sync.h"
 #include "paratrain/data_parallel/ddp/naive.h"
 #include "paratrain/data_parallel/zero/zero.h"
 #include "paratrain/optim/grad_scaler.h"
@@ -169,6 +170,7 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
       if (!ddp_.empty() && ddp_[chunk]) ddp_[chunk]->prepare_forward();
       if (!naive_.empty() && naive_[chunk]) naive_[chunk]->prepare_forward();
       if (!zero_.empty() && zero_[chunk]) zero_[chunk]->prepare_forward();
+      sync_unwrapped_buffers(chunk);
     };
     // Replicas reduce a chunk's gradients once, in its last backward of the
     // step: the earlier micro-batches accumulate locally (no_sync).
@@ -228,6 +230,7 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
       if (n) n->prepare_forward();
     for (auto& z : zero_)
       if (z) z->prepare_forward();
+    for (int chunk = 0; chunk < static_cast<int>(modules_.size()); ++chunk) sync_unwrapped_buffers(chunk);
     std::vector<int64_t> shape{inputs.size(0)};
     shape.insert(shape.end(), output_shape_.begin(), output_shape_.end());
     // Evaluation logits leave the executor as float32 (executor.h).
@@ -362,6 +365,17 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
             if (p.requires_grad()) return mc;
     }
     return chunks;
+  }
+
+  // A frozen chunk has no wrapper to bring its buffers (BatchNorm's running
+  // statistics, which still move in training mode) in line across replicas:
+  // broadcast from dp rank 0 before its forward, as the wrappers do.
+  void sync_unwrapped_buffers(int chunk) {
+    const bool wrapped = (!ddp_.empty() && ddp_[chunk]) || (!naive_.empty() && naive_[chunk]) ||
+                         (!zero_.empty() && zero_[chunk]);
+    if (wrapped || dp_.size() == 1 || !config_.ddp.broadcast_buffers || config_.ddp.mode == "none") return;
+    std::vector<at::Tensor> buffers = modules_[chunk]->buffers();
+    if (!buffers.empty()) ddp::broadcast_coalesced(dp_, buffers, /*root=*/0, timeout_);
   }
 
   static bool trains_anything(torch::nn::Module& chunk) {
