@@ -56,7 +56,18 @@ struct Held {
   int64_t bytes = 0;
 };
 
+thread_local LossRows loss_rows;  // Note [The rows of a micro-batch's loss]
+
+// Sets loss_rows for one call of the loss.
+class LossRowsScope {
+ public:
+  LossRowsScope(int64_t begin, int64_t count) { loss_rows = {begin, count}; }
+  ~LossRowsScope() { loss_rows = {}; }
+};
+
 }  // namespace
+
+LossRows current_loss_rows() { return loss_rows; }
 
 Executor::Executor(comm::ProcessGroup& pp, std::vector<LocalChunk> chunks, ExecutorOptions options)
     : pp_(pp), chunks_(std::move(chunks)), options_(std::move(options)), p2p_(pp, options_.timeout) {
@@ -110,8 +121,11 @@ StepReport Executor::train_step(const at::Tensor& inputs, const at::Tensor& targ
   int64_t held_bytes = 0;
   // The loss of micro-batch `mb`, weighted by its share of the batch's rows:
   // the sum over micro-batches is the batch mean single-process training takes.
+  std::vector<int64_t> mb_begin(static_cast<size_t>(m), 0);  // each micro-batch's first row in the batch
+  for (int mb = 1; mb < m; ++mb) mb_begin[mb] = mb_begin[mb - 1] + target_mbs[mb - 1].size(0);
   auto weighted_loss = [&](const at::Tensor& output, int mb) {
     const double weight = static_cast<double>(target_mbs[mb].size(0)) / static_cast<double>(rows);
+    LossRowsScope scope(mb_begin[mb], target_mbs[mb].size(0));
     return loss_fn(output, target_mbs[mb]) * weight;
   };
 

@@ -63,6 +63,19 @@ struct ExecutorHooks {
 // Mean loss of a micro-batch from the last chunk's output and the targets.
 using MicrobatchLoss = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& targets)>;
 
+// Note [The rows of a micro-batch's loss]
+// A loss with per-row data of its own besides the targets (distillation's
+// teacher logits, computed for the whole batch before the step) must cut it
+// as the executor cut the batch. While the executor calls a MicrobatchLoss
+// (in the forward, and again in a recompute), current_loss_rows() on that
+// thread says which rows of the step's batch the call covers; elsewhere it
+// is {0, -1}: the whole batch.
+struct LossRows {
+  int64_t begin = 0;
+  int64_t count = -1;  // -1: the whole batch
+};
+LossRows current_loss_rows();
+
 struct StepReport {
   // Defined on the rank holding the last model chunk: the batch's loss as
   // single-process training computes it (micro-batch means weighted by rows).

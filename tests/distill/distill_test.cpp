@@ -218,6 +218,28 @@ TEST(Distillation, ATeacherSavedAtTwoRanksLoadsAtOneAndThreeAndAlphaZeroIsPlainT
   EXPECT_GT(relative_diff(at_one.student, labels_only.student), 1e-3);
 }
 
+// Pipelines: the loss runs per micro-batch on the last stage, against the
+// teacher's logits of those rows (Note [The rows of a micro-batch's loss]);
+// with recomputed activations the loss is computed again in backward.
+TEST(Distillation, PipelineStagesEqualOneProcess) {
+  const std::string teacher = trained_teacher();
+  auto dir = paratrain::testing::temp_dir("distill_pp");
+  auto single = student_config(dir, "single", teacher);
+  single.ddp.mode = "none";
+  const RunResult oracle = train(single, 1);
+  for (const std::string layout : {"pp2", "pp2_recompute", "dp2_pp2"}) {
+    auto cfg = student_config(dir, layout, teacher);
+    cfg.parallel.pp = 2;
+    cfg.pipeline.split = {1, 1};
+    cfg.pipeline.microbatches = 3;  // 24 rows: 8 per micro-batch (12 at dp = 2: 4 each)
+    cfg.pipeline.checkpoint_activations = layout == "pp2_recompute";
+    const RunResult run = train(cfg, layout == "dp2_pp2" ? 4 : 2);
+    const double diff = relative_diff(run.student, oracle.student);
+    std::cout << "[distill] " << layout << " vs one process: relative diff " << diff << "\n";
+    EXPECT_LT(diff, 1e-5) << layout;
+  }
+}
+
 // Parameter servers: the workers distill, the server only serves (its
 // batches are never trained on, or empty with async dynamic batches).
 TEST(Distillation, ParameterServerWorkersDistillAndServersDoNot) {
@@ -263,7 +285,8 @@ TEST(Distillation, ATeacherThatCannotServeIsAConfigError) {
       EXPECT_NE(std::string(e.what()).find("data.dataset"), std::string::npos) << e.what();
     }
   });
-  EXPECT_THROW(paratrain::train::config_from_toml_string("", {"distill.teacher=x", "parallel.pp=2"}),
+  EXPECT_THROW(paratrain::train::config_from_toml_string(
+                   "", {"distill.teacher=x", "parallel.tp=2", "model.kind=gpt", "data.dataset=text"}),
                paratrain::ConfigError);
   EXPECT_THROW(paratrain::train::config_from_toml_string(
                    "", {"distill.teacher=x", "zero.stage=3", "elastic.in_job=true"}),

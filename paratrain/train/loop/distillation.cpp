@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "paratrain/core/phase.h"
+#include "paratrain/pipeline/executor.h"
 #include "paratrain/train/distill/distill_loss.h"
 #include "paratrain/train/trainer_state.h"
 
@@ -33,6 +34,9 @@ void Distillation::before_micro_batch(const at::Tensor& inputs) {
   // A rank that trains no data (a parameter server) runs no student loss:
   // its batches are empty (async) or never trained on (sync).
   if (!s_.teacher || !s_.strategy->data_shard().computes || inputs.numel() == 0) return;
+  // Pipelines: the loss, and so the teacher, runs on the last stage only.
+  const comm::ProcessGroup& pp = s_.mesh->group(Axis::kPp);
+  if (pp.rank() != pp.size() - 1) return;
   // Timed with the forward it serves (profile's "forward" phase).
   PhaseScope phase(kPhaseForward);
   teacher_logits_ = s_.teacher->logits(inputs);
@@ -43,7 +47,11 @@ LossFn Distillation::wrap(LossFn task) {
   const double temperature = s_.config.distill.temperature;
   const double alpha = s_.config.distill.alpha;
   return [this, task = std::move(task), temperature, alpha](const at::Tensor& output, const at::Tensor& targets) {
-    DistillLoss parts = distillation_loss(output, teacher_logits_, task(output, targets), temperature, alpha);
+    // A pipeline computes the loss per micro-batch of the step's batch: the
+    // teacher's logits of those rows (Note [The rows of a micro-batch's loss]).
+    const pipeline::LossRows rows = pipeline::current_loss_rows();
+    const at::Tensor teacher = rows.count < 0 ? teacher_logits_ : teacher_logits_.narrow(0, rows.begin, rows.count);
+    DistillLoss parts = distillation_loss(output, teacher, task(output, targets), temperature, alpha);
     soft_sum_ += parts.soft.item<double>();
     hard_sum_ += parts.hard.item<double>();
     ++micro_batches_;
