@@ -150,9 +150,17 @@ void build_run(Trainer::State& s, TrainerParts& parts) {
   s.device = training_device(c, train::strategy_name(c));
   build_model_and_optimizer(s);
   if (!c.distill.teacher.empty()) {
-    // Sharded like the student under FSDP; whole on every rank otherwise.
-    s.teacher = std::make_unique<Teacher>(find_teacher(c.distill.teacher, c), s.device, s.dp(),
-                                          train::strategy_name(c) == "fsdp", s.timeout());
+    // Laid out like the student: sharded under FSDP, in stages under
+    // pipelines, whole on every rank otherwise.
+    TeacherPlacement placement;
+    placement.device = s.device;
+    placement.shard = train::strategy_name(c) == "fsdp";
+    placement.dp = &s.dp();
+    placement.pp = &s.mesh->group(Axis::kPp);
+    placement.example_shape = model_input_shape(c);
+    placement.input_dtype = builds_gpt(c) ? at::kLong : at::kFloat;
+    placement.timeout = s.timeout();
+    s.teacher = std::make_unique<Teacher>(find_teacher(c.distill.teacher, c), placement);
   }
   s.datasets = parts.data ? parts.data(c) : load_datasets(c);
 

@@ -126,7 +126,8 @@ class Trainer {
   /// Every parameter in full, by name (identical on every rank). Collective.
   std::vector<std::pair<std::string, at::Tensor>> full_parameters();
   /// The distillation teacher's parameters in full, by name (distill.teacher;
-  /// empty without one). Collective when the teacher is sharded (FSDP).
+  /// empty without one). Collective when the teacher is sharded (FSDP) or
+  /// cut into pipeline stages.
   std::vector<std::pair<std::string, at::Tensor>> teacher_parameters();
   /// "ddp (bucketed)", "zero (stage 2)", ...
   std::string strategy_name() const;

@@ -17,6 +17,7 @@
 #include "paratrain/train/config/config.h"
 #include "paratrain/train/distill/distill_loss.h"
 #include "paratrain/train/trainer.h"
+#include "tests/support/gpt_run.h"
 #include "tests/support/multi_rank.h"
 
 namespace {
@@ -218,9 +219,10 @@ TEST(Distillation, ATeacherSavedAtTwoRanksLoadsAtOneAndThreeAndAlphaZeroIsPlainT
   EXPECT_GT(relative_diff(at_one.student, labels_only.student), 1e-3);
 }
 
-// Pipelines: the loss runs per micro-batch on the last stage, against the
-// teacher's logits of those rows (Note [The rows of a micro-batch's loss]);
-// with recomputed activations the loss is computed again in backward.
+// Pipelines: the teacher in two stages like the student; the loss runs per
+// micro-batch on the last stage, against the teacher's logits of those rows
+// (Note [The rows of a micro-batch's loss]); with recomputed activations the
+// loss is computed again in backward.
 TEST(Distillation, PipelineStagesEqualOneProcess) {
   const std::string teacher = trained_teacher();
   auto dir = paratrain::testing::temp_dir("distill_pp");
@@ -237,7 +239,54 @@ TEST(Distillation, PipelineStagesEqualOneProcess) {
     const double diff = relative_diff(run.student, oracle.student);
     std::cout << "[distill] " << layout << " vs one process: relative diff " << diff << "\n";
     EXPECT_LT(diff, 1e-5) << layout;
+    // The teacher in stages, gathered: as saved.
+    expect_teacher_as_saved(run.teacher, teacher, layout);
+    EXPECT_EQ(run.teacher.size(), oracle.teacher.size()) << layout;
   }
+}
+
+// A GPT teacher in 2 stages: its head on the last stage reads the embedding
+// the first stage owns (a copy kept there, listed once when gathered); the
+// student accumulates 2 micro-batches per step, each cut into 2 pipeline
+// micro-batches whose losses take their rows of the teacher's logits. The
+// distillation records reach metrics.jsonl from the last stage.
+TEST(Distillation, AGptTeacherInStagesTeachesAPipelinedGptStudentAsOneProcess) {
+  auto dir = paratrain::testing::temp_dir("distill_gpt");
+  const auto corpus = paratrain::testing::write_word_corpus(dir, 3);
+  auto teacher = paratrain::testing::tiny_gpt_config(dir, corpus);
+  teacher.run.name = "teacher";
+  teacher.train.max_steps = 6;
+  train(teacher, 1);
+  const std::string teacher_run = dir + "/teacher";
+
+  auto student = [&](const std::string& name) {
+    auto c = paratrain::testing::tiny_gpt_config(dir, corpus);
+    c.run.name = name;
+    c.run.log_every = 2;
+    c.model.layers = 1;
+    c.train.max_steps = 6;
+    c.train.accumulate = 2;
+    c.distill.teacher = teacher_run;
+    c.distill.temperature = 2.0;
+    c.distill.alpha = 0.5;
+    return c;
+  };
+  auto single = student("single");
+  single.ddp.mode = "none";
+  const RunResult oracle = train(single, 1);
+  auto staged = student("staged");
+  staged.parallel.pp = 2;
+  staged.pipeline.microbatches = 2;
+  const RunResult run = train(staged, 2);
+  const double diff = relative_diff(run.student, oracle.student);
+  std::cout << "[distill] GPT student at pp=2 with a 2-stage teacher vs one process: relative diff " << diff << "\n";
+  EXPECT_LT(diff, 1e-5);
+  ASSERT_EQ(run.teacher.size(), oracle.teacher.size());  // wte once
+  EXPECT_LT(relative_diff(run.teacher, oracle.teacher), 1e-12);
+  int distill_records = 0;
+  std::ifstream in(std::filesystem::path(dir) / "staged" / "version_0" / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) distill_records += line.find("\"distill\"") != std::string::npos;
+  EXPECT_EQ(distill_records, 3);  // steps 2, 4, 6
 }
 
 // Parameter servers: the workers distill, the server only serves (its

@@ -3,6 +3,9 @@
 
 #include <torch/torch.h>
 
+#include <cstring>
+#include <set>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -11,6 +14,9 @@
 #include "paratrain/core/error.h"
 #include "paratrain/data_parallel/fsdp/fsdp.h"
 #include "paratrain/models/model.h"
+#include "paratrain/pipeline/executor.h"
+#include "paratrain/pipeline/partition.h"
+#include "paratrain/pipeline/stage.h"
 #include "paratrain/train/builders.h"
 #include "paratrain/train/rng_guard.h"
 #include "paratrain/train/run/run_dir.h"
@@ -68,9 +74,9 @@ TeacherSource find_teacher(const std::string& spec, const TrainConfig& student) 
   return source;
 }
 
-Teacher::Teacher(const TeacherSource& source, c10::Device device, comm::ProcessGroup& dp, bool shard,
-                 std::chrono::milliseconds timeout)
-    : source_(source) {
+Teacher::Teacher(const TeacherSource& source, const TeacherPlacement& placement)
+    : source_(source), placement_(placement) {
+  const c10::Device device = placement.device;
   // Drawn as the Trainer draws models (builders.h): under the process-wide
   // lock and from its own seed, so building it never shifts another rank
   // thread's draws; the checkpoint's values replace what it drew.
@@ -104,29 +110,128 @@ Teacher::Teacher(const TeacherSource& source, c10::Device device, comm::ProcessG
     parameter_count_ += item.value().numel();
   }
   for (auto& item : model_->named_buffers()) load(item.key(), item.value());
-  if (!device.is_cpu()) model_->to(device);
   model_->eval();
-  if (shard) {
+  if (!placement.shard && placement.pp != nullptr && placement.pp->size() > 1) {
+    for (auto& p : model_->parameters()) p.set_requires_grad(false);
+    cut_into_stages(placement);  // probes the stage boundaries on the CPU, then moves its stage
+    return;
+  }
+  if (!device.is_cpu()) model_->to(device);
+  if (placement.shard) {
     fsdp::FsdpOptions options;
-    options.timeout = timeout;
+    options.timeout = placement.timeout;
     // Its parameters keep requires_grad (FSDP shards trainable ones) but no
     // backward ever runs through them: logits() runs without grad mode.
-    fsdp_ = std::make_unique<fsdp::FullyShardedDataParallel>(model_, dp, std::move(options));
-  } else {
-    for (auto& p : model_->parameters()) p.set_requires_grad(false);
+    fsdp_ = std::make_unique<fsdp::FullyShardedDataParallel>(model_, *placement.dp, std::move(options));
+    return;
   }
+  for (auto& p : model_->parameters()) p.set_requires_grad(false);
+}
+
+// The teacher's layers balanced by parameters over the stages, this rank
+// keeping its own between steps (it was read whole to get here, as the
+// student is drawn whole before it is cut). A layer that reads an earlier
+// stage's weight (the GPT's head reads the embedding) keeps a copy of it on
+// its stage, read-only: no gradient sum is needed.
+void Teacher::cut_into_stages(const TeacherPlacement& placement) {
+  comm::ProcessGroup& pp = *placement.pp;
+  const int p = pp.size();
+  const auto layers = model_->layers();
+  if (static_cast<int>(layers.size()) < p) {
+    throw ConfigError(fmt::format("distill.teacher: the teacher model ({}) has {} layers to cut into the student's "
+                                  "{} pipeline stages; a teacher needs at least parallel.pp layers (or distill with "
+                                  "parallel.pp = 1)",
+                                  source_.config.model.kind, layers.size(), p));
+  }
+  const auto shapes = pipeline::infer_boundary_shapes(layers, placement.example_shape, placement.input_dtype);
+  const auto bounds = pipeline::balanced_partition(pipeline::layer_parameter_counts(layers), p);
+  pipeline::LocalChunk chunk;
+  chunk.module = std::make_shared<pipeline::StageModule>(
+      std::vector<models::Layer>(layers.begin() + bounds[pp.rank()], layers.begin() + bounds[pp.rank() + 1]));
+  chunk.model_chunk = pp.rank();
+  chunk.input_shape = shapes.shapes[bounds[pp.rank()]];
+  chunk.input_dtype = shapes.dtypes[bounds[pp.rank()]];
+  chunk.output_shape = shapes.shapes[bounds[pp.rank() + 1]];
+  chunk.output_dtype = shapes.dtypes[bounds[pp.rank() + 1]];
+  // Named as in the whole model (the checkpoint's names), each by the first
+  // stage that holds it (a weight two stages hold, listed once).
+  std::set<std::string> listed;
+  for (int stage = 0; stage <= pp.rank(); ++stage) {
+    for (int j = bounds[stage]; j < bounds[stage + 1]; ++j) {
+      for (const auto& [prefix, module] : layers[j].modules) {
+        for (const auto& item : module->named_parameters()) {
+          const std::string name = prefix + "." + item.key();
+          if (listed.insert(name).second && stage == pp.rank()) stage_parameters_.emplace_back(name, item.value());
+        }
+      }
+    }
+  }
+  if (!placement.device.is_cpu()) chunk.module->to(placement.device);
+  output_shape_ = shapes.shapes.back();
+  pipeline::ExecutorOptions options;
+  options.schedule = pipeline::ScheduleKind::kGpipe;
+  options.shape.stages = p;
+  options.shape.microbatches = 1;
+  options.timeout = placement.timeout;
+  std::vector<pipeline::LocalChunk> local{std::move(chunk)};
+  stages_executor_ = std::make_unique<pipeline::Executor>(pp, std::move(local), options);
+  stages_ = p;
+  model_.reset();  // the other stages' layers go
 }
 
 Teacher::~Teacher() = default;
 
 at::Tensor Teacher::logits(const at::Tensor& inputs) {
   torch::NoGradGuard no_grad;
+  if (stages_executor_) return stages_executor_->forward_only(inputs);
   if (fsdp_) return fsdp_->forward([&] { return model_->forward(inputs); });
   return model_->forward(inputs);
 }
 
+at::Tensor Teacher::logits_everywhere(const at::Tensor& inputs) {
+  at::Tensor out = logits(inputs);
+  if (!stages_executor_) return out;
+  comm::ProcessGroup& pp = *placement_.pp;
+  std::vector<int64_t> shape{inputs.size(0)};
+  shape.insert(shape.end(), output_shape_.begin(), output_shape_.end());
+  at::Tensor all = out.defined() ? out.to(at::kFloat).reshape(shape).contiguous().clone()
+                                 : at::empty(shape, at::TensorOptions().dtype(at::kFloat).device(inputs.device()));
+  pp.broadcast(all, pp.size() - 1)->wait(placement_.timeout);
+  return all;
+}
+
 std::vector<std::pair<std::string, at::Tensor>> Teacher::full_parameters() {
   if (fsdp_) return fsdp_->full_parameters();
+  if (stages_executor_) {
+    // Each stage's own, gathered over pp in stage order (a weight two
+    // stages hold is listed by the first).
+    comm::ProcessGroup& pp = *placement_.pp;
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (int stage = 0; stage < pp.size(); ++stage) {
+      // Names and shapes first (as JSON bytes), then the values.
+      std::string names;
+      if (stage == pp.rank()) {
+        nlohmann::json j = nlohmann::json::array();
+        for (const auto& [name, t] : stage_parameters_) j.push_back({name, t.sizes().vec()});
+        names = j.dump();
+      }
+      at::Tensor length = at::tensor({static_cast<int64_t>(names.size())}, at::kLong);
+      pp.broadcast(length, stage)->wait(placement_.timeout);
+      at::Tensor bytes = at::zeros({length.item<int64_t>()}, at::kByte);
+      if (stage == pp.rank()) std::memcpy(bytes.data_ptr(), names.data(), names.size());
+      pp.broadcast(bytes, stage)->wait(placement_.timeout);
+      const auto listed = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(bytes.data_ptr()),
+                                                            static_cast<size_t>(bytes.numel())));
+      for (size_t i = 0; i < listed.size(); ++i) {
+        const auto shape = listed[i][1].get<std::vector<int64_t>>();
+        at::Tensor t = stage == pp.rank() ? stage_parameters_[i].second.detach().to(at::kCPU).contiguous().clone()
+                                          : at::empty(shape, at::kFloat);
+        pp.broadcast(t, stage)->wait(placement_.timeout);
+        out.emplace_back(listed[i][0].get<std::string>(), t);
+      }
+    }
+    return out;
+  }
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& item : model_->named_parameters()) out.emplace_back(item.key(), item.value().detach().clone());
   return out;

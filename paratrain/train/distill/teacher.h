@@ -26,6 +26,9 @@ class Model;
 namespace paratrain::fsdp {
 class FullyShardedDataParallel;
 }
+namespace paratrain::pipeline {
+class Executor;
+}
 
 namespace paratrain::train {
 
@@ -42,30 +45,57 @@ struct TeacherSource {
 /// shorter GPT window).
 TeacherSource find_teacher(const std::string& spec, const TrainConfig& student);
 
+/// How the teacher is laid out over the ranks, like the student.
+struct TeacherPlacement {
+  c10::Device device{c10::kCPU};
+  /// Shard it over `dp` (FSDP, the student's zero.stage 3).
+  bool shard = false;
+  comm::ProcessGroup* dp = nullptr;
+  /// Cut it into pp->size() stages when > 1 (the student's parallel.pp): each
+  /// rank keeps its stage's layers, and logits() runs the stages in turn.
+  comm::ProcessGroup* pp = nullptr;
+  /// The student's input shape per example and dtype (token ids for a GPT),
+  /// for the stage boundaries.
+  std::vector<int64_t> example_shape;
+  at::ScalarType input_dtype = at::kFloat;
+  std::chrono::milliseconds timeout{0};
+};
+
 class Teacher {
  public:
-  /// Builds the teacher's model, loads its weights, moves it to `device` and,
-  /// with `shard`, shards it over `dp` (FSDP; collective). Every rank builds
-  /// the same teacher.
-  Teacher(const TeacherSource& source, c10::Device device, comm::ProcessGroup& dp, bool shard,
-          std::chrono::milliseconds timeout);
+  /// Builds the teacher's model, loads its weights, moves it to the device
+  /// and lays it out (`placement`; collective when sharded or staged). Every
+  /// rank builds the same teacher.
+  Teacher(const TeacherSource& source, const TeacherPlacement& placement);
   ~Teacher();
 
   /// The teacher's logits for `inputs`: eval mode, no autograd history.
-  /// Collective over dp when sharded.
+  /// Collective over dp when sharded. In stages: collective over pp, and
+  /// defined on the last stage only (where the loss runs).
   at::Tensor logits(const at::Tensor& inputs);
+  /// The same, defined on every rank (stages: broadcast from the last).
+  at::Tensor logits_everywhere(const at::Tensor& inputs);
   /// Every parameter in full, by name (the same on every rank). Collective
-  /// over dp when sharded.
+  /// over dp when sharded, over pp when in stages.
   std::vector<std::pair<std::string, at::Tensor>> full_parameters();
 
   const TeacherSource& source() const { return source_; }
   int64_t parameter_count() const { return parameter_count_; }
   bool sharded() const { return fsdp_ != nullptr; }
+  /// Stages it is cut into (1: whole).
+  int stages() const { return stages_; }
 
  private:
+  void cut_into_stages(const TeacherPlacement& placement);
+
   TeacherSource source_;
-  std::shared_ptr<models::Model> model_;
+  TeacherPlacement placement_;
+  std::shared_ptr<models::Model> model_;  // null once cut into stages: the executor holds this rank's layers
   std::unique_ptr<fsdp::FullyShardedDataParallel> fsdp_;
+  std::unique_ptr<pipeline::Executor> stages_executor_;
+  std::vector<int64_t> output_shape_;  // per example, for logits_everywhere
+  std::vector<std::pair<std::string, at::Tensor>> stage_parameters_;  // this stage's, by name
+  int stages_ = 1;
   int64_t parameter_count_ = 0;
 };
 

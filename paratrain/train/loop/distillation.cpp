@@ -17,13 +17,18 @@ Distillation::Distillation(Trainer::State& s) : s_(s) {}
 
 void Distillation::evaluate_teacher() {
   if (!s_.teacher) return;
-  const EvalResult r = evaluate_forward(s_, [&](const at::Tensor& inputs) { return s_.teacher->logits(inputs); });
+  const EvalResult r =
+      evaluate_forward(s_, [&](const at::Tensor& inputs) { return s_.teacher->logits_everywhere(inputs); });
   nlohmann::json record = {{"kind", "teacher"}, {"step", s_.step}};
   for (const auto& [name, value] : r.metrics) record[name] = value;
   if (s_.is_main()) {
     spdlog::info("distill: teacher {} ({}, {} parameters{}) on the test set: loss {:.4f}{}",
                  s_.teacher->source().checkpoint.string(), s_.teacher->source().config.model.kind,
-                 s_.teacher->parameter_count(), s_.teacher->sharded() ? ", sharded over dp" : "", r.loss,
+                 s_.teacher->parameter_count(),
+                 s_.teacher->sharded()       ? std::string(", sharded over dp")
+                 : s_.teacher->stages() > 1 ? fmt::format(", in {} stages", s_.teacher->stages())
+                                            : std::string(),
+                 r.loss,
                  r.perplexity > 0 ? fmt::format(", perplexity {:.3f}", r.perplexity)
                                   : fmt::format(", accuracy {:.2f}%", 100.0 * r.accuracy));
   }
@@ -34,10 +39,8 @@ void Distillation::before_micro_batch(const at::Tensor& inputs) {
   // A rank that trains no data (a parameter server) runs no student loss:
   // its batches are empty (async) or never trained on (sync).
   if (!s_.teacher || !s_.strategy->data_shard().computes || inputs.numel() == 0) return;
-  // Pipelines: the loss, and so the teacher, runs on the last stage only.
-  const comm::ProcessGroup& pp = s_.mesh->group(Axis::kPp);
-  if (pp.rank() != pp.size() - 1) return;
-  // Timed with the forward it serves (profile's "forward" phase).
+  // Timed with the forward it serves (profile's "forward" phase). In stages
+  // every stage takes part and the last, where the loss runs, gets the logits.
   PhaseScope phase(kPhaseForward);
   teacher_logits_ = s_.teacher->logits(inputs);
 }
@@ -61,9 +64,10 @@ LossFn Distillation::wrap(LossFn task) {
 
 void Distillation::log(int64_t step) {
   if (!s_.teacher) return;
-  // A rank that trains no data (a parameter server) adds zeros.
+  // Over the world: a rank that computes no loss (a parameter server, a
+  // pipeline stage before the last) adds zeros.
   auto sums = torch::tensor({soft_sum_, hard_sum_, static_cast<double>(micro_batches_)}, torch::kDouble);
-  s_.dp().all_reduce(sums, comm::ReduceOp::kSum)->wait(s_.timeout());
+  s_.world->all_reduce(sums, comm::ReduceOp::kSum)->wait(s_.timeout());
   soft_sum_ = hard_sum_ = 0;
   micro_batches_ = 0;
   const double n = sums[2].item<double>();

@@ -4,7 +4,7 @@
 // train/distill/distill_loss.h) over the student's output, the teacher's
 // logits and the task's loss. At fit start it evaluates the teacher once on
 // the test set; at every log point it writes the mean soft and hard parts of
-// the loss since the last one, reduced over dp ("kind": "distill" in
+// the loss since the last one, over every rank that computed one ("kind": "distill" in
 // metrics.jsonl, distill/soft_loss and distill/hard_loss in TensorBoard).
 // Off (no cost, no collective) without distill.teacher. Internal to
 // paratrain/train.
@@ -31,7 +31,7 @@ class Distillation {
   /// `task` (the task's loss) as the distillation loss; `task` itself when off.
   LossFn wrap(LossFn task);
   /// At a log point of step `step`: the record of the soft and hard loss
-  /// means since the last one. Collective over dp when on.
+  /// means since the last one. Collective over the world when on.
   void log(int64_t step);
 
  private:
