@@ -45,5 +45,7 @@ Command add_config_command(CLI::App& app);    // config_command.cpp
 Command add_federated_command(CLI::App& app);  // federated_command.cpp
 Command add_doctor_command(CLI::App& app);     // doctor_command.cpp
 Command add_bench_command(CLI::App& app);      // bench_command.cpp
+Command add_quantize_command(CLI::App& app);   // quantize_command.cpp
+Command add_evaluate_command(CLI::App& app);   // quantize_command.cpp
 
 }  // namespace paratrain::cli

@@ -68,6 +68,8 @@ int main(int argc, char** argv) {
       paratrain::cli::add_federated_command(app),
       paratrain::cli::add_doctor_command(app),
       paratrain::cli::add_bench_command(app),
+      paratrain::cli::add_quantize_command(app),
+      paratrain::cli::add_evaluate_command(app),
   };
   if (argc > 1) {
     if (const auto message = unknown_command_message(app, argv[1]); !message.empty()) {

@@ -241,6 +241,9 @@ std::string describe_checkpoint(const std::filesystem::path& checkpoint) {
                      meta("step"), meta("epoch"), meta("batch_in_epoch"), meta("optimizer"));
   for (const auto& [k, v] : m)
     if (k.starts_with("extra.")) out << fmt::format("  {}: {}\n", k, v);
+  // An int8 file of `paratrain quantize` (train/inference/trained_model.h).
+  for (const auto& [k, v] : m)
+    if (k.starts_with("quant.")) out << fmt::format("  {}: {}\n", k, v);
   out << fmt::format("  world size: {}\n", index.world_size);
   out << "  files:\n";
   for (const IndexFile& f : index.files)

@@ -1,0 +1,74 @@
+// `paratrain quantize CHECKPOINT -o FILE [--bits N] [--per-tensor]` and
+// `paratrain evaluate --checkpoint X`: int8 post-training quantization of a
+// trained model's weights, and the test metrics of a float or int8
+// checkpoint. Parsing only; the work lives in
+// paratrain/train/inference/trained_model.h (docs/quantization.md).
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "apps/paratrain/commands.h"
+#include "paratrain/train/inference/trained_model.h"
+
+namespace paratrain::cli {
+
+Command add_quantize_command(CLI::App& app) {
+  struct Args {
+    std::string checkpoint;
+    std::string out;
+    int bits = 8;
+    bool per_tensor = false;
+  };
+  auto args = std::make_shared<Args>();
+  auto* sub = app.add_subcommand("quantize",
+                                 "Post-training quantization: a checkpoint's Linear and Conv weights to int8 with "
+                                 "float scales per output channel, in one safetensors file (docs/quantization.md)");
+  sub->add_option("checkpoint", args->checkpoint, "checkpoint folder or consolidated .safetensors file")->required();
+  sub->add_option("-o,--output", args->out, "the int8 file to write, e.g. model.int8.safetensors")->required();
+  sub->add_option("--bits", args->bits, "bits per weight, 2 to 8 (stored as int8)")
+      ->check(CLI::Range(2, 8))
+      ->capture_default_str();
+  sub->add_flag("--per-tensor", args->per_tensor, "one scale per weight tensor instead of one per output channel");
+  auto run = [args]() -> int {
+    torch::set_num_threads(1);
+    train::QuantizeOptions options;
+    options.bits = args->bits;
+    options.granularity = args->per_tensor ? quant::Granularity::kPerTensor : quant::Granularity::kPerChannel;
+    const auto report = train::quantize_checkpoint(args->checkpoint, args->out, options);
+    std::printf("wrote %s: %zu weights to %d bits (%s), %.1f KiB of parameters and buffers -> %.1f KiB (%.2fx "
+                "smaller)\n",
+                args->out.c_str(), report.quantized.size(), args->bits,
+                args->per_tensor ? "per tensor" : "per output channel", report.float_bytes / 1024.0,
+                report.file_bytes / 1024.0,
+                report.file_bytes > 0 ? static_cast<double>(report.float_bytes) / report.file_bytes : 0.0);
+    return 0;
+  };
+  return {sub, run};
+}
+
+Command add_evaluate_command(CLI::App& app) {
+  auto checkpoint = std::make_shared<std::string>();
+  auto* sub = app.add_subcommand("evaluate",
+                                 "Test loss and accuracy (perplexity for the GPT) of a checkpoint, float (any "
+                                 "layout) or int8 (paratrain quantize), on its run's test split");
+  sub->add_option("--checkpoint", *checkpoint, "checkpoint folder, consolidated file or int8 file")->required();
+  auto run = [checkpoint]() -> int {
+    torch::set_num_threads(1);
+    const auto trained = train::load_trained_model(*checkpoint);
+    const auto r = train::evaluate_trained_model(trained);
+    std::printf("%s (%s, %s weights, step %lld): test loss %.4f, %s (%lld %s)\n", checkpoint->c_str(),
+                trained.config.model.kind.c_str(), trained.quantized ? "int8" : "float",
+                static_cast<long long>(trained.step), r.loss,
+                r.perplexity > 0 ? fmt::format("perplexity {:.3f}", r.perplexity).c_str()
+                                 : fmt::format("accuracy {:.2f}%", 100.0 * r.accuracy).c_str(),
+                static_cast<long long>(r.count), r.perplexity > 0 ? "tokens" : "items");
+    return 0;
+  };
+  return {sub, run};
+}
+
+}  // namespace paratrain::cli
