@@ -21,6 +21,7 @@
 #include "paratrain/train/freeze/refreeze.h"
 #include "paratrain/models/model.h"
 #include "paratrain/train/trainer.h"
+#include "tests/freeze/freeze_mlp.h"
 #include "tests/support/multi_rank.h"
 
 namespace {
@@ -98,23 +99,8 @@ TEST(AdaptiveFreezing, LayersNameOnlyModulesWithParameters) {
 // the parameters: fc0 (61%) freezes at the second check (step 8), fc1 never
 // (88%).
 TrainConfig adaptive_config(const std::string& dir, int64_t steps) {
-  TrainConfig c;
-  c.run.name = "t";
-  c.run.output_dir = dir;
-  c.run.seed = 11;
-  c.run.log_every = 0;
-  c.model.kind = "mlp";
-  c.model.hidden = {24, 16};
-  c.data.dataset = "synthetic";
-  c.data.synthetic_train_size = 480;
-  c.data.synthetic_test_size = 96;
-  c.data.synthetic_image_size = 6;
-  c.data.global_batch_size = 24;
-  c.optimizer.kind = "adam";
-  c.optimizer.lr = 0.003;
-  c.train.epochs = 1;
+  TrainConfig c = paratrain::testing::freeze_mlp_config(dir);
   c.train.max_steps = steps;
-  c.train.eval_every_epochs = 0;
   c.freeze.adaptive = true;
   c.freeze.check_every_steps = 4;
   c.freeze.threshold = 10.0;

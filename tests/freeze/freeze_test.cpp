@@ -22,6 +22,7 @@
 #include "paratrain/train/builders.h"
 #include "paratrain/train/config/config.h"
 #include "paratrain/train/trainer.h"
+#include "tests/freeze/freeze_mlp.h"
 #include "tests/support/multi_rank.h"
 
 namespace {
@@ -30,27 +31,10 @@ using paratrain::train::TrainConfig;
 using paratrain::train::Trainer;
 using Params = std::vector<std::pair<std::string, at::Tensor>>;
 
-// A 3-layer MLP (fc0 888, fc1 400, fc2 170 elements) on synthetic 6x6
-// images, global batch 24 (divides over 1, 2 and 3 ranks), 12 Adam steps.
+// tests/freeze/freeze_mlp.h's run, with several FSDP units.
 TrainConfig small_config(const std::string& dir) {
-  TrainConfig c;
-  c.run.name = "t";
-  c.run.output_dir = dir;
-  c.run.seed = 11;
-  c.run.log_every = 0;
-  c.model.kind = "mlp";
-  c.model.hidden = {24, 16};
-  c.data.dataset = "synthetic";
-  c.data.synthetic_train_size = 480;
-  c.data.synthetic_test_size = 96;
-  c.data.synthetic_image_size = 6;
-  c.data.global_batch_size = 24;
-  c.optimizer.kind = "adam";
-  c.optimizer.lr = 0.003;
-  c.train.epochs = 1;
-  c.train.max_steps = 12;
-  c.train.eval_every_epochs = 0;
-  c.zero.unit_min_params = 200;  // several FSDP units
+  TrainConfig c = paratrain::testing::freeze_mlp_config(dir);
+  c.zero.unit_min_params = 200;
   return c;
 }
 
