@@ -7,10 +7,14 @@
 #include <limits>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "paratrain/core/error.h"
 #include "paratrain/models/model.h"
+#include "paratrain/checkpoint/checkpoint_index.h"
+#include "paratrain/checkpoint/safetensors.h"
 #include "paratrain/checkpoint/sharded.h"
+#include "paratrain/train/inference/trained_model.h"
 #include "paratrain/train/strategies/common.h"
 
 namespace paratrain::train {
@@ -24,6 +28,13 @@ TrainConfig config_for_checkpoint(const fs::path& checkpoint, const fs::path& co
   for (const fs::path& dir : {absolute.parent_path().parent_path(), absolute.parent_path()}) {
     if (fs::exists(dir / "config.toml")) return load_config(dir / "config.toml");
   }
+  // A checkpoint away from its run (an int8 file, a copied step folder):
+  // the config saved in its metadata.
+  if (fs::exists(checkpoint)) {
+    const auto metadata = checkpoint::ShardedReader(checkpoint).index().metadata;
+    if (auto it = metadata.find("config"); it != metadata.end() && it->second != "{}")
+      return config_from_json(nlohmann::json::parse(it->second));
+  }
   throw ConfigError(fmt::format(
       "found no config.toml for checkpoint {} (looked in the run folder above its checkpoints/ folder and next to "
       "it); pass --config with the run's config.toml",
@@ -34,6 +45,10 @@ std::shared_ptr<models::Model> load_model_for_inference(const TrainConfig& confi
   if (!builds_gpt(config)) {
     throw ConfigError(fmt::format("generating text needs a model.kind = \"gpt\" run; this config has \"{}\"",
                                   config.model.kind));
+  }
+  if (fs::is_regular_file(checkpoint) &&
+      checkpoint::read_safetensors_metadata(checkpoint).count(kQuantFormatKey) > 0) {
+    return load_trained_model(checkpoint).model;  // int8 weights, dequantized (docs/quantization.md)
   }
   auto model = make_model(config);
   checkpoint::CheckpointContents contents;

@@ -27,14 +27,16 @@ struct SamplingOptions {
 };
 
 // The run's config for `checkpoint` (a step directory or a file): the
-// config.toml of the run folder that holds it (<run>/checkpoints/<ckpt>), or
-// `config_path` when given. Throws ConfigError when none is found.
+// config.toml of the run folder that holds it (<run>/checkpoints/<ckpt>), else
+// the config saved in the checkpoint's metadata, or `config_path` when given.
+// Throws ConfigError when none is found.
 TrainConfig config_for_checkpoint(const std::filesystem::path& checkpoint,
                                   const std::filesystem::path& config_path = {});
 
 // Builds the config's model and loads its weights from `checkpoint`
-// (sharded or consolidated, any training layout). Eval mode. Throws
-// CheckpointError when the checkpoint does not fit the model.
+// (sharded or consolidated, any training layout, or an int8 file of
+// `paratrain quantize`, dequantized). Eval mode. Throws CheckpointError when
+// the checkpoint does not fit the model.
 std::shared_ptr<models::Model> load_model_for_inference(const TrainConfig& config,
                                                         const std::filesystem::path& checkpoint);
 

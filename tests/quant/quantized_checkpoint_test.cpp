@@ -13,8 +13,10 @@
 
 #include "paratrain/checkpoint/safetensors.h"
 #include "paratrain/core/error.h"
+#include "paratrain/train/generate.h"
 #include "paratrain/train/inference/trained_model.h"
 #include "paratrain/train/trainer.h"
+#include "tests/support/gpt_run.h"
 #include "tests/support/multi_rank.h"
 
 namespace {
@@ -105,6 +107,37 @@ TEST(QuantizedCheckpoint, TheInt8FileHoldsInt8WeightsWithScalesAndEvaluatesClose
               << " bytes\n";
     EXPECT_NEAR(int8_eval.accuracy, float_eval.accuracy, 0.02);
   }
+}
+
+// An int8 GPT file away from its run: generate finds the config in the
+// file's metadata and samples from the dequantized weights, whose logits are
+// the float model's to within a few percent of their spread.
+TEST(QuantizedCheckpoint, AnInt8GptGeneratesFromItsFileAlone) {
+  auto dir = paratrain::testing::temp_dir("quant_gpt");
+  const auto corpus = paratrain::testing::write_word_corpus(dir, 7);
+  auto c = paratrain::testing::tiny_gpt_config(dir, corpus);
+  c.train.max_steps = 8;
+  const auto run = paratrain::testing::run_training(c, 1);
+  const auto checkpoint = run.result.last_checkpoint;
+  const auto file = std::filesystem::path(dir) / "elsewhere" / "gpt.int8.safetensors";
+  std::filesystem::create_directories(file.parent_path());
+  paratrain::train::quantize_checkpoint(checkpoint, file);
+  const auto config = paratrain::train::config_for_checkpoint(file);
+  EXPECT_EQ(config.model.kind, "gpt");
+  EXPECT_EQ(config.model.d_model, 32);
+  paratrain::train::SamplingOptions greedy;
+  greedy.tokens = 24;
+  greedy.temperature = 0;
+  const auto int8_model = paratrain::train::load_model_for_inference(config, file);
+  const auto float_model = paratrain::train::load_model_for_inference(config, checkpoint);
+  const std::string from_int8 = paratrain::train::generate(*int8_model, config.model.seq_len, "the ", greedy);
+  EXPECT_EQ(from_int8.size(), 24u);
+  torch::NoGradGuard no_grad;
+  const at::Tensor window = torch::tensor({116, 104, 101, 32}, torch::kLong).unsqueeze(0);  // "the "
+  const at::Tensor a = int8_model->forward(window), b = float_model->forward(window);
+  const double spread = (b.max() - b.min()).item<double>();
+  EXPECT_GT((a - b).abs().max().item<double>(), 0.0);  // it is quantized
+  EXPECT_LT((a - b).abs().max().item<double>(), 0.05 * spread);
 }
 
 TEST(QuantizedCheckpoint, DamagedOrMismatchedFilesAreNamed) {
