@@ -20,7 +20,7 @@ Command add_quantize_command(CLI::App& app) {
   struct Args {
     std::string checkpoint;
     std::string out;
-    int bits = 8;
+    int bits = 0;
     bool per_tensor = false;
   };
   auto args = std::make_shared<Args>();
@@ -29,9 +29,10 @@ Command add_quantize_command(CLI::App& app) {
                                  "float scales per output channel, in one safetensors file (docs/quantization.md)");
   sub->add_option("checkpoint", args->checkpoint, "checkpoint folder or consolidated .safetensors file")->required();
   sub->add_option("-o,--output", args->out, "the int8 file to write, e.g. model.int8.safetensors")->required();
-  sub->add_option("--bits", args->bits, "bits per weight, 2 to 8 (stored as int8)")
-      ->check(CLI::Range(2, 8))
-      ->capture_default_str();
+  sub->add_option("--bits", args->bits,
+                  "bits per weight, 2 to 8 (stored as int8); default: the run's quant.weight_bits when it trained "
+                  "with quant.qat, else 8")
+      ->check(CLI::Range(2, 8));
   sub->add_flag("--per-tensor", args->per_tensor, "one scale per weight tensor instead of one per output channel");
   auto run = [args]() -> int {
     torch::set_num_threads(1);
@@ -41,7 +42,7 @@ Command add_quantize_command(CLI::App& app) {
     const auto report = train::quantize_checkpoint(args->checkpoint, args->out, options);
     std::printf("wrote %s: %zu weights to %d bits (%s), %.1f KiB of parameters and buffers -> %.1f KiB (%.2fx "
                 "smaller)\n",
-                args->out.c_str(), report.quantized.size(), args->bits,
+                args->out.c_str(), report.quantized.size(), report.bits,
                 args->per_tensor ? "per tensor" : "per output channel", report.float_bytes / 1024.0,
                 report.file_bytes / 1024.0,
                 report.file_bytes > 0 ? static_cast<double>(report.float_bytes) / report.file_bytes : 0.0);

@@ -28,14 +28,15 @@ class FakeQuantize : public torch::autograd::Function<FakeQuantize> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& scales,
                             int64_t levels) {
     const at::Tensor s = broadcastable(scales.to(x.scalar_type()), x);
-    const at::Tensor limit = s * static_cast<double>(levels);
-    ctx->save_for_backward({x, limit});
+    // Only the mask is kept for backward, not x: x may be a parameter whose
+    // storage a sharding strategy frees and refills between forward and
+    // backward (FSDP).
+    ctx->save_for_backward({x.abs() <= s * static_cast<double>(levels)});
     return at::clamp(at::round(x / s), -static_cast<double>(levels), static_cast<double>(levels)) * s;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const at::Tensor inside = (saved[0].abs() <= saved[1]).to(grads[0].scalar_type());
+    const at::Tensor inside = ctx->get_saved_variables()[0].to(grads[0].scalar_type());
     return {grads[0] * inside, at::Tensor(), at::Tensor()};
   }
 };
@@ -78,6 +79,12 @@ at::Tensor dequantize(const QuantizedTensor& q) {
 
 at::Tensor fake_quantize(const at::Tensor& x, const at::Tensor& scales, int bits) {
   return FakeQuantize::apply(x, scales.detach(), max_level(bits));
+}
+
+at::Tensor per_channel_scales(const at::Tensor& w, int bits) {
+  torch::NoGradGuard no_grad;
+  const at::Tensor max_abs = w.detach().to(at::kFloat).reshape({w.size(0), -1}).abs().amax(1);
+  return at::where(max_abs > 0, max_abs / static_cast<double>(max_level(bits)), at::ones_like(max_abs));
 }
 
 }  // namespace paratrain::quant

@@ -49,4 +49,9 @@ at::Tensor dequantize(const QuantizedTensor& q);
 /// arXiv 1308.3432, as Jacob et al. use it).
 at::Tensor fake_quantize(const at::Tensor& x, const at::Tensor& scales, int bits = 8);
 
+/// The per-output-channel scales quantize_symmetric gives `w` (float32,
+/// [size(0)]): fake_quantize(w, per_channel_scales(w, b), b) is
+/// dequantize(quantize_symmetric(w, b)).
+at::Tensor per_channel_scales(const at::Tensor& w, int bits = 8);
+
 }  // namespace paratrain::quant

@@ -17,6 +17,7 @@
 #include "paratrain/data/text.h"
 #include "paratrain/models/model.h"
 #include "paratrain/train/freeze/freezing.h"
+#include "paratrain/train/qat/fake_quant_model.h"
 #include "paratrain/train/registry.h"
 
 namespace paratrain::train {
@@ -32,6 +33,11 @@ std::function<std::shared_ptr<models::Model>()> seeded_model_factory(const Train
     if (!config.freeze.modules.empty()) {
       FrozenSet set = freeze_modules(*model, config.freeze.modules);
       if (frozen) *frozen = std::move(set);
+    }
+    if (config.quant.qat) {
+      auto qat = std::make_shared<FakeQuantModel>(std::move(model), static_cast<int>(config.quant.weight_bits));
+      qat->set_active(config.quant.start_step == 0);  // the loop switches it on at quant.start_step
+      model = std::move(qat);
     }
     if (!device.is_cpu()) model->to(device);
     return model;

@@ -30,6 +30,7 @@
 #include "paratrain/train/config/parallel_section.h"
 #include "paratrain/train/config/profile_section.h"
 #include "paratrain/train/config/ps_section.h"
+#include "paratrain/train/config/quant_section.h"
 #include "paratrain/train/config/run_section.h"
 #include "paratrain/train/config/user_table.h"
 #include "paratrain/train/config/world_section.h"
@@ -62,6 +63,7 @@ struct TrainConfig {
   ProfileConfig profile;        ///< [profile]
   FreezeConfig freeze;          ///< [freeze]
   DistillConfig distill;        ///< [distill]
+  QuantConfig quant;            ///< [quant]
   UserTable user;               ///< [user]: the program's own keys
 
   bool operator==(const TrainConfig&) const = default;

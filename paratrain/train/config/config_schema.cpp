@@ -22,7 +22,8 @@ const std::vector<FieldSpec>& schema() {
     std::vector<FieldSpec> all;
     for (auto rows : {run_fields, model_fields, optimizer_fields, lr_fields, data_fields, train_fields,
                       log_fields, world_fields, elastic_fields, ddp_fields, parallel_fields, zero_fields,
-                      pipeline_fields, precision_fields, ps_fields, federated_fields, profile_fields, freeze_fields, distill_fields})
+                      pipeline_fields, precision_fields, ps_fields, federated_fields, profile_fields, freeze_fields, distill_fields,
+                      quant_fields})
       for (FieldSpec& row : rows()) all.push_back(std::move(row));
     return all;
   }();
@@ -31,7 +32,8 @@ const std::vector<FieldSpec>& schema() {
 
 std::string cross_key_problem(const TrainConfig& config) {
   for (auto problem_of : {optim_problem, federated_problem, world_problem, model_problem, parallel_problem,
-                          run_problem, ps_problem, profile_problem, freeze_problem, distill_problem})
+                          run_problem, ps_problem, profile_problem, freeze_problem, distill_problem,
+                          quant_problem})
     if (std::string problem = problem_of(config); !problem.empty()) return problem;
   return "";
 }

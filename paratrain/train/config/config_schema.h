@@ -115,6 +115,7 @@ std::vector<FieldSpec> federated_fields();
 std::vector<FieldSpec> profile_fields();
 std::vector<FieldSpec> freeze_fields();
 std::vector<FieldSpec> distill_fields();
+std::vector<FieldSpec> quant_fields();
 
 // Each group's cross-key rules, beside its sections: "" when consistent, else
 // the first rule broken, naming the keys and what to set.
@@ -128,6 +129,7 @@ std::string federated_problem(const TrainConfig& config);
 std::string profile_problem(const TrainConfig& config);
 std::string freeze_problem(const TrainConfig& config);
 std::string distill_problem(const TrainConfig& config);
+std::string quant_problem(const TrainConfig& config);
 
 // Every key, grouped by section in the order sections appear in TrainConfig.
 const std::vector<FieldSpec>& schema();

@@ -31,8 +31,11 @@ TrainConfig config_of(checkpoint::ShardedReader& reader) {
   }
   try {
     TrainConfig c = config_from_json(nlohmann::json::parse(it->second));
-    c.freeze = FreezeConfig{};  // inference trains nothing
+    // Inference trains nothing; a QAT run's model keeps its fake
+    // quantization (its forward is what it learned with).
+    c.freeze = FreezeConfig{};
     c.distill = DistillConfig{};
+    c.quant.start_step = 0;
     return c;
   } catch (const std::exception& e) {
     throw ConfigError(fmt::format("the config saved with {} does not load: {}", reader.where(), e.what()));
@@ -105,14 +108,16 @@ TrainedModel load_trained_model(const fs::path& checkpoint) {
   return out;
 }
 
-QuantizeReport quantize_checkpoint(const fs::path& checkpoint, const fs::path& out, const QuantizeOptions& options) {
-  quant::max_level(options.bits);  // checks the bits
+QuantizeReport quantize_checkpoint(const fs::path& checkpoint, const fs::path& out, const QuantizeOptions& given) {
+  if (given.bits != 0) quant::max_level(given.bits);  // checks the bits
   checkpoint::ShardedReader reader(checkpoint);
   if (reader.index().metadata.count(kQuantFormatKey)) {
     throw ConfigError(fmt::format("{} is quantized already; quantize the float checkpoint it came from",
                                   reader.where()));
   }
   const TrainedModel trained = load_trained_model(checkpoint);
+  QuantizeOptions options = given;
+  if (options.bits == 0) options.bits = trained.config.quant.qat ? static_cast<int>(trained.config.quant.weight_bits) : 8;
   checkpoint::SafetensorsContents file;
   for (const auto& [key, value] : reader.index().metadata) {
     if (key != checkpoint::kDataChecksumKey && key != "optimizer" && key != "optimizer_options") file.metadata[key] = value;
@@ -122,6 +127,7 @@ QuantizeReport quantize_checkpoint(const fs::path& checkpoint, const fs::path& o
   file.metadata["quant.granularity"] =
       options.granularity == quant::Granularity::kPerChannel ? "per_channel" : "per_tensor";
   QuantizeReport report;
+  report.bits = options.bits;
   const auto weights = quantizable_weights(*trained.model);
   auto add = [&](const std::string& name, const at::Tensor& t) {
     report.float_bytes += bytes_of(t);

@@ -40,12 +40,15 @@ TrainedModel load_trained_model(const std::filesystem::path& checkpoint);
 
 /// How quantize_checkpoint quantizes.
 struct QuantizeOptions {
-  int bits = 8;  ///< 2 to 8 (stored as int8)
+  /// 2 to 8 (stored as int8); 0: the run's quant.weight_bits when it trained
+  /// with quant.qat (the ranges it learned to live with), else 8.
+  int bits = 0;
   quant::Granularity granularity = quant::Granularity::kPerChannel;
 };
 
 /// What quantize_checkpoint wrote.
 struct QuantizeReport {
+  int bits = 8;                        ///< the bits used
   std::vector<std::string> quantized;  ///< parameters stored as integers (Linear and Conv weights)
   int64_t float_bytes = 0;             ///< the model's parameters and buffers in float32
   int64_t file_bytes = 0;              ///< the same in the int8 file (values, scales, the rest as float32)

@@ -13,6 +13,7 @@
 #include "paratrain/core/phase.h"
 #include "paratrain/optim/lr_schedule.h"
 #include "paratrain/train/precision.h"
+#include "paratrain/train/qat/fake_quant_model.h"
 #include "paratrain/train/trainer_state.h"
 
 namespace paratrain::train {
@@ -109,6 +110,12 @@ Outcome FitLoop::train_window(const Window& w) {
 // Returns the step's mean loss on this rank.
 double FitLoop::take_step(const ScheduledStep& step, int64_t index) {
   profiler_.begin_step(index + 1);
+  // quant.start_step: float steps first, then fake quantization (the model
+  // the strategy trains is the wrapper: builders.cpp).
+  if (s_.config.quant.qat) {
+    if (auto* qat = dynamic_cast<FakeQuantModel*>(s_.strategy->module().get()))
+      qat->set_active(index >= s_.config.quant.start_step);
+  }
   // The loss is scaled in backward (precision.loss_scale); logged unscaled.
   const double loss_scale = s_.scaler ? s_.scaler->get_scale() : 1.0;
   const int64_t k = plan_.accumulate;
