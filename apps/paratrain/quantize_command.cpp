@@ -62,7 +62,8 @@ Command add_evaluate_command(CLI::App& app) {
     const auto trained = train::load_trained_model(*checkpoint);
     const auto r = train::evaluate_trained_model(trained);
     std::printf("%s (%s, %s weights, step %lld): test loss %.4f, %s (%lld %s)\n", checkpoint->c_str(),
-                trained.config.model.kind.c_str(), trained.quantized ? "int8" : "float",
+                trained.config.model.kind.c_str(),
+                trained.quantized ? fmt::format("int{}", trained.bits).c_str() : "float32",
                 static_cast<long long>(trained.step), r.loss,
                 r.perplexity > 0 ? fmt::format("perplexity {:.3f}", r.perplexity).c_str()
                                  : fmt::format("accuracy {:.2f}%", 100.0 * r.accuracy).c_str(),

@@ -171,6 +171,7 @@ TEST(Qat, QuantizingAQatRunKeepsItsBitsAndItsForward) {
   const auto report = paratrain::train::quantize_checkpoint(result.last_checkpoint, file);
   EXPECT_EQ(report.bits, 4);  // the run's quant.weight_bits
   const auto int4 = paratrain::train::load_trained_model(file);
+  EXPECT_EQ(int4.bits, 4);
   const auto eval = paratrain::train::evaluate_trained_model(int4);
   EXPECT_NEAR(eval.accuracy, result.test.accuracy, 1.0 / 96 + 1e-12);  // one test item at most
   EXPECT_NEAR(eval.loss, result.test.loss, 1e-4);

@@ -68,6 +68,7 @@ TrainedModel load_trained_model(const fs::path& checkpoint) {
                                       reader.where(), kQuantFormatKey, metadata.at(kQuantFormatKey), kQuantFormat));
   }
   if (auto step = metadata.find("step"); step != metadata.end()) out.step = std::stoll(step->second);
+  if (auto bits = metadata.find("quant.bits"); out.quantized && bits != metadata.end()) out.bits = std::stoi(bits->second);
   {
     CpuRngGuard keep_rng;  // the values are replaced; the caller's random stream stays
     out.model = seeded_model_factory(out.config, c10::Device(c10::kCPU))();

@@ -30,6 +30,7 @@ struct TrainedModel {
   TrainConfig config;                     ///< the run's config, from the checkpoint
   std::shared_ptr<models::Model> model;
   bool quantized = false;                 ///< read from an int8 file (its weights dequantized)
+  int bits = 32;                          ///< the integer weights' bits (quant.bits) when quantized
   int64_t step = 0;                       ///< the training step the checkpoint was taken at
 };
 
