@@ -21,7 +21,7 @@
 #include "paratrain/train/freeze/refreeze.h"
 #include "paratrain/models/model.h"
 #include "paratrain/train/trainer.h"
-#include "tests/freeze/freeze_mlp.h"
+#include "tests/support/small_mlp.h"
 #include "tests/support/multi_rank.h"
 
 namespace {
@@ -99,7 +99,7 @@ TEST(AdaptiveFreezing, LayersNameOnlyModulesWithParameters) {
 // the parameters: fc0 (61%) freezes at the second check (step 8), fc1 never
 // (88%).
 TrainConfig adaptive_config(const std::string& dir, int64_t steps) {
-  TrainConfig c = paratrain::testing::freeze_mlp_config(dir);
+  TrainConfig c = paratrain::testing::small_mlp_config(dir);
   c.train.max_steps = steps;
   c.freeze.adaptive = true;
   c.freeze.check_every_steps = 4;

@@ -22,7 +22,7 @@
 #include "paratrain/train/builders.h"
 #include "paratrain/train/config/config.h"
 #include "paratrain/train/trainer.h"
-#include "tests/freeze/freeze_mlp.h"
+#include "tests/support/small_mlp.h"
 #include "tests/support/multi_rank.h"
 
 namespace {
@@ -31,9 +31,9 @@ using paratrain::train::TrainConfig;
 using paratrain::train::Trainer;
 using Params = std::vector<std::pair<std::string, at::Tensor>>;
 
-// tests/freeze/freeze_mlp.h's run, with several FSDP units.
+// tests/support/small_mlp.h's run, with several FSDP units.
 TrainConfig small_config(const std::string& dir) {
-  TrainConfig c = paratrain::testing::freeze_mlp_config(dir);
+  TrainConfig c = paratrain::testing::small_mlp_config(dir);
   c.zero.unit_min_params = 200;
   return c;
 }

@@ -14,31 +14,22 @@
 #include "paratrain/train/qat/fake_quant_model.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"
+#include "tests/support/small_mlp.h"
 
 namespace {
 
 using paratrain::train::TrainConfig;
 using Params = std::vector<std::pair<std::string, at::Tensor>>;
 
+// tests/support/small_mlp.h's run with momentum SGD (every gradient enters
+// the weights linearly) and fake-quantized weights.
 TrainConfig qat_config(const std::string& dir, const std::string& name, int64_t bits) {
-  TrainConfig c;
+  TrainConfig c = paratrain::testing::small_mlp_config(dir);
   c.run.name = name;
-  c.run.output_dir = dir;
   c.run.seed = 9;
-  c.run.log_every = 0;
-  c.model.kind = "mlp";
-  c.model.hidden = {24, 16};
-  c.data.dataset = "synthetic";
-  c.data.synthetic_train_size = 480;
-  c.data.synthetic_test_size = 96;
-  c.data.synthetic_image_size = 6;
-  c.data.global_batch_size = 24;
   c.optimizer.kind = "sgd";
   c.optimizer.lr = 0.05;
   c.optimizer.momentum = 0.9;
-  c.train.epochs = 1;
-  c.train.max_steps = 12;
-  c.train.eval_every_epochs = 0;
   c.zero.unit_min_params = 200;
   c.quant.qat = true;
   c.quant.weight_bits = bits;

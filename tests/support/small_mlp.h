@@ -1,4 +1,4 @@
-// The run the freezing tests share: a 3-layer MLP (fc0 888, fc1 400, fc2 170
+// The small run the freezing and QAT tests share: a 3-layer MLP (fc0 888, fc1 400, fc2 170
 // of 1458 elements) on synthetic 6x6 images, global batch 24 (divides over
 // 1, 2 and 3 ranks), 12 Adam steps, no evaluation.
 #pragma once
@@ -9,7 +9,7 @@
 
 namespace paratrain::testing {
 
-inline train::TrainConfig freeze_mlp_config(const std::string& dir) {
+inline train::TrainConfig small_mlp_config(const std::string& dir) {
   train::TrainConfig c;
   c.run.name = "t";
   c.run.output_dir = dir;
