@@ -294,6 +294,23 @@ TEST(Compression, OnlyBucketedDdpCompressesAndOneWireFormat) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("precision.comm_dtype"), std::string::npos) << e.what();
   }
+  // The int8 wire: DDP and ZeRO-1/2, not ZeRO-3, pipelines or in-job elasticity.
+  c.precision.comm_dtype = "fp32";
+  apply_override(c, "ddp.compression=\"int8\"");
+  for (int64_t stage : {0, 1, 2}) {
+    c.zero.stage = stage;
+    validate_config(c);
+  }
+  c.zero.stage = 3;
+  EXPECT_THROW(validate_config(c), ConfigError);
+  c.zero.stage = 0;
+  c.elastic.in_job = true;
+  try {
+    validate_config(c);
+    ADD_FAILURE() << "the int8 wire accepted with elastic.in_job";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"int8\""), std::string::npos) << e.what();
+  }
 }
 
 TrainConfig cnn_config(const std::string& dir, const std::string& name) {

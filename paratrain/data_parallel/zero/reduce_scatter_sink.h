@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "paratrain/data_parallel/ddp/bucket_sink.h"
+#include "paratrain/data_parallel/ddp/int8_compression.h"
 
 namespace paratrain::zero {
 
@@ -22,7 +23,11 @@ class ReduceScatterSink final : public ddp::BucketSink {
   // `wire`: kFloat sends the buckets as they are; kBFloat16 / kHalf sends
   // them as 16 bits and sums in fp32 (comm::reduce_scatter_low_precision):
   // half the bytes, each average rounded once to 16 bits per rank.
-  explicit ReduceScatterSink(std::vector<at::Tensor> shards, at::ScalarType wire = at::kFloat);
+  // `int8` (ddp.compression = "int8"): the int8 wire with error feedback
+  // instead (ddp/int8_all_reduce.h), attached to this sink's reducer for
+  // reduce-scatter; `wire` must then be kFloat.
+  explicit ReduceScatterSink(std::vector<at::Tensor> shards, at::ScalarType wire = at::kFloat,
+                             std::shared_ptr<ddp::Int8Compression> int8 = nullptr);
 
   // Reduce-scatter (sum) of `buffer`, already divided by the group size, so
   // shard `index` receives the average over ranks of this rank's slice.
@@ -33,6 +38,7 @@ class ReduceScatterSink final : public ddp::BucketSink {
  private:
   std::vector<at::Tensor> shards_;
   at::ScalarType wire_;
+  std::shared_ptr<ddp::Int8Compression> int8_;
 };
 
 }  // namespace paratrain::zero

@@ -123,12 +123,17 @@ ZeroDataParallel::ZeroDataParallel(std::shared_ptr<torch::nn::Module> module, co
   // finish_backward() and step() count the reducer's synchronized steps,
   // which its no-hook shortcut on one rank would leave at 0.
   reducer_options.single_rank_passthrough = false;
+  if (options_.int8_wire && options_.comm_wire != at::kFloat)
+    throw ConfigError("ZeRO: the int8 gradient wire and a 16-bit comm_wire are exclusive; choose one");
   if (options_.stage == 2) {
-    reducer_options.sink = std::make_shared<ReduceScatterSink>(grad_shards_, options_.comm_wire);
+    reducer_options.sink = std::make_shared<ReduceScatterSink>(grad_shards_, options_.comm_wire, options_.int8_wire);
+  } else if (options_.int8_wire) {
+    reducer_options.comm_hook = options_.int8_wire->hook();
   } else if (options_.comm_wire != at::kFloat) {
     reducer_options.comm_hook = ddp::low_precision_hook(options_.comm_wire);
   }
   reducer_ = std::make_unique<ddp::Reducer>(params_, group_, std::move(reducer_options));
+  if (options_.int8_wire) options_.int8_wire->attach(*reducer_, options_.stage == 2);
   // The first forward is prepared (Note [One wrapper protocol]).
   reducer_->prepare_forward();
   forward_prepared_ = true;

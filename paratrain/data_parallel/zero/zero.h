@@ -27,6 +27,7 @@
 #include "paratrain/comm/process_group.h"
 #include "paratrain/core/tensor_slot.h"
 #include "paratrain/data_parallel/ddp/ddp.h"
+#include "paratrain/data_parallel/ddp/int8_compression.h"
 #include "paratrain/core/model_state.h"
 #include "paratrain/data_parallel/zero/shard_layout.h"
 
@@ -64,6 +65,11 @@ struct ZeroOptions {
   /// low_precision_hook; stage 2: a 16-bit reduce-scatter). Each rank's
   /// averaged gradient is rounded to 16 bits once on the way.
   at::ScalarType comm_wire = at::kFloat;
+  /// The int8 wire with error feedback (ddp.compression = "int8";
+  /// ddp/int8_compression.h) instead: stage 1 all-reduces through its hook,
+  /// stage 2 reduce-scatters through it; the constructor attaches it.
+  /// comm_wire must stay kFloat.
+  std::shared_ptr<ddp::Int8Compression> int8_wire;
 };
 
 /// ZeRO stages 1 and 2 (arXiv 1910.02054) for a user module: full replicas of

@@ -89,7 +89,7 @@ std::vector<FieldSpec> ddp_fields() {
       field("ddp.first_bucket_cap_mb", &TC::ddp, &DdpConfig::first_bucket_cap_mb, "first bucket size (MiB): small so its all-reduce starts early", in_range_finite(kMinBucketMiB, kMaxBucketMiB, "MiB: 1 byte to 1 TiB")),
       field("ddp.find_unused_parameters", &TC::ddp, &DdpConfig::find_unused_parameters, "tolerate parameters without gradients"),
       field("ddp.broadcast_buffers", &TC::ddp, &DdpConfig::broadcast_buffers, "copy rank 0's buffers before each forward"),
-      field("ddp.compression", &TC::ddp, &DdpConfig::compression, "gradient compression of the bucketed all-reduce: \"none\", \"fp16\" / \"bf16\" (16-bit wire, fp32 sums; also ZeRO-1/2's all-reduce / reduce-scatter) or \"powersgd\" (rank-r factors, error feedback; DDP only)", one_of({"none", "fp16", "bf16", "powersgd"})),
+      field("ddp.compression", &TC::ddp, &DdpConfig::compression, "gradient compression of the bucketed all-reduce: \"none\", \"fp16\" / \"bf16\" (16-bit wire, fp32 sums; also ZeRO-1/2's all-reduce / reduce-scatter), \"int8\" (int8 blocks with fp32 scales, fp32 sums, error feedback saved in checkpoints; also ZeRO-1/2) or \"powersgd\" (rank-r factors, error feedback; DDP only)", one_of({"none", "fp16", "bf16", "int8", "powersgd"})),
       field("ddp.powersgd_rank", &TC::ddp, &DdpConfig::powersgd_rank, "PowerSGD: columns of the factors each gradient matrix is sent as (higher: closer to exact, more bytes)", at_least<int64_t>(1)),
       field("ddp.powersgd_start_step", &TC::ddp, &DdpConfig::powersgd_start_step, "PowerSGD: synchronized steps sent uncompressed before compression starts (PyTorch suggests ~10% of training)", at_least<int64_t>(0)),
   };
@@ -155,7 +155,7 @@ std::string parallel_problem(const TrainConfig& c) {
       ((c.zero.stage != 0 && !(zero_wire && c.ddp.compression != "powersgd")) || c.ddp.mode != "bucketed" ||
        c.parallel.pp != 1 || c.parallel.tp != 1 || c.parallel.cp != 1 || c.ps.servers != 0))
     return fmt::format("ddp.compression = \"{}\" is a comm hook of the bucketed DDP all-reduce (zero.stage = 0, "
-                       "or 1-2 for fp16/bf16; ddp.mode = \"bucketed\", parallel.pp = tp = cp = 1, ps.servers = 0); "
+                       "or 1-2 for fp16/bf16/int8; ddp.mode = \"bucketed\", parallel.pp = tp = cp = 1, ps.servers = 0); "
                        "got zero.stage = {}, ddp.mode = \"{}\", pp = {}, tp = {}, cp = {}, ps.servers = {}: set "
                        "ddp.compression = \"none\" or change those keys",
                        c.ddp.compression, c.zero.stage, c.ddp.mode, c.parallel.pp, c.parallel.tp, c.parallel.cp,

@@ -22,8 +22,10 @@ struct DdpConfig {
   bool find_unused_parameters = false;  ///< allow parameters the loss did not reach (as in PyTorch)
   bool broadcast_buffers = true;        ///< rank 0's buffers (BatchNorm statistics) before each forward
   /// Gradient compression on the bucketed all-reduce: "none", "fp16"/"bf16"
-  /// (as precision.comm_dtype: 16-bit wire, fp32 sums) or "powersgd"
-  /// (data_parallel/ddp/powersgd.h: rank-r factors with error feedback).
+  /// (as precision.comm_dtype: 16-bit wire, fp32 sums), "int8"
+  /// (data_parallel/ddp/int8_all_reduce.h: int8 blocks, error feedback) or
+  /// "powersgd" (data_parallel/ddp/powersgd.h: rank-r factors with error
+  /// feedback).
   std::string compression = "none";
   int64_t powersgd_rank = 1;        ///< PowerSGD: rank r of the factors
   int64_t powersgd_start_step = 0;  ///< synchronized steps sent uncompressed first

@@ -31,9 +31,10 @@ std::string in_job_problem(const TrainConfig& c) {
                        "(`paratrain launch --max-restarts N` with train.checkpoint_every_steps) or set "
                        "elastic.in_job = false",
                        strategy);
-  if (c.ddp.compression == "powersgd")
-    return "elastic.in_job = true with ddp.compression = \"powersgd\": PowerSGD's per-rank error feedback "
-           "does not survive re-forming the group; use another ddp.compression or elastic.in_job = false";
+  if (c.ddp.compression == "powersgd" || c.ddp.compression == "int8")
+    return fmt::format("elastic.in_job = true with ddp.compression = \"{}\": its per-rank error feedback does "
+                       "not survive re-forming the group; use another ddp.compression or elastic.in_job = false",
+                       c.ddp.compression);
   if (c.model.sync_batchnorm)
     return "elastic.in_job = true with model.sync_batchnorm = true: the SyncBatchNorm layers keep the group they "
            "were built on, which a dead rank ends; set model.sync_batchnorm = false or elastic.in_job = false";

@@ -7,10 +7,12 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "paratrain/core/autocast.h"
 #include "paratrain/core/error.h"
 #include "paratrain/data_parallel/ddp/ddp.h"
+#include "paratrain/data_parallel/ddp/int8_compression.h"
 #include "paratrain/data_parallel/sync_batchnorm/convert_sync_batchnorm.h"
 #include "paratrain/data_parallel/zero/zero.h"
 #include "paratrain/models/model.h"
@@ -157,6 +159,19 @@ zero::ZeroOptions zero_options(const TrainConfig& config, std::chrono::milliseco
   options.broadcast_buffers = config.ddp.broadcast_buffers;
   options.timeout = timeout;
   return options;
+}
+
+void log_int8_wire(const ddp::Int8Compression& int8, comm::ProcessGroup& dp) {
+  if (dp.rank() != 0) return;
+  if (dp.size() == 1) {
+    spdlog::info("int8 gradient wire: one rank, nothing crosses a wire, nothing is quantized");
+    return;
+  }
+  const int64_t sent = int8.bytes_per_step(dp.size()), full = int8.fp32_bytes_per_step(dp.size());
+  spdlog::info("int8 gradient wire: {} bytes sent per rank and step, {} with fp32 ({:.3f}x); blocks of {}, error "
+               "feedback {}",
+               sent, full, full > 0 ? static_cast<double>(sent) / static_cast<double>(full) : 1.0,
+               int8.options().block, int8.options().error_feedback ? "on" : "off");
 }
 
 ddp::DdpOptions ddp_options(const TrainConfig& config, std::chrono::milliseconds timeout) {

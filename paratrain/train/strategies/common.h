@@ -23,6 +23,7 @@ struct ZeroOptions;
 }  // namespace paratrain::zero
 namespace paratrain::ddp {
 struct DdpOptions;
+class Int8Compression;
 }  // namespace paratrain::ddp
 
 namespace paratrain::train::strategies {
@@ -79,6 +80,10 @@ void convert_batchnorm(const TrainConfig& config, models::Model& model, comm::Pr
 // collective timeout; strategies add what is theirs (compression hooks).
 zero::ZeroOptions zero_options(const TrainConfig& config, std::chrono::milliseconds timeout);
 ddp::DdpOptions ddp_options(const TrainConfig& config, std::chrono::milliseconds timeout);
+
+// Rank 0 logs what the int8 gradient wire sends per step against fp32
+// (ddp.compression = "int8"; after it is attached).
+void log_int8_wire(const ddp::Int8Compression& int8, comm::ProcessGroup& dp);
 
 // The model-state bytes of several ZeRO engines (one per local pipeline
 // chunk) added up; optimizer state is the optimizer's own count.

@@ -12,6 +12,7 @@
 #include "paratrain/data_parallel/ddp/compress_hook.h"
 #include "paratrain/data_parallel/ddp/ddp.h"
 #include "paratrain/data_parallel/ddp/naive.h"
+#include "paratrain/data_parallel/ddp/int8_compression.h"
 #include "paratrain/data_parallel/ddp/powersgd.h"
 #include <spdlog/spdlog.h>
 #include "paratrain/models/model.h"
@@ -66,10 +67,18 @@ class DdpStrategy final : public DataParallelStrategy {
         // The hook only runs with the reducer: on one rank there is nothing to compress.
         options.reducer.single_rank_passthrough = true;
       }
+      if (d.compression == "int8") {
+        int8_ = std::make_shared<ddp::Int8Compression>();
+        options.reducer.comm_hook = int8_->hook();
+      }
       ddp_ = std::make_unique<ddp::DistributedDataParallel>(model_, dp_, std::move(options));
       if (powersgd_) {
         powersgd_->attach(ddp_->reducer());
         log_powersgd();
+      }
+      if (int8_) {
+        int8_->attach(ddp_->reducer());
+        log_int8_wire(*int8_, dp_);
       }
     } else if (d.mode == "naive") {
       ddp::NaiveOptions options;
@@ -135,12 +144,15 @@ class DdpStrategy final : public DataParallelStrategy {
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() override { return clone_parameters(*model_); }
 
   // PowerSGD's error feedback, Q and step count (Note [PowerSGD state in
-  // checkpoints], data_parallel/ddp/powersgd_state.cpp).
+  // checkpoints], data_parallel/ddp/powersgd_state.cpp); the int8 wire's
+  // residuals (Note [Int8 wire state in checkpoints]).
   std::vector<TensorSlot> state_slots() override {
+    if (int8_) return int8_->state_slots(dp_.rank(), dp_.size());
     return powersgd_ ? powersgd_->state_slots(dp_.rank(), dp_.size()) : std::vector<TensorSlot>{};
   }
   void state_loaded(const std::vector<std::string>& missing) override {
     if (powersgd_) powersgd_->state_loaded(missing);
+    if (int8_) int8_->state_loaded(missing);
   }
 
   SyncStats last_stats() const override {
@@ -170,6 +182,7 @@ class DdpStrategy final : public DataParallelStrategy {
 
   std::unique_ptr<ddp::DistributedDataParallel> ddp_;
   std::shared_ptr<ddp::PowerSgd> powersgd_;
+  std::shared_ptr<ddp::Int8Compression> int8_;
   std::unique_ptr<ddp::NaiveDataParallel> naive_;
 };
 

@@ -35,8 +35,15 @@ class ZeroStrategy final : public DataParallelStrategy {
     // ddp.compression "fp16"/"bf16" and precision.comm_dtype name the same
     // wire (the schema rejects the two disagreeing, and powersgd here).
     const std::string wire = wire_name();
-    if (wire != "fp32") options.comm_wire = wire == "bf16" ? at::kBFloat16 : at::kHalf;
+    if (wire == "int8") {
+      // Attached by ZeroDataParallel's constructor.
+      int8_ = std::make_shared<ddp::Int8Compression>();
+      options.int8_wire = int8_;
+    } else if (wire != "fp32") {
+      options.comm_wire = wire == "bf16" ? at::kBFloat16 : at::kHalf;
+    }
     zero_ = std::make_unique<zero::ZeroDataParallel>(model_, dp_, std::move(options));
+    if (int8_) log_int8_wire(*int8_, dp_);
   }
 
   std::vector<at::Tensor> optimizer_params() override { return zero_->optimizer_params(); }
@@ -89,6 +96,13 @@ class ZeroStrategy final : public DataParallelStrategy {
     return out;
   }
   void after_load() override { zero_->gather_parameters(); }
+  // The int8 wire's residuals (Note [Int8 wire state in checkpoints]).
+  std::vector<TensorSlot> state_slots() override {
+    return int8_ ? int8_->state_slots(dp_.rank(), dp_.size()) : std::vector<TensorSlot>{};
+  }
+  void state_loaded(const std::vector<std::string>& missing) override {
+    if (int8_) int8_->state_loaded(missing);
+  }
   std::vector<std::pair<std::string, std::string>> checkpoint_metadata() const override {
     return {{"zero.stage", std::to_string(config_.zero.stage)}, {"dp", std::to_string(dp_.size())}};
   }
@@ -105,9 +119,10 @@ class ZeroStrategy final : public DataParallelStrategy {
  private:
   std::string wire_name() const {
     const auto& c = config_.ddp.compression;
-    return c == "fp16" || c == "bf16" ? c : config_.precision.comm_dtype;
+    return c == "fp16" || c == "bf16" || c == "int8" ? c : config_.precision.comm_dtype;
   }
   std::unique_ptr<zero::ZeroDataParallel> zero_;
+  std::shared_ptr<ddp::Int8Compression> int8_;
 };
 
 }  // namespace

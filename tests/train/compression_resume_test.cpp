@@ -1,13 +1,19 @@
-// PowerSGD's state in the Trainer's sharded checkpoints (Note [PowerSGD state
-// in checkpoints], data_parallel/ddp/powersgd_state.cpp), 2 ranks as threads.
-// A run stopped at step 10 and resumed to 20 equals 20 steps in one go
-// bitwise: the same data, the same sums, and the restored error feedback, Q
-// and step count make every later step identical. Checked with compression
+// Gradient compression state in the Trainer's sharded checkpoints, 2 ranks
+// as threads: a run stopped at step 10 and resumed to 20 equals 20 steps in
+// one go bitwise (the same data, the same sums, and the restored state make
+// every later step identical). Negative controls: the same checkpoint with
+// the state/ tensors removed from its index (as a checkpoint from before
+// they were saved) resumes to a different model.
+//
+// PowerSGD (Note [PowerSGD state in checkpoints], data_parallel/ddp/
+// powersgd_state.cpp): error feedback, Q and step count, with compression
 // running before the stop (start_step 3, warm Q and errors to restore) and
 // not yet (start_step 12: Q must still be drawn from the restored stream at
-// step 12). Negative control: the same checkpoint with the PowerSGD tensors
-// removed from its index (as a checkpoint from before they were saved)
-// resumes to a different model.
+// step 12).
+//
+// The int8 wire (Note [Int8 wire state in checkpoints], data_parallel/ddp/
+// int8_compression.cpp): both residuals under DDP, the phase-1 residual
+// under ZeRO-2's reduce-scatter.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -68,7 +74,7 @@ fs::path without_strategy_state(const fs::path& from, const fs::path& to) {
       ++it;
     }
   }
-  EXPECT_GT(removed, 0) << "the checkpoint holds no PowerSGD state";
+  EXPECT_GT(removed, 0) << "the checkpoint holds no compression state";
   std::ofstream(to / "index.json") << index.dump();
   return to;
 }
@@ -97,6 +103,42 @@ TEST(PowerSgdResume, ResumedRunEqualsTheUninterruptedOneBitwise) {
     const double diff = testing::relative_diff(train_ranks(stateless), whole);
     RecordProperty("resume_without_powersgd_state_diff", std::to_string(diff));
     EXPECT_GT(diff, 1e-3) << "resuming without PowerSGD's state changed nothing: the check cannot fail";
+  }
+}
+
+TrainConfig int8_config(const std::string& dir, const std::string& name, int64_t zero_stage) {
+  TrainConfig c = testing::mlp_oracle_config(dir, name, zero_stage);
+  c.optimizer.kind = "sgd";
+  c.optimizer.momentum = 0.9;
+  c.optimizer.lr = 0.05;
+  c.ddp.compression = "int8";
+  return c;
+}
+
+TEST(Int8WireResume, ResumedRunEqualsTheUninterruptedOneBitwise) {
+  const auto dir = testing::temp_dir("int8_resume");
+  for (int64_t stage : {0, 2}) {
+    const std::string tag = "_zero" + std::to_string(stage);
+    const Params whole = train_ranks(int8_config(dir, "whole" + tag, stage));
+
+    TrainConfig first = int8_config(dir, "first" + tag, stage);
+    first.train.max_steps = 10;
+    train_ranks(first);
+    const fs::path ckpt = fs::path(dir) / ("first" + tag) / "version_0" / "checkpoints" / "step_00000010";
+    ASSERT_TRUE(fs::exists(ckpt / "index.json")) << ckpt;
+
+    TrainConfig resumed = int8_config(dir, "resumed" + tag, stage);
+    resumed.train.resume = ckpt.string();
+    const Params after_resume = train_ranks(resumed);
+    EXPECT_TRUE(bitwise_equal(after_resume, whole))
+        << "zero.stage " << stage << ": max relative diff " << testing::relative_diff(after_resume, whole);
+
+    TrainConfig stateless = int8_config(dir, "stateless" + tag, stage);
+    stateless.train.resume = without_strategy_state(ckpt, fs::path(dir) / ("stripped" + tag)).string();
+    const double diff = testing::relative_diff(train_ranks(stateless), whole);
+    RecordProperty("resume_without_int8_residuals_diff" + tag, std::to_string(diff));
+    // Runs are deterministic: any difference is the residuals' doing.
+    EXPECT_GT(diff, 0) << "resuming without the residuals changed nothing: the check cannot fail";
   }
 }
 
