@@ -10,6 +10,7 @@
 //   paratrain launch --nproc-per-node 2 -- allreduce_bandwidth --sizes-mb 1,4,7.1,16
 //   mpirun -np 2 allreduce_bandwidth --backend mpi
 //   paratrain launch --nproc-per-node 2 -- allreduce_bandwidth --backend shm --sizes-mb 0.00390625,1,16,64
+//   paratrain launch --nproc-per-node 2 -- allreduce_bandwidth --wire int8 --sizes-mb 0.9,7.1
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -33,6 +34,7 @@ struct BandwidthOptions {
   int iters = 30;  // timed all-reduces per size (the median is reported)
   int warmup = 5;
   std::string backend = "gloo";  // or "shm", "auto"; "mpi": run under mpirun instead of paratrain launch
+  std::string wire = "fp32";     // or "bf16", "int8": the gradient wires of precision.comm_dtype / ddp.compression
 };
 
 int run(const BandwidthOptions& o) {
@@ -40,6 +42,7 @@ int run(const BandwidthOptions& o) {
   bench.iters = o.iters;
   bench.max_iters = o.iters;  // exactly --iters, as this program always did
   bench.warmup = o.warmup;
+  bench.wire = o.wire;
   bench.sizes_bytes.clear();
   for (double mb : o.sizes_mb) {
     if (mb <= 0) throw paratrain::ConfigError(fmt::format("--sizes-mb: {} is not positive", mb));
@@ -57,6 +60,7 @@ int run(const BandwidthOptions& o) {
                               {"backend", group->backend()},
                               {"world", world.world_size},
                               {"iters", o.iters},
+                              {"wire", o.wire},
                               {"statistic", "median over iterations of the slowest rank"},
                               {"sizes", rows}};
     std::printf("%s\n", j.dump().c_str());
@@ -74,6 +78,9 @@ int main(int argc, char** argv) {
   app.add_option("--iters", o.iters, "timed all-reduces per size")->capture_default_str();
   app.add_option("--warmup", o.warmup, "untimed all-reduces per size")->capture_default_str();
   app.add_option("--backend", o.backend, "gloo or shm (under paratrain launch), mpi (under mpirun) or auto")
+      ->capture_default_str();
+  app.add_option("--wire", o.wire, "fp32, bf16 (16-bit wire, fp32 sums) or int8 (int8 blocks, error feedback)")
+      ->check(CLI::IsMember({"fp32", "bf16", "int8"}))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -23,6 +24,11 @@ struct AllReduceBenchOptions {
   int iters = 20;
   int max_iters = 200;
   int warmup = 3;  ///< untimed all-reduces per size first
+  /// What crosses the wire: "fp32" (the backend's all-reduce), "bf16"
+  /// (comm/low_precision_all_reduce.h) or "int8" (ddp/int8_all_reduce.h,
+  /// with error feedback as DDP's hook runs it): the collective a gradient
+  /// bucket takes under precision.comm_dtype / ddp.compression.
+  std::string wire = "fp32";
 };
 
 /// One size's figures.
@@ -37,6 +43,7 @@ struct AllReduceRow {
   /// The tensor came from the group's symmetric memory (allocate_symmetric:
   /// shm reduces it in place); false: ordinary memory.
   bool symmetric = false;
+  std::string wire = "fp32";  ///< as AllReduceBenchOptions::wire
 };
 
 /// Collective over `group`: times a float32 sum all-reduce per size; every

@@ -97,7 +97,9 @@ TEST(CheckpointApi, FsdpCheckpointLoadsIntoDdpZeroAndOneProcess) {
   // ZeRO-2 on 2 ranks: loading regathers the full parameters everywhere.
   paratrain::testing::run_ranks(2, [&](paratrain::ProcessGroup& g) {
     auto net = make_net();
-    paratrain::ZeroDataParallel zero(net.ptr(), g, paratrain::ZeroOptions{.stage = 2});
+    paratrain::ZeroOptions options;
+    options.stage = 2;
+    paratrain::ZeroDataParallel zero(net.ptr(), g, options);
     torch::optim::Adam opt(zero.optimizer_params(), torch::optim::AdamOptions(0.01));
     paratrain::load_checkpoint(dir, zero, &opt);
     expect_same(named(*net), saved);

@@ -36,6 +36,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <memory>
 
 #include "paratrain/comm/process_group.h"
 
@@ -57,6 +58,13 @@ struct Int8Residuals {
   at::Tensor summed;
 };
 
+/// Buffers one call's phases fill (the wire's bytes, the fp32 sums), kept
+/// for the next call on a buffer of the same size: a bucket's call leaves
+/// it to the next. Not shared by calls in flight at once.
+struct Int8Scratch {
+  at::Tensor x, send, recv, mine, slice, gathered;
+};
+
 /// Elements of each rank's slice of a `numel`-element buffer over p ranks:
 /// ceil(numel / p).
 int64_t int8_slice_numel(int64_t numel, int p);
@@ -70,14 +78,17 @@ int64_t int8_wire_bytes_per_phase(int64_t numel, int p, int64_t block = kInt8Wir
 /// done. `residuals` (tensors shared, updated in place when each phase
 /// starts) may be empty. The second phase goes to `gather_group` (same
 /// members; Note [Second phases on their own group] in compress_hook.h).
+/// `scratch` (may be null) is reused and kept by the work until it is done.
 comm::WorkHandle all_reduce_int8(comm::ProcessGroup& group, at::Tensor& buffer, Int8Residuals residuals,
-                                 comm::ProcessGroup& gather_group, int64_t block = kInt8WireBlock);
+                                 comm::ProcessGroup& gather_group, int64_t block = kInt8WireBlock,
+                                 std::shared_ptr<Int8Scratch> scratch = nullptr);
 
 /// Phase 1 alone, as a sum reduce-scatter: `input` (p x output.numel()
 /// elements) crosses the wire as int8 blocks and `output` receives the fp32
 /// sum of this rank's slice. `sent` is input-shaped error feedback
 /// (undefined: none).
 comm::WorkHandle reduce_scatter_int8(comm::ProcessGroup& group, at::Tensor& output, const at::Tensor& input,
-                                     at::Tensor sent, int64_t block = kInt8WireBlock);
+                                     at::Tensor sent, int64_t block = kInt8WireBlock,
+                                     std::shared_ptr<Int8Scratch> scratch = nullptr);
 
 }  // namespace paratrain::ddp

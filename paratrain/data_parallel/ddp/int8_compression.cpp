@@ -96,7 +96,7 @@ comm::WorkHandle Int8Compression::start(comm::ProcessGroup& group, std::size_t i
   // On one rank nothing crosses a wire: nothing is quantized.
   if (group.size() == 1) return group.all_reduce(buffer);
   ensure_residuals(b, group.size());
-  return all_reduce_int8(group, buffer, b.residuals, second_.of(group), options_.block);
+  return all_reduce_int8(group, buffer, b.residuals, second_.of(group), options_.block, b.scratch);
 }
 
 comm::WorkHandle Int8Compression::reduce_scatter(comm::ProcessGroup& group, std::size_t index, at::Tensor& shard,
@@ -108,7 +108,7 @@ comm::WorkHandle Int8Compression::reduce_scatter(comm::ProcessGroup& group, std:
   pending_.reset();
   if (group.size() == 1) return group.reduce_scatter(shard, buffer, comm::ReduceOp::kSum);
   ensure_residuals(b, group.size());
-  return reduce_scatter_int8(group, shard, buffer, b.residuals.sent, options_.block);
+  return reduce_scatter_int8(group, shard, buffer, b.residuals.sent, options_.block, b.scratch);
 }
 
 int64_t Int8Compression::bytes_per_step(int p) const {

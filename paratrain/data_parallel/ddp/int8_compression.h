@@ -79,6 +79,7 @@ class Int8Compression : public std::enable_shared_from_this<Int8Compression> {
     int world = 0;         ///< the group size the residuals were made for; 0 = none yet
     bool scatter = false;  ///< reduce-scatter (no summed residual)
     Int8Residuals residuals;
+    std::shared_ptr<Int8Scratch> scratch = std::make_shared<Int8Scratch>();  ///< the wire's buffers, reused
   };
 
   comm::WorkHandle start(comm::ProcessGroup& group, std::size_t index, at::Tensor& buffer);
