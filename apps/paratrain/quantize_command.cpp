@@ -1,4 +1,5 @@
-// `paratrain quantize CHECKPOINT -o FILE [--bits N] [--per-tensor]` and
+// `paratrain quantize CHECKPOINT -o FILE [--bits N] [--per-tensor]
+// [--calibrate N | --activations MODE]` and
 // `paratrain evaluate --checkpoint X`: int8 post-training quantization of a
 // trained model's weights, and the test metrics of a float or int8
 // checkpoint. Parsing only; the work lives in
@@ -22,6 +23,8 @@ Command add_quantize_command(CLI::App& app) {
     std::string out;
     int bits = 0;
     bool per_tensor = false;
+    int64_t calibrate = 0;
+    std::string activations;
   };
   auto args = std::make_shared<Args>();
   auto* sub = app.add_subcommand("quantize",
@@ -34,17 +37,34 @@ Command add_quantize_command(CLI::App& app) {
                   "with quant.qat, else 8")
       ->check(CLI::Range(2, 8));
   sub->add_flag("--per-tensor", args->per_tensor, "one scale per weight tensor instead of one per output channel");
+  sub->add_option("--calibrate", args->calibrate,
+                  "static int8 activation ranges from the first N batches of the training split (data.batch_size "
+                  "each)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  sub->add_option("--activations", args->activations,
+                  "none (float activations), dynamic (each input's own range at run time) or static (with "
+                  "--calibrate); default: dynamic, static with --calibrate, a QAT run's own")
+      ->check(CLI::IsMember({"none", "dynamic", "static"}));
   auto run = [args]() -> int {
     torch::set_num_threads(1);
     train::QuantizeOptions options;
     options.bits = args->bits;
     options.granularity = args->per_tensor ? quant::Granularity::kPerTensor : quant::Granularity::kPerChannel;
+    options.calibrate = args->calibrate;
+    options.activations = args->activations;
     const auto report = train::quantize_checkpoint(args->checkpoint, args->out, options);
-    std::printf("wrote %s: %zu weights to %d bits (%s), %.1f KiB of parameters and buffers -> %.1f KiB (%.2fx "
+    std::string activations = "float activations";
+    if (report.activations == "dynamic") activations = fmt::format("int{} activations, dynamic", report.activation_bits);
+    if (report.activations == "static")
+      activations = report.calibrated_batches > 0
+                        ? fmt::format("int{} activations, static from {} calibration batches", report.activation_bits,
+                                      report.calibrated_batches)
+                        : fmt::format("int{} activations, static on the run's learned ranges", report.activation_bits);
+    std::printf("wrote %s: %zu weights to %d bits (%s), %s, %.1f KiB of parameters and buffers -> %.1f KiB (%.2fx "
                 "smaller)\n",
                 args->out.c_str(), report.quantized.size(), report.bits,
-                args->per_tensor ? "per tensor" : "per output channel", report.float_bytes / 1024.0,
-                report.file_bytes / 1024.0,
+                args->per_tensor ? "per tensor" : "per output channel", activations.c_str(),
+                report.float_bytes / 1024.0, report.file_bytes / 1024.0,
                 report.file_bytes > 0 ? static_cast<double>(report.float_bytes) / report.file_bytes : 0.0);
     return 0;
   };
@@ -61,9 +81,12 @@ Command add_evaluate_command(CLI::App& app) {
     torch::set_num_threads(1);
     const auto trained = train::load_trained_model(*checkpoint);
     const auto r = train::evaluate_trained_model(trained);
-    std::printf("%s (%s, %s weights, step %lld): test loss %.4f, %s (%lld %s)\n", checkpoint->c_str(),
-                trained.config.model.kind.c_str(),
-                trained.quantized ? fmt::format("int{}", trained.bits).c_str() : "float32",
+    const std::string activations =
+        trained.activations == "none" ? "float32"
+                                      : fmt::format("int{} {}", trained.activation_bits, trained.activations);
+    std::printf("%s (%s, %s weights, %s activations, step %lld): test loss %.4f, %s (%lld %s)\n",
+                checkpoint->c_str(), trained.config.model.kind.c_str(),
+                trained.quantized ? fmt::format("int{}", trained.bits).c_str() : "float32", activations.c_str(),
                 static_cast<long long>(trained.step), r.loss,
                 r.perplexity > 0 ? fmt::format("perplexity {:.3f}", r.perplexity).c_str()
                                  : fmt::format("accuracy {:.2f}%", 100.0 * r.accuracy).c_str(),

@@ -1,6 +1,7 @@
 // make_cnn: conv blocks (conv3x3 same-padding, ReLU, 2x2 max-pool) followed by
 // two fully connected layers. Registered as conv0.., fc0, fc1.
 #include "paratrain/models/cnn.h"
+#include "paratrain/quant/activations.h"
 
 #include <string>
 
@@ -65,7 +66,7 @@ class Cnn final : public Model {
                                      "] input, got shape ", x.sizes());
                          h = x.reshape({x.size(0), o.in_channels, o.image_size, o.image_size});
                        }
-                       h = conv->forward(h);
+                       h = conv->forward(quant::layer_input(*conv, h));
                        if (norm) h = norm->forward(h);
                        return torch::max_pool2d(torch::relu(h), 2);
                      }});
@@ -73,9 +74,11 @@ class Cnn final : public Model {
     torch::nn::Linear fc0 = fc0_, fc1 = fc1_;
     const int64_t flat = flat_;
     out.push_back({"fc0", {{"fc0", fc0.ptr()}}, [fc0, flat](const at::Tensor& x) mutable {
-                     return torch::relu(fc0->forward(x.reshape({x.size(0), flat})));
+                     return torch::relu(fc0->forward(quant::layer_input(*fc0, x.reshape({x.size(0), flat}))));
                    }});
-    out.push_back({"fc1", {{"fc1", fc1.ptr()}}, [fc1](const at::Tensor& x) mutable { return fc1->forward(x); }});
+    out.push_back({"fc1", {{"fc1", fc1.ptr()}}, [fc1](const at::Tensor& x) mutable {
+                     return fc1->forward(quant::layer_input(*fc1, x));
+                   }});
     return out;
   }
 

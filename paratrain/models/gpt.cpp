@@ -3,6 +3,7 @@
 // C++; the mask is built per forward rather than kept as a buffer, so
 // checkpoints and DDP's buffer broadcast hold parameters only.
 #include "paratrain/models/gpt.h"
+#include "paratrain/quant/activations.h"
 
 #include <cmath>
 #include <limits>
@@ -24,7 +25,7 @@ class CausalSelfAttention : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) {
     const int64_t b = x.size(0), s = x.size(1), d = x.size(2), hd = d / heads_;
     // [B, S, 3d] -> 3 x [B, S, H, hd] -> [B, H, S, hd]
-    auto parts = qkv->forward(x).split(d, /*dim=*/2);
+    auto parts = qkv->forward(quant::layer_input(*qkv, x)).split(d, /*dim=*/2);
     auto heads = [&](const at::Tensor& t) { return t.view({b, s, heads_, hd}).transpose(1, 2); };
     const at::Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
     at::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
@@ -33,7 +34,7 @@ class CausalSelfAttention : public torch::nn::Module {
     att = torch::softmax(att.masked_fill(future, -std::numeric_limits<float>::infinity()), -1);
     att = torch::dropout(att, dropout_, is_training());
     at::Tensor y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, s, d});
-    return proj->forward(y);
+    return proj->forward(quant::layer_input(*proj, y));
   }
 
   torch::nn::Linear qkv{nullptr}, proj{nullptr};
@@ -49,7 +50,9 @@ class Mlp : public torch::nn::Module {
     fc = register_module("fc", torch::nn::Linear(d, 4 * d));
     proj = register_module("proj", torch::nn::Linear(4 * d, d));
   }
-  at::Tensor forward(const at::Tensor& x) { return proj->forward(torch::gelu(fc->forward(x))); }
+  at::Tensor forward(const at::Tensor& x) {
+    return proj->forward(quant::layer_input(*proj, torch::gelu(fc->forward(quant::layer_input(*fc, x)))));
+  }
 
   torch::nn::Linear fc{nullptr}, proj{nullptr};
 };

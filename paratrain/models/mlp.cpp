@@ -1,6 +1,7 @@
 // make_mlp: the Linear/ReLU stack behind models::Mlp. Layers are registered
 // as fc0..fcN so parameter names are stable across runs and checkpoints.
 #include "paratrain/models/mlp.h"
+#include "paratrain/quant/activations.h"
 
 #include <string>
 
@@ -45,7 +46,7 @@ class Mlp final : public Model {
                                      " features per example, got input of shape ", x.sizes());
                          h = x.reshape({x.size(0), in});
                        }
-                       h = fc->forward(h);
+                       h = fc->forward(quant::layer_input(*fc, h));
                        return last ? h : torch::relu(h);
                      }});
     }

@@ -35,7 +35,8 @@ std::function<std::shared_ptr<models::Model>()> seeded_model_factory(const Train
       if (frozen) *frozen = std::move(set);
     }
     if (config.quant.qat) {
-      auto qat = std::make_shared<FakeQuantModel>(std::move(model), static_cast<int>(config.quant.weight_bits));
+      auto qat = std::make_shared<FakeQuantModel>(std::move(model), static_cast<int>(config.quant.weight_bits),
+                                                  static_cast<int>(config.quant.activation_bits));
       qat->set_active(config.quant.start_step == 0);  // the loop switches it on at quant.start_step
       model = std::move(qat);
     }

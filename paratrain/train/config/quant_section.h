@@ -12,6 +12,9 @@ namespace paratrain::train {
 struct QuantConfig {
   bool qat = false;           ///< quantization-aware training on
   int64_t weight_bits = 8;    ///< bits of the fake-quantized weights (2 to 8)
+  /// Bits of the fake-quantized inputs of every Linear and Conv2d (per
+  /// tensor, ranges learned as running averages); 0: float activations.
+  int64_t activation_bits = 0;
   int64_t start_step = 0;     ///< optimizer steps trained in float first
 
   bool operator==(const QuantConfig&) const = default;

@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include <map>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -10,7 +12,9 @@
 #include "paratrain/checkpoint/safetensors.h"
 #include "paratrain/core/error.h"
 #include "paratrain/models/model.h"
+#include "paratrain/quant/activation_observers.h"
 #include "paratrain/train/builders.h"
+#include "paratrain/train/qat/fake_quant_model.h"
 #include "paratrain/train/rng_guard.h"
 #include "paratrain/train/task.h"
 
@@ -20,6 +24,36 @@ namespace {
 
 constexpr const char* kModelPrefix = "model/";
 constexpr const char* kScalePrefix = "scale/";
+constexpr const char* kRangePrefix = "act_range/";
+constexpr int kActivationBits = 8;  // post-training activation quantization
+
+// The model of an int8 file with quantized activations: its forward runs
+// the inner model with an ActivationQuantizer installed (Note [Activation
+// sites]); the children are adopted under their own names.
+class ActivationQuantModel final : public models::Model {
+ public:
+  ActivationQuantModel(std::shared_ptr<models::Model> inner, int bits,
+                       const std::map<std::string, quant::ActivationRange>& ranges)
+      : Model(inner->name()), inner_(std::move(inner)) {
+    for (const auto& p : inner_->named_parameters(/*recurse=*/false))
+      register_parameter(p.key(), p.value(), p.value().requires_grad());
+    for (const auto& b : inner_->named_buffers(/*recurse=*/false)) register_buffer(b.key(), b.value());
+    for (const auto& child : inner_->named_children()) register_module(child.key(), child.value());
+    observer_ = std::make_unique<quant::ActivationQuantizer>(*inner_, bits, ranges);
+  }
+  at::Tensor forward(const at::Tensor& x) override {
+    quant::ObserveActivations observe(observer_.get());
+    return inner_->forward(x);
+  }
+  void train(bool on = true) override {
+    torch::nn::Module::train(on);
+    inner_->train(on);
+  }
+
+ private:
+  std::shared_ptr<models::Model> inner_;
+  std::unique_ptr<quant::ActivationQuantizer> observer_;
+};
 
 TrainConfig config_of(checkpoint::ShardedReader& reader) {
   const auto& metadata = reader.index().metadata;
@@ -53,6 +87,72 @@ std::vector<std::string> quantizable_weights(models::Model& model) {
 }
 
 int64_t bytes_of(const at::Tensor& t) { return static_cast<int64_t>(t.numel()) * t.element_size(); }
+
+// The activations an int8 file gets (QuantizeOptions::activations).
+struct ActivationPlan {
+  std::string mode = "none";
+  int bits = 0;
+  std::map<std::string, quant::ActivationRange> ranges;  // static only
+  int64_t calibrated_batches = 0;
+};
+
+// Min and max of every quantized layer's inputs over the first `batches`
+// batches of the training split (data.batch_size each, in order).
+std::map<std::string, quant::ActivationRange> calibrate(const TrainedModel& trained, int64_t batches) {
+  const Datasets data = load_datasets(trained.config);
+  const int64_t batch = std::max<int64_t>(1, trained.config.data.batch_size);
+  const int64_t rows = std::min(data.train.size(), batches * batch);
+  quant::RangeRecorder recorder;
+  torch::NoGradGuard no_grad;
+  trained.model->eval();
+  {
+    quant::ObserveActivations observe(&recorder);
+    for (int64_t begin = 0; begin < rows; begin += batch) {
+      const auto index = torch::arange(begin, std::min(begin + batch, rows), torch::kLong);
+      trained.model->forward(data::gather(data.train, index).inputs);
+    }
+  }
+  return recorder.ranges(*trained.model);
+}
+
+ActivationPlan plan_activations(const TrainedModel& trained, const QuantizeOptions& options) {
+  const auto* qat = dynamic_cast<const FakeQuantModel*>(trained.model.get());
+  const bool learned = qat && qat->activation_bits() > 0;
+  ActivationPlan plan;
+  plan.mode = options.activations;
+  if (plan.mode.empty()) plan.mode = qat ? (learned ? "static" : "none") : (options.calibrate > 0 ? "static" : "dynamic");
+  if (plan.mode != "none" && plan.mode != "dynamic" && plan.mode != "static")
+    throw ConfigError(fmt::format("activations \"{}\": choose none, dynamic or static", plan.mode));
+  if (options.calibrate < 0) throw ConfigError(fmt::format("--calibrate {}: a number of batches >= 1", options.calibrate));
+  if (options.calibrate > 0 && (plan.mode != "static" || learned))
+    throw ConfigError(learned ? "--calibrate measures ranges for a float run; this QAT run learned its own "
+                                "(quant.activation_bits), which its file keeps"
+                              : "--calibrate measures static activation ranges; it cannot go with " + plan.mode +
+                                    " activations");
+  if (learned && plan.mode != "static")
+    throw ConfigError(fmt::format("this run trained its activations on learned ranges (quant.activation_bits = "
+                                  "{}): its file keeps them (static), not {} activations",
+                                  qat->activation_bits(), plan.mode));
+  if (plan.mode == "none") return plan;
+  plan.bits = learned ? qat->activation_bits() : kActivationBits;
+  if (plan.mode == "dynamic") return plan;
+  if (learned) {
+    plan.ranges = qat->activation_ranges();
+  } else {
+    if (options.calibrate == 0)
+      throw ConfigError("static activations need their ranges: calibrate on N training batches (--calibrate N)");
+    plan.ranges = calibrate(trained, options.calibrate);
+    plan.calibrated_batches = options.calibrate;
+  }
+  for (const auto& [name, layer] : quant::quantized_layers(*trained.model)) {
+    if (!plan.ranges.count(name))
+      throw ConfigError(fmt::format("no activation range for layer {}: {}", name,
+                                    learned ? "the QAT run never fake-quantized it (it stopped before "
+                                              "quant.start_step, or the layer never ran)"
+                                            : "it saw no input in the calibration batches"));
+  }
+  return plan;
+}
 
 }  // namespace
 
@@ -106,6 +206,36 @@ TrainedModel load_trained_model(const fs::path& checkpoint) {
   for (auto& item : out.model->named_parameters()) load(item.key(), item.value());
   for (auto& item : out.model->named_buffers()) load(item.key(), item.value());
   out.model->eval();
+  if (const auto* qat = dynamic_cast<const FakeQuantModel*>(out.model.get()); qat && qat->activation_bits() > 0) {
+    // A QAT run's model fake-quantizes its activations itself, on the ranges
+    // just loaded with its buffers: what its static file records too.
+    out.activations = "static";
+    out.activation_bits = qat->activation_bits();
+  } else if (auto mode = metadata.find("quant.activations"); out.quantized && mode != metadata.end()) {
+    out.activations = mode->second;
+    if (out.activations != "none" && out.activations != "dynamic" && out.activations != "static")
+      throw CheckpointError(fmt::format("{}: quant.activations = \"{}\" is not none, dynamic or static",
+                                        reader.where(), out.activations));
+    if (out.activations != "none") {
+      out.activation_bits = kActivationBits;
+      if (auto b = metadata.find("quant.activation_bits"); b != metadata.end()) out.activation_bits = std::stoi(b->second);
+      std::map<std::string, quant::ActivationRange> ranges;
+      if (out.activations == "static") {
+        for (const auto& [name, layer] : quant::quantized_layers(*out.model)) {
+          const std::string key = kRangePrefix + name;
+          if (!tensors.count(key))
+            throw CheckpointError(fmt::format("{} has static activations but no range '{}' for layer {}",
+                                              reader.where(), key, name));
+          const at::Tensor r = reader.read_whole(key).to(at::kFloat);
+          if (r.numel() != 2 || !(r[0].item<float>() <= r[1].item<float>()))
+            throw CheckpointError(fmt::format("{}: '{}' must hold [min, max] with min <= max", reader.where(), key));
+          ranges[name] = {r[0].item<float>(), r[1].item<float>()};
+        }
+      }
+      out.model = std::make_shared<ActivationQuantModel>(out.model, out.activation_bits, ranges);
+      out.model->eval();
+    }
+  }
   return out;
 }
 
@@ -146,6 +276,13 @@ QuantizeReport quantize_checkpoint(const fs::path& checkpoint, const fs::path& o
   for (const auto& item : trained.model->named_parameters()) add(item.key(), item.value());
   for (const auto& item : trained.model->named_buffers()) add(item.key(), item.value());
   file.metadata["quant.quantized"] = nlohmann::json(report.quantized).dump();
+  const ActivationPlan acts = plan_activations(trained, options);
+  report.activations = acts.mode;
+  report.activation_bits = acts.bits;
+  report.calibrated_batches = acts.calibrated_batches;
+  file.metadata["quant.activations"] = acts.mode;
+  file.metadata["quant.activation_bits"] = std::to_string(acts.bits);
+  for (const auto& [name, r] : acts.ranges) file.tensors[kRangePrefix + name] = torch::tensor({r.min, r.max}, torch::kFloat);
   checkpoint::write_safetensors(out, file);
   return report;
 }

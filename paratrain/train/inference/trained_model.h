@@ -31,6 +31,12 @@ struct TrainedModel {
   std::shared_ptr<models::Model> model;
   bool quantized = false;                 ///< read from an int8 file (its weights dequantized)
   int bits = 32;                          ///< the integer weights' bits (quant.bits) when quantized
+  /// How the Linear and Conv2d inputs are quantized when it runs (an int8
+  /// file's quant.activations): "none", "dynamic" or "static"; a float
+  /// checkpoint runs as it trained ("none", or a QAT run's own fake
+  /// quantization).
+  std::string activations = "none";
+  int activation_bits = 0;                ///< their bits (0 with "none")
   int64_t step = 0;                       ///< the training step the checkpoint was taken at
 };
 
@@ -45,6 +51,16 @@ struct QuantizeOptions {
   /// with quant.qat (the ranges it learned to live with), else 8.
   int bits = 0;
   quant::Granularity granularity = quant::Granularity::kPerChannel;
+  /// The activations (Note [The int8 file]): "none" (float), "dynamic"
+  /// (each input's own per-tensor range, at run time) or "static" (ranges
+  /// fixed in the file). "" = the default: "static" with the learned ranges
+  /// of a QAT run with quant.activation_bits, "none" for a QAT run without,
+  /// else "static" when calibrate > 0 and "dynamic" otherwise.
+  std::string activations;
+  /// Static ranges of a float run: the min and max of each layer's inputs
+  /// over this many batches of the training split (in order, the run's
+  /// per-rank batch size, its preprocessing). 0 with "static" is an error.
+  int64_t calibrate = 0;
 };
 
 /// What quantize_checkpoint wrote.
@@ -53,6 +69,9 @@ struct QuantizeReport {
   std::vector<std::string> quantized;  ///< parameters stored as integers (Linear and Conv weights)
   int64_t float_bytes = 0;             ///< the model's parameters and buffers in float32
   int64_t file_bytes = 0;              ///< the same in the int8 file (values, scales, the rest as float32)
+  std::string activations = "none";    ///< the activation mode written
+  int activation_bits = 0;             ///< their bits (0 with "none")
+  int64_t calibrated_batches = 0;      ///< batches the static ranges were measured on (0: learned or none)
 };
 
 /// Note [The int8 file]
@@ -63,7 +82,13 @@ struct QuantizeReport {
 /// float32, as a consolidated checkpoint holds it; no optimizer state. Its
 /// metadata is the checkpoint's (the config, the step, the data
 /// preprocessing) plus "quant.format" = "paratrain-int8-v1", "quant.bits",
-/// "quant.granularity" ("per_channel" | "per_tensor").
+/// "quant.granularity" ("per_channel" | "per_tensor"), "quant.activations"
+/// ("none" | "dynamic" | "static") and "quant.activation_bits". With static
+/// activations each quantized layer's input range is "act_range/<layer>"
+/// (F32 [2]: min, max; the grid is quant::activation_grid's: [0, 2^b - 1]
+/// for a nonnegative range, symmetric otherwise). A file without
+/// "quant.activations" (written before it existed) runs with float
+/// activations.
 QuantizeReport quantize_checkpoint(const std::filesystem::path& checkpoint, const std::filesystem::path& out,
                                    const QuantizeOptions& options = {});
 

@@ -5,10 +5,15 @@
 // it on at quant.start_step (FitLoop::take_step).
 #pragma once
 
+#include <chrono>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "paratrain/comm/process_group.h"
 #include "paratrain/models/model.h"
+#include "paratrain/quant/activations.h"
 
 namespace paratrain::train {
 
@@ -25,9 +30,26 @@ namespace paratrain::train {
 /// the model's. Its scales are each channel's max |w| / (2^(b-1) - 1), as
 /// `paratrain quantize` computes them: the int8 file of a QAT run holds the
 /// weights its forward used.
+/// Note [Learned activation ranges]
+/// With activation bits (quant.activation_bits), every Linear's and Conv2d's
+/// input is fake-quantized too (per tensor, quant/activations.h: Note
+/// [Activation sites]) on the grid of a range learned as a running average
+/// (Jacob et al., arXiv 1712.05877, Section 3): during a step each rank
+/// records the min and max of every layer's inputs over its micro-batches;
+/// after the step update_activation_ranges() takes the min and max over
+/// the ranks (one all-reduce for all layers) and moves each range towards
+/// them, range = 0.99 range + 0.01 observed (the first observation taken as
+/// it is). So the range a forward uses depends on the global batches before
+/// it, not on how they were split: 2 ranks equal one process. Until its
+/// first update a layer's input stays float. The ranges are the buffers
+/// "act_range.<layer>" ([min, max, observed], the layer's name with '_' for
+/// '.'), saved and resumed with the model; `paratrain quantize` of the run
+/// writes them as its static activation ranges.
 class FakeQuantModel final : public models::Model {
  public:
-  FakeQuantModel(std::shared_ptr<models::Model> inner, int bits);
+  /// `weight_bits`: 2 to 8; `activation_bits`: 0 (float activations) or 2 to 8.
+  FakeQuantModel(std::shared_ptr<models::Model> inner, int weight_bits, int activation_bits = 0);
+  ~FakeQuantModel() override;
 
   at::Tensor forward(const at::Tensor& x) override;
   void train(bool on = true) override;
@@ -35,10 +57,24 @@ class FakeQuantModel final : public models::Model {
   void set_active(bool active) { active_ = active; }
   bool active() const { return active_; }
 
+  int activation_bits() const { return activation_bits_; }
+  /// Collective over `group` (every rank that trains a replica, each after
+  /// the same step): the step's observed ranges reduced and folded into the
+  /// learned ones (Note [Learned activation ranges]). Nothing without
+  /// activation bits, or when inactive.
+  void update_activation_ranges(comm::ProcessGroup& group, std::chrono::milliseconds timeout);
+  /// The learned ranges by layer name (layers observed at least once).
+  std::map<std::string, quant::ActivationRange> activation_ranges() const;
+
  private:
+  class Activations;  // the observer installed during forward
+
   std::shared_ptr<models::Model> inner_;
   std::vector<at::Tensor*> weights_;  // the `weight` members of every Linear and Conv2d
   int bits_;
+  int activation_bits_;
+  std::unique_ptr<Activations> activations_;
+  bool is_training_cache_ = false;  // is_training() of the forward in progress, for the observer
   bool active_ = true;
 };
 
