@@ -1,5 +1,5 @@
 // `paratrain quantize CHECKPOINT -o FILE [--bits N] [--per-tensor]
-// [--calibrate N | --activations MODE]` and
+// [--calibrate N | --activations MODE] [--activation-bits N]` and
 // `paratrain evaluate --checkpoint X`: int8 post-training quantization of a
 // trained model's weights, and the test metrics of a float or int8
 // checkpoint. Parsing only; the work lives in
@@ -25,6 +25,7 @@ Command add_quantize_command(CLI::App& app) {
     bool per_tensor = false;
     int64_t calibrate = 0;
     std::string activations;
+    int activation_bits = 0;
   };
   auto args = std::make_shared<Args>();
   auto* sub = app.add_subcommand("quantize",
@@ -45,6 +46,9 @@ Command add_quantize_command(CLI::App& app) {
                   "none (float activations), dynamic (each input's own range at run time) or static (with "
                   "--calibrate); default: dynamic, static with --calibrate, a QAT run's own")
       ->check(CLI::IsMember({"none", "dynamic", "static"}));
+  sub->add_option("--activation-bits", args->activation_bits,
+                  "bits of the quantized activations, 2 to 8; default 8, or a QAT run's quant.activation_bits")
+      ->check(CLI::Range(2, 8));
   auto run = [args]() -> int {
     torch::set_num_threads(1);
     train::QuantizeOptions options;
@@ -52,6 +56,7 @@ Command add_quantize_command(CLI::App& app) {
     options.granularity = args->per_tensor ? quant::Granularity::kPerTensor : quant::Granularity::kPerChannel;
     options.calibrate = args->calibrate;
     options.activations = args->activations;
+    options.activation_bits = args->activation_bits;
     const auto report = train::quantize_checkpoint(args->checkpoint, args->out, options);
     std::string activations = "float activations";
     if (report.activations == "dynamic") activations = fmt::format("int{} activations, dynamic", report.activation_bits);
@@ -72,21 +77,32 @@ Command add_quantize_command(CLI::App& app) {
 }
 
 Command add_evaluate_command(CLI::App& app) {
-  auto checkpoint = std::make_shared<std::string>();
+  struct Args {
+    std::string checkpoint;
+    bool simulate = false;
+  };
+  auto args = std::make_shared<Args>();
   auto* sub = app.add_subcommand("evaluate",
                                  "Test loss and accuracy (perplexity for the GPT) of a checkpoint, float (any "
                                  "layout) or int8 (paratrain quantize), on its run's test split");
-  sub->add_option("--checkpoint", *checkpoint, "checkpoint folder, consolidated file or int8 file")->required();
-  auto run = [checkpoint]() -> int {
+  sub->add_option("--checkpoint", args->checkpoint, "checkpoint folder, consolidated file or int8 file")->required();
+  sub->add_flag("--simulate", args->simulate,
+                "run an int8 file with dynamic activations simulated in float32 instead of on LibTorch's int8 "
+                "Linear kernels");
+  auto run = [args]() -> int {
     torch::set_num_threads(1);
-    const auto trained = train::load_trained_model(*checkpoint);
+    train::LoadOptions options;
+    options.int8_kernels = !args->simulate;
+    const auto* checkpoint = &args->checkpoint;
+    const auto trained = train::load_trained_model(*checkpoint, options);
     const auto r = train::evaluate_trained_model(trained);
     const std::string activations =
         trained.activations == "none" ? "float32"
                                       : fmt::format("int{} {}", trained.activation_bits, trained.activations);
-    std::printf("%s (%s, %s weights, %s activations, step %lld): test loss %.4f, %s (%lld %s)\n",
+    std::printf("%s (%s, %s weights, %s activations, %s, step %lld): test loss %.4f, %s (%lld %s)\n",
                 checkpoint->c_str(), trained.config.model.kind.c_str(),
                 trained.quantized ? fmt::format("int{}", trained.bits).c_str() : "float32", activations.c_str(),
+                trained.kernels.c_str(),
                 static_cast<long long>(trained.step), r.loss,
                 r.perplexity > 0 ? fmt::format("perplexity {:.3f}", r.perplexity).c_str()
                                  : fmt::format("accuracy {:.2f}%", 100.0 * r.accuracy).c_str(),

@@ -74,10 +74,10 @@ class Cnn final : public Model {
     torch::nn::Linear fc0 = fc0_, fc1 = fc1_;
     const int64_t flat = flat_;
     out.push_back({"fc0", {{"fc0", fc0.ptr()}}, [fc0, flat](const at::Tensor& x) mutable {
-                     return torch::relu(fc0->forward(quant::layer_input(*fc0, x.reshape({x.size(0), flat}))));
+                     return torch::relu(quant::linear(*fc0, x.reshape({x.size(0), flat})));
                    }});
     out.push_back({"fc1", {{"fc1", fc1.ptr()}}, [fc1](const at::Tensor& x) mutable {
-                     return fc1->forward(quant::layer_input(*fc1, x));
+                     return quant::linear(*fc1, x);
                    }});
     return out;
   }

@@ -25,7 +25,7 @@ class CausalSelfAttention : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) {
     const int64_t b = x.size(0), s = x.size(1), d = x.size(2), hd = d / heads_;
     // [B, S, 3d] -> 3 x [B, S, H, hd] -> [B, H, S, hd]
-    auto parts = qkv->forward(quant::layer_input(*qkv, x)).split(d, /*dim=*/2);
+    auto parts = quant::linear(*qkv, x).split(d, /*dim=*/2);
     auto heads = [&](const at::Tensor& t) { return t.view({b, s, heads_, hd}).transpose(1, 2); };
     const at::Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
     at::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
@@ -34,7 +34,7 @@ class CausalSelfAttention : public torch::nn::Module {
     att = torch::softmax(att.masked_fill(future, -std::numeric_limits<float>::infinity()), -1);
     att = torch::dropout(att, dropout_, is_training());
     at::Tensor y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, s, d});
-    return proj->forward(quant::layer_input(*proj, y));
+    return quant::linear(*proj, y);
   }
 
   torch::nn::Linear qkv{nullptr}, proj{nullptr};
@@ -51,7 +51,7 @@ class Mlp : public torch::nn::Module {
     proj = register_module("proj", torch::nn::Linear(4 * d, d));
   }
   at::Tensor forward(const at::Tensor& x) {
-    return proj->forward(quant::layer_input(*proj, torch::gelu(fc->forward(quant::layer_input(*fc, x)))));
+    return quant::linear(*proj, torch::gelu(quant::linear(*fc, x)));
   }
 
   torch::nn::Linear fc{nullptr}, proj{nullptr};

@@ -46,7 +46,7 @@ class Mlp final : public Model {
                                      " features per example, got input of shape ", x.sizes());
                          h = x.reshape({x.size(0), in});
                        }
-                       h = fc->forward(quant::layer_input(*fc, h));
+                       h = quant::linear(*fc, h);
                        return last ? h : torch::relu(h);
                      }});
     }

@@ -72,4 +72,10 @@ at::Tensor layer_input(const torch::nn::Module& layer, const at::Tensor& x) {
   return t_observer ? t_observer->at_input(layer, x) : x;
 }
 
+at::Tensor linear(torch::nn::LinearImpl& layer, const at::Tensor& x) {
+  if (!t_observer) return layer.forward(x);
+  if (at::Tensor y = t_observer->run_linear(layer, x); y.defined()) return y;
+  return layer.forward(t_observer->at_input(layer, x));
+}
+
 }  // namespace paratrain::quant

@@ -5,9 +5,9 @@
 //
 // Note [Activation sites]
 // LibTorch's C++ modules have no forward pre-hooks, so a model says where
-// its quantized layers' inputs are: it passes each Linear's or Conv2d's
-// input through layer_input(layer, x) (paratrain's MLP, CNN and GPT do; a
-// user's model may). With no observer installed on the calling thread that
+// its quantized layers are: it runs each Linear through linear(layer, x)
+// and passes each Conv2d's input through layer_input(layer, x) (paratrain's
+// MLP, CNN and GPT do; a user's model may). With no observer installed on the calling thread that
 // returns x itself: one thread-local read. With one installed
 // (ObserveActivations), the observer sees the layer and its input and
 // returns what the layer should get instead: the input unchanged while it
@@ -22,6 +22,7 @@
 
 namespace torch::nn {
 class Module;
+class LinearImpl;
 }
 
 namespace paratrain::quant {
@@ -59,6 +60,14 @@ class ActivationObserver {
   virtual ~ActivationObserver() = default;
   /// `layer` is about to run on `x`: returns its input.
   virtual at::Tensor at_input(const torch::nn::Module& layer, const at::Tensor& x) = 0;
+  /// A Linear's whole output computed here instead of by the layer (an int8
+  /// kernel: Note [Int8 kernels] in int8_kernels.h), or an undefined tensor:
+  /// the layer runs on at_input's result. Only linear() asks.
+  virtual at::Tensor run_linear(const torch::nn::LinearImpl& layer, const at::Tensor& x) {
+    (void)layer;
+    (void)x;
+    return {};
+  }
 };
 
 /// Installs `observer` on the calling thread for this object's lifetime
@@ -76,7 +85,12 @@ class ObserveActivations {
 
 /// The input `layer` (a Linear or Conv2d) should run on: `x`, or what the
 /// thread's observer makes of it. Call it in a model's forward in front of
-/// every Linear and Conv2d whose activations may be quantized.
+/// every Conv2d whose activations may be quantized (Linears: linear()).
 at::Tensor layer_input(const torch::nn::Module& layer, const at::Tensor& x);
+
+/// `layer` applied to `x` as the thread's observer wants it: its own
+/// forward on layer_input(layer, x), unless the observer computes the
+/// output itself (run_linear). A model calls it instead of layer->forward(x).
+at::Tensor linear(torch::nn::LinearImpl& layer, const at::Tensor& x);
 
 }  // namespace paratrain::quant

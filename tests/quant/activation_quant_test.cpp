@@ -8,6 +8,9 @@
 //   describe (checked against the forward written out by hand), dynamic and
 //   none files load and evaluate close to the float model, and a missing
 //   range is named;
+// - int8 kernels (Note [Int8 kernels]): this LibTorch has oneDNN; a Linear
+//   run on it (2-D and 3-D inputs) is within the quantization error of the
+//   float Linear, and a dynamic file evaluates on it close to simulated;
 // - QAT with quant.activation_bits: 2 ranks equal one process over 3 steps
 //   (ranges included: Note [Learned activation ranges]), the activations
 //   really are quantized (a control without them ends elsewhere), and
@@ -23,6 +26,7 @@
 #include "paratrain/models/model.h"
 #include "paratrain/quant/activation_observers.h"
 #include "paratrain/quant/activations.h"
+#include "paratrain/quant/int8_kernels.h"
 #include "paratrain/train/builders.h"
 #include "paratrain/train/inference/trained_model.h"
 #include "paratrain/train/qat/fake_quant_model.h"
@@ -202,6 +206,60 @@ TEST(ActivationQuant, AStaticFileRunsTheForwardItsRangesDescribe) {
   } catch (const paratrain::CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("act_range/fc1"), std::string::npos) << e.what();
   }
+}
+
+TEST(Int8Kernels, ALinearOnTheInt8KernelIsWithinTheQuantizationErrorOfTheFloatOne) {
+  ASSERT_EQ(quant::int8_engine(), "onednn") << "Debian's LibTorch 1.13 ships oneDNN's quantized engine";
+  torch::manual_seed(3);
+  auto net = torch::nn::Sequential(torch::nn::Linear(64, 32));
+  auto& fc = *net->ptr(0)->as<torch::nn::Linear>();
+  quant::Int8LinearKernels kernels(*net);
+  EXPECT_EQ(kernels.engine(), "onednn");
+  for (const auto& shape : {std::vector<int64_t>{16, 64}, std::vector<int64_t>{2, 8, 64}}) {
+    const auto x = torch::randn(shape);
+    torch::NoGradGuard no_grad;
+    const auto exact = fc.forward(x);
+    at::Tensor y;
+    {
+      quant::ObserveActivations observe(&kernels);
+      y = quant::linear(fc, x);
+    }
+    ASSERT_EQ(y.sizes(), exact.sizes());
+    // Each product term is off by at most |x| s_w / 2 + |w| s_x / 2 (plus the
+    // product of the halves): bound the sum over the 64 inputs coarsely.
+    const double s_w = fc.weight.abs().max().item<double>() / 127, s_x = (x.max() - x.min()).item<double>() / 255;
+    const double bound = 64 * (x.abs().max().item<double>() * s_w / 2 + fc.weight.abs().max().item<double>() * s_x / 2 +
+                               s_w * s_x / 4);
+    const double error = (y - exact).abs().max().item<double>();
+    EXPECT_LE(error, bound) << shape.size() << "-D input";
+    EXPECT_GT(error, 0) << "the kernel returned the float result: was it used?";
+  }
+}
+
+TEST(Int8Kernels, ADynamicFileEvaluatesOnTheKernelsCloseToSimulated) {
+  const auto dir = paratrain::testing::temp_dir("int8_kernels");
+  auto cfg = mlp_config(dir, "float");
+  cfg.train.max_steps = 0;
+  cfg.train.epochs = 10;
+  const Trained run = train_one(cfg);
+  const auto file = fs::path(dir) / "dynamic.int8.safetensors";
+  paratrain::train::quantize_checkpoint(run.checkpoint, file);
+  const auto on_kernels = paratrain::train::load_trained_model(file);
+  EXPECT_EQ(on_kernels.kernels, "int8 Linear (onednn)");
+  paratrain::train::LoadOptions simulate;
+  simulate.int8_kernels = false;
+  const auto simulated = paratrain::train::load_trained_model(file, simulate);
+  EXPECT_EQ(simulated.kernels, "simulated");
+  const double a = paratrain::train::evaluate_trained_model(on_kernels).accuracy;
+  const double b = paratrain::train::evaluate_trained_model(simulated).accuracy;
+  std::cout << "[int8 kernels] accuracy " << a << " on the kernels, " << b << " simulated, "
+            << run.result.test.accuracy << " float\n";
+  EXPECT_NEAR(a, b, 0.03);
+  // Static activations and 4-bit weights have no kernel here: simulated.
+  paratrain::train::QuantizeOptions four;
+  four.bits = 4;
+  paratrain::train::quantize_checkpoint(run.checkpoint, fs::path(dir) / "w4.safetensors", four);
+  EXPECT_EQ(paratrain::train::load_trained_model(fs::path(dir) / "w4.safetensors").kernels, "simulated");
 }
 
 Params train_ranks(const TrainConfig& cfg, int world) {

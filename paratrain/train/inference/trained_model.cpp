@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <map>
 
 #include <fmt/format.h>
@@ -13,6 +14,7 @@
 #include "paratrain/core/error.h"
 #include "paratrain/models/model.h"
 #include "paratrain/quant/activation_observers.h"
+#include "paratrain/quant/int8_kernels.h"
 #include "paratrain/train/builders.h"
 #include "paratrain/train/qat/fake_quant_model.h"
 #include "paratrain/train/rng_guard.h"
@@ -32,14 +34,15 @@ constexpr int kActivationBits = 8;  // post-training activation quantization
 // sites]); the children are adopted under their own names.
 class ActivationQuantModel final : public models::Model {
  public:
-  ActivationQuantModel(std::shared_ptr<models::Model> inner, int bits,
-                       const std::map<std::string, quant::ActivationRange>& ranges)
+  // `make` builds the observer over the inner model.
+  ActivationQuantModel(std::shared_ptr<models::Model> inner,
+                       const std::function<std::shared_ptr<quant::ActivationObserver>(models::Model&)>& make)
       : Model(inner->name()), inner_(std::move(inner)) {
     for (const auto& p : inner_->named_parameters(/*recurse=*/false))
       register_parameter(p.key(), p.value(), p.value().requires_grad());
     for (const auto& b : inner_->named_buffers(/*recurse=*/false)) register_buffer(b.key(), b.value());
     for (const auto& child : inner_->named_children()) register_module(child.key(), child.value());
-    observer_ = std::make_unique<quant::ActivationQuantizer>(*inner_, bits, ranges);
+    observer_ = make(*inner_);
   }
   at::Tensor forward(const at::Tensor& x) override {
     quant::ObserveActivations observe(observer_.get());
@@ -52,7 +55,7 @@ class ActivationQuantModel final : public models::Model {
 
  private:
   std::shared_ptr<models::Model> inner_;
-  std::unique_ptr<quant::ActivationQuantizer> observer_;
+  std::shared_ptr<quant::ActivationObserver> observer_;
 };
 
 TrainConfig config_of(checkpoint::ShardedReader& reader) {
@@ -133,8 +136,17 @@ ActivationPlan plan_activations(const TrainedModel& trained, const QuantizeOptio
     throw ConfigError(fmt::format("this run trained its activations on learned ranges (quant.activation_bits = "
                                   "{}): its file keeps them (static), not {} activations",
                                   qat->activation_bits(), plan.mode));
-  if (plan.mode == "none") return plan;
-  plan.bits = learned ? qat->activation_bits() : kActivationBits;
+  if (options.activation_bits != 0) quant::activation_grid({0, 1}, options.activation_bits);  // checks them
+  if (learned && options.activation_bits != 0 && options.activation_bits != qat->activation_bits())
+    throw ConfigError(fmt::format("this run learned its activation ranges at {} bits (quant.activation_bits); its "
+                                  "file keeps them, not {} bits",
+                                  qat->activation_bits(), options.activation_bits));
+  if (plan.mode == "none") {
+    if (options.activation_bits != 0)
+      throw ConfigError("activation bits given with float activations (--activations none)");
+    return plan;
+  }
+  plan.bits = learned ? qat->activation_bits() : (options.activation_bits != 0 ? options.activation_bits : kActivationBits);
   if (plan.mode == "dynamic") return plan;
   if (learned) {
     plan.ranges = qat->activation_ranges();
@@ -156,12 +168,13 @@ ActivationPlan plan_activations(const TrainedModel& trained, const QuantizeOptio
 
 }  // namespace
 
-TrainedModel load_trained_model(const fs::path& checkpoint) {
+TrainedModel load_trained_model(const fs::path& checkpoint, const LoadOptions& options) {
   checkpoint::ShardedReader reader(checkpoint);
   TrainedModel out;
   out.config = config_of(reader);
   const auto& metadata = reader.index().metadata;
   out.quantized = metadata.count(kQuantFormatKey) > 0;
+  out.kernels = out.quantized ? "simulated" : "float32";
   if (out.quantized && metadata.at(kQuantFormatKey) != kQuantFormat) {
     throw CheckpointError(fmt::format("{}: {} = \"{}\" is not a format this paratrain reads ({}); quantize the "
                                       "float checkpoint again",
@@ -232,7 +245,19 @@ TrainedModel load_trained_model(const fs::path& checkpoint) {
           ranges[name] = {r[0].item<float>(), r[1].item<float>()};
         }
       }
-      out.model = std::make_shared<ActivationQuantModel>(out.model, out.activation_bits, ranges);
+      // Note [Int8 kernels]: dynamic activations with 8-bit weights run their
+      // Linears on LibTorch's int8 kernels where it has one; the rest, and
+      // everything of a static file, is simulated.
+      const int bits = out.activation_bits;
+      const bool kernels = options.int8_kernels && out.activations == "dynamic" && out.bits == 8 && bits == 8 &&
+                           !quant::int8_engine().empty();
+      out.model = std::make_shared<ActivationQuantModel>(
+          out.model, [&](models::Model& inner) -> std::shared_ptr<quant::ActivationObserver> {
+            auto simulated = std::make_shared<quant::ActivationQuantizer>(inner, bits, ranges);
+            if (!kernels) return simulated;
+            return std::make_shared<quant::Int8LinearKernels>(inner, simulated);
+          });
+      if (kernels) out.kernels = "int8 Linear (" + quant::int8_engine() + ")";
       out.model->eval();
     }
   }

@@ -37,13 +37,25 @@ struct TrainedModel {
   /// quantization).
   std::string activations = "none";
   int activation_bits = 0;                ///< their bits (0 with "none")
+  /// What runs the matmuls: "float32" (a float checkpoint), "simulated"
+  /// (float32 on dequantized weights and fake-quantized activations) or
+  /// "int8 Linear (onednn)" (Note [Int8 kernels] in quant/int8_kernels.h).
+  std::string kernels = "float32";
   int64_t step = 0;                       ///< the training step the checkpoint was taken at
+};
+
+/// How load_trained_model runs an int8 file.
+struct LoadOptions {
+  /// A file with 8-bit weights and dynamic activations runs its Linears on
+  /// LibTorch's int8 kernels when it has them (Note [Int8 kernels]); off:
+  /// simulated.
+  bool int8_kernels = true;
 };
 
 /// Loads `checkpoint`. ConfigError when it holds no config (a checkpoint of a
 /// program's own model); CheckpointError naming a tensor that is missing,
 /// mismatched or damaged (a quantized weight without its scales too).
-TrainedModel load_trained_model(const std::filesystem::path& checkpoint);
+TrainedModel load_trained_model(const std::filesystem::path& checkpoint, const LoadOptions& options = {});
 
 /// How quantize_checkpoint quantizes.
 struct QuantizeOptions {
@@ -61,6 +73,9 @@ struct QuantizeOptions {
   /// over this many batches of the training split (in order, the run's
   /// per-rank batch size, its preprocessing). 0 with "static" is an error.
   int64_t calibrate = 0;
+  /// Bits of quantized activations, 2 to 8; 0: 8, or a QAT run's
+  /// quant.activation_bits (which another value contradicts: ConfigError).
+  int activation_bits = 0;
 };
 
 /// What quantize_checkpoint wrote.
