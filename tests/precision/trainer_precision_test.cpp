@@ -304,6 +304,9 @@ TEST(Compression, OnlyBucketedDdpCompressesAndOneWireFormat) {
   c.zero.stage = 3;
   EXPECT_THROW(validate_config(c), ConfigError);
   c.zero.stage = 0;
+  c.precision.loss_scale = "dynamic";  // residuals in loss-scaled units
+  EXPECT_THROW(validate_config(c), ConfigError);
+  c.precision.loss_scale = "none";
   c.elastic.in_job = true;
   try {
     validate_config(c);

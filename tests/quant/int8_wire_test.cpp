@@ -21,6 +21,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cstring>
+#include <limits>
 #include <memory>
 
 #include "paratrain/comm/doctor/flight_recorder.h"
@@ -215,6 +216,32 @@ TEST(Int8Wire, ResidualsSurviveStateSlotsAndAFreshCompressorDiffers) {
   for (int r = 0; r < world; ++r) {
     EXPECT_TRUE(at::equal(restored[r], original[r])) << "rank " << r;
     EXPECT_FALSE(at::equal(fresh[r], original[r])) << "rank " << r << ": the residuals changed nothing";
+  }
+}
+
+// Note [Non-finite blocks on the int8 wire]: an overflowed gradient on one
+// rank makes its block NaN on every rank (as an fp32 sum would be), the rest
+// stays exact to the bound, and the residuals stay finite.
+TEST(Int8Wire, ANonFiniteBlockArrivesAsNaNEverywhereAndLeavesFiniteResiduals) {
+  const int world = 2;
+  const int64_t n = 512, block = 64;
+  std::vector<at::Tensor> results(world), sent(world), summed(world);
+  testing::run_ranks(world, [&](comm::ProcessGroup& g) {
+    FollowUpGroup second;
+    Int8Residuals residuals{at::zeros({n}), at::zeros({int8_slice_numel(n, world)})};
+    auto buffer = rank_input(g.rank(), n);
+    if (g.rank() == 0) buffer[70] = std::numeric_limits<float>::infinity();  // block 1 of rank 0's slice
+    all_reduce_int8(g, buffer, residuals, second.of(g), block)->wait(std::chrono::seconds(30));
+    results[g.rank()] = buffer;
+    sent[g.rank()] = residuals.sent;
+    summed[g.rank()] = residuals.summed;
+  });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_TRUE(results[r].slice(0, 64, 128).isnan().all().item<bool>()) << "rank " << r;
+    EXPECT_TRUE(at::isfinite(results[r].slice(0, 0, 64)).all().item<bool>()) << "rank " << r;
+    EXPECT_TRUE(at::isfinite(results[r].slice(0, 128, n)).all().item<bool>()) << "rank " << r;
+    EXPECT_TRUE(at::isfinite(sent[r]).all().item<bool>()) << "rank " << r;
+    EXPECT_TRUE(at::isfinite(summed[r]).all().item<bool>()) << "rank " << r;
   }
 }
 

@@ -133,6 +133,19 @@ TEST(Int8WireResume, ResumedRunEqualsTheUninterruptedOneBitwise) {
     EXPECT_TRUE(bitwise_equal(after_resume, whole))
         << "zero.stage " << stage << ": max relative diff " << testing::relative_diff(after_resume, whole);
 
+    // At another world size (4 ranks): each rank's residuals restart, the
+    // per-slice ones are re-cut; the run goes on from the step it was at.
+    TrainConfig wider = int8_config(dir, "wider" + tag, stage);
+    wider.train.resume = ckpt.string();
+    Params at_four;
+    testing::run_ranks(4, [&](comm::ProcessGroup& g) {
+      Params p = testing::train_on(wider, g);
+      if (g.rank() == 0) at_four = std::move(p);
+    });
+    const double wider_diff = testing::relative_diff(at_four, whole);
+    RecordProperty("resume_at_4_ranks_diff" + tag, std::to_string(wider_diff));
+    EXPECT_LT(wider_diff, 1e-2) << "zero.stage " << stage << ": 4 ranks after a 2-rank checkpoint";
+
     TrainConfig stateless = int8_config(dir, "stateless" + tag, stage);
     stateless.train.resume = without_strategy_state(ckpt, fs::path(dir) / ("stripped" + tag)).string();
     const double diff = testing::relative_diff(train_ranks(stateless), whole);

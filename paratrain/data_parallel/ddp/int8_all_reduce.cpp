@@ -5,13 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <optional>
 
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
-#include "paratrain/quant/quantize.h"
 
 namespace paratrain::ddp {
 namespace {
@@ -44,16 +44,33 @@ inline float round_even(float v) {
 }
 
 // Max |x| over n floats, with 8 independent maxima (one chain of maxss is
-// latency-bound; NaN-strict max does not vectorize by itself).
+// latency-bound; NaN-strict max does not vectorize by itself). NaN when a
+// value is not finite: `probe` accumulates x * 0, which is 0 for finite x
+// and NaN for inf and NaN.
 float max_abs(const float* x, int64_t n) {
   float m[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  float probe = 0;
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) m[k] = std::max(m[k], std::fabs(x[i + k]));
-  for (; i < n; ++i) m[0] = std::max(m[0], std::fabs(x[i]));
+    for (int k = 0; k < 8; ++k) {
+      m[k] = std::max(m[k], std::fabs(x[i + k]));
+      probe += x[i + k] * 0.0f;
+    }
+  for (; i < n; ++i) {
+    m[0] = std::max(m[0], std::fabs(x[i]));
+    probe += x[i] * 0.0f;
+  }
   for (int k = 1; k < 8; ++k) m[0] = std::max(m[0], m[k]);
-  return m[0];
+  return probe == 0 ? m[0] : std::numeric_limits<float>::quiet_NaN();
 }
+
+// Note [Non-finite blocks on the int8 wire]
+// A block holding an inf or a NaN (an overflowed gradient) goes on the wire
+// as zeros with a NaN scale, so it decodes to NaN on every rank: the sum is
+// not finite wherever the input was not, as with an fp32 all-reduce, and
+// the loss scaler's check (or the user) sees it. Its residual is set to zero
+// rather than to NaN, so one bad step does not poison the steps after it or
+// the checkpoints.
 
 // CPU: `rows` rows of `w.slice` floats at `x` to wire rows at `out` (int8
 // values, zero padding, then the scales). With `residual`, element e of x
@@ -68,11 +85,17 @@ void cpu_encode(const float* x, int64_t rows, const WireLayout& w, uint8_t* out,
       const int64_t begin = b * w.block, n = std::min(w.block, w.slice - begin);
       const float* xb = x + i * w.slice + begin;
       const float max = max_abs(xb, n);
+      const int64_t e0 = i * w.slice + begin, m = residual ? std::min(n, residual_len - e0) : 0;
+      if (std::isnan(max)) {  // Note [Non-finite blocks on the int8 wire]
+        std::memset(q + begin, 0, static_cast<std::size_t>(n));
+        const float nan = std::numeric_limits<float>::quiet_NaN();
+        std::memcpy(row + w.padded() + 4 * b, &nan, 4);
+        for (int64_t j = 0; j < m; ++j) residual[e0 + j] = 0;
+        continue;
+      }
       const float s = max > 0 ? max / 127.0f : 1.0f;
       for (int64_t j = 0; j < n; ++j) q[begin + j] = static_cast<int8_t>(std::clamp(round_even(xb[j] / s), -127.0f, 127.0f));
       std::memcpy(row + w.padded() + 4 * b, &s, 4);
-      if (!residual) continue;
-      const int64_t e0 = i * w.slice + begin, m = std::min(n, residual_len - e0);
       for (int64_t j = 0; j < m; ++j) residual[e0 + j] = xb[j] - static_cast<float>(q[begin + j]) * s;
     }
   }
@@ -101,18 +124,29 @@ void cpu_decode(const uint8_t* in, int64_t rows, const WireLayout& w, float* out
 }
 
 // Device tensors: `rows` ([r, slice] float) to wire rows; rows becomes what
-// the bytes stand for.
+// the bytes stand for (NaN in a non-finite block: Note [Non-finite blocks on
+// the int8 wire]; the caller zeroes those residuals).
 at::Tensor aten_encode(at::Tensor& rows, const WireLayout& w) {
   const int64_t r = rows.size(0);
   auto padded = at::zeros({r, w.padded()}, rows.options());
   padded.narrow(1, 0, w.slice).copy_(rows);
-  const auto q = quant::quantize_symmetric(padded.view({r * w.blocks, w.block}), 8,
-                                           quant::Granularity::kPerChannel);
+  const auto blocks = padded.view({r * w.blocks, w.block});
+  const auto finite = at::isfinite(blocks).all(1, /*keepdim=*/true);
+  const auto max_abs = at::where(finite, blocks.abs().amax(1, /*keepdim=*/true),
+                                 at::full({1, 1}, std::numeric_limits<float>::quiet_NaN(), blocks.options()));
+  const auto scales = at::where(max_abs > 0, max_abs / 127.0, at::ones_like(max_abs)).where(finite, max_abs);
+  const auto values = at::where(finite, at::clamp(at::round(blocks / scales), -127, 127), at::zeros_like(blocks));
   auto bytes = at::empty({r, w.row_bytes()}, rows.options().dtype(at::kByte));
-  bytes.narrow(1, 0, w.padded()).copy_(q.values.view(at::kByte).view({r, w.padded()}));
-  bytes.narrow(1, w.padded(), w.blocks * 4).copy_(q.scales.view({r, w.blocks}).view(at::kByte));
-  rows.copy_(quant::dequantize(q).view({r, w.padded()}).narrow(1, 0, w.slice));
+  bytes.narrow(1, 0, w.padded()).copy_(values.to(at::kChar).view(at::kByte).view({r, w.padded()}));
+  bytes.narrow(1, w.padded(), w.blocks * 4).copy_(scales.contiguous().view({r, w.blocks}).view(at::kByte));
+  rows.copy_((values * scales).view({r, w.padded()}).narrow(1, 0, w.slice));
   return bytes;
+}
+
+// x - dequantized, zero where that is not finite (device path).
+at::Tensor finite_residual(const at::Tensor& original, const at::Tensor& dequantized) {
+  const auto d = original - dequantized;
+  return at::where(at::isfinite(d), d, at::zeros_like(d));
 }
 
 // Device tensors: wire rows [r, row_bytes()] to [r, slice] float32, or with
@@ -171,7 +205,7 @@ class Int8AllReduce final : public comm::Work {
       const auto original = residuals_.sent.defined() ? flat.clone() : at::Tensor();
       auto rows = k.x.view({w.p, w.slice});
       k.send.copy_(aten_encode(rows, w));
-      if (residuals_.sent.defined()) residuals_.sent.copy_(original - flat);
+      if (residuals_.sent.defined()) residuals_.sent.copy_(finite_residual(original, flat));
     }
     stage_ = group.all_to_all(k.recv, k.send);
   }
@@ -237,7 +271,7 @@ class Int8AllReduce final : public comm::Work {
     } else {
       const auto original = residuals_.summed.defined() ? mine.clone() : at::Tensor();
       k.slice.copy_(aten_encode(mine, w).view({-1}));
-      if (residuals_.summed.defined()) residuals_.summed.view({1, w.slice}).copy_(original - mine);
+      if (residuals_.summed.defined()) residuals_.summed.view({1, w.slice}).copy_(finite_residual(original, mine));
     }
     stage_ = gather_group_.all_gather(k.gathered, k.slice);
     phase_ = Phase::kGather;

@@ -181,7 +181,7 @@ void Int8Compression::state_loaded(const std::vector<std::string>& missing) {
   }
   const std::set<std::string> absent(missing.begin(), missing.end());
   std::vector<std::string> restarted;
-  std::size_t asked = 0;
+  std::size_t asked = 0, sent_missing = 0, summed_asked = 0, summed_missing = 0;
   for (std::size_t k = 0; k < buckets_.size(); ++k) {
     BucketState& b = buckets_[k];
     Int8Residuals& s = (*pending_)[k];
@@ -191,23 +191,32 @@ void Int8Compression::state_loaded(const std::vector<std::string>& missing) {
       if (absent.count(sent_name(p.name))) {
         s.sent.narrow(0, p.offset, p.numel).zero_();
         restarted.push_back(sent_name(p.name));
+        ++sent_missing;
       }
       if (!s.summed.defined()) continue;
       const int64_t lo = std::max(p.offset, pending_rank_ * slice);
       const int64_t hi = std::min(p.offset + p.numel, (pending_rank_ + 1) * slice);
-      if (hi <= lo || !absent.count(summed_name(p.name))) continue;
+      if (hi <= lo) continue;
+      ++summed_asked;
+      if (!absent.count(summed_name(p.name))) continue;
       s.summed.narrow(0, lo - pending_rank_ * slice, hi - lo).zero_();
       restarted.push_back(summed_name(p.name));
+      ++summed_missing;
     }
     b.residuals.sent.copy_(s.sent);
     if (s.summed.defined()) b.residuals.summed.copy_(s.summed);
   }
-  if (!restarted.empty() && restarted.size() >= asked) {
-    spdlog::warn("the checkpoint has no int8 gradient wire state (saved with another ddp.compression?): error "
-                 "feedback starts at zero");
+  if (sent_missing == asked && summed_missing == summed_asked && asked > 0) {
+    // Nothing of the wire's state fits: another ddp.compression, or (with no
+    // per-slice residuals to tell by: ZeRO-2) another world size.
+    spdlog::warn("the checkpoint has no int8 gradient wire state for this world size (saved with another "
+                 "ddp.compression or at another world size?): error feedback starts at zero");
+  } else if (sent_missing == asked && summed_missing == 0 && asked > 0) {
+    spdlog::warn("int8 gradient wire: the checkpoint was saved at another world size: each rank's residuals "
+                 "restart at zero (what they owed, under half a quantization step per element, is lost); the "
+                 "per-slice ones are re-cut");
   } else if (!restarted.empty()) {
-    spdlog::warn("int8 gradient wire: error feedback only partly restored (another world size?): {} restart at "
-                 "zero",
+    spdlog::warn("int8 gradient wire: error feedback only partly restored: {} restart at zero",
                  fmt::join(restarted, ", "));
   }
   pending_.reset();

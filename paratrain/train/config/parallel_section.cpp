@@ -160,6 +160,10 @@ std::string parallel_problem(const TrainConfig& c) {
                        "ddp.compression = \"none\" or change those keys",
                        c.ddp.compression, c.zero.stage, c.ddp.mode, c.parallel.pp, c.parallel.tp, c.parallel.cp,
                        c.ps.servers);
+  if (c.ddp.compression == "int8" && c.precision.loss_scale == "dynamic")
+    return "ddp.compression = \"int8\" with precision.loss_scale = \"dynamic\": the wire's error feedback keeps "
+           "residuals in loss-scaled units, which a changing scale would re-inject at the wrong size; use a static "
+           "loss scale (a number), bf16 compute without loss scaling, or another ddp.compression";
   if (c.ddp.compression != "none" && c.precision.comm_dtype != "fp32" && c.ddp.compression != c.precision.comm_dtype)
     return fmt::format("ddp.compression = \"{}\" and precision.comm_dtype = \"{}\" both choose the gradient wire "
                        "format: keep one (precision.comm_dtype = \"fp32\", or ddp.compression = \"none\")",

@@ -245,12 +245,17 @@ TrainedModel load_trained_model(const fs::path& checkpoint, const LoadOptions& o
           ranges[name] = {r[0].item<float>(), r[1].item<float>()};
         }
       }
-      // Note [Int8 kernels]: dynamic activations with 8-bit weights run their
-      // Linears on LibTorch's int8 kernels where it has one; the rest, and
-      // everything of a static file, is simulated.
+      // Note [Int8 kernels]: dynamic 8-bit activations with 8-bit weights per
+      // output channel run their Linears on LibTorch's int8 kernels where it
+      // has one; the rest, and everything of a static file, is simulated.
       const int bits = out.activation_bits;
+      // Per-channel files only: the kernel's weights are quantized per
+      // output channel again from the dequantized ones, which gives back the
+      // file's integers exactly when its scales were per channel too.
+      const auto granularity = metadata.find("quant.granularity");
+      const bool per_channel = granularity != metadata.end() && granularity->second == "per_channel";
       const bool kernels = options.int8_kernels && out.activations == "dynamic" && out.bits == 8 && bits == 8 &&
-                           !quant::int8_engine().empty();
+                           per_channel && !quant::int8_engine().empty();
       out.model = std::make_shared<ActivationQuantModel>(
           out.model, [&](models::Model& inner) -> std::shared_ptr<quant::ActivationObserver> {
             auto simulated = std::make_shared<quant::ActivationQuantizer>(inner, bits, ranges);

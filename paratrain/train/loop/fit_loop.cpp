@@ -141,12 +141,12 @@ double FitLoop::take_step(const ScheduledStep& step, int64_t index) {
         s_.strategy->optimizer_step(*s_.optimizer, s_.config.optimizer.clip_grad_norm, s_.scaler.get());
     if (!stepped) ++result_.skipped_steps;
     freezing_.step_done(stepped);
-  }
-  // QAT's learned activation ranges take in this step's (Note [Learned
-  // activation ranges]): a collective over dp, the same step everywhere.
-  if (s_.config.quant.qat && s_.config.quant.activation_bits > 0) {
-    if (auto* qat = dynamic_cast<FakeQuantModel*>(s_.strategy->module().get()))
-      qat->update_activation_ranges(s_.dp(), s_.timeout());
+    // QAT's learned activation ranges take in this step's (Note [Learned
+    // activation ranges]): a collective over dp, the same step everywhere.
+    if (s_.config.quant.qat && s_.config.quant.activation_bits > 0) {
+      if (auto* qat = dynamic_cast<FakeQuantModel*>(s_.strategy->module().get()))
+        qat->update_activation_ranges(s_.dp(), s_.timeout(), stepped);
+    }
   }
   profiler_.end_step(index + 1);
   return loss / loss_scale;

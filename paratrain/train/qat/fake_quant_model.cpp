@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <limits>
 #include <mutex>
 #include <set>
@@ -133,9 +134,20 @@ void FakeQuantModel::train(bool on) {
   inner_->train(on);
 }
 
-void FakeQuantModel::update_activation_ranges(comm::ProcessGroup& group, std::chrono::milliseconds timeout) {
+void FakeQuantModel::update_activation_ranges(comm::ProcessGroup& group, std::chrono::milliseconds timeout,
+                                              bool stepped) {
   if (!activations_ || !active_) return;
   auto& layers = activations_->layers_;
+  if (!stepped) {
+    // A step the loss scaler skipped (the same on every rank): what it saw
+    // may hold its overflow; drop it, as the weights dropped its update.
+    std::lock_guard lock(activations_->mu_);
+    for (auto& l : layers) {
+      l.seen_min = std::numeric_limits<float>::infinity();
+      l.seen_max = -std::numeric_limits<float>::infinity();
+    }
+    return;
+  }
   // [-min, max] per layer, reduced with max: the global min and max. A
   // layer this rank did not see contributes -inf.
   auto seen = torch::empty({static_cast<int64_t>(layers.size()), 2});
@@ -153,7 +165,9 @@ void FakeQuantModel::update_activation_ranges(comm::ProcessGroup& group, std::ch
   const auto s = seen.accessor<float, 2>();
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const float lo = -s[static_cast<int64_t>(i)][0], hi = s[static_cast<int64_t>(i)][1];
-    if (!(lo <= hi)) continue;  // no rank saw this layer (or inf/nan)
+    // No rank saw this layer, or an input was not finite: a range with an
+    // inf would make every later grid NaN.
+    if (!(lo <= hi) || !std::isfinite(lo) || !std::isfinite(hi)) continue;
     auto r = read_range(layers[i].range);
     if (r[2] == 0) {
       r = {lo, hi, 1};

@@ -60,9 +60,11 @@ class FakeQuantModel final : public models::Model {
   int activation_bits() const { return activation_bits_; }
   /// Collective over `group` (every rank that trains a replica, each after
   /// the same step): the step's observed ranges reduced and folded into the
-  /// learned ones (Note [Learned activation ranges]). Nothing without
-  /// activation bits, or when inactive.
-  void update_activation_ranges(comm::ProcessGroup& group, std::chrono::milliseconds timeout);
+  /// learned ones (Note [Learned activation ranges]); a range that is not
+  /// finite is left out. Nothing without activation bits, or when inactive;
+  /// with `stepped` false (the step was skipped on every rank) the step's
+  /// observations are dropped, without a collective.
+  void update_activation_ranges(comm::ProcessGroup& group, std::chrono::milliseconds timeout, bool stepped = true);
   /// The learned ranges by layer name (layers observed at least once).
   std::map<std::string, quant::ActivationRange> activation_ranges() const;
 
