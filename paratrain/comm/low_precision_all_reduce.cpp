@@ -1,19 +1,18 @@
 #include "paratrain/comm/low_precision_all_reduce.h"
 
-#include <mutex>
-
 #include <fmt/format.h>
 
+#include "paratrain/comm/two_phase_work.h"
 #include "paratrain/core/error.h"
 
 namespace paratrain::comm {
 namespace {
 
-// Two collectives and the fp32 sum between them, as one Work. The state
-// machine advances under a lock, from whichever thread polls or waits.
-// With `scatter_to` defined (reduce_scatter_low_precision), the fp32 sum of
-// this rank's slice lands there and the work ends after the first phase.
-class LowPrecisionAllReduce final : public Work {
+// Two collectives and the fp32 sum between them, as one Work
+// (two_phase_work.h). With `scatter_to` defined (reduce_scatter_low_precision),
+// the fp32 sum of this rank's slice lands there and the work ends after the
+// first phase.
+class LowPrecisionAllReduce final : public TwoPhaseWork {
  public:
   LowPrecisionAllReduce(ProcessGroup& group, const at::Tensor& buffer, at::ScalarType wire,
                         ProcessGroup& gather_group, at::Tensor scatter_to = {})
@@ -27,64 +26,25 @@ class LowPrecisionAllReduce final : public Work {
     send.narrow(0, 0, n).copy_(buffer.reshape({-1}));
     send_bytes_ = send.view(at::kByte).reshape({p, chunk_ * 2});
     recv_bytes_ = at::empty_like(send_bytes_);
-    stage_ = group.all_to_all(recv_bytes_, send_bytes_);
-  }
-
-  void wait(std::chrono::milliseconds timeout) override {
-    std::lock_guard lock(mutex_);
-    if (phase_ == Phase::kScatter) {
-      stage_->wait(timeout);
-      start_gather();
-    }
-    if (phase_ == Phase::kGather) {
-      stage_->wait(timeout);
-      finish();
-    }
-  }
-
-  bool is_completed() override {
-    std::lock_guard lock(mutex_);
-    if (phase_ == Phase::kScatter && stage_->is_completed()) {
-      stage_->wait(std::chrono::milliseconds(0));
-      start_gather();
-    }
-    if (phase_ == Phase::kGather && stage_->is_completed()) {
-      stage_->wait(std::chrono::milliseconds(0));
-      finish();
-    }
-    return phase_ == Phase::kDone;
-  }
-
-  std::optional<Clock::time_point> completed_at() override {
-    std::lock_guard lock(mutex_);
-    return done_at_;
+    begin(group.all_to_all(recv_bytes_, send_bytes_));
   }
 
  private:
-  enum class Phase { kScatter, kGather, kDone };
-
-  void start_gather() {
+  WorkHandle after_first() override {
     // Row s holds rank s's copy of this rank's slice: add in fp32.
     const auto mine = recv_bytes_.view(wire_).reshape({group_.size(), chunk_}).to(at::kFloat).sum(0);
     if (scatter_to_.defined()) {
       scatter_to_.view({-1}).copy_(mine);
-      phase_ = Phase::kDone;
-      done_at_ = Clock::now();
-      stage_.reset();
-      return;
+      return nullptr;
     }
     slice_bytes_ = mine.to(wire_).view(at::kByte);
     gathered_bytes_ = at::empty({group_.size() * chunk_ * 2}, slice_bytes_.options());
-    stage_ = gather_group_.all_gather(gathered_bytes_, slice_bytes_);
-    phase_ = Phase::kGather;
+    return gather_group_.all_gather(gathered_bytes_, slice_bytes_);
   }
 
-  void finish() {
+  void after_second() override {
     const auto sum = gathered_bytes_.view(wire_).narrow(0, 0, buffer_.numel());
     buffer_.view({-1}).copy_(sum);
-    phase_ = Phase::kDone;
-    done_at_ = Clock::now();
-    stage_.reset();
   }
 
   ProcessGroup& group_;
@@ -94,10 +54,6 @@ class LowPrecisionAllReduce final : public Work {
   at::Tensor scatter_to_;
   int64_t chunk_ = 0;
   at::Tensor send_bytes_, recv_bytes_, slice_bytes_, gathered_bytes_;
-  WorkHandle stage_;
-  Phase phase_ = Phase::kScatter;
-  std::optional<Clock::time_point> done_at_;
-  std::mutex mutex_;
 };
 
 }  // namespace

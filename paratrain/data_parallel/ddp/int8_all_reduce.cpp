@@ -6,11 +6,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <mutex>
-#include <optional>
 
 #include <fmt/format.h>
 
+#include "paratrain/comm/two_phase_work.h"
 #include "paratrain/core/error.h"
 
 namespace paratrain::ddp {
@@ -166,10 +165,9 @@ at::Tensor reuse(const at::Tensor& keep, int64_t numel, at::ScalarType dtype, co
   return at::empty({numel}, like.options().dtype(dtype));
 }
 
-// Both phases (or the first alone, `scatter_to` defined) as one Work; the
-// state machine advances under a lock from whichever thread polls or waits,
-// as comm/low_precision_all_reduce.cpp's does.
-class Int8AllReduce final : public comm::Work {
+// Both phases (or the first alone, `scatter_to` defined) as one Work
+// (comm/two_phase_work.h).
+class Int8AllReduce final : public comm::TwoPhaseWork {
  public:
   Int8AllReduce(comm::ProcessGroup& group, const at::Tensor& buffer, Int8Residuals residuals,
                 comm::ProcessGroup& gather_group, const WireLayout& layout, at::Tensor scatter_to,
@@ -207,43 +205,11 @@ class Int8AllReduce final : public comm::Work {
       k.send.copy_(aten_encode(rows, w));
       if (residuals_.sent.defined()) residuals_.sent.copy_(finite_residual(original, flat));
     }
-    stage_ = group.all_to_all(k.recv, k.send);
-  }
-
-  void wait(std::chrono::milliseconds timeout) override {
-    std::lock_guard lock(mutex_);
-    if (phase_ == Phase::kScatter) {
-      stage_->wait(timeout);
-      start_gather();
-    }
-    if (phase_ == Phase::kGather) {
-      stage_->wait(timeout);
-      finish();
-    }
-  }
-
-  bool is_completed() override {
-    std::lock_guard lock(mutex_);
-    if (phase_ == Phase::kScatter && stage_->is_completed()) {
-      stage_->wait(std::chrono::milliseconds(0));
-      start_gather();
-    }
-    if (phase_ == Phase::kGather && stage_->is_completed()) {
-      stage_->wait(std::chrono::milliseconds(0));
-      finish();
-    }
-    return phase_ == Phase::kDone;
-  }
-
-  std::optional<Clock::time_point> completed_at() override {
-    std::lock_guard lock(mutex_);
-    return done_at_;
+    begin(group.all_to_all(k.recv, k.send));
   }
 
  private:
-  enum class Phase { kScatter, kGather, kDone };
-
-  void start_gather() {
+  comm::WorkHandle after_first() override {
     at::NoGradGuard no_grad;
     const WireLayout& w = layout_;
     Int8Scratch& k = *scratch_;
@@ -259,8 +225,7 @@ class Int8AllReduce final : public comm::Work {
     }
     if (scatter_to_.defined()) {
       scatter_to_.view({-1}).copy_(mine.view({-1}));
-      done();
-      return;
+      return nullptr;
     }
     if (residuals_.summed.defined()) mine.add_(residuals_.summed.view({1, w.slice}));
     k.slice = reuse(k.slice, w.row_bytes(), at::kByte, k.recv);
@@ -273,11 +238,10 @@ class Int8AllReduce final : public comm::Work {
       k.slice.copy_(aten_encode(mine, w).view({-1}));
       if (residuals_.summed.defined()) residuals_.summed.view({1, w.slice}).copy_(finite_residual(original, mine));
     }
-    stage_ = gather_group_.all_gather(k.gathered, k.slice);
-    phase_ = Phase::kGather;
+    return gather_group_.all_gather(k.gathered, k.slice);
   }
 
-  void finish() {
+  void after_second() override {
     at::NoGradGuard no_grad;
     const WireLayout& w = layout_;
     Int8Scratch& k = *scratch_;
@@ -290,13 +254,6 @@ class Int8AllReduce final : public comm::Work {
       const auto sum = aten_decode(k.gathered.view({w.p, w.row_bytes()}), w, false).reshape({-1});
       buffer_.view({-1}).copy_(sum.narrow(0, 0, w.numel));
     }
-    done();
-  }
-
-  void done() {
-    phase_ = Phase::kDone;
-    done_at_ = Clock::now();
-    stage_.reset();
   }
 
   comm::ProcessGroup& group_;
@@ -306,10 +263,6 @@ class Int8AllReduce final : public comm::Work {
   WireLayout layout_;
   at::Tensor scatter_to_;
   std::shared_ptr<Int8Scratch> scratch_;
-  comm::WorkHandle stage_;
-  Phase phase_ = Phase::kScatter;
-  std::optional<Clock::time_point> done_at_;
-  std::mutex mutex_;
 };
 
 void check_residual(const at::Tensor& t, int64_t numel, const at::Tensor& like, const char* what) {

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "paratrain/comm/two_phase_work.h"
 #include "paratrain/core/error.h"
 
 namespace paratrain::ddp {
@@ -14,11 +15,11 @@ namespace paratrain::ddp {
 // The compressed step of one bucket as one Work: phase 1 all-reduces the
 // plain tensors and the P factors together in flight, phase 2 the Q factors;
 // the orthonormalization and G^T P between them run on whichever thread polls
-// or waits first (as comm/low_precision_all_reduce.cpp chains its phases).
+// or waits first (comm/two_phase_work.h).
 // Phase 2 goes to the follow-up group (Note [Second phases on their own
 // group], compress_hook.h), which is created here, at launch, in the same
 // order on every rank; never lazily.
-class PowerSgd::StepWork final : public comm::Work {
+class PowerSgd::StepWork final : public comm::TwoPhaseWork {
  public:
   StepWork(std::shared_ptr<PowerSgd> owner, comm::ProcessGroup& group, std::size_t index, at::Tensor& buffer)
       : owner_(std::move(owner)), group_(owner_->second_.of(group)), state_(owner_->buckets_[index]),
@@ -45,47 +46,17 @@ class PowerSgd::StepWork final : public comm::Work {
     p_flat_ = at::cat(ps);
     std::vector<at::Tensor> plain;
     for (const Plain& p : state_.plain) plain.push_back(flat.narrow(0, p.offset, p.numel));
+    comm::WorkHandle plain_work;
     if (!plain.empty()) {
       plain_flat_ = at::cat(plain);
-      plain_work_ = group.all_reduce(plain_flat_);
+      plain_work = group.all_reduce(plain_flat_);
     }
-    stage_ = group.all_reduce(p_flat_);
-  }
-
-  void wait(std::chrono::milliseconds timeout) override {
-    std::lock_guard lock(mutex_);
-    if (phase_ == Phase::kP) {
-      stage_->wait(timeout);
-      start_q();
-    }
-    if (phase_ == Phase::kQ) {
-      stage_->wait(timeout);
-      if (plain_work_) plain_work_->wait(timeout);
-      finish();
-    }
-  }
-
-  bool is_completed() override {
-    std::lock_guard lock(mutex_);
-    if (phase_ == Phase::kP && stage_->is_completed()) {
-      stage_->wait(std::chrono::milliseconds(0));
-      start_q();
-    }
-    if (phase_ == Phase::kQ && stage_->is_completed() && (!plain_work_ || plain_work_->is_completed())) {
-      stage_->wait(std::chrono::milliseconds(0));
-      if (plain_work_) plain_work_->wait(std::chrono::milliseconds(0));
-      finish();
-    }
-    return phase_ == Phase::kDone;
-  }
-
-  std::optional<Clock::time_point> completed_at() override {
-    std::lock_guard lock(mutex_);
-    return done_at_;
+    begin(group.all_reduce(p_flat_), std::move(plain_work));
   }
 
  private:
-  enum class Phase { kP, kQ, kDone };
+  comm::WorkHandle after_first() override { return start_q(); }
+  void after_second() override { finish(); }
 
   void draw_qs(const at::TensorOptions& options) {
     state_.qs.clear();
@@ -93,7 +64,7 @@ class PowerSgd::StepWork final : public comm::Work {
       state_.qs.push_back(at::randn({m.cols, m.rank}, owner_->generator_, options.device(at::kCPU)).to(options));
   }
 
-  void start_q() {
+  comm::WorkHandle start_q() {
     std::vector<at::Tensor> qs;
     int64_t at_p = 0;
     for (std::size_t i = 0; i < gs_.size(); ++i) {
@@ -107,8 +78,7 @@ class PowerSgd::StepWork final : public comm::Work {
       qs.push_back(at::mm(gs_[i].t(), ps_hat_.back()).reshape({-1}));
     }
     q_flat_ = at::cat(qs);
-    stage_ = group_.all_reduce(q_flat_);
-    phase_ = Phase::kQ;
+    return group_.all_reduce(q_flat_);
   }
 
   void finish() {
@@ -130,10 +100,6 @@ class PowerSgd::StepWork final : public comm::Work {
       out.narrow(0, p.offset, p.numel).copy_(plain_flat_.narrow(0, at_plain, p.numel));
       at_plain += p.numel;
     }
-    phase_ = Phase::kDone;
-    done_at_ = Clock::now();
-    stage_.reset();
-    plain_work_.reset();
     gs_.clear();
   }
 
@@ -144,10 +110,6 @@ class PowerSgd::StepWork final : public comm::Work {
   at::ScalarType compute_ = at::kFloat;
   std::vector<at::Tensor> gs_, ps_hat_;
   at::Tensor p_flat_, q_flat_, plain_flat_;
-  comm::WorkHandle stage_, plain_work_;
-  Phase phase_ = Phase::kP;
-  std::optional<Clock::time_point> done_at_;
-  std::mutex mutex_;
 };
 
 PowerSgd::PowerSgd(PowerSgdOptions options)
