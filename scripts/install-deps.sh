@@ -15,6 +15,7 @@ packages=(
   python3-torch   # only for the PyTorch-DDP side of the benchmark
   libsodium-dev   # federated.secure_aggregation: X25519 key agreement and ChaCha20 masks
   libopenmpi-dev openmpi-bin   # the MPI backend (world.backend = "mpi") and its CTest runs under mpirun
+  slurm-wlm munge   # Slurm.PrivateCluster: a private one-node cluster in a test (its daemons are not started here)
 )
 
 missing=()
