@@ -12,6 +12,7 @@
 #include "apps/paratrain/commands.h"
 #include "paratrain/core/allocator.h"
 #include "paratrain/core/error.h"
+#include "paratrain/core/exit_codes.h"
 
 namespace {
 
@@ -95,6 +96,10 @@ int main(int argc, char** argv) {
   } catch (const paratrain::ConfigError& e) {
     std::fprintf(stderr, "paratrain: configuration error: %s\n", e.what());
     return 2;
+  } catch (const paratrain::CommError& e) {
+    // Another rank (or the link to it) is gone: say so in the code too.
+    std::fprintf(stderr, "paratrain: error: %s\n", e.what());
+    return paratrain::kPeerLostExitCode;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "paratrain: error: %s\n", e.what());
     return 1;

@@ -22,7 +22,11 @@ std::string describe(const WorkerOutcome& w) {
     const std::string why = w.ok() || !w.peer_error ? ""
                             : w.peer_loss.empty()   ? " (its output says a peer went away)"
                                                     : " (its output says: " + w.peer_loss + ")";
-    return fmt::format("rank {} (pid {}) exited with code {}{}", w.rank, w.pid, w.exit_code, why);
+    const std::string code = w.exit_code == kPeerLostExitCode
+                                 ? fmt::format("{} (a peer was lost)", w.exit_code)
+                                 : std::to_string(w.exit_code);
+    return fmt::format("rank {} (pid {}) exited with code {}{}", w.rank, w.pid, code,
+                       w.exit_code == kPeerLostExitCode && w.peer_loss.empty() ? "" : why);
   }
   return fmt::format("rank {} (pid {}) was killed by {}", w.rank, w.pid, signal_name(w.signal));
 }

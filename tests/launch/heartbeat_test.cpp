@@ -77,6 +77,28 @@ TEST(HeartbeatLaunch, AStoppedRankIsNamedWithItsLastCollectiveAndLeavesDoctorFil
   EXPECT_TRUE(fs::exists(doctor / "trace.json")) << diagnosis.output;
 }
 
+// The exit code says why (kPeerLostExitCode, core/exit_codes.h): rank 1
+// kills itself at step 5; with --keep-going the launcher leaves rank 0 to
+// notice on its own, and it exits 69 ("a peer was lost"), not 1. The
+// summary names rank 1's SIGKILL first.
+TEST(HeartbeatLaunch, TheRankThatLostAPeerExitsWithThePeerLostCode) {
+  const std::string dir = testing::temp_dir("heartbeat_peer_lost");
+  test::Captured c;
+  {
+    ScopedEnv kill("PARATRAIN_FAULT_KILL", "1:5");
+    auto o = job(dir);
+    o.keep_going = true;
+    o.keep_going_rank0 = true;
+    c = run_captured(o, dir);
+  }
+  const std::string log = c.out + c.err;
+  ASSERT_EQ(c.report.workers.size(), 2u) << log;
+  EXPECT_FALSE(c.report.workers[1].exited) << log;  // SIGKILL
+  EXPECT_TRUE(c.report.workers[0].exited) << log;
+  EXPECT_EQ(c.report.workers[0].exit_code, kPeerLostExitCode) << log;
+  EXPECT_NE(log.find("exited with code 69 (a peer was lost)"), std::string::npos) << log;
+}
+
 // Control: the same short heartbeats on a healthy run never fire.
 TEST(HeartbeatLaunch, ControlAHealthyRunWithTheSameHeartbeatsSucceeds) {
   const std::string dir = testing::temp_dir("heartbeat_ok");
