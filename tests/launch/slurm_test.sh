@@ -179,6 +179,9 @@ echo "whole: job $job completed, $(final_of whole)"
 case=requeue
 job=$(submit requeue --requeue)
 if wait_step requeue 30; then
+  # The step the run had logged when the signal went out, and when.
+  signal_step=$(grep -o '"step":[0-9]*' "$dir/runs/requeue/version_0/metrics.jsonl" | tail -n 1 | cut -d: -f2)
+  signal_at=$(date +%s.%N)
   scancel --signal=USR2 "$job"
   # The job goes back to the queue (its script requeued it) and runs again.
   # Slurm holds a requeued job for about two minutes before it is eligible
@@ -200,7 +203,19 @@ if wait_step requeue 30; then
   logs=$(ls "$dir"/requeue.*.log)
   grep -q "resumed from" $logs || fail "the requeued job did not resume from the preemption checkpoint"
   grep -q "preempted\|stopping at step" $logs || fail "no preemption logged"
-  same_as_whole requeue && echo "requeue: preempted at $(grep -oh 'checkpoint [^ ]*step_[0-9]*' $logs | head -n 1 | grep -o 'step_[0-9]*'), requeued, resumed, equal to the uninterrupted run"
+  # From the signal to the tasks' exit (the stamp of srun's line about
+  # exit code 75 is not there: the rank's warning, logged after its save,
+  # is the last thing before the exit).
+  stop_line=$(grep -h 'preempted by SIGUSR2 at step' $logs | head -n 1)
+  stop_step=$(echo "$stop_line" | grep -o 'at step [0-9]*' | grep -o '[0-9]*')
+  stop_clock=$(echo "$stop_line" | grep -o '^\[[0-9:.]*\]' | tr -d '[]')
+  stop_seconds=$(python3 -c "
+import datetime, sys
+sent = datetime.datetime.fromtimestamp(float(sys.argv[1]))
+h, m, s = sys.argv[2].split(':')
+stop = sent.replace(hour=int(h), minute=int(m), second=int(float(s)), microsecond=int(round(float(s) % 1 * 1e6)))
+print(f'{(stop - sent).total_seconds():.2f}')" "$signal_at" "$stop_clock" 2>/dev/null)
+  same_as_whole requeue && echo "requeue: USR2 at step ${signal_step:-?}, checkpoint at step ${stop_step:-?} (no step lost) ${stop_seconds:-?} s after scancel; requeued, resumed, equal to the uninterrupted run"
   [[ $failures == 0 ]] || for l in $logs; do show "$l" 15; done
 else
   fail "the job did not reach step 30"
