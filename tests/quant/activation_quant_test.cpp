@@ -33,6 +33,7 @@
 #include "paratrain/train/trainer.h"
 #include "tests/support/multi_rank.h"
 #include "tests/support/small_mlp.h"
+#include "tests/support/trainer_oracle.h"
 
 namespace {
 
@@ -288,25 +289,8 @@ TEST(Int8Kernels, ADynamicFileEvaluatesOnTheKernelsCloseToSimulated) {
   EXPECT_EQ(paratrain::train::load_trained_model(fs::path(dir) / "t.safetensors").kernels, "simulated");
 }
 
-Params train_ranks(const TrainConfig& cfg, int world) {
-  Params out;
-  paratrain::testing::run_ranks(world, [&](paratrain::comm::ProcessGroup& g) {
-    paratrain::train::Trainer t(cfg, g);
-    t.fit();
-    auto p = t.full_parameters();
-    if (g.rank() == 0) out = std::move(p);
-  });
-  return out;
-}
-
-double relative_diff(const Params& a, const Params& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    const double scale = std::max(b[i].second.abs().max().item<double>(), 1e-12);
-    worst = std::max(worst, (a[i].second - b[i].second).abs().max().item<double>() / scale);
-  }
-  return worst;
-}
+using paratrain::testing::relative_diff;
+using paratrain::testing::train_ranks;
 
 TrainConfig qat_config(const std::string& dir, const std::string& name, int64_t activation_bits) {
   TrainConfig c = mlp_config(dir, name);

@@ -14,6 +14,7 @@
 #include "paratrain/comm/gloo/gloo_group.h"
 #include "paratrain/train/config/config.h"
 #include "paratrain/train/trainer.h"
+#include "tests/support/multi_rank.h"
 
 namespace paratrain::testing {
 
@@ -47,6 +48,16 @@ inline Params train_on(const train::TrainConfig& c, comm::ProcessGroup& group) {
   train::Trainer t(c, group);
   t.fit();
   return t.full_parameters();
+}
+
+// Rank 0's parameters after training `c` on `world` ranks (threads).
+inline Params train_ranks(const train::TrainConfig& c, int world) {
+  Params out;
+  run_ranks(world, [&](comm::ProcessGroup& g) {
+    Params p = train_on(c, g);
+    if (g.rank() == 0) out = std::move(p);
+  });
+  return out;
 }
 
 // The same run on one process (a one-rank Gloo group of its own).
