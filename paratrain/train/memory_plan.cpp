@@ -106,6 +106,22 @@ int64_t parameter_count(const TrainConfig& c) {
   throw ConfigError(fmt::format("paratrain plan: model.kind = \"{}\" has no parameter count", c.model.kind));
 }
 
+int64_t parameters_per_tp_rank(const TrainConfig& c) {
+  const int64_t t = c.parallel.tp;
+  if (t <= 1 || !builds_gpt(c)) return parameter_count(c);
+  // Megatron's layout (models/parallel_gpt.cpp): the vocabulary rows of wte
+  // and the column-parallel qkv and mlp.fc (weights and biases) are split
+  // over tp; the row-parallel attn.proj and mlp.proj split their weights'
+  // inputs and keep a whole bias; wpe and the LayerNorms are replicated.
+  const int64_t d = c.model.d_model;
+  const int64_t sharded_block = checked_add(checked_mul(12 * d, d), 7 * d);  // qkv, attn.proj w, fc, mlp.proj w
+  const int64_t replicated_block = 6 * d;                                      // ln1, ln2, the two row biases
+  const int64_t block = checked_add(sharded_block / t, replicated_block);
+  int64_t total = checked_add(checked_mul(256, d) / t, checked_mul(c.model.seq_len, d));
+  total = checked_add(total, checked_mul(c.model.layers, block));
+  return checked_add(total, 2 * d);
+}
+
 MemoryPlan plan_memory(const TrainConfig& config, const PlanOptions& options) {
   validate_config(config);
   const int64_t split = checked_mul(checked_mul(config.parallel.tp, config.parallel.pp), config.parallel.cp);
@@ -125,12 +141,25 @@ MemoryPlan plan_memory(const TrainConfig& config, const PlanOptions& options) {
   // Bytes of optimizer state per parameter: SGD's momentum buffer (LARS
   // always keeps its velocity), Adam's, AdamW's and LAMB's two moments.
   const int64_t k = o.kind == "lars" ? 4 : o.kind == "sgd" ? (o.momentum > 0 ? 4 : 0) : 8;
-  MemoryPlan plan = plan_memory(parameter_count(config), dp, k, options.memory_gib);
+  // Under tensor parallelism a rank holds its tp shard, which ZeRO then
+  // shards over dp (Ψ below is that shard's size).
+  const bool tp_planned = config.parallel.tp > 1 && builds_gpt(config);
+  MemoryPlan plan = plan_memory(parameters_per_tp_rank(config), dp, k, options.memory_gib);
   plan.model = model_name(config);
   plan.optimizer = o.kind == "sgd" ? fmt::format("sgd (momentum {})", o.momentum) : o.kind;
-  if (split > 1)
+  plan.tp = config.parallel.tp;
+  if (tp_planned) {
+    plan.whole_parameters = parameter_count(config);
     plan.notes.push_back(fmt::format(
-        "parallel.tp * pp * cp = {}: only data parallelism is planned here; Ψ is the whole model", split));
+        "parallel.tp = {}: Ψ is one tensor-parallel rank's shard of the {} parameters (wte's rows, qkv, "
+        "mlp.fc and the row-parallel weights split; wpe, LayerNorms and row biases whole)",
+        config.parallel.tp, with_commas(plan.whole_parameters)));
+  }
+  const int64_t unplanned = tp_planned ? split / config.parallel.tp : split;
+  if (unplanned > 1)
+    plan.notes.push_back(fmt::format(
+        "parallel.{} = {}: not planned here (Ψ counts every layer, as if on one stage and one context shard)",
+        config.parallel.pp > 1 ? "pp" : config.parallel.cp > 1 ? "cp" : "tp", unplanned));
   return plan;
 }
 
@@ -224,6 +253,8 @@ nlohmann::json plan_to_json(const MemoryPlan& p) {
   }
   nlohmann::json out = {{"model", p.model},
                         {"parameters", p.parameters},
+                        {"tp", p.tp},
+                        {"whole_parameters", p.whole_parameters > 0 ? p.whole_parameters : p.parameters},
                         {"dp", p.dp},
                         {"shard_elements", p.shard_elements},
                         {"optimizer", p.optimizer},

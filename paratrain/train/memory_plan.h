@@ -1,6 +1,7 @@
 // The ZeRO memory planner behind `paratrain plan`: per-rank bytes of
 // parameters, gradients and optimizer state for ZeRO stages 0-3 (arXiv
-// 1910.02054, section 3) from the configured model's parameter count.
+// 1910.02054, section 3) from the configured model's parameter count (of one
+// tensor-parallel rank's shard for the GPT under parallel.tp).
 // Pure arithmetic: builds no model and measures nothing; activations,
 // buffers, communication buckets and allocator overhead come on top.
 #pragma once
@@ -35,7 +36,9 @@ struct StageMemory {
 
 struct MemoryPlan {
   std::string model;          // "mlp 784-256-128-10", "cnn ..."
-  int64_t parameters = 0;     // Ψ
+  int64_t parameters = 0;     // Ψ: of one tensor-parallel rank when tp > 1 is planned
+  int64_t tp = 1;             // parallel.tp
+  int64_t whole_parameters = 0;  // the whole model's count when Ψ is a tp shard; else 0
   int64_t dp = 1;             // N, the ranks sharding the state
   int64_t shard_elements = 0; // ceil(Ψ / N): shards round up, the flat buffer is padded to N * this
   std::string optimizer;      // optimizer.kind (+ momentum for SGD)
@@ -53,6 +56,11 @@ struct MemoryPlan {
 // a model too big for this machine allocates nothing (tests check it against
 // the built model). Throws ConfigError if the count overflows int64.
 int64_t parameter_count(const TrainConfig& config);
+
+// Ψ of one tensor-parallel rank of make_model(config) under parallel.tp (the
+// built-in GPT's Megatron layout); parameter_count(config) for tp = 1 or a
+// model without tensor parallelism.
+int64_t parameters_per_tp_rank(const TrainConfig& config);
 
 // The plan for `config` on `options.world` ranks. Throws ConfigError on a
 // world that parallel.tp * pp * cp does not divide, or a budget <= 0 / not finite.

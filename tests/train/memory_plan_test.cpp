@@ -10,6 +10,8 @@
 #include "paratrain/models/model.h"
 #include "paratrain/train/config/config.h"
 #include "paratrain/train/memory_plan.h"
+#include "paratrain/train/trainer.h"
+#include "tests/support/gpt_run.h"
 #include "tests/support/multi_rank.h"
 
 namespace pt = paratrain::train;
@@ -41,6 +43,30 @@ TEST(MemoryPlan, ParameterCountMatchesTheBuiltModel) {
 
 // Note [ZeRO memory formulas] in memory_plan.cpp, with Ψ = 235,146 and N = 4:
 // ceil(Ψ/4) = 58,787 (Ψ/4 = 58,786.5 rounds up).
+// Under parallel.tp the GPT's Ψ is one tensor-parallel rank's shard: what a
+// rank of a real tp = 2 (and tp = 4) Trainer holds, counted from its module.
+TEST(MemoryPlan, UnderTensorParallelismPsiIsWhatATpRankHolds) {
+  const auto dir = paratrain::testing::temp_dir("plan_tp");
+  const auto corpus = paratrain::testing::write_word_corpus(dir + "/text", 7);
+  for (int64_t tp : {2, 4}) {
+    pt::TrainConfig c = paratrain::testing::tiny_gpt_config(dir + "/tp" + std::to_string(tp), corpus);
+    c.parallel.tp = tp;
+    c.train.max_steps = 1;
+    std::vector<int64_t> held(static_cast<size_t>(tp), 0);
+    paratrain::testing::run_ranks(static_cast<int>(tp), [&](paratrain::comm::ProcessGroup& g) {
+      pt::Trainer t(c, g);
+      int64_t n = 0;
+      for (const auto& p : t.model()->parameters()) n += p.numel();
+      held[static_cast<size_t>(g.rank())] = n;
+    });
+    for (int64_t r = 0; r < tp; ++r) EXPECT_EQ(pt::parameters_per_tp_rank(c), held[static_cast<size_t>(r)]) << tp;
+    const auto plan = pt::plan_memory(c, pt::PlanOptions{});
+    EXPECT_EQ(plan.parameters, held[0]);
+    EXPECT_EQ(plan.whole_parameters, pt::parameter_count(c));
+    EXPECT_LT(plan.parameters * 3 / 2, plan.whole_parameters) << "the shard is not smaller";
+  }
+}
+
 TEST(MemoryPlan, StagesFollowTheFormulasForAdam) {
   const auto p = pt::plan_memory(kPsi, 4, 8, 0);
   ASSERT_EQ(p.stages.size(), 4u);
