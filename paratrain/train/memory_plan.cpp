@@ -13,6 +13,7 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/models/model.h"
+#include "paratrain/pipeline/partition.h"
 #include "paratrain/train/registry.h"
 
 namespace paratrain::train {
@@ -106,20 +107,64 @@ int64_t parameter_count(const TrainConfig& c) {
   throw ConfigError(fmt::format("paratrain plan: model.kind = \"{}\" has no parameter count", c.model.kind));
 }
 
-int64_t parameters_per_tp_rank(const TrainConfig& c) {
-  const int64_t t = c.parallel.tp;
-  if (t <= 1 || !builds_gpt(c)) return parameter_count(c);
-  // Megatron's layout (models/parallel_gpt.cpp): the vocabulary rows of wte
-  // and the column-parallel qkv and mlp.fc (weights and biases) are split
-  // over tp; the row-parallel attn.proj and mlp.proj split their weights'
-  // inputs and keep a whole bias; wpe and the LayerNorms are replicated.
+namespace {
+
+// The GPT's layers as the megatron strategy cuts them (models/parallel_gpt.cpp
+// layers(): embed = wte + wpe, the blocks, head = ln_f + the tied wte), each
+// one tensor-parallel rank's parameters. Megatron's layout: the vocabulary
+// rows of wte and the column-parallel qkv and mlp.fc (weights and biases)
+// split over tp; the row-parallel attn.proj and mlp.proj split their
+// weights' inputs and keep a whole bias; wpe and the LayerNorms whole.
+struct GptLayers {
+  std::vector<double> costs;
+  int64_t wte = 0;  // counted in both embed and head
+};
+
+GptLayers gpt_layers(const TrainConfig& c) {
+  const int64_t t = std::max<int64_t>(1, c.parallel.tp);
   const int64_t d = c.model.d_model;
   const int64_t sharded_block = checked_add(checked_mul(12 * d, d), 7 * d);  // qkv, attn.proj w, fc, mlp.proj w
-  const int64_t replicated_block = 6 * d;                                      // ln1, ln2, the two row biases
-  const int64_t block = checked_add(sharded_block / t, replicated_block);
-  int64_t total = checked_add(checked_mul(256, d) / t, checked_mul(c.model.seq_len, d));
-  total = checked_add(total, checked_mul(c.model.layers, block));
-  return checked_add(total, 2 * d);
+  const int64_t block = checked_add(sharded_block / t, 6 * d);              // + ln1, ln2, the two row biases
+  GptLayers g;
+  g.wte = checked_mul(256, d) / t;
+  g.costs.push_back(static_cast<double>(checked_add(g.wte, checked_mul(c.model.seq_len, d))));
+  for (int64_t i = 0; i < c.model.layers; ++i) g.costs.push_back(static_cast<double>(block));
+  g.costs.push_back(static_cast<double>(checked_add(2 * d, g.wte)));
+  return g;
+}
+
+}  // namespace
+
+int64_t parameters_per_rank(const TrainConfig& c) {
+  const int64_t pp = std::max<int64_t>(1, c.parallel.pp);
+  if (!builds_gpt(c) || (c.parallel.tp <= 1 && pp <= 1)) return parameter_count(c);
+  const GptLayers g = gpt_layers(c);
+  const int layers = static_cast<int>(g.costs.size());
+  if (pp <= 1) {
+    double total = 0;
+    for (double x : g.costs) total += x;
+    return static_cast<int64_t>(total) - g.wte;  // embed and head share wte
+  }
+  // The stages as megatron_stages.cpp cuts them: pp * virtual_stages chunks,
+  // balanced by these counts (or pipeline.split); rank r holds chunks r,
+  // r + pp, ...; a rank holding both embed and head keeps one wte.
+  const int chunks = static_cast<int>(pp * std::max<int64_t>(1, c.pipeline.virtual_stages));
+  const auto bounds = c.pipeline.split.empty() ? pipeline::balanced_partition(g.costs, chunks)
+                                               : pipeline::explicit_partition(c.pipeline.split, layers, chunks);
+  int64_t most = 0;
+  for (int64_t r = 0; r < pp; ++r) {
+    double held = 0;
+    bool embed = false, head = false;
+    for (int mc = static_cast<int>(r); mc < chunks; mc += static_cast<int>(pp)) {
+      for (int j = bounds[mc]; j < bounds[mc + 1]; ++j) {
+        held += g.costs[static_cast<size_t>(j)];
+        embed = embed || j == 0;
+        head = head || j == layers - 1;
+      }
+    }
+    most = std::max(most, static_cast<int64_t>(held) - (embed && head ? g.wte : 0));
+  }
+  return most;
 }
 
 MemoryPlan plan_memory(const TrainConfig& config, const PlanOptions& options) {
@@ -141,25 +186,30 @@ MemoryPlan plan_memory(const TrainConfig& config, const PlanOptions& options) {
   // Bytes of optimizer state per parameter: SGD's momentum buffer (LARS
   // always keeps its velocity), Adam's, AdamW's and LAMB's two moments.
   const int64_t k = o.kind == "lars" ? 4 : o.kind == "sgd" ? (o.momentum > 0 ? 4 : 0) : 8;
-  // Under tensor parallelism a rank holds its tp shard, which ZeRO then
-  // shards over dp (Ψ below is that shard's size).
-  const bool tp_planned = config.parallel.tp > 1 && builds_gpt(config);
-  MemoryPlan plan = plan_memory(parameters_per_tp_rank(config), dp, k, options.memory_gib);
+  // Under tensor and pipeline parallelism a rank holds its tp shard of its
+  // stage's layers, which ZeRO then shards over dp (Ψ below).
+  const bool gpt = builds_gpt(config);
+  const bool split_planned = gpt && (config.parallel.tp > 1 || config.parallel.pp > 1);
+  MemoryPlan plan = plan_memory(parameters_per_rank(config), dp, k, options.memory_gib);
   plan.model = model_name(config);
   plan.optimizer = o.kind == "sgd" ? fmt::format("sgd (momentum {})", o.momentum) : o.kind;
   plan.tp = config.parallel.tp;
-  if (tp_planned) {
+  plan.pp = config.parallel.pp;
+  if (split_planned) {
     plan.whole_parameters = parameter_count(config);
     plan.notes.push_back(fmt::format(
-        "parallel.tp = {}: Ψ is one tensor-parallel rank's shard of the {} parameters (wte's rows, qkv, "
-        "mlp.fc and the row-parallel weights split; wpe, LayerNorms and row biases whole)",
-        config.parallel.tp, with_commas(plan.whole_parameters)));
+        "parallel.tp = {}, pp = {}: Ψ is what the fullest rank holds of the {} parameters: its stage's layers "
+        "(balanced by parameters, as the megatron strategy cuts them and the pipeline strategy does with "
+        "pipeline.balance = \"parameters\"; the last stage keeps the tied wte too), "
+        "each one tensor-parallel shard (wte's rows, qkv, mlp.fc and the row-parallel weights split; wpe, "
+        "LayerNorms and row biases whole)",
+        config.parallel.tp, config.parallel.pp, with_commas(plan.whole_parameters)));
   }
-  const int64_t unplanned = tp_planned ? split / config.parallel.tp : split;
+  const int64_t unplanned = split_planned ? config.parallel.cp : split;
   if (unplanned > 1)
     plan.notes.push_back(fmt::format(
-        "parallel.{} = {}: not planned here (Ψ counts every layer, as if on one stage and one context shard)",
-        config.parallel.pp > 1 ? "pp" : config.parallel.cp > 1 ? "cp" : "tp", unplanned));
+        "{} = {}: not planned here (Ψ counts as if on one {})", split_planned ? "parallel.cp" : "parallel.tp * pp * cp",
+        unplanned, split_planned ? "context shard: parameters are not split by cp" : "rank of each axis"));
   return plan;
 }
 
@@ -254,6 +304,7 @@ nlohmann::json plan_to_json(const MemoryPlan& p) {
   nlohmann::json out = {{"model", p.model},
                         {"parameters", p.parameters},
                         {"tp", p.tp},
+                        {"pp", p.pp},
                         {"whole_parameters", p.whole_parameters > 0 ? p.whole_parameters : p.parameters},
                         {"dp", p.dp},
                         {"shard_elements", p.shard_elements},

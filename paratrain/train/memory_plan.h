@@ -1,7 +1,7 @@
 // The ZeRO memory planner behind `paratrain plan`: per-rank bytes of
 // parameters, gradients and optimizer state for ZeRO stages 0-3 (arXiv
-// 1910.02054, section 3) from the configured model's parameter count (of one
-// tensor-parallel rank's shard for the GPT under parallel.tp).
+// 1910.02054, section 3) from the configured model's parameter count (for
+// the GPT under parallel.tp / pp: what its fullest rank holds).
 // Pure arithmetic: builds no model and measures nothing; activations,
 // buffers, communication buckets and allocator overhead come on top.
 #pragma once
@@ -36,9 +36,10 @@ struct StageMemory {
 
 struct MemoryPlan {
   std::string model;          // "mlp 784-256-128-10", "cnn ..."
-  int64_t parameters = 0;     // Ψ: of one tensor-parallel rank when tp > 1 is planned
+  int64_t parameters = 0;     // Ψ: of the fullest rank when tp / pp are planned (the GPT)
   int64_t tp = 1;             // parallel.tp
-  int64_t whole_parameters = 0;  // the whole model's count when Ψ is a tp shard; else 0
+  int64_t pp = 1;             // parallel.pp
+  int64_t whole_parameters = 0;  // the whole model's count when Ψ is a tp / pp share; else 0
   int64_t dp = 1;             // N, the ranks sharding the state
   int64_t shard_elements = 0; // ceil(Ψ / N): shards round up, the flat buffer is padded to N * this
   std::string optimizer;      // optimizer.kind (+ momentum for SGD)
@@ -57,10 +58,11 @@ struct MemoryPlan {
 // the built model). Throws ConfigError if the count overflows int64.
 int64_t parameter_count(const TrainConfig& config);
 
-// Ψ of one tensor-parallel rank of make_model(config) under parallel.tp (the
-// built-in GPT's Megatron layout); parameter_count(config) for tp = 1 or a
-// model without tensor parallelism.
-int64_t parameters_per_tp_rank(const TrainConfig& config);
+// Ψ of the fullest rank of the built-in GPT under parallel.tp and
+// parallel.pp: its pipeline stage's layers (cut as the megatron strategy
+// cuts them), each a tensor-parallel shard (Megatron's layout). Without
+// either, or for another model: parameter_count(config).
+int64_t parameters_per_rank(const TrainConfig& config);
 
 // The plan for `config` on `options.world` ranks. Throws ConfigError on a
 // world that parallel.tp * pp * cp does not divide, or a budget <= 0 / not finite.

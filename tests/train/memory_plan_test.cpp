@@ -2,8 +2,11 @@
 // against the built model, the per-stage formulas for a known Ψ and N, the
 // fit decision, the JSON shape, and the CLI end to end.
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <torch/torch.h>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "paratrain/core/error.h"
@@ -43,27 +46,38 @@ TEST(MemoryPlan, ParameterCountMatchesTheBuiltModel) {
 
 // Note [ZeRO memory formulas] in memory_plan.cpp, with Ψ = 235,146 and N = 4:
 // ceil(Ψ/4) = 58,787 (Ψ/4 = 58,786.5 rounds up).
-// Under parallel.tp the GPT's Ψ is one tensor-parallel rank's shard: what a
-// rank of a real tp = 2 (and tp = 4) Trainer holds, counted from its module.
-TEST(MemoryPlan, UnderTensorParallelismPsiIsWhatATpRankHolds) {
+// Under parallel.tp and pp the GPT's Ψ is what its fullest rank holds: its
+// stage's layers, each a tensor-parallel shard. Checked against real
+// Trainers (counted from each rank's module): tp 2, tp 4, pp 2, pp 2 x tp 2,
+// pp 2 with 2 virtual stages.
+TEST(MemoryPlan, UnderTensorAndPipelineParallelismPsiIsWhatTheFullestRankHolds) {
   const auto dir = paratrain::testing::temp_dir("plan_tp");
   const auto corpus = paratrain::testing::write_word_corpus(dir + "/text", 7);
-  for (int64_t tp : {2, 4}) {
-    pt::TrainConfig c = paratrain::testing::tiny_gpt_config(dir + "/tp" + std::to_string(tp), corpus);
-    c.parallel.tp = tp;
+  struct Layout {
+    int64_t tp, pp, virtual_stages;
+  };
+  for (const Layout l : {Layout{2, 1, 1}, Layout{4, 1, 1}, Layout{1, 2, 1}, Layout{2, 2, 1}, Layout{1, 2, 2}}) {
+    const std::string tag = fmt::format("tp{}_pp{}_v{}", l.tp, l.pp, l.virtual_stages);
+    pt::TrainConfig c = paratrain::testing::tiny_gpt_config(dir + "/" + tag, corpus);
+    c.parallel.tp = l.tp;
+    c.parallel.pp = l.pp;
+    c.pipeline.virtual_stages = l.virtual_stages;
+    if (l.virtual_stages > 1) c.pipeline.schedule = "interleaved_1f1b";
     c.train.max_steps = 1;
-    std::vector<int64_t> held(static_cast<size_t>(tp), 0);
-    paratrain::testing::run_ranks(static_cast<int>(tp), [&](paratrain::comm::ProcessGroup& g) {
+    const int world = static_cast<int>(l.tp * l.pp);
+    std::vector<int64_t> held(static_cast<size_t>(world), 0);
+    paratrain::testing::run_ranks(world, [&](paratrain::comm::ProcessGroup& g) {
       pt::Trainer t(c, g);
       int64_t n = 0;
       for (const auto& p : t.model()->parameters()) n += p.numel();
       held[static_cast<size_t>(g.rank())] = n;
     });
-    for (int64_t r = 0; r < tp; ++r) EXPECT_EQ(pt::parameters_per_tp_rank(c), held[static_cast<size_t>(r)]) << tp;
+    const int64_t fullest = *std::max_element(held.begin(), held.end());
+    EXPECT_EQ(pt::parameters_per_rank(c), fullest) << tag;
     const auto plan = pt::plan_memory(c, pt::PlanOptions{});
-    EXPECT_EQ(plan.parameters, held[0]);
-    EXPECT_EQ(plan.whole_parameters, pt::parameter_count(c));
-    EXPECT_LT(plan.parameters * 3 / 2, plan.whole_parameters) << "the shard is not smaller";
+    EXPECT_EQ(plan.parameters, fullest) << tag;
+    EXPECT_EQ(plan.whole_parameters, pt::parameter_count(c)) << tag;
+    EXPECT_LT(plan.parameters, plan.whole_parameters) << tag << ": the share is not smaller";
   }
 }
 
