@@ -44,13 +44,13 @@ TrainConfig powersgd_config(const std::string& dir, const std::string& name, int
   return c;
 }
 
-Params train_ranks(const TrainConfig& c) {
-  Params out;
-  testing::run_ranks(2, [&](comm::ProcessGroup& g) {
-    Params p = testing::train_on(c, g);
-    if (g.rank() == 0) out = std::move(p);
-  });
-  return out;
+Params train_ranks(const TrainConfig& c) { return testing::train_ranks(c, 2); }
+
+// `first` trained to step 10 at 2 ranks; its step-10 checkpoint.
+fs::path stopped_at_10(TrainConfig first) {
+  first.train.max_steps = 10;
+  train_ranks(first);
+  return fs::path(first.run.output_dir) / first.run.name / "version_0" / "checkpoints" / "step_00000010";
 }
 
 bool bitwise_equal(const Params& a, const Params& b) {
@@ -85,10 +85,7 @@ TEST(PowerSgdResume, ResumedRunEqualsTheUninterruptedOneBitwise) {
     const std::string tag = "_start" + std::to_string(start_step);
     const Params whole = train_ranks(powersgd_config(dir, "whole" + tag, start_step));
 
-    TrainConfig first = powersgd_config(dir, "first" + tag, start_step);
-    first.train.max_steps = 10;
-    train_ranks(first);
-    const fs::path ckpt = fs::path(dir) / ("first" + tag) / "version_0" / "checkpoints" / "step_00000010";
+    const fs::path ckpt = stopped_at_10(powersgd_config(dir, "first" + tag, start_step));
     ASSERT_TRUE(fs::exists(ckpt / "index.json")) << ckpt;
 
     TrainConfig resumed = powersgd_config(dir, "resumed" + tag, start_step);
@@ -121,10 +118,7 @@ TEST(Int8WireResume, ResumedRunEqualsTheUninterruptedOneBitwise) {
     const std::string tag = "_zero" + std::to_string(stage);
     const Params whole = train_ranks(int8_config(dir, "whole" + tag, stage));
 
-    TrainConfig first = int8_config(dir, "first" + tag, stage);
-    first.train.max_steps = 10;
-    train_ranks(first);
-    const fs::path ckpt = fs::path(dir) / ("first" + tag) / "version_0" / "checkpoints" / "step_00000010";
+    const fs::path ckpt = stopped_at_10(int8_config(dir, "first" + tag, stage));
     ASSERT_TRUE(fs::exists(ckpt / "index.json")) << ckpt;
 
     TrainConfig resumed = int8_config(dir, "resumed" + tag, stage);
@@ -137,11 +131,7 @@ TEST(Int8WireResume, ResumedRunEqualsTheUninterruptedOneBitwise) {
     // per-slice ones are re-cut; the run goes on from the step it was at.
     TrainConfig wider = int8_config(dir, "wider" + tag, stage);
     wider.train.resume = ckpt.string();
-    Params at_four;
-    testing::run_ranks(4, [&](comm::ProcessGroup& g) {
-      Params p = testing::train_on(wider, g);
-      if (g.rank() == 0) at_four = std::move(p);
-    });
+    const Params at_four = testing::train_ranks(wider, 4);
     const double wider_diff = testing::relative_diff(at_four, whole);
     RecordProperty("resume_at_4_ranks_diff" + tag, std::to_string(wider_diff));
     EXPECT_LT(wider_diff, 1e-2) << "zero.stage " << stage << ": 4 ranks after a 2-rank checkpoint";
