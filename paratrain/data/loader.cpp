@@ -27,6 +27,11 @@ Loader::Loader(TensorDataset dataset, DistributedSampler sampler, LoaderOptions 
     throw DataError(fmt::format("Loader: the sampler was built for {} items but the dataset has {}",
                                 sampler_.dataset_size(), dataset_.size()));
   }
+  const auto& shares = sampler_.options().shares;
+  if (!shares.empty() && shares.at(static_cast<size_t>(sampler_.options().rank)) != options_.batch_size) {
+    throw DataError(fmt::format("Loader: batch_size {} is not this rank's share {} of the sampler's shares",
+                                options_.batch_size, shares.at(static_cast<size_t>(sampler_.options().rank))));
+  }
   state_.epoch = sampler_.epoch();
 }
 
@@ -40,6 +45,13 @@ int64_t Loader::num_batches() const {
   return options_.drop_last ? n / b : (n + b - 1) / b;
 }
 
+int64_t Loader::positions_per_batch() const {
+  const auto& shares = sampler_.options().shares;
+  if (shares.empty()) return options_.batch_size * sampler_.options().num_replicas;
+  int64_t sum = 0;
+  for (int64_t b : shares) sum += b;
+  return sum;
+}
 
 void Loader::load_state(const LoaderState& state) {
   if (state.epoch < 0 || state.first_position < 0 || state.first_position >= std::max<int64_t>(dataset_.size(), 1)) {

@@ -85,6 +85,9 @@ class Loader {
 
   /// Batches per epoch for this rank (the same on every rank).
   int64_t num_batches() const;
+  /// Positions of the epoch's permutation one batch of every rank covers:
+  /// batch_size x replicas, or the sum of the sampler's shares.
+  int64_t positions_per_batch() const;
   const DistributedSampler& sampler() const { return sampler_; }  ///< its indices per epoch
   const TensorDataset& dataset() const { return dataset_; }       ///< the whole dataset
   const LoaderOptions& options() const { return options_; }       ///< as constructed

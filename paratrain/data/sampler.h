@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace paratrain::data {
 
@@ -26,14 +27,26 @@ struct SamplerOptions {
   /// drops the tail (some items unseen this epoch, a different tail each
   /// shuffled epoch).
   bool drop_last = false;
+  /// Unequal shares (data.batch_shares, Note [Shared global batches] in
+  /// sampler.cpp): rank r's micro-batch size, one entry per replica. Empty
+  /// = the strided split with one per-rank batch size (the loader's).
+  std::vector<int64_t> shares;
 };
+
+/// Integer sizes that sum to `total`, one per weight, proportional to the
+/// weights (largest remainder; ties to the lower index), each at least 1.
+/// Throws std::invalid_argument when total < weights.size() or a weight is
+/// not positive and finite.
+std::vector<int64_t> split_by_shares(int64_t total, const std::vector<double>& weights);
 
 /// Rank r's indices for an epoch: P = randperm(N) drawn from a generator
 /// seeded with seed + epoch (or 0..N-1 without shuffle), padded cyclically to
 /// a multiple of num_replicas (or truncated with drop_last), then P[r::R].
 /// Because the split is strided, the b-th size-B batches of all R ranks
 /// together are the b-th size-B*R batch of the one-process sampler with the
-/// same seed and epoch. See Note [Strided split] in sampler.cpp.
+/// same seed and epoch. See Note [Strided split] in sampler.cpp. With
+/// options.shares each global batch of sum(shares) positions is cut into
+/// consecutive runs instead (Note [Shared global batches]).
 class DistributedSampler {
  public:
   /// For a dataset of `dataset_size` items; starts at epoch 0.
@@ -55,11 +68,14 @@ class DistributedSampler {
 
   /// Items per rank per epoch, and over all ranks (>= N - first_position when padding).
   int64_t num_samples() const { return num_samples_; }
-  int64_t total_size() const { return num_samples_ * options_.num_replicas; }  ///< over all ranks
+  int64_t total_size() const;  ///< over all ranks
   int64_t dataset_size() const { return dataset_size_; }  ///< N
   const SamplerOptions& options() const { return options_; }  ///< as constructed
 
  private:
+  int64_t global_batch() const;         // sum of options_.shares
+  at::Tensor shared_positions() const;  // this rank's positions under shares
+
   int64_t dataset_size_;
   SamplerOptions options_;
   int64_t num_samples_;

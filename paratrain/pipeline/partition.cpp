@@ -23,7 +23,8 @@ double range_cost(const std::vector<double>& prefix, int begin, int end) { retur
 
 }  // namespace
 
-std::vector<int> balanced_partition(const std::vector<double>& layer_costs, int chunks) {
+std::vector<int> balanced_partition(const std::vector<double>& layer_costs, int chunks,
+                                    const std::vector<double>& chunk_scale) {
   const int n = static_cast<int>(layer_costs.size());
   if (chunks < 1 || chunks > n) {
     throw ConfigError(fmt::format(
@@ -38,15 +39,26 @@ std::vector<int> balanced_partition(const std::vector<double>& layer_costs, int 
     prefix[i + 1] = prefix[i] + layer_costs[i];
   }
 
+  TORCH_CHECK(chunk_scale.empty() || static_cast<int>(chunk_scale.size()) == chunks, "balanced_partition: ",
+              chunk_scale.size(), " chunk scales for ", chunks, " chunks");
+  for (double s : chunk_scale)
+    TORCH_CHECK(std::isfinite(s) && s > 0, "balanced_partition: a chunk scale is ", s, "; scales must be > 0");
+  // The cost of layers [i, j) as the first of k remaining chunks, i.e. as
+  // chunk chunks - k (its stage's scale).
+  const auto cost = [&](int k, int begin, int end) {
+    const double c = range_cost(prefix, begin, end);
+    return chunk_scale.empty() ? c : c * chunk_scale[static_cast<size_t>(chunks - k)];
+  };
+
   // best[k][i]: the smallest possible largest-chunk cost when layers [i, n)
   // are split into k chunks of at least one layer (infinity if impossible).
   constexpr double kInf = std::numeric_limits<double>::infinity();
   std::vector<std::vector<double>> best(chunks + 1, std::vector<double>(n + 1, kInf));
-  for (int i = 0; i < n; ++i) best[1][i] = range_cost(prefix, i, n);
+  for (int i = 0; i < n; ++i) best[1][i] = cost(1, i, n);
   for (int k = 2; k <= chunks; ++k) {
     for (int i = 0; i + k <= n; ++i) {
       for (int j = i + 1; j + k - 1 <= n; ++j) {
-        best[k][i] = std::min(best[k][i], std::max(range_cost(prefix, i, j), best[k - 1][j]));
+        best[k][i] = std::min(best[k][i], std::max(cost(k, i, j), best[k - 1][j]));
       }
     }
   }
@@ -62,18 +74,18 @@ std::vector<int> balanced_partition(const std::vector<double>& layer_costs, int 
   const double limit = best[chunks][0];
   std::vector<std::vector<double>> squares(chunks + 1, std::vector<double>(n + 1, kInf));
   std::vector<std::vector<int>> cut(chunks + 1, std::vector<int>(n + 1, -1));
-  const auto square = [&](int begin, int end) {
-    const double c = range_cost(prefix, begin, end);
+  const auto square = [&](int k, int begin, int end) {
+    const double c = cost(k, begin, end);
     return c <= limit ? c * c : kInf;
   };
   for (int i = 0; i < n; ++i) {
-    squares[1][i] = square(i, n);
+    squares[1][i] = square(1, i, n);
     cut[1][i] = n;
   }
   for (int k = 2; k <= chunks; ++k) {
     for (int i = 0; i + k <= n; ++i) {
       for (int j = i + 1; j + k - 1 <= n; ++j) {
-        const double candidate = square(i, j) + squares[k - 1][j];
+        const double candidate = square(k, i, j) + squares[k - 1][j];
         if (candidate <= squares[k][i]) {  // <=: a tie goes to the later cut
           squares[k][i] = candidate;
           cut[k][i] = j;

@@ -21,7 +21,11 @@ namespace paratrain::pipeline {
 // Throws ConfigError naming parallel.pp / pipeline.virtual_stages and the
 // layer count when chunks > layers or chunks < 1; TORCH_CHECK on a negative or
 // non-finite cost (a caller's mistake).
-std::vector<int> balanced_partition(const std::vector<double>& layer_costs, int chunks);
+// `chunk_scale` (empty = all 1): chunk j's cost is its layers' cost times
+// chunk_scale[j] (pipeline.balance = "rank_speed": the seconds per unit of
+// cost of the stage that runs chunk j, so a slower stage gets less).
+std::vector<int> balanced_partition(const std::vector<double>& layer_costs, int chunks,
+                                    const std::vector<double>& chunk_scale = {});
 
 // The user's own split (config key pipeline.split, layers per chunk, e.g.
 // [5, 3]) as bounds like balanced_partition's. Throws ConfigError naming

@@ -10,7 +10,7 @@ namespace paratrain::train {
 BatchSizes resolve_batch_sizes(const TrainConfig& config, int dp) {
   const int64_t k = config.train.accumulate;
   const int64_t global = config.data.global_batch_size;
-  if (global == 0) return {config.data.batch_size, k, config.data.batch_size * dp * k};
+  if (global == 0) return {config.data.batch_size, k, config.data.batch_size * dp * k, {}};
   const int64_t parts = dp * k;
   if (global % parts != 0) {
     throw ConfigError(fmt::format(
@@ -18,7 +18,7 @@ BatchSizes resolve_batch_sizes(const TrainConfig& config, int dp) {
         "micro-batches; use a multiple of {} (e.g. {}), or another number of ranks or micro-batches",
         global, dp, k, parts, (global / parts + 1) * parts));
   }
-  return {global / parts, k, global};
+  return {global / parts, k, global, {}};
 }
 
 void check_batches_fit(const TrainConfig& config, const BatchSizes& sizes, int64_t train_items,
@@ -34,8 +34,8 @@ void check_batches_fit(const TrainConfig& config, const BatchSizes& sizes, int64
 
 std::optional<BatchSizes> keep_global_batch_over(const BatchSizes& now, int64_t dp) {
   if (dp < 1) return std::nullopt;
-  if (now.global % (dp * now.accumulate) == 0) return BatchSizes{now.global / (dp * now.accumulate), now.accumulate, now.global};
-  if (now.global % (dp * now.per_rank) == 0) return BatchSizes{now.per_rank, now.global / (dp * now.per_rank), now.global};
+  if (now.global % (dp * now.accumulate) == 0) return BatchSizes{now.global / (dp * now.accumulate), now.accumulate, now.global, {}};
+  if (now.global % (dp * now.per_rank) == 0) return BatchSizes{now.per_rank, now.global / (dp * now.per_rank), now.global, {}};
   return std::nullopt;
 }
 

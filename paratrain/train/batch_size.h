@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "paratrain/train/config/config.h"
 
@@ -15,6 +16,9 @@ struct BatchSizes {
   int64_t per_rank = 0;    // examples each dp rank computes per micro-batch (one forward/backward)
   int64_t accumulate = 1;  // micro-batches per optimizer step (train.accumulate)
   int64_t global = 0;      // examples per optimizer step over all dp ranks: per_rank * dp * accumulate
+  // data.batch_shares: each dp rank's micro-batch size (summing to per_rank
+  // * dp); empty = every rank per_rank, the strided split.
+  std::vector<int64_t> shares;
 };
 
 // Throws ConfigError when data.global_batch_size does not divide by

@@ -23,6 +23,7 @@ namespace {
 constexpr const char* kScaleKey = "loss_scaler.scale";
 constexpr const char* kConsumedKey = "loader.consumed_positions";
 constexpr const char* kGrowthKey = "loss_scaler.growth_tracker";
+constexpr const char* kSharesKey = "loader.batch_shares";
 
 void restore_scaler(const std::filesystem::path& path, const checkpoint::TrainingState& state, optim::GradScaler& scaler) {
   const auto scale = state.extra.find(kScaleKey);
@@ -82,6 +83,7 @@ checkpoint::CheckpointContents training_contents(const TrainConfig& config, Stra
   state.config = to_json(config);
   state.extra["strategy"] = strategy.name();
   if (position.consumed_positions > 0) state.extra[kConsumedKey] = std::to_string(position.consumed_positions);
+  if (!position.batch_shares.empty()) state.extra[kSharesKey] = nlohmann::json(position.batch_shares).dump();
   for (auto& [k, v] : slots.checkpoint_metadata()) state.extra[k] = v;
   for (auto& [k, v] : preprocessing_metadata(config)) state.extra[k] = v;
   // The frozen set (informative: a resume freezes what its own config says,
@@ -147,13 +149,24 @@ LoopPosition load_training_checkpoint(const std::filesystem::path& path, Strateg
   slots.after_load();
   slots.state_loaded(state.missing_state);
   if (scaler != nullptr) restore_scaler(path, state, *scaler);
-  LoopPosition position{state.step, state.epoch, state.batch_in_epoch};
+  LoopPosition position;
+  position.step = state.step;
+  position.epoch = state.epoch;
+  position.next_batch = state.batch_in_epoch;
   if (auto consumed = state.extra.find(kConsumedKey); consumed != state.extra.end()) {
     try {
       position.consumed_positions = std::stoll(consumed->second);
     } catch (const std::exception&) {
       throw CheckpointError(fmt::format("checkpoint {}: {} = '{}' is not a count", path.string(), kConsumedKey,
                                         consumed->second));
+    }
+  }
+  if (auto shares = state.extra.find(kSharesKey); shares != state.extra.end()) {
+    try {
+      position.batch_shares = nlohmann::json::parse(shares->second).get<std::vector<int64_t>>();
+    } catch (const std::exception&) {
+      throw CheckpointError(fmt::format("checkpoint {}: {} = '{}' is not a list of batch sizes", path.string(),
+                                        kSharesKey, shares->second));
     }
   }
   return position;

@@ -41,6 +41,10 @@ struct LoopPosition {
   // survivors' split, train/recovery/in_job.h). Saved as the checkpoint's
   // "loader.consumed_positions" when > 0.
   int64_t consumed_positions = 0;
+  // data.batch_shares: each dp rank's micro-batch size when the checkpoint
+  // was taken ("loader.batch_shares"; empty without shares). A resume with
+  // "auto" at the same dp size and batch continues with them.
+  std::vector<int64_t> batch_shares;
 };
 
 // Collective over `world`: writes <run_dir>/checkpoints/step_<step>/ (a file

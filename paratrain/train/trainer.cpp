@@ -31,6 +31,7 @@
 #include "paratrain/checkpoint/checkpoint_files.h"
 #include "paratrain/train/checkpointing.h"
 #include "paratrain/train/device_placement.h"
+#include "paratrain/train/loop/batch_shares.h"
 #include "paratrain/train/loop/fit_loop.h"
 #include "paratrain/train/loop/run_plan.h"
 #include "paratrain/train/memory_plan.h"
@@ -166,18 +167,8 @@ void build_run(Trainer::State& s, TrainerParts& parts) {
 
   const DataShard shard = s.strategy->data_shard();
   s.batch = resolve_batch_sizes(c, shard.size);
-  data::SamplerOptions sampler;
-  sampler.num_replicas = shard.size;
-  sampler.rank = shard.rank;
-  sampler.shuffle = c.data.shuffle;
-  sampler.seed = static_cast<uint64_t>(c.run.seed);
-  sampler.drop_last = c.data.drop_last;
-  data::LoaderOptions loader;
-  loader.batch_size = s.batch.per_rank;
-  loader.drop_last = c.data.drop_last;
-  loader.prefetch_depth = static_cast<int>(c.data.prefetch);
-  s.loader = std::make_unique<data::Loader>(
-      s.datasets.train, data::DistributedSampler(s.datasets.train.size(), sampler), loader);
+  s.batch.shares = resolve_batch_shares(c, s.batch.per_rank, shard.size);
+  s.loader = make_train_loader(s);
   const int64_t steps_per_epoch = s.loader->num_batches() / s.batch.accumulate;
   check_batches_fit(c, s.batch, s.datasets.train.size(), steps_per_epoch);
   s.lr_schedule.emplace(make_lr_schedule(c, s.batch, steps_per_epoch, planned_steps(c, steps_per_epoch)));
@@ -190,11 +181,14 @@ void build_run(Trainer::State& s, TrainerParts& parts) {
     // The whole model's count: a pipeline stage or a shard holds only part.
     const int64_t numel = s.model_builder ? program_model_size(s) : parameter_count(c);
     spdlog::info("run {}: {} ranks = {}, strategy {} on {}, model {} ({} parameters), {} train / {} test items, "
-                 "global batch {} ({} per dp rank x {} dp x {} accumulated micro-batches)",
+                 "global batch {} ({} x {} accumulated micro-batches{})",
                  s.run_dir.string(), s.world->size(), dims.describe(), s.strategy->name(), s.device.str(),
                  s.model_builder ? "(the program's own)" : c.model.kind, numel,
-                 s.datasets.train.size(), s.datasets.test.size(), s.batch.global, s.batch.per_rank, shard.size,
-                 s.batch.accumulate);
+                 s.datasets.train.size(), s.datasets.test.size(), s.batch.global,
+                 s.batch.shares.empty()
+                     ? fmt::format("{} per dp rank x {} dp", s.batch.per_rank, shard.size)
+                     : fmt::format("dp ranks' shares [{}]", fmt::join(s.batch.shares, ", ")),
+                 s.batch.accumulate, c.data.auto_shares() ? "; shares rebalanced by speed" : "");
     spdlog::info("{} (optimizer.lr = {:g} is the base rate; {} steps, {} per epoch)", s.lr_schedule->describe(),
                  c.optimizer.lr, planned_steps(c, steps_per_epoch), steps_per_epoch);
     if (s.teacher) {
@@ -233,10 +227,16 @@ void remove_if_nothing_kept(const std::filesystem::path& dir) {
 }
 
 // profile.* reads each step's collectives from the hang doctor's flight
-// recorder. A world without one (world.doctor_records = 0, a program's own
-// group) gets one of its own before the strategy cuts its groups from it.
+// recorder, and data.batch_shares (and profile.test_slow_factor) the time
+// spent in them (comm::thread_collective_seconds). A world without one
+// (world.doctor_records = 0, a program's own group) gets one of its own
+// before the strategy cuts its groups from it.
 void record_collectives_for_profiling(Trainer::State& s) {
-  if (!profile_step_range(s.config.profile) || comm::recorder_of(*s.world)) return;
+  const auto& c = s.config;
+  const bool needed =
+      profile_step_range(c.profile) || !c.data.batch_shares.empty() || c.profile.test_slow_factor > 1 ||
+      c.profile.test_example_ms > 0;
+  if (!needed || comm::recorder_of(*s.world)) return;
   auto recorder = std::make_shared<comm::FlightRecorder>(s.world->rank(), 1 << 16);
   comm::RecordingOptions options;
   options.timeout = s.timeout();
@@ -345,13 +345,13 @@ EvalResult evaluate_forward(Trainer::State& s, const std::function<at::Tensor(co
   const DataShard shard = s.strategy->data_shard();
   // Strided share without padding, so every test item counts exactly once.
   // A rank that trains no data (a parameter server) evaluates none either.
-  auto rows = shard.computes ? torch::arange(shard.rank, test.size(), shard.size, torch::kLong)
-                             : torch::empty({0}, torch::kLong);
+  // Under data.batch_shares, contiguous runs in proportion to the shares.
+  int64_t most_rows = 0;
+  auto rows = evaluation_rows(s.batch.shares, shard.rank, shard.size, test.size(), most_rows);
+  if (!shard.computes) rows = torch::empty({0}, torch::kLong);
   EvalSums sums;
   const int64_t chunk = std::max<int64_t>(1, s.task->eval_rows_per_chunk());
-  // Every rank runs the same number of forwards: FSDP's forward is
-  // collective, and strided shares differ by at most one row.
-  const int64_t most_rows = (test.size() + shard.size - 1) / shard.size;
+  // Every rank runs the same number of forwards: FSDP's forward is collective.
   const int64_t rounds = std::max<int64_t>(1, (most_rows + chunk - 1) / chunk);
   for (int64_t r = 0; r < rounds; ++r) {
     const int64_t i = r * chunk;

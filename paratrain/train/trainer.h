@@ -82,6 +82,9 @@ struct TrainResult {
   int64_t recoveries = 0;        ///< in-job recoveries from a dead rank (elastic.in_job)
   int world_size = 0;            ///< ranks at the end (fewer than at the start after recoveries)
   int rank = 0;                  ///< this process's rank at the end (renumbered by recoveries)
+  /// data.batch_shares: each dp rank's micro-batch size at the end (what
+  /// "auto" settled on); empty without shares.
+  std::vector<int64_t> batch_shares;
 };
 
 /// Trains a model from a TrainConfig on every rank: builds the strategy the

@@ -329,14 +329,14 @@ TEST(InJobEdges, KeepGlobalBatchThatCannotBeKeptIsAConfigErrorNamingTheSizes) {
   // 20 / (3 x 4) is whole.
   auto c = config("keep_batch_err", true, 20);
   try {
-    train::batch_after_recovery(c, {4, 1, 20}, 5, 3);
+    train::batch_after_recovery(c, {4, 1, 20, {}}, 5, 3);
     FAIL() << "accepted";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("elastic.keep_global_batch"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("global batch 20"), std::string::npos) << e.what();
   }
   c.elastic.keep_global_batch = false;
-  EXPECT_EQ(train::batch_after_recovery(c, {4, 1, 20}, 5, 3).sizes.global, 12);
+  EXPECT_EQ(train::batch_after_recovery(c, {4, 1, 20, {}}, 5, 3).sizes.global, 12);
 }
 
 }  // namespace

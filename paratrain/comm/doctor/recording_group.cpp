@@ -9,6 +9,26 @@
 namespace paratrain::comm {
 namespace {
 
+thread_local double collective_seconds = 0;
+thread_local int collective_depth = 0;
+
+// Adds the time from construction to destruction to this thread's
+// collective time, unless an enclosing one already counts it.
+class CollectiveClock {
+ public:
+  CollectiveClock() : outer_(collective_depth++ == 0), start_(std::chrono::steady_clock::now()) {}
+  ~CollectiveClock() {
+    --collective_depth;
+    if (outer_) collective_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  CollectiveClock(const CollectiveClock&) = delete;
+  CollectiveClock& operator=(const CollectiveClock&) = delete;
+
+ private:
+  bool outer_;
+  std::chrono::steady_clock::time_point start_;
+};
+
 // A group aborted by a watcher (peer_watch.h) fails its waiters with the
 // backend's "group aborted"; the watcher's reason (which rank went silent,
 // where, in which collective) is what the user needs, so it goes first.
@@ -30,6 +50,7 @@ class RecordedWork : public Work {
         dump_on_timeout_(dump_on_timeout) {}
 
   void wait(std::chrono::milliseconds timeout) override {
+    const CollectiveClock clock;
     try {
       inner_->wait(timeout);
     } catch (const TimeoutError&) {
@@ -72,6 +93,8 @@ class RecordedWork : public Work {
 
 }  // namespace
 
+double thread_collective_seconds() { return collective_seconds; }
+
 RecordingGroup::RecordingGroup(std::shared_ptr<ProcessGroup> inner, std::shared_ptr<FlightRecorder> recorder,
                                RecordingOptions options)
     : inner_(std::move(inner)), recorder_(std::move(recorder)), options_(std::move(options)) {
@@ -80,6 +103,7 @@ RecordingGroup::RecordingGroup(std::shared_ptr<ProcessGroup> inner, std::shared_
 
 template <class Issue>
 WorkHandle RecordingGroup::record(const char* op, const at::Tensor* tensor, int peer, Issue&& issue) {
+  const CollectiveClock clock;  // a backend may block already here (shm's slots)
   const uint64_t ticket = recorder_->begin(id_, op, tensor, peer);
   WorkHandle work;
   try {

@@ -87,6 +87,12 @@ std::shared_ptr<ProcessGroup> record_collectives(std::shared_ptr<ProcessGroup> g
 /// does nothing otherwise.
 void name_group(ProcessGroup& group, const std::string& name);
 
+/// Seconds this thread has spent inside collectives of recording groups
+/// (issuing them and waiting for them; nested ones counted once) since it
+/// started. A rank's step minus this is its own compute: what speed-weighted
+/// batch shares measure (train/loop/batch_shares.h).
+double thread_collective_seconds();
+
 /// The recorder of `group`, or null when it does not record.
 std::shared_ptr<FlightRecorder> recorder_of(ProcessGroup& group);
 

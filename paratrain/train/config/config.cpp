@@ -76,7 +76,7 @@ void validate_config(const TrainConfig& config) {
     const Value v = f.get(config);
     if (std::string rule = f.check(v); !rule.empty())
       throw ConfigError(fmt::format("invalid configuration: {} = {} is not allowed: {}", f.key,
-                                    detail::format_toml_value(v), rule));
+                                    detail::format_field_value(f, v), rule));
   }
   if (std::string problem = detail::cross_key_problem(config); !problem.empty())
     throw ConfigError("invalid configuration: " + problem);
@@ -209,8 +209,8 @@ void apply_override_from(TrainConfig& config, std::string_view assignment) {
   const FieldSpec* field = detail::find_field(key);
   if (!field) throw ConfigError(fmt::format("{}: {}", where, unknown_key_message(key, false)));
 
-  if (field->all_keyword && (text == "all" || text == "\"all\"")) {
-    check_and_set(config, *field, Value(std::vector<int64_t>{}), where);
+  if (!field->keyword.empty() && (text == field->keyword || text == "\"" + field->keyword + "\"")) {
+    check_and_set(config, *field, field->keyword_value, where);
     return;
   }
   if (field->type == ValueType::String && (text.empty() || (text[0] != '"' && text[0] != '\''))) {
@@ -291,7 +291,8 @@ Value value_from_toml(const toml::node& node, const FieldSpec& field, const std:
       return node.as_string()->get();
     case ValueType::IntList:
     case ValueType::DoubleList: {
-      if (field.all_keyword && node.is_string() && node.as_string()->get() == "all") return std::vector<int64_t>{};
+      if (!field.keyword.empty() && node.is_string() && node.as_string()->get() == field.keyword)
+        return field.keyword_value;
       const toml::array* array = node.as_array();
       if (!array) throw wrong(node);
       std::vector<int64_t> ints;

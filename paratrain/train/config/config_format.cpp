@@ -68,6 +68,7 @@ Value value_from_json(const nlohmann::json& j, const FieldSpec& field) {
       return j.get<std::string>();
     case ValueType::IntList:
     case ValueType::DoubleList: {
+      if (!field.keyword.empty() && j.is_string() && j.get<std::string>() == field.keyword) return field.keyword_value;
       if (!j.is_array()) throw wrong();
       std::vector<int64_t> ints;
       std::vector<double> doubles;
@@ -102,7 +103,7 @@ std::string to_toml(const TrainConfig& config) {
       section = f.section();
       out += fmt::format("\n[{}]\n", section);
     }
-    out += fmt::format("{} = {}  # {}\n", f.name(), detail::format_toml_value(f.get(config)), f.doc);
+    out += fmt::format("{} = {}  # {}\n", f.name(), detail::format_field_value(f, f.get(config)), f.doc);
   }
   return out + detail::user_to_toml(config.user);
 }
@@ -111,7 +112,12 @@ nlohmann::json to_json(const TrainConfig& config) {
   nlohmann::json out = nlohmann::json::object();
   for (const FieldSpec& f : detail::schema()) {
     auto& slot = out[std::string(f.section())][std::string(f.name())];
-    std::visit([&](const auto& v) { slot = v; }, f.get(config));
+    const Value value = f.get(config);
+    if (!f.keyword.empty() && value == f.keyword_value) {
+      slot = f.keyword;
+      continue;
+    }
+    std::visit([&](const auto& v) { slot = v; }, value);
   }
   if (!config.user.values().empty()) {
     auto& user = out["user"];
@@ -143,6 +149,11 @@ TrainConfig config_from_json(const nlohmann::json& json) {
 }
 
 namespace detail {
+
+std::string format_field_value(const FieldSpec& field, const Value& value) {
+  if (!field.keyword.empty() && value == field.keyword_value) return quote(field.keyword);
+  return format_toml_value(value);
+}
 
 std::string format_toml_value(const Value& value) {
   return std::visit(

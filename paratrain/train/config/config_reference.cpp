@@ -44,7 +44,7 @@ std::vector<ConfigKeyInfo> config_reference() {
   const TrainConfig defaults;
   std::vector<ConfigKeyInfo> out;
   for (const auto& f : detail::schema())
-    out.push_back({f.key, short_type(f.type), detail::format_toml_value(f.get(defaults)), f.doc});
+    out.push_back({f.key, short_type(f.type), detail::format_field_value(f, f.get(defaults)), f.doc});
   return out;
 }
 

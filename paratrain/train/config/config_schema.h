@@ -37,9 +37,11 @@ struct FieldSpec {
   std::function<void(TrainConfig&, const Value&)> set;
   // Empty when the value is allowed; else what is allowed ("must be > 0").
   std::function<std::string(const Value&)> check;
-  // A list key where the string "all" is another spelling of [] (every
-  // entry): profile.ranks = "all" in a file, --set profile.ranks=all.
-  bool all_keyword = false;
+  // A list key that also takes one word for a special value: profile.ranks
+  // = "all" is [] (every entry), data.batch_shares = "auto" is a list no
+  // user can write. Read in a file, --set and JSON; written back as the word.
+  std::string keyword;
+  Value keyword_value;
 
   std::string_view section() const { return std::string_view(key).substr(0, key.find('.')); }
   std::string_view name() const { return std::string_view(key).substr(key.find('.') + 1); }
@@ -158,5 +160,7 @@ std::string user_to_toml(const UserTable& user);
 
 std::string_view type_name(ValueType type);  // "an integer", "a list of floats", ...
 std::string format_toml_value(const Value& value);
+// The field's value as written in a file: its keyword for keyword_value.
+std::string format_field_value(const FieldSpec& field, const Value& value);
 
 }  // namespace paratrain::train::detail

@@ -1,6 +1,8 @@
 // The schema rows and cross-key rules of [model] and [data] (model_section.h).
 #include "paratrain/train/config/model_section.h"
 
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "paratrain/train/config/config_ranges.h"
@@ -37,6 +39,32 @@ std::string gpt_problem(const TrainConfig& c) {
   return "";
 }
 
+// data.batch_shares weights each dp rank's gradient by its share of the
+// global batch (train/loop, Note [Weighted shares]): DDP, ZeRO and FSDP.
+std::string shares_problem(const TrainConfig& c) {
+  if (c.data.batch_shares.empty()) return "";
+  const std::string shares = c.data.auto_shares() ? "\"auto\"" : fmt::format("[{}]", fmt::join(c.data.batch_shares, ", "));
+  if (c.parallel.tp > 1 || c.parallel.cp > 1)
+    return fmt::format("data.batch_shares = {} with parallel.tp = {}, parallel.cp = {}: the ranks of a tensor- or "
+                       "context-parallel group compute one batch together and need equal shares; weighted shares "
+                       "apply to DDP, ZeRO and FSDP (parallel.tp = parallel.cp = parallel.pp = 1)",
+                       shares, c.parallel.tp, c.parallel.cp);
+  if (c.parallel.pp > 1)
+    return fmt::format("data.batch_shares = {} with parallel.pp = {}: pipeline replicas cannot weight their shares "
+                       "yet; for stages on ranks of different speeds set pipeline.balance = \"rank_speed\"",
+                       shares, c.parallel.pp);
+  if (c.ps.servers > 0)
+    return fmt::format("data.batch_shares = {} with ps.servers = {}: parameter servers balance by themselves (ps.mode "
+                       "= \"async\" gives fast workers more steps); leave data.batch_shares empty",
+                       shares, c.ps.servers);
+  if (c.elastic.in_job)
+    return fmt::format("data.batch_shares = {} with elastic.in_job = true: in-job recovery re-cuts the batch over the "
+                       "survivors with equal shares; restart-based elastic training (elastic.in_job = false) resumes "
+                       "at another share vector",
+                       shares);
+  return "";
+}
+
 }  // namespace
 
 std::vector<FieldSpec> model_fields() {
@@ -58,6 +86,16 @@ std::vector<FieldSpec> model_fields() {
 
 std::vector<FieldSpec> data_fields() {
   using TC = TrainConfig;
+  const Check<std::vector<double>> shares = [](const std::vector<double>& v) -> std::string {
+    if (v == kAutoShares) return "";
+    if (v.size() > static_cast<size_t>(kMaxRanks)) return fmt::format("at most {} entries", kMaxRanks);
+    for (double w : v)
+      if (!(w > 0) || !std::isfinite(w) || w > 1e9) return "every share must be a positive number (relative: [2, 1, 1]), or \"auto\"";
+    return "";
+  };
+  FieldSpec batch_shares = field("data.batch_shares", &TC::data, &DataConfig::batch_shares, "each dp rank's relative share of every global batch, e.g. [2, 1, 1] (a rank half as fast gets half), \"auto\" (measured and rebalanced), or [] (equal)", shares);
+  batch_shares.keyword = "auto";
+  batch_shares.keyword_value = kAutoShares;
   return {
       field("data.dataset", &TC::data, &DataConfig::dataset, "\"fashion_mnist\", \"synthetic\" or \"text\", or a name the program registered (register_dataset)", one_of_now(&dataset_names)),
       field("data.dir", &TC::data, &DataConfig::dir, "folder of the *-ubyte.gz files"),
@@ -67,6 +105,9 @@ std::vector<FieldSpec> data_fields() {
       field("data.shuffle", &TC::data, &DataConfig::shuffle, "reshuffle the training set every epoch"),
       field("data.drop_last", &TC::data, &DataConfig::drop_last, "drop the last incomplete batch"),
       field("data.prefetch", &TC::data, &DataConfig::prefetch, "batches prepared ahead (0 = none)", in_range<int64_t>(0, 1024)),
+      batch_shares,
+      field("data.rebalance_every_steps", &TC::data, &DataConfig::rebalance_every_steps, "batch_shares = \"auto\": steps each measurement of the ranks' speeds covers", in_range<int64_t>(1, kMaxCount)),
+      field("data.rebalance_max_change", &TC::data, &DataConfig::rebalance_max_change, "batch_shares = \"auto\": the most a rank's share moves per rebalance, as a fraction of it", in_range_finite(0.01, 1.0)),
       field("data.synthetic_train_size", &TC::data, &DataConfig::synthetic_train_size, "synthetic training examples", in_range<int64_t>(1, kMaxCount)),
       field("data.synthetic_test_size", &TC::data, &DataConfig::synthetic_test_size, "synthetic test examples", in_range<int64_t>(0, kMaxCount)),
       field("data.synthetic_channels", &TC::data, &DataConfig::synthetic_channels, "synthetic image channels", in_range<int64_t>(1, kMaxWidth)),
@@ -96,7 +137,7 @@ std::string model_problem(const TrainConfig& c) {
            "set model.batchnorm = true (or sync_batchnorm = false)";
   if (c.data.dataset == "fashion_mnist" && c.data.dir.empty())
     return "data.dir must name the folder with Fashion-MNIST's *-ubyte.gz files";
-  return "";
+  return shares_problem(c);
 }
 
 }  // namespace paratrain::train::detail

@@ -30,6 +30,10 @@ struct ModelConfig {
   bool operator==(const ModelConfig&) const = default;
 };
 
+/// data.batch_shares = "auto": the value the word stands for (no user writes
+/// a negative share).
+inline const std::vector<double> kAutoShares{-1.0};
+
 /// `[data]`: the dataset and how it is batched over the ranks.
 struct DataConfig {
   std::string dataset = "fashion_mnist";  ///< "fashion_mnist" | "synthetic" | "text"
@@ -47,6 +51,15 @@ struct DataConfig {
   bool shuffle = true;      ///< reshuffle the training set every epoch (seeded by run.seed)
   bool drop_last = true;    ///< equal batch counts on every rank (no uneven last step)
   int64_t prefetch = 2;     ///< batches prepared ahead by the loader thread (0 = none)
+  /// Speed-weighted data parallelism (docs/heterogeneous.md): each dp rank's
+  /// relative share of every global batch, e.g. [2, 1, 1]; empty = equal
+  /// shares (the strided split); kAutoShares ("auto" in a file) = measured
+  /// and rebalanced every rebalance_every_steps steps.
+  std::vector<double> batch_shares;
+  int64_t rebalance_every_steps = 20;  ///< "auto": steps per measurement window
+  /// "auto": the most a rank's share may grow or shrink per rebalance, as a
+  /// fraction of it (damps oscillation from noisy measurements).
+  double rebalance_max_change = 0.25;
   /// Synthetic data: images of synthetic_channels x synthetic_image_size^2
   /// labelled with synthetic_classes classes (the Fashion-MNIST shape by default).
   int64_t synthetic_train_size = 8192;
@@ -54,6 +67,8 @@ struct DataConfig {
   int64_t synthetic_channels = 1;      ///< synthetic: image channels
   int64_t synthetic_image_size = 28;   ///< synthetic: image height and width
   int64_t synthetic_classes = 10;      ///< synthetic: label classes
+
+  bool auto_shares() const { return batch_shares == kAutoShares; }  ///< "auto"
 
   bool operator==(const DataConfig&) const = default;
 };

@@ -23,6 +23,11 @@ std::string megatron_problem(const TrainConfig& c) {
   // too (train::strategy_name), under the same rules.
   const bool gpt_stages_zero = builds_gpt(c) && p.pp > 1 && c.zero.stage > 0;
   if (p.tp == 1 && p.cp == 1 && !gpt_stages_zero) return "";
+  if (p.pp > 1 && c.pipeline.balance == "rank_speed")
+    return fmt::format("pipeline.balance = \"rank_speed\" with parallel.tp = {}, parallel.cp = {}, zero.stage = {}: "
+                       "the GPT's megatron strategy cuts its stages by parameters (or pipeline.split); rank_speed "
+                       "applies to the pipeline strategy (parallel.tp = parallel.cp = 1, zero.stage = 0)",
+                       p.tp, p.cp, c.zero.stage);
   if (!builds_gpt(c))
     return fmt::format("parallel.tp = {} and parallel.cp = {} split a transformer's heads and sequence; only "
                        "model.kind = \"gpt\" supports them (got \"{}\"): set parallel.tp = 1 and parallel.cp = 1",
@@ -124,7 +129,7 @@ std::vector<FieldSpec> pipeline_fields() {
       field("pipeline.microbatches", &TC::pipeline, &PipelineConfig::microbatches, "micro-batches per step (divides the per-replica batch)", in_range<int64_t>(1, kMaxCount)),
       field("pipeline.virtual_stages", &TC::pipeline, &PipelineConfig::virtual_stages, "model chunks per rank (interleaved_1f1b: >= 2)", in_range<int64_t>(1, 1024)),
       field("pipeline.split", &TC::pipeline, &PipelineConfig::split, "layers per chunk, e.g. [5, 3] (empty = balanced)", widths(0)),
-      field("pipeline.balance", &TC::pipeline, &PipelineConfig::balance, "\"parameters\" or \"time\": how an empty split balances chunks", one_of({"parameters", "time"})),
+      field("pipeline.balance", &TC::pipeline, &PipelineConfig::balance, "\"parameters\", \"time\" (measured layer times) or \"rank_speed\" (layer times, each stage weighted by its ranks' measured speed): how an empty split balances chunks", one_of({"parameters", "time", "rank_speed"})),
       field("pipeline.checkpoint_activations", &TC::pipeline, &PipelineConfig::checkpoint_activations, "recompute each chunk's forward during backward"),
       field("pipeline.trace_steps", &TC::pipeline, &PipelineConfig::trace_steps, "steps recorded for `paratrain trace` (0 = none)", in_range<int64_t>(0, kMaxCount)),
   };

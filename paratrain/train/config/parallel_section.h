@@ -79,8 +79,10 @@ struct PipelineConfig {
   int64_t virtual_stages = 1;
   /// Layers per chunk, e.g. [5, 3]; empty = balanced by `balance`.
   std::vector<int64_t> split;
-  /// How empty `split` balances chunks: "parameters" (parameter count) or
-  /// "time" (forward+backward of each layer, measured once on rank 0).
+  /// How empty `split` balances chunks: "parameters" (parameter count),
+  /// "time" (forward+backward of each layer, measured on every rank, the
+  /// minimum taken) or "rank_speed" (those times, each stage's chunks
+  /// weighted by its ranks' measured speed: Note [Stages by rank speed]).
   std::string balance = "parameters";
   /// Recompute each chunk's forward during its backward: activations of a
   /// micro-batch shrink to the chunk's input, for one more forward per step.

@@ -44,7 +44,8 @@ std::vector<FieldSpec> profile_fields() {
     return "";
   };
   FieldSpec ranks = field("profile.ranks", &TC::profile, &ProfileConfig::ranks, "ranks that record: \"all\" (or []) or a list, e.g. [0, 3]; the others only align clocks", rank_list);
-  ranks.all_keyword = true;
+  ranks.keyword = "all";
+  ranks.keyword_value = std::vector<int64_t>{};
   return {
       field("profile.steps", &TC::profile, &ProfileConfig::steps, "optimizer steps to profile: \"\" (off, no cost), \"N\" or \"A-B\" (1 = the first step); writes <run_dir>/profile/rank_<r>.json for `paratrain trace` and `paratrain profile`", step_range),
       ranks,
@@ -52,15 +53,18 @@ std::vector<FieldSpec> profile_fields() {
       field("profile.memory", &TC::profile, &ProfileConfig::memory, "record allocations and frees: an allocated-bytes counter per rank in the trace"),
       field("profile.test_slow_rank", &TC::profile, &ProfileConfig::test_slow_rank, "experiments and tests: this rank sleeps profile.test_slow_ms before each step's first forward, a straggler on purpose (-1 = none)", in_range<int64_t>(-1, kMaxRanks)),
       field("profile.test_slow_ms", &TC::profile, &ProfileConfig::test_slow_ms, "experiments and tests: the straggler's sleep per step (ms)", in_range_finite(0.0, 3600e3)),
+      field("profile.test_example_ms", &TC::profile, &ProfileConfig::test_example_ms, "experiments and tests: every rank sleeps this long per example of a micro-batch (ms; test_slow_rank test_slow_factor times as long), a compute cost linear in the batch; 0 = off", in_range_finite(0.0, 1000.0)),
+      field("profile.test_slow_factor", &TC::profile, &ProfileConfig::test_slow_factor, "experiments and tests: the straggler computes this many times slower per example (it sleeps factor - 1 times each micro-batch's compute; 1 = off)", in_range_finite(1.0, 1000.0)),
   };
 }
 
 std::string profile_problem(const TrainConfig& c) {
   const ProfileConfig& p = c.profile;
-  if ((p.test_slow_rank >= 0) != (p.test_slow_ms > 0))
-    return fmt::format("profile.test_slow_rank = {} and profile.test_slow_ms = {}: set both (a rank and its delay) "
-                       "or neither",
-                       p.test_slow_rank, p.test_slow_ms);
+  const bool slowed = p.test_slow_ms > 0 || p.test_slow_factor > 1;
+  if ((p.test_slow_rank >= 0) != slowed)
+    return fmt::format("profile.test_slow_rank = {} with profile.test_slow_ms = {} and profile.test_slow_factor = {}: "
+                       "set a rank and its delay (test_slow_ms per step or test_slow_factor per example) or neither",
+                       p.test_slow_rank, p.test_slow_ms, p.test_slow_factor);
   if (p.steps.empty() && (!p.ranks.empty() || p.record_shapes || p.memory))
     return "profile.ranks, profile.record_shapes and profile.memory apply to a profiled step range: set "
            "profile.steps (e.g. \"10-12\"), or leave them at their defaults";

@@ -29,6 +29,15 @@ struct ProfileConfig {
   /// test_slow_ms before each step's first forward (a straggler on purpose).
   int64_t test_slow_rank = -1;
   double test_slow_ms = 0.0;  ///< the straggler's sleep per step, in ms
+  /// Experiments and tests: rank test_slow_rank computes this many times
+  /// slower per example (after each micro-batch it sleeps factor - 1 times
+  /// the compute it just did); 1 = off. Heterogeneous ranks on one machine.
+  double test_slow_factor = 1.0;
+  /// Experiments and tests: every rank sleeps this long per example of each
+  /// micro-batch (ms; the slowed rank test_slow_factor times as long): a
+  /// compute cost that is linear in the batch and free of the CPU
+  /// contention of ranks sharing cores. 0 = off.
+  double test_example_ms = 0.0;
 
   bool operator==(const ProfileConfig&) const = default;
 };

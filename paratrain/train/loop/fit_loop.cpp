@@ -27,7 +27,7 @@ FitLoop::FitLoop(Trainer& trainer, Trainer::State& s)
         losses_.reset(s_.step);
       }),
       checkpoints_(s, recovery_), eval_(s.config), throughput_(s.step), schedule_(make_batch_schedule(s, plan_)),
-      logger_(std::make_shared<MetricsLogger>(s, plan_)), profiler_(s), preemption_(s), freezing_(s) {
+      logger_(std::make_shared<MetricsLogger>(s, plan_)), profiler_(s), preemption_(s), freezing_(s), shares_(s) {
   result_.run_dir = s.run_dir;
   result_.global_batch = s.batch.global;
   // Note [Accumulation]
@@ -42,10 +42,13 @@ FitLoop::FitLoop(Trainer& trainer, Trainer::State& s)
   LossFn task_loss = distill_.wrap([task = s.task](const at::Tensor& output, const at::Tensor& targets) {
     return task->loss(output, targets);
   });
+  // Unequal data.batch_shares weight each rank's loss (Note [Weighted shares]).
   micro_loss_ = [this, loss = scaled_loss(std::move(task_loss), s.scaler.get())](const at::Tensor& o,
                                                                               const at::Tensor& t) {
     const int64_t k = plan_.accumulate;
-    return k == 1 ? loss(o, t) : loss(o, t) / static_cast<double>(k);
+    at::Tensor out = k == 1 ? loss(o, t) : loss(o, t) / static_cast<double>(k);
+    const double weight = shares_.loss_weight();
+    return weight == 1.0 ? out : out * weight;
   };
   applied_lr_ = s.lr_schedule->lr(s.step);
   // First: the other callbacks see the records of the step they are told about.
@@ -97,7 +100,7 @@ Outcome FitLoop::train_window(const Window& w) {
     } catch (const CommError& e) {
       return recovery_.recover(at, e, RecoveryPhase::kStep);  // rethrows without elastic.in_job
     }
-    losses_.add(loss);
+    losses_.add(loss, static_cast<double>(shares_.own_batch()));
     report_inside_window(*step, index, w, line_at);
   }
   schedule_->close(w);
@@ -120,8 +123,9 @@ double FitLoop::take_step(const ScheduledStep& step, int64_t index) {
   const double loss_scale = s_.scaler ? s_.scaler->get_scale() : 1.0;
   const int64_t k = plan_.accumulate;
   const ProfileConfig& profile = s_.config.profile;
-  if (profile.test_slow_rank == s_.world->rank())  // a straggler on purpose (experiments, tests)
+  if (profile.test_slow_rank == s_.world->rank() && profile.test_slow_ms > 0)  // a straggler on purpose
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(profile.test_slow_ms));
+  shares_.begin_step();
   double loss = 0;  // the micro-batch losses are divided by k: their sum is the step's mean
   for (int64_t i = 0; i < k; ++i) {
     data::Batch batch;
@@ -129,8 +133,10 @@ double FitLoop::take_step(const ScheduledStep& step, int64_t index) {
       PhaseScope phase(kPhaseData);
       batch = schedule_->micro_batch(step, i);
     }
+    shares_.begin_micro_batch();
     distill_.before_micro_batch(batch.inputs);
     loss += s_.strategy->forward_backward(batch, micro_loss_, /*sync=*/i == k - 1).loss.item<double>();
+    shares_.end_micro_batch(batch.inputs.defined() ? batch.inputs.size(0) : 0);
   }
   freezing_.observe_gradients();
   applied_lr_ = s_.lr_schedule->lr(index);
@@ -148,8 +154,9 @@ double FitLoop::take_step(const ScheduledStep& step, int64_t index) {
         qat->update_activation_ranges(s_.dp(), s_.timeout(), stepped);
     }
   }
+  shares_.end_step();
   profiler_.end_step(index + 1);
-  return loss / loss_scale;
+  return loss / loss_scale / shares_.loss_weight();  // this rank's own mean
 }
 
 // Callbacks for a step inside a dynamic window (the window's last step is
@@ -171,6 +178,7 @@ void FitLoop::report_inside_window(const ScheduledStep& step, int64_t index, con
 // dynamic window's end), the callbacks, a periodic checkpoint, a check of
 // adaptive freezing.
 Outcome FitLoop::meet(const Window& w) {
+  shares_.at_step_end();  // data.batch_shares: measured, logged, "auto" moves them (Note [Weighted shares])
   const bool checkpoint_now = checkpoints_.periodic_due(s_.step);
   const int64_t every = s_.config.run.log_every;
   StepInfo info = step_info(s_.step, w.epoch, s_.loader->state().next_batch);
@@ -266,6 +274,7 @@ void FitLoop::finish() {
   result_.loss_scale = s_.scaler ? s_.scaler->get_scale() : 1.0;
   result_.last_checkpoint = checkpoints_.last();
   result_.recoveries = recovery_.recoveries();
+  result_.batch_shares = s_.batch.shares;
 }
 
 }  // namespace paratrain::train

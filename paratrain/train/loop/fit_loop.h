@@ -5,7 +5,7 @@
 // end evaluate, stop early or go on, and save. Each part owns its cadence
 // (run_plan.h, batch_schedule.h, loss_window.h, eval_policy.h,
 // checkpoint_policy.h, step_profiler.h, preemption_check.h,
-// adaptive_freezing.h, distillation.h) and in-job
+// adaptive_freezing.h, distillation.h, batch_shares.h) and in-job
 // recovery tells the loop where to go on (recovery.h). Internal to paratrain/train: users see trainer.h.
 #pragma once
 
@@ -13,6 +13,7 @@
 
 #include "paratrain/train/loop/adaptive_freezing.h"
 #include "paratrain/train/loop/batch_schedule.h"
+#include "paratrain/train/loop/batch_shares.h"
 #include "paratrain/train/loop/checkpoint_policy.h"
 #include "paratrain/train/loop/distillation.h"
 #include "paratrain/train/loop/eval_policy.h"
@@ -62,6 +63,7 @@ class FitLoop {
   StepProfiler profiler_;  // profile.*: collective at construction when on
   PreemptionCheck preemption_;  // train.preempt_signals
   AdaptiveFreezing freezing_;   // freeze.adaptive
+  ShareBalancer shares_;        // data.batch_shares
   double applied_lr_ = 0;
 };
 

@@ -20,8 +20,10 @@ class LossWindow {
   // zero loss must not count). `start_step`: optimizer steps already taken.
   LossWindow(bool computes, std::chrono::milliseconds timeout, int64_t start_step);
 
-  // One optimizer step's mean loss on this rank (unscaled).
-  void add(double step_loss);
+  // One optimizer step's mean loss on this rank (unscaled) over `examples`
+  // examples: the mean over ranks weights each by its examples (unequal
+  // data.batch_shares; equal weights otherwise).
+  void add(double step_loss, double examples = 1.0);
 
   // Collective over `dp` (the group of now: an in-job recovery replaces
   // it): the mean over the training ranks of each one's mean since the last
@@ -47,7 +49,8 @@ class LossWindow {
   bool computes_;
   std::chrono::milliseconds timeout_;
   int64_t reduced_at_;         // the step of the last reduce
-  double sum_ = 0;             // since the last reduce
+  double sum_ = 0;             // since the last reduce: losses x examples
+  double examples_ = 0;        // since the last reduce
   int64_t steps_ = 0;
   double line_sum_ = 0;        // since the last line (own or reduced)
   int64_t line_steps_ = 0;

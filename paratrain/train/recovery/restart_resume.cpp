@@ -156,7 +156,7 @@ RestartResume keep_global_batch(const TrainConfig& config, const fs::path& run_d
   }
   const int64_t acc = config.train.accumulate, batch = config.data.batch_size;
   const int64_t global = batch * dp_start * acc;
-  const auto kept = keep_global_batch_over({batch, acc, global}, dp);
+  const auto kept = keep_global_batch_over({batch, acc, global, {}}, dp);
   if (kept && kept->accumulate == acc) {
     out.overrides = {fmt::format("data.batch_size={}", kept->per_rank)};
     out.message = fmt::format("elastic.keep_global_batch: world size {} -> {} (dp {} -> {}): per-rank batch {} -> {} "

@@ -14,6 +14,7 @@
 #include "paratrain/data/loader.h"
 #include "paratrain/train/checkpointing.h"
 #include "paratrain/train/freeze/refreeze.h"
+#include "paratrain/train/loop/batch_shares.h"
 #include "paratrain/train/recovery/load_attempt.h"
 #include "paratrain/train/trainer_state.h"
 
@@ -114,6 +115,25 @@ std::optional<LoopPosition> resume(Trainer::State& s) {
                                     (s.run_dir / "checkpoints").string(), last_error));
 }
 
+// data.batch_shares = "auto" goes on with the shares the checkpoint was
+// taken with when they fit this run (the same dp size and batch); an
+// explicit vector is the user's word. Either reads the same global batches
+// (Note [Shared global batches] in data/sampler.cpp).
+void continue_batch_shares(Trainer::State& s, const std::vector<int64_t>& saved) {
+  if (!s.config.data.auto_shares() || saved.empty() || saved == s.batch.shares) return;
+  int64_t total = 0;
+  for (int64_t b : saved) total += b;
+  if (saved.size() != s.batch.shares.size() || total != s.batch.per_rank * static_cast<int64_t>(saved.size())) {
+    if (s.is_main()) {
+      spdlog::info("data.batch_shares = auto: the checkpoint's shares [{}] are for another dp size or batch; "
+                   "starting equal",
+                   fmt::join(saved, ", "));
+    }
+    return;
+  }
+  apply_batch_shares(s, saved);
+}
+
 }  // namespace
 
 void resume_or_start(Trainer::State& s) {
@@ -128,6 +148,7 @@ void resume_or_start(Trainer::State& s) {
   }
   if (auto position = resume(s)) {
     s.step = position->step;
+    continue_batch_shares(s, position->batch_shares);
     // Note [Resuming at another world size]
     // A checkpoint records the epoch's consumed positions (the sampler's
     // permutation trained so far: first_position + next_batch x per-rank batch
@@ -137,7 +158,7 @@ void resume_or_start(Trainer::State& s) {
     // size without elastic.keep_global_batch, or after an in-job recovery)
     // the loader starts the rest of the epoch at that position, split over
     // this run's ranks, so no sample is skipped or repeated.
-    const int64_t per_step_now = s.loader->options().batch_size * s.loader->sampler().options().num_replicas;
+    const int64_t per_step_now = s.loader->positions_per_batch();
     if (position->consumed_positions > 0 && position->consumed_positions != position->next_batch * per_step_now) {
       if (position->consumed_positions >= s.loader->sampler().dataset_size()) {
         // Saved at its epoch's end: end this split's epoch there too.

@@ -8,11 +8,14 @@
 // their gradients summed over the mesh's stage group (pipeline/tied.h).
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include "paratrain/core/error.h"
 #include "paratrain/data_parallel/ddp/ddp.h"
@@ -110,9 +113,12 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     // A GPT reads token ids (model_input_shape: one window).
     const auto shapes = pipeline::infer_boundary_shapes(layers, model_input_shape(config_),
                                                         builds_gpt(config_) ? at::kLong : at::kFloat);
-    bounds_ = config_.pipeline.split.empty()
-                  ? pipeline::balanced_partition(layer_costs(layers, shapes), chunks)
-                  : pipeline::explicit_partition(config_.pipeline.split, static_cast<int>(layers.size()), chunks);
+    if (config_.pipeline.split.empty()) {
+      const auto costs = layer_costs(layers, shapes);
+      bounds_ = pipeline::balanced_partition(costs, chunks, stage_scales(chunks));
+    } else {
+      bounds_ = pipeline::explicit_partition(config_.pipeline.split, static_cast<int>(layers.size()), chunks);
+    }
     record_layout(layers);
     const auto tied = pipeline::find_tied_parameters(layers, bounds_, shape_.stages);
     if (!tied.empty() && config_.zero.stage > 0) {
@@ -326,9 +332,43 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
       const auto lead = out.sizes().slice(0, out.dim() - 1);
       return task->loss(out, torch::zeros(lead, torch::kLong));
     });
+    own_model_seconds_ = 0;
+    for (double t : mine) own_model_seconds_ += t;
     at::Tensor t = torch::tensor(mine, torch::kDouble);
     world.all_reduce(t, comm::ReduceOp::kMin)->wait(timeout_);
     return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  }
+
+  // Note [Stages by rank speed]
+  // pipeline.balance = "rank_speed": the layer costs are the measured times
+  // (as "time": the per-layer minimum over ranks, the cost's shape), and
+  // chunk j's cost is scaled by how slow its stage's ranks are: each rank's
+  // own time for the whole model's layers (profile.test_slow_factor counts,
+  // as it does in training), the slowest replica of each stage (a max over
+  // dp: a step waits for it), over the fastest stage. The min-max partition
+  // then gives a stage twice as slow about half the work. Collective over
+  // dp and pp; the same scales on every rank.
+  std::vector<double> stage_scales(int chunks) {
+    if (config_.pipeline.balance != "rank_speed") return {};
+    double mine = own_model_seconds_;
+    const ProfileConfig& p = config_.profile;
+    if (p.test_slow_factor > 1 && p.test_slow_rank == mesh_.world().rank()) mine *= p.test_slow_factor;
+    at::Tensor t = torch::tensor({mine}, torch::kDouble);
+    dp_.all_reduce(t, comm::ReduceOp::kMax)->wait(timeout_);
+    at::Tensor stages = torch::empty({pp_.size()}, torch::kDouble);
+    pp_.all_gather(stages, t)->wait(timeout_);
+    const std::vector<double> per_stage(stages.data_ptr<double>(), stages.data_ptr<double>() + pp_.size());
+    const double fastest = *std::min_element(per_stage.begin(), per_stage.end());
+    std::vector<double> scales;
+    for (int j = 0; j < chunks; ++j) scales.push_back(per_stage[static_cast<size_t>(j % pp_.size())] / fastest);
+    if (mesh_.world().rank() == 0) {
+      std::vector<std::string> shown;
+      for (double s : per_stage) shown.push_back(fmt::format("{:.3g}", 1e3 * s));
+      spdlog::info("pipeline.balance = rank_speed: the model's layers take [{}] ms on the stages' slowest ranks; "
+                   "each stage's chunks are weighted by it",
+                   fmt::join(shown, ", "));
+    }
+    return scales;
   }
 
   // A tied copy is loaded like every slot but written by the first stage only.
@@ -470,6 +510,7 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
   std::unique_ptr<pipeline::Timeline> timeline_;
   int64_t steps_ = 0;
   int peak_in_flight_ = 0;
+  double own_model_seconds_ = 0;  // this rank's time for every layer (pipeline.balance = "time", "rank_speed")
   int64_t peak_activation_bytes_ = 0;
 };
 
