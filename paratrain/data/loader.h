@@ -18,7 +18,8 @@ class Prefetcher;
 
 /// How a Loader batches what its sampler chose.
 struct LoaderOptions {
-  /// Per-rank batch size; the global batch is batch_size * num_replicas.
+  /// Per-rank batch size; the global batch is batch_size * num_replicas
+  /// (with the sampler's shares: this rank's share, and their sum).
   int64_t batch_size = 32;
   /// Drop the epoch's last batch when it is smaller than batch_size. Ranks
   /// always get the same number of batches (the sampler evens out per-rank

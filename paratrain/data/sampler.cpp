@@ -49,7 +49,11 @@ namespace paratrain::data {
 // at any step (auto rebalancing) and resume at another share vector or with
 // none, and every position of the epoch is trained once. The strided split
 // gives the same global batches (Note [Strided split]), so a checkpoint's
-// loader position means the same under either.
+// loader position means the same under either. One exception, the tail
+// without drop_last: the last global batch is padded to G with the epoch's
+// first positions (the strided split pads fewer, one process draws a partial
+// batch), so that step is not one process's step (data.drop_last = true, the
+// default, has no tail).
 
 std::vector<int64_t> split_by_shares(int64_t total, const std::vector<double>& weights) {
   const auto n = static_cast<int64_t>(weights.size());

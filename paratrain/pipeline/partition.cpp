@@ -23,56 +23,47 @@ double range_cost(const std::vector<double>& prefix, int begin, int end) { retur
 
 }  // namespace
 
-std::vector<int> balanced_partition(const std::vector<double>& layer_costs, int chunks,
-                                    const std::vector<double>& chunk_scale) {
-  const int n = static_cast<int>(layer_costs.size());
-  if (chunks < 1 || chunks > n) {
-    throw ConfigError(fmt::format(
-        "pipeline partition: {} model chunks (parallel.pp x pipeline.virtual_stages) for a model of {} layers; "
-        "every chunk needs at least one layer, so use at most {} chunks",
-        chunks, n, n));
-  }
-  std::vector<double> prefix(n + 1, 0.0);
-  for (int i = 0; i < n; ++i) {
-    TORCH_CHECK(std::isfinite(layer_costs[i]) && layer_costs[i] >= 0, "balanced_partition: layer ", i, " has cost ",
-                layer_costs[i], "; costs must be finite and >= 0");
-    prefix[i + 1] = prefix[i] + layer_costs[i];
-  }
+namespace {
 
-  TORCH_CHECK(chunk_scale.empty() || static_cast<int>(chunk_scale.size()) == chunks, "balanced_partition: ",
-              chunk_scale.size(), " chunk scales for ", chunks, " chunks");
-  for (double s : chunk_scale)
-    TORCH_CHECK(std::isfinite(s) && s > 0, "balanced_partition: a chunk scale is ", s, "; scales must be > 0");
-  // The cost of layers [i, j) as the first of k remaining chunks, i.e. as
-  // chunk chunks - k (its stage's scale).
-  const auto cost = [&](int k, int begin, int end) {
+using Table = std::vector<std::vector<double>>;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The cost of layers [begin, end) as the first of k remaining chunks, i.e.
+// as chunk chunks - k (scaled by its stage's scale when there are scales).
+struct ChunkCost {
+  const std::vector<double>& prefix;
+  const std::vector<double>& scale;
+  int chunks;
+  double operator()(int k, int begin, int end) const {
     const double c = range_cost(prefix, begin, end);
-    return chunk_scale.empty() ? c : c * chunk_scale[static_cast<size_t>(chunks - k)];
-  };
+    return scale.empty() ? c : c * scale[static_cast<size_t>(chunks - k)];
+  }
+};
 
-  // best[k][i]: the smallest possible largest-chunk cost when layers [i, n)
-  // are split into k chunks of at least one layer (infinity if impossible).
-  constexpr double kInf = std::numeric_limits<double>::infinity();
-  std::vector<std::vector<double>> best(chunks + 1, std::vector<double>(n + 1, kInf));
+// best[k][i]: the smallest possible largest-chunk cost when layers [i, n)
+// are split into k chunks of at least one layer (infinity if impossible).
+Table min_max_table(const ChunkCost& cost, int n) {
+  Table best(cost.chunks + 1, std::vector<double>(n + 1, kInf));
   for (int i = 0; i < n; ++i) best[1][i] = cost(1, i, n);
-  for (int k = 2; k <= chunks; ++k) {
+  for (int k = 2; k <= cost.chunks; ++k) {
     for (int i = 0; i + k <= n; ++i) {
-      for (int j = i + 1; j + k - 1 <= n; ++j) {
-        best[k][i] = std::min(best[k][i], std::max(cost(k, i, j), best[k - 1][j]));
-      }
+      for (int j = i + 1; j + k - 1 <= n; ++j) best[k][i] = std::min(best[k][i], std::max(cost(k, i, j), best[k - 1][j]));
     }
   }
+  return best;
+}
 
-  // Among the partitions whose chunks all cost <= that optimum, pick the one
-  // with the smallest sum of squared chunk costs: the min-max alone leaves
-  // the other chunks arbitrary ([8] [1 x 7] [1] [8] is as good as
-  // [8] [1 x 4] [1 x 4] [8]); the squares prefer the even one. Ties go to the
-  // split giving the earlier chunk more layers.
-  // squares[k][i]: that sum over layers [i, n) cut into k chunks; cut[k][i]:
-  // where the first of those chunks ends. Recording the choice (rather than
-  // re-deriving it by comparing sums later) keeps float ties out of it.
-  const double limit = best[chunks][0];
-  std::vector<std::vector<double>> squares(chunks + 1, std::vector<double>(n + 1, kInf));
+// Among the partitions whose chunks all cost <= `limit` (the optimum), the
+// one with the smallest sum of squared chunk costs: the min-max alone leaves
+// the other chunks arbitrary ([8] [1 x 7] [1] [8] is as good as
+// [8] [1 x 4] [1 x 4] [8]); the squares prefer the even one. Ties go to the
+// split giving the earlier chunk more layers.
+// squares[k][i]: that sum over layers [i, n) cut into k chunks; cut[k][i]:
+// where the first of those chunks ends. Recording the choice (rather than
+// re-deriving it by comparing sums later) keeps float ties out of it.
+std::vector<int> even_cut_within(const ChunkCost& cost, int n, double limit) {
+  const int chunks = cost.chunks;
+  Table squares(chunks + 1, std::vector<double>(n + 1, kInf));
   std::vector<std::vector<int>> cut(chunks + 1, std::vector<int>(n + 1, -1));
   const auto square = [&](int k, int begin, int end) {
     const double c = cost(k, begin, end);
@@ -101,6 +92,31 @@ std::vector<int> balanced_partition(const std::vector<double>& layer_costs, int 
   }
   bounds.push_back(n);
   return bounds;
+}
+
+}  // namespace
+
+std::vector<int> balanced_partition(const std::vector<double>& layer_costs, int chunks,
+                                    const std::vector<double>& chunk_scale) {
+  const int n = static_cast<int>(layer_costs.size());
+  if (chunks < 1 || chunks > n) {
+    throw ConfigError(fmt::format(
+        "pipeline partition: {} model chunks (parallel.pp x pipeline.virtual_stages) for a model of {} layers; "
+        "every chunk needs at least one layer, so use at most {} chunks",
+        chunks, n, n));
+  }
+  std::vector<double> prefix(n + 1, 0.0);
+  for (int i = 0; i < n; ++i) {
+    TORCH_CHECK(std::isfinite(layer_costs[i]) && layer_costs[i] >= 0, "balanced_partition: layer ", i, " has cost ",
+                layer_costs[i], "; costs must be finite and >= 0");
+    prefix[i + 1] = prefix[i] + layer_costs[i];
+  }
+  TORCH_CHECK(chunk_scale.empty() || static_cast<int>(chunk_scale.size()) == chunks, "balanced_partition: ",
+              chunk_scale.size(), " chunk scales for ", chunks, " chunks");
+  for (double s : chunk_scale)
+    TORCH_CHECK(std::isfinite(s) && s > 0, "balanced_partition: a chunk scale is ", s, "; scales must be > 0");
+  const ChunkCost cost{prefix, chunk_scale, chunks};
+  return even_cut_within(cost, n, min_max_table(cost, n)[chunks][0]);
 }
 
 std::vector<int> explicit_partition(const std::vector<int64_t>& layers_per_chunk, int num_layers, int chunks) {

@@ -98,7 +98,9 @@ TEST(SharedBatches, AnEpochCoversTheDataOnce) {
       const auto mine = to_vector(s.indices());
       ASSERT_EQ(static_cast<int64_t>(mine.size()) % shares[static_cast<size_t>(r)], 0);
       const int64_t b = static_cast<int64_t>(mine.size()) / shares[static_cast<size_t>(r)];
-      if (batches >= 0) EXPECT_EQ(b, batches);
+      if (batches >= 0) {
+        EXPECT_EQ(b, batches);
+      }
       batches = b;
       for (int64_t i : mine) ++seen[i];
     }

@@ -250,7 +250,7 @@ std::multiset<int64_t> across_recovery(bool offset) {
   std::multiset<int64_t> seen;
   data::LoaderState at;
   for (int r = 0; r < 3; ++r) {
-    data::SamplerOptions so{.num_replicas = 3, .rank = r, .shuffle = true, .seed = 9};
+    data::SamplerOptions so{.num_replicas = 3, .rank = r, .shuffle = true, .seed = 9, .drop_last = false, .shares = {}};
     data::Loader loader(dataset, data::DistributedSampler(n, so), lo);
     loader.set_epoch(1);
     drain(loader, seen, taken);
@@ -259,7 +259,7 @@ std::multiset<int64_t> across_recovery(bool offset) {
   const int64_t consumed = train::consumed_positions(at, batch, 3);
   EXPECT_EQ(consumed, 36);
   for (int r = 0; r < 2; ++r) {
-    data::SamplerOptions so{.num_replicas = 2, .rank = r, .shuffle = true, .seed = 9};
+    data::SamplerOptions so{.num_replicas = 2, .rank = r, .shuffle = true, .seed = 9, .drop_last = false, .shares = {}};
     data::Loader loader(dataset, data::DistributedSampler(n, so), lo);
     // Without the offset: what resuming at the loader's own batch count on
     // the smaller world would do.

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <cmath>
 #include <fstream>
 #include <mutex>
 #include <string>
@@ -248,6 +249,10 @@ TEST(BatchShares, ConfigErrorsNameTheProblem) {
   EXPECT_EQ(pt::config_from_toml_string(pt::to_toml(tp)), tp);
   EXPECT_NE(pt::to_toml(tp).find("batch_shares = \"auto\""), std::string::npos);
   EXPECT_EQ(pt::config_from_json(pt::to_json(tp)), tp);
+  pt::apply_override(tp, "profile.steps=3-4");
+  pt::apply_override(tp, "profile.ranks=all");
+  EXPECT_EQ(pt::to_json(tp)["profile"]["ranks"], "all");
+  EXPECT_EQ(pt::config_from_json(pt::to_json(tp)), tp);
   EXPECT_THROW(pt::apply_override(tp, "data.batch_shares=[2,0]"), paratrain::ConfigError);
   EXPECT_THROW(pt::apply_override(tp, "data.batch_shares=fast"), paratrain::ConfigError);
   for (const char* other : {"parallel.tp=2", "parallel.pp=2", "ps.servers=1", "elastic.in_job=true"}) {
@@ -255,4 +260,68 @@ TEST(BatchShares, ConfigErrorsNameTheProblem) {
     pt::apply_override(bad, other);
     EXPECT_THROW(pt::validate_config(bad), paratrain::ConfigError) << other;
   }
+}
+
+// The logged loss is the mean over every example of the global batch (each
+// rank's mean weighted by its share), one process's loss.
+TEST(BatchShares, TheLoggedLossIsOneProcesss) {
+  const std::string dir = paratrain::testing::temp_dir("batch_shares_loss");
+  auto c = shares_config(dir, "loss", {3, 1}, 0, "sgd", 20);
+  std::vector<double> losses(2);
+  paratrain::testing::run_ranks(2, [&](paratrain::comm::ProcessGroup& g) {
+    pt::Trainer t(c, g);
+    losses[static_cast<size_t>(g.rank())] = t.fit().last_train_loss;
+  });
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto group = paratrain::comm::make_gloo_group(store, 0, 1, paratrain::comm::GlooOptions{});
+  pt::Trainer one(single(c), *group);
+  const double expected = one.fit().last_train_loss;
+  std::printf("logged loss over steps 11-20: %.9f with shares [3, 1], %.9f one process\n", losses[0], expected);
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_NEAR(losses[0], expected, 1e-6 * expected);
+}
+
+// "auto" resumes with the shares its checkpoint was taken with (at the same
+// dp size); at another dp size it starts equal, and so does a list that no
+// longer fits after a restart at another world size.
+TEST(BatchShares, AutoResumesWithTheCheckpointsShares) {
+  const std::string dir = paratrain::testing::temp_dir("batch_shares_auto_resume");
+  auto c = shares_config(dir, "resume", pt::kAutoShares, 0, "sgd", 8, 64);
+  c.data.rebalance_every_steps = 2;
+  c.profile.test_example_ms = 0.05;
+  c.profile.test_slow_rank = 1;
+  c.profile.test_slow_factor = 4;
+  c.train.checkpoint_every_steps = 8;
+  auto final_shares = [&](const pt::TrainConfig& cfg, int world) {
+    std::vector<std::vector<int64_t>> shares(static_cast<size_t>(world));
+    paratrain::testing::run_ranks(world, [&](paratrain::comm::ProcessGroup& g) {
+      pt::Trainer t(cfg, g);
+      shares[static_cast<size_t>(g.rank())] = t.fit().batch_shares;
+    });
+    return shares[0];
+  };
+  const auto moved = final_shares(c, 2);
+  ASSERT_EQ(moved.size(), 2u);
+  EXPECT_LT(moved[1], 32) << "the slowed rank kept an equal share";
+  c.train.resume = "auto";  // max_steps reached: the resumed run only loads
+  EXPECT_EQ(final_shares(c, 2), moved);
+  EXPECT_EQ(final_shares(c, 4), (std::vector<int64_t>{16, 16, 16, 16}));
+  c.data.batch_shares = {3, 1};  // written for 2 ranks, resumed at 4
+  EXPECT_EQ(final_shares(c, 4), (std::vector<int64_t>{16, 16, 16, 16}));
+}
+
+TEST(BatchShares, RebalancingMovesTowardsSpeedsWithinItsBounds) {
+  // Rank 1 three times slower per example: towards [48, 16], at most 25% a move.
+  EXPECT_EQ(pt::rebalanced_shares({32, 32}, {1e-3, 3e-3}, 0.25), (std::vector<int64_t>{40, 24}));
+  EXPECT_EQ(pt::rebalanced_shares({40, 24}, {1e-3, 3e-3}, 0.25), (std::vector<int64_t>{46, 18}));
+  EXPECT_EQ(pt::rebalanced_shares({48, 16}, {1e-3, 3e-3}, 0.25), (std::vector<int64_t>{48, 16}));
+  // Within 3% of balanced: left alone (noise must not move shares).
+  EXPECT_EQ(pt::rebalanced_shares({32, 32}, {1e-3, 1.02e-3}, 0.25), (std::vector<int64_t>{32, 32}));
+  // A rank that measured nothing, or a non-finite time: unchanged.
+  EXPECT_EQ(pt::rebalanced_shares({32, 32}, {0.0, 1e-3}, 0.25), (std::vector<int64_t>{32, 32}));
+  EXPECT_EQ(pt::rebalanced_shares({32, 32}, {1e-3, std::nan("")}, 0.25), (std::vector<int64_t>{32, 32}));
+  // Three ranks, every share at least one example.
+  const auto three = pt::rebalanced_shares({2, 2, 2}, {1e-3, 1e-3, 1.0}, 1.0);
+  EXPECT_EQ(three[0] + three[1] + three[2], 6);
+  EXPECT_GE(three[2], 1);
 }

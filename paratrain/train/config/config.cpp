@@ -320,7 +320,7 @@ Value value_from_toml(const toml::node& node, const FieldSpec& field, const std:
 void check_and_set(TrainConfig& config, const FieldSpec& field, const Value& value, const std::string& where) {
   if (std::string rule = field.check(value); !rule.empty())
     throw ConfigError(fmt::format("{}: {} = {} is not allowed: {}", where, field.key,
-                                  detail::format_toml_value(value), rule));
+                                  detail::format_field_value(field, value), rule));
   field.set(config, value);
 }
 

@@ -57,10 +57,15 @@ std::string shares_problem(const TrainConfig& c) {
     return fmt::format("data.batch_shares = {} with ps.servers = {}: parameter servers balance by themselves (ps.mode "
                        "= \"async\" gives fast workers more steps); leave data.batch_shares empty",
                        shares, c.ps.servers);
+  if (c.data.auto_shares() && c.world.device != "cpu")
+    return fmt::format("data.batch_shares = \"auto\" with world.device = \"{}\": the shares are measured from host "
+                       "threads' time (on a GPU backward and its collectives run on other threads, and kernels "
+                       "asynchronously); give a static list of shares, e.g. [2, 1]",
+                       c.world.device);
   if (c.elastic.in_job)
     return fmt::format("data.batch_shares = {} with elastic.in_job = true: in-job recovery re-cuts the batch over the "
-                       "survivors with equal shares; restart-based elastic training (elastic.in_job = false) resumes "
-                       "at another share vector",
+                       "survivors with equal shares; restart-based elastic training (elastic.in_job = false) works: "
+                       "\"auto\" re-measures, a list that does not fit the new size falls back to equal shares",
                        shares);
   return "";
 }

@@ -51,7 +51,7 @@ std::vector<FieldSpec> profile_fields() {
       ranks,
       field("profile.record_shapes", &TC::profile, &ProfileConfig::record_shapes, "record every operator's input shapes (shown in the trace; more overhead)"),
       field("profile.memory", &TC::profile, &ProfileConfig::memory, "record allocations and frees: an allocated-bytes counter per rank in the trace"),
-      field("profile.test_slow_rank", &TC::profile, &ProfileConfig::test_slow_rank, "experiments and tests: this rank sleeps profile.test_slow_ms before each step's first forward, a straggler on purpose (-1 = none)", in_range<int64_t>(-1, kMaxRanks)),
+      field("profile.test_slow_rank", &TC::profile, &ProfileConfig::test_slow_rank, "experiments and tests: a straggler on purpose (-1 = none): it sleeps profile.test_slow_ms before each step's first forward, and/or computes profile.test_slow_factor times slower per example", in_range<int64_t>(-1, kMaxRanks)),
       field("profile.test_slow_ms", &TC::profile, &ProfileConfig::test_slow_ms, "experiments and tests: the straggler's sleep per step (ms)", in_range_finite(0.0, 3600e3)),
       field("profile.test_example_ms", &TC::profile, &ProfileConfig::test_example_ms, "experiments and tests: every rank sleeps this long per example of a micro-batch (ms; test_slow_rank test_slow_factor times as long), a compute cost linear in the batch; 0 = off", in_range_finite(0.0, 1000.0)),
       field("profile.test_slow_factor", &TC::profile, &ProfileConfig::test_slow_factor, "experiments and tests: the straggler computes this many times slower per example (it sleeps factor - 1 times each micro-batch's compute; 1 = off)", in_range_finite(1.0, 1000.0)),

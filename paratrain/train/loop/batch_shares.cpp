@@ -23,10 +23,18 @@ std::vector<int64_t> resolve_batch_shares(const TrainConfig& config, int64_t per
   const auto& shares = config.data.batch_shares;
   if (shares.empty()) return {};
   if (config.data.auto_shares()) return std::vector<int64_t>(static_cast<size_t>(dp), per_rank);
+  if (static_cast<int64_t>(shares.size()) != dp && !config.train.resume.empty()) {
+    // An elastic restart at another world size (train.resume set by it):
+    // the job goes on, at equal shares, rather than dying on its own config.
+    spdlog::warn("data.batch_shares = [{}] has {} entries but the data-parallel group has {} ranks now; this "
+                 "resumed run uses equal shares (set a vector for {} ranks, or \"auto\")",
+                 fmt::join(shares, ", "), shares.size(), dp, dp);
+    return std::vector<int64_t>(static_cast<size_t>(dp), per_rank);
+  }
   if (static_cast<int64_t>(shares.size()) != dp) {
     throw ConfigError(fmt::format(
         "data.batch_shares = [{}] has {} entries but the data-parallel group has {} ranks: give one share per dp "
-        "rank (a resume at another world size needs a new vector), or \"auto\"",
+        "rank, or \"auto\"",
         fmt::join(shares, ", "), shares.size(), dp));
   }
   return data::split_by_shares(per_rank * dp, shares);
@@ -164,7 +172,14 @@ void ShareBalancer::at_step_end() {
   }
   const std::vector<int64_t> before = s_.batch.shares;
   std::vector<int64_t> after = before;
-  if (d.auto_shares()) after = rebalanced_shares(before, per_example, d.rebalance_max_change);
+  if (d.auto_shares()) {
+    // Decided on dp rank 0 and broadcast: mixed hardware may round floats
+    // differently, and every rank must cut the same batch.
+    after = rebalanced_shares(before, per_example, d.rebalance_max_change);
+    auto decided = torch::tensor(after, torch::kLong);
+    dp.broadcast(decided, 0)->wait(s_.timeout());
+    after.assign(decided.data_ptr<int64_t>(), decided.data_ptr<int64_t>() + decided.numel());
+  }
   if (s_.is_main()) {
     auto ms = [](const std::vector<double>& v, double scale) {
       std::vector<std::string> out;

@@ -25,7 +25,9 @@ struct TrainConfig;
 
 // Each dp rank's micro-batch size from data.batch_shares for `dp` ranks of
 // `per_rank` examples on average (empty when the key is empty; "auto" starts
-// equal). Throws ConfigError when the list does not have one entry per dp rank.
+// equal). A list without one entry per dp rank is a ConfigError, except in a
+// resumed run (an elastic restart at another world size): equal shares and
+// a warning.
 std::vector<int64_t> resolve_batch_shares(const TrainConfig& config, int64_t per_rank, int dp);
 
 // The training loader for s.batch (its shares included), at epoch 0, batch 0.
@@ -68,7 +70,8 @@ class ShareBalancer {
   // This rank's micro-batch size (the mean one without shares).
   int64_t own_batch() const;
 
-  // Around one micro-batch's forward and backward. end() applies
+  // Around one micro-batch: taking it from the loader, forward and backward
+  // (a slow input pipeline is part of a rank's speed). end() applies
   // profile.test_example_ms and test_slow_factor (sleeps counted as compute).
   void begin_micro_batch();
   void end_micro_batch(int64_t examples);

@@ -29,7 +29,7 @@ Outcome CheckpointPolicy::save(const std::string& why) {
     const LoopPosition position{
         .step = s_.step, .epoch = at.epoch, .next_batch = at.next_batch,
         .consumed_positions =
-            consumed_positions(at, s_.loader->positions_per_batch(), /*replicas=*/1),
+            consumed_positions(at, s_.loader->positions_per_batch()),
         .batch_shares = s_.batch.shares};
     done = s_.checkpointer->save(s_.run_dir, s_.config, *s_.strategy, *s_.optimizer, position, s_.scaler.get(), why);
   });

@@ -129,11 +129,11 @@ double FitLoop::take_step(const ScheduledStep& step, int64_t index) {
   double loss = 0;  // the micro-batch losses are divided by k: their sum is the step's mean
   for (int64_t i = 0; i < k; ++i) {
     data::Batch batch;
+    shares_.begin_micro_batch();
     {
       PhaseScope phase(kPhaseData);
       batch = schedule_->micro_batch(step, i);
     }
-    shares_.begin_micro_batch();
     distill_.before_micro_batch(batch.inputs);
     loss += s_.strategy->forward_backward(batch, micro_loss_, /*sync=*/i == k - 1).loss.item<double>();
     shares_.end_micro_batch(batch.inputs.defined() ? batch.inputs.size(0) : 0);
@@ -178,7 +178,7 @@ void FitLoop::report_inside_window(const ScheduledStep& step, int64_t index, con
 // dynamic window's end), the callbacks, a periodic checkpoint, a check of
 // adaptive freezing.
 Outcome FitLoop::meet(const Window& w) {
-  shares_.at_step_end();  // data.batch_shares: measured, logged, "auto" moves them (Note [Weighted shares])
+  shares_.at_step_end();  // data.batch_shares: measured, logged, and "auto" moves them (batch_shares.h)
   const bool checkpoint_now = checkpoints_.periodic_due(s_.step);
   const int64_t every = s_.config.run.log_every;
   StepInfo info = step_info(s_.step, w.epoch, s_.loader->state().next_batch);

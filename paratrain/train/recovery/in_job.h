@@ -45,6 +45,11 @@ struct Recovery {
 // Positions [0, result) of the epoch's permutation were trained when every
 // rank's loader stands at `at` (Note [Consumed samples] in in_job.cpp).
 int64_t consumed_positions(const data::LoaderState& at, int64_t per_rank_batch, int64_t replicas);
+// The same for a loader standing at `at`, a batch of every rank covering
+// `positions_per_batch` positions (data::Loader::positions_per_batch).
+inline int64_t consumed_positions(const data::LoaderState& at, int64_t positions_per_batch) {
+  return at.first_position + at.next_batch * positions_per_batch;
+}
 
 // Re-forms the world and puts the loader at `resume_at` (the loader's state
 // at the last point where every survivor had completed the same steps: the

@@ -151,8 +151,9 @@ void resume_or_start(Trainer::State& s) {
     continue_batch_shares(s, position->batch_shares);
     // Note [Resuming at another world size]
     // A checkpoint records the epoch's consumed positions (the sampler's
-    // permutation trained so far: first_position + next_batch x per-rank batch
-    // x replicas). When this run's ranks and batch reach the same place in
+    // permutation trained so far: first_position + next_batch x the positions
+    // a batch of every rank covers, per-rank batch x replicas or the sum of
+    // data.batch_shares). When this run's ranks and batch reach the same place in
     // whole batches, the batch count resumes as before; otherwise (a world
     // size or per-rank batch that changed since: an elastic restart at a new
     // size without elastic.keep_global_batch, or after an in-job recovery)

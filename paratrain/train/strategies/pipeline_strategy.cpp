@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <filesystem>
 #include <set>
@@ -359,6 +360,7 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     pp_.all_gather(stages, t)->wait(timeout_);
     const std::vector<double> per_stage(stages.data_ptr<double>(), stages.data_ptr<double>() + pp_.size());
     const double fastest = *std::min_element(per_stage.begin(), per_stage.end());
+    if (!(fastest > 0) || !std::isfinite(*std::max_element(per_stage.begin(), per_stage.end()))) return {};
     std::vector<double> scales;
     for (int j = 0; j < chunks; ++j) scales.push_back(per_stage[static_cast<size_t>(j % pp_.size())] / fastest);
     if (mesh_.world().rank() == 0) {
