@@ -14,19 +14,54 @@
 # (auto has settled there), the whole run's samples/s, the final shares, and
 # per rank the compute and the time in collectives per step over the second
 # half (the fast ranks' wait for the slow one is in the latter).
+# The pipeline part ("pipe" among MODELS): the deep MLP in 2 stages on 2
+# ranks (1f1b, 4 micro-batches), rank 1 slowed 2x the same way, stages cut
+# by pipeline.balance = "parameters", "time" and "rank_speed"; samples/s
+# over the second half of the run and the layers per stage.
 # usage: bench/run_heterogeneous.sh [BUILD_DIR] [OUT_DIR] [MODELS] [WORLDS]
-#        (MODELS default "mlp cnn", WORLDS default "2 3"; STEPS per run: 600 MLP, 200 CNN)
+#        (MODELS default "mlp cnn pipe", WORLDS default "2 3"; STEPS per run: 600 MLP, 200 CNN, 400 pipe)
 set -euo pipefail
 build=${1:-build}
 out=${2:-/tmp/paratrain-heterogeneous-bench}
-models=${3:-mlp cnn}
+models=${3:-mlp cnn pipe}
 worlds=${4:-2 3}
 rm -rf "$out"
 mkdir -p "$out"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 p=$build/paratrain
 
+pipeline_runs() {
+  for balance in parameters time rank_speed; do
+    name=pipe_${balance}
+    "$p" launch --nproc-per-node 2 -- "$p" train -c configs/fashion_mnist_deep_mlp.toml \
+      --set run.output_dir="$out/runs" --set run.name="$name" --set train.max_steps="${STEPS:-400}" \
+      --set train.eval_every_epochs=0 --set run.log_every=20 --set parallel.pp=2 --set pipeline.schedule=1f1b \
+      --set pipeline.microbatches=4 --set pipeline.balance="$balance" --set profile.test_slow_rank=1 \
+      --set profile.test_slow_factor=2 >"$out/$name.log" 2>&1
+    python3 - "$out/runs/$name/version_0" "$balance" <<'EOF'
+import glob, json, sys
+run, balance = sys.argv[1], sys.argv[2]
+train = [r for r in map(json.loads, open(run + "/metrics.jsonl")) if r.get("kind") == "train"]
+first, last = train[len(train) // 2], train[-1]
+bounds = None
+for index in sorted(glob.glob(run + "/checkpoints/*/index.json")):
+    text = open(index).read()
+    at = text.find("pipeline.layer_bounds")
+    if at >= 0:
+        b = [int(x) for x in text[at:].split('"')[2].split(",")]
+        bounds = [b[i + 1] - b[i] for i in range(len(b) - 1)]
+print(json.dumps({"model": "deep_mlp", "pp": 2, "balance": balance, "slow_rank": 1, "slow_factor": 2,
+                  "samples_per_s": round((last["samples"] - first["samples"]) / (last["time"] - first["time"])),
+                  "layers_per_stage": bounds}))
+EOF
+  done
+}
+
 for model in $models; do
+  if [ "$model" = pipe ]; then
+    pipeline_runs
+    continue
+  fi
   case $model in
     mlp) config=configs/fashion_mnist_mlp.toml; steps=${STEPS:-600}; every=30 ;;
     cnn) config=configs/fashion_mnist_cnn.toml; steps=${STEPS:-200}; every=10 ;;

@@ -6,7 +6,9 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <map>
+#include <thread>
 #include <optional>
 #include <utility>
 
@@ -68,6 +70,25 @@ class LossRowsScope {
 }  // namespace
 
 LossRows current_loss_rows() { return loss_rows; }
+
+namespace {
+
+// ExecutorOptions::compute_slowdown around one forward or backward.
+class SlowDown {
+ public:
+  explicit SlowDown(double factor) : factor_(factor), start_(std::chrono::steady_clock::now()) {}
+  ~SlowDown() {
+    if (factor_ > 1) std::this_thread::sleep_for((factor_ - 1) * (std::chrono::steady_clock::now() - start_));
+  }
+  SlowDown(const SlowDown&) = delete;
+  SlowDown& operator=(const SlowDown&) = delete;
+
+ private:
+  double factor_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace
 
 Executor::Executor(comm::ProcessGroup& pp, std::vector<LocalChunk> chunks, ExecutorOptions options)
     : pp_(pp), chunks_(std::move(chunks)), options_(std::move(options)), p2p_(pp, options_.timeout) {
@@ -154,6 +175,7 @@ StepReport Executor::train_step(const at::Tensor& inputs, const at::Tensor& targ
       if (!frozen) h.input = x;
       at::Tensor out;
       {
+        const SlowDown slow(options_.compute_slowdown);
         Timeline::Scope s(rec, {EventKind::kForward, step, mb, a.chunk});
         PhaseScope phase(kPhaseForward);
         core::AutocastGuard autocast(options_.autocast);
@@ -208,6 +230,7 @@ StepReport Executor::train_step(const at::Tensor& inputs, const at::Tensor& targ
                             fmt::format("gradient of micro-batch {} for model chunk {}", mb, mc));
     }
     {
+      const SlowDown slow(options_.compute_slowdown);
       Timeline::Scope s(rec, {EventKind::kBackward, step, mb, a.chunk});
       PhaseScope phase(kPhaseBackward);
       if (mc == last_model_chunk) {

@@ -49,6 +49,11 @@ struct ExecutorOptions {
   // chunk frozen_chunks neither keeps nor sends back its input's gradient.
   // The schedule is unchanged; their backward slots are simply empty.
   int frozen_chunks = 0;
+  // Experiments and tests (profile.test_slow_factor on this rank): after each
+  // chunk's forward and backward, sleep (compute_slowdown - 1) times what it
+  // took, so the stage computes that many times slower, between its sends
+  // and receives as a slower machine would. 1 = off.
+  double compute_slowdown = 1.0;
 };
 
 // What the strategy does around compute, for data parallelism over

@@ -15,6 +15,7 @@
 #include "paratrain/comm/doctor/recording_group.h"
 #include "paratrain/core/error.h"
 #include "paratrain/data/loader.h"
+#include "paratrain/train/strategies/strategy_registry.h"
 #include "paratrain/train/trainer_state.h"
 
 namespace paratrain::train {
@@ -102,7 +103,7 @@ std::vector<int64_t> rebalanced_shares(const std::vector<int64_t>& shares, const
   return slowest(moved) < 0.97 * slowest(shares) ? moved : shares;
 }
 
-ShareBalancer::ShareBalancer(Trainer::State& s) : s_(s) {}
+ShareBalancer::ShareBalancer(Trainer::State& s) : s_(s), pipelined_(strategy_name(s.config) == "pipeline") {}
 
 double ShareBalancer::loss_weight() const {
   const auto& shares = s_.batch.shares;
@@ -131,7 +132,9 @@ void ShareBalancer::end_micro_batch(int64_t examples) {
   // Experiments and tests: a compute cost per example, and a rank factor
   // times slower per example, on purpose.
   const ProfileConfig& p = s_.config.profile;
-  const bool slowed = p.test_slow_factor > 1 && p.test_slow_rank == s_.world->rank();
+  // The pipeline strategy slows its stage compute inside the schedule
+  // (pipeline::ExecutorOptions::compute_slowdown), between sends and receives.
+  const bool slowed = p.test_slow_factor > 1 && p.test_slow_rank == s_.world->rank() && !pipelined_;
   const double factor = slowed ? p.test_slow_factor : 1.0;
   const double sleep_s = (factor - 1) * compute() + factor * p.test_example_ms * 1e-3 * static_cast<double>(examples);
   if (sleep_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(sleep_s));

@@ -88,7 +88,7 @@ class ShareBalancer {
 
  private:
   Trainer::State& s_;
-  bool measuring_ = false;
+  bool pipelined_;  // the pipeline strategy applies profile.test_slow_factor itself
   using Clock = std::chrono::steady_clock;
   Clock::time_point micro_start_, step_start_;
   double micro_collective_ = 0, step_collective_ = 0;

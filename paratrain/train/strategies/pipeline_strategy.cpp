@@ -141,6 +141,9 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     wrap_replicas();
 
     pipeline::ExecutorOptions options = executor_options(config_, shape_, timeout_);
+    const ProfileConfig& slow = config_.profile;
+    if (slow.test_slow_factor > 1 && slow.test_slow_rank == mesh_.world().rank())
+      options.compute_slowdown = slow.test_slow_factor;  // inside the schedule (the loop leaves pipelines alone)
     options.frozen_chunks = frozen_prefix_chunks(layers);
     executor_ = std::make_unique<pipeline::Executor>(pp_, std::move(local), options);
     if (config_.pipeline.trace_steps > 0) {
