@@ -100,16 +100,17 @@ int64_t program_model_size(Trainer::State& s) {
   return n;
 }
 
-// A program's own model is trained whole: the strategies that cut a model
-// into layers or shard its matrices need a paratrain model built for it.
+// A program's own model is trained whole or, a torch::nn::Sequential, cut
+// into pipeline stages at its children: tensor and context parallelism
+// shard a paratrain model's matrices.
 void check_parts(const TrainConfig& c, const TrainerParts& parts) {
   const auto& p = c.parallel;
-  if (parts.model && (p.pp > 1 || p.tp > 1 || p.cp > 1)) {
+  if (parts.model && (p.tp > 1 || p.cp > 1)) {
     throw ConfigError(fmt::format(
-        "parallel.pp = {}, tp = {}, cp = {}: a program's own model (TrainerParts::model) is trained whole; "
-        "pipelines and tensor/context parallelism cut a paratrain model into layers. Use data parallelism "
-        "(parallel.dp, zero.stage 1-3, FSDP, parameter servers) for it, or set parallel.pp = tp = cp = 1",
-        p.pp, p.tp, p.cp));
+        "parallel.tp = {}, cp = {}: a program's own model (TrainerParts::model) is trained whole or in pipeline "
+        "stages; tensor/context parallelism shard a paratrain model's matrices. Use data parallelism "
+        "(parallel.dp, zero.stage 1-3, FSDP, parameter servers) or parallel.pp for it, or set parallel.tp = cp = 1",
+        p.tp, p.cp));
   }
 }
 
@@ -117,7 +118,12 @@ void check_parts(const TrainConfig& c, const TrainerParts& parts) {
 
 void build_model_and_optimizer(Trainer::State& s) {
   const auto& c = s.config;
-  s.strategy = make_strategy(train::strategy_name(c), StrategyContext{s.config, *s.mesh, s.timeout(), s.run_dir});
+  StrategyContext context{s.config, *s.mesh, s.timeout(), s.run_dir};
+  if (s.datasets.train.inputs.defined()) {  // a pipeline's boundary shapes follow the data's examples
+    context.input_shape = s.datasets.train.inputs.sizes().slice(1).vec();
+    context.input_dtype = s.datasets.train.inputs.scalar_type();
+  }
+  s.strategy = make_strategy(train::strategy_name(c), context);
   // The same seed on every rank: each builds the single-process model's
   // initial weights (replicas are also broadcast from rank 0).
   s.strategy->build_model(seeded_model_factory(c, s.device, s.model_builder, &s.frozen));
@@ -149,6 +155,7 @@ void build_run(Trainer::State& s, TrainerParts& parts) {
                                                     s.world->size());
   s.mesh = std::make_unique<topology::DeviceMesh>(*s.world, dims);
   s.device = training_device(c, train::strategy_name(c));
+  s.datasets = parts.data ? parts.data(c) : load_datasets(c);  // first: a pipeline cuts at the examples' shape
   build_model_and_optimizer(s);
   if (!c.distill.teacher.empty()) {
     // Laid out like the student: sharded under FSDP, in stages under
@@ -163,7 +170,6 @@ void build_run(Trainer::State& s, TrainerParts& parts) {
     placement.timeout = s.timeout();
     s.teacher = std::make_unique<Teacher>(find_teacher(c.distill.teacher, c), placement);
   }
-  s.datasets = parts.data ? parts.data(c) : load_datasets(c);
 
   const DataShard shard = s.strategy->data_shard();
   s.batch = resolve_batch_sizes(c, shard.size);

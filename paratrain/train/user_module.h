@@ -10,17 +10,21 @@
 // with several heads returns them side by side, e.g. torch::cat along dim
 // 1, and its Task splits them). Every strategy that trains a whole model
 // applies: DDP, ZeRO-1/2/3, FSDP, parameter servers, local SGD, with
-// accumulation, precision, schedules, checkpoints and resume. Pipelines and
-// tensor/context parallelism cut a models::Model into layers and refuse it.
+// accumulation, precision, schedules, checkpoints and resume. A
+// torch::nn::Sequential is also cut at its children into pipeline stages
+// (parallel.pp); tensor and context parallelism refuse a program's module.
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
 
 #include "paratrain/models/model.h"
 
@@ -61,6 +65,26 @@ class AdoptedModule final : public models::Model {
   }
   /// The user's module, as built.
   const std::shared_ptr<M>& inner() const { return inner_; }
+
+  /// A torch::nn::Sequential is a pipeline's list of layers: one per child,
+  /// named as its parameters are ("0", "1", ...), each running the child's
+  /// forward. Any other module cannot be cut (empty).
+  std::vector<models::Layer> layers() override {
+    std::vector<models::Layer> out;
+    if constexpr (std::is_same_v<M, torch::nn::SequentialImpl>) {
+      const auto children = inner_->named_children();
+      for (size_t i = 0; i < children.size(); ++i) {
+        const std::string name = children[i].key();
+        out.push_back({.name = name,
+                       .modules = {{name, children[i].value()}},
+                       .forward = [seq = inner_, i](const at::Tensor& x) {
+                         at::Tensor in = x;
+                         return (seq->begin() + static_cast<std::ptrdiff_t>(i))->template forward<at::Tensor>(in);
+                       }});
+      }
+    }
+    return out;
+  }
 
  private:
   std::shared_ptr<M> inner_;

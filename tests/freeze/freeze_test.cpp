@@ -222,7 +222,7 @@ INSTANTIATE_TEST_SUITE_P(
 // and rank 0's second chunk is the first that trains.
 TEST(FreezeOracle, InterleavedChunksOfAFrozenPrefixEqualOneProcess) {
   auto dir = paratrain::testing::temp_dir("freeze_interleaved");
-  for (const std::vector<std::string> frozen : {std::vector<std::string>{"fc0"}, {"fc0", "fc1"}}) {
+  for (const std::vector<std::string>& frozen : {std::vector<std::string>{"fc0"}, {"fc0", "fc1"}}) {
     const std::string name = frozen.size() == 1 ? "one" : "two";
     auto single = small_config(dir + "/single_" + name);
     single.model.hidden = {24, 16, 16};

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <mutex>
@@ -208,21 +209,23 @@ TEST(BatchShares, AutoSharesFollowASlowedRank) {
   std::printf("auto shares after 30 steps with rank 1 slowed 3x: [%ld, %ld] (ratio %.3f, ideal 0.333)\n",
               static_cast<long>(final_shares[0][0]), static_cast<long>(final_shares[0][1]), ratio);
   EXPECT_NEAR(ratio, 1.0 / 3.0, 0.2 / 3.0);
-  // The metrics record every measurement, the shares before and after; at
-  // the end the ranks' compute per step is balanced (what the shares are for).
+  // The metrics record every measurement, the shares before and after; over
+  // the last four the ranks' compute per step is level (what the shares are
+  // for; the median, as one window may be disturbed and move the shares).
   std::ifstream metrics(std::filesystem::path(dir) / "auto" / "version_0" / "metrics.jsonl");
-  int balances = 0;
-  nlohmann::json last;
+  std::vector<double> ratios;
   for (std::string line; std::getline(metrics, line);) {
     const auto record = nlohmann::json::parse(line);
     if (record.value("kind", "") != "balance") continue;
-    ++balances;
-    last = record;
+    const auto compute = record.at("compute_ms").get<std::vector<double>>();
+    ratios.push_back(compute[1] / compute[0]);
   }
-  EXPECT_EQ(balances, 10);
-  const auto compute = last.at("compute_ms").get<std::vector<double>>();
-  std::printf("compute per step at the end: %.2f and %.2f ms\n", compute[0], compute[1]);
-  EXPECT_NEAR(compute[1] / compute[0], 1.0, 0.2);
+  ASSERT_EQ(ratios.size(), 10u);
+  std::vector<double> last(ratios.end() - 4, ratios.end());
+  std::sort(last.begin(), last.end());
+  const double level = (last[1] + last[2]) / 2;
+  std::printf("slow / fast compute per step over the last 4 measurements (median): %.3f\n", level);
+  EXPECT_NEAR(level, 1.0, 0.2);
   const double diff = relative_diff(ranks, one_process(single(c)));
   std::printf("auto shares vs one process after 30 SGD steps: %.2e\n", diff);
   EXPECT_LT(diff, 1e-5);

@@ -69,9 +69,16 @@ TEST(Registry, BuiltinNamesAndPipelinesAreRefused) {
                paratrain::ConfigError);
   EXPECT_THROW(pt::register_dataset("", [](const pt::TrainConfig&) { return pt::Datasets{}; }),
                paratrain::ConfigError);
+  // A registered model that lists no layers cannot be cut into stages: the
+  // pipeline strategy says so by the model's name.
   auto c = config(paratrain::testing::temp_dir("registry"));
   c.parallel.pp = 2;
-  EXPECT_THROW(pt::validate_config(c), paratrain::ConfigError);
+  try {
+    paratrain::testing::run_ranks(2, [&](paratrain::comm::ProcessGroup& g) { pt::Trainer t(c, g); });
+    ADD_FAILURE() << "a model without layers was cut into stages";
+  } catch (const paratrain::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot be cut into pipeline stages"), std::string::npos) << e.what();
+  }
   // An unregistered name lists the registered ones.
   try {
     pt::config_from_toml_string("[model]\nkind = \"nope\"\n");

@@ -127,11 +127,6 @@ std::string model_problem(const TrainConfig& c) {
     return fmt::format(
         "model.kind = \"cnn\" with {} conv blocks needs data.synthetic_image_size >= {} (got {})",
         c.model.channels.size(), int64_t{1} << c.model.channels.size(), c.data.synthetic_image_size);
-  if (c.parallel.pp > 1 && find_model(c.model.kind))
-    return fmt::format("model.kind = \"{}\" is a registered model, which cannot be cut into pipeline stages yet "
-                       "(parallel.pp = {}): stage boundary shapes come from the built-in datasets; set "
-                       "parallel.pp = 1 (DDP and zero.stage = 1, 2, 3 do apply)",
-                       c.model.kind, c.parallel.pp);
   if (auto problem = gpt_problem(c); !problem.empty()) return problem;
   if (c.model.batchnorm && c.model.kind != "cnn")
     return fmt::format("model.batchnorm = true applies to model.kind = \"cnn\" (got \"{}\"); set "

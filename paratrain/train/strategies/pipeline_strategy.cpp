@@ -51,6 +51,8 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
  public:
   explicit PipelineStrategy(const StrategyContext& ctx)
       : config_(ctx.config),
+        input_shape_(ctx.input_shape),
+        input_dtype_(ctx.input_dtype),
         mesh_(ctx.mesh),
         pp_(ctx.mesh.group(Axis::kPp)),
         dp_(ctx.mesh.group(Axis::kDp)),
@@ -99,8 +101,10 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     auto full = factory();
     const auto layers = full->layers();
     if (layers.empty()) {
-      throw ConfigError(fmt::format("model.kind = \"{}\" cannot be cut into pipeline stages; use parallel.pp = 1",
-                                    config_.model.kind));
+      throw ConfigError(fmt::format(
+          "the model ({}) cannot be cut into pipeline stages: it lists no layers (models::Model::layers(); a "
+          "program's torch::nn::Sequential is cut at its children); use parallel.pp = 1",
+          full->name()));
     }
     for (const auto& layer : layers) {
       // A tied weight would need its gradient summed across stages.
@@ -111,9 +115,11 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
       }
     }
     const int chunks = shape_.stages * shape_.virtual_stages;
-    // A GPT reads token ids (model_input_shape: one window).
-    const auto shapes = pipeline::infer_boundary_shapes(layers, model_input_shape(config_),
-                                                        builds_gpt(config_) ? at::kLong : at::kFloat);
+    // A GPT reads token ids (model_input_shape: one window); other models
+    // the loaded data's examples (a program's own data and module).
+    const bool from_data = !builds_gpt(config_) && !input_shape_.empty();
+    const auto shapes = pipeline::infer_boundary_shapes(layers, from_data ? input_shape_ : model_input_shape(config_),
+                                                        builds_gpt(config_) ? at::kLong : from_data ? input_dtype_ : at::kFloat);
     if (config_.pipeline.split.empty()) {
       const auto costs = layer_costs(layers, shapes);
       bounds_ = pipeline::balanced_partition(costs, chunks, stage_scales(chunks));
@@ -495,6 +501,8 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
   }
 
   const TrainConfig config_;
+  std::vector<int64_t> input_shape_;  // one example's, from the data (empty: model_input_shape)
+  at::ScalarType input_dtype_;
   topology::DeviceMesh& mesh_;
   comm::ProcessGroup& pp_;
   comm::ProcessGroup& dp_;

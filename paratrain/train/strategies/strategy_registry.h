@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/ScalarType.h>
+
 #include "paratrain/topology/device_mesh.h"
 #include "paratrain/train/config/config.h"
 #include "paratrain/train/strategies/strategy.h"
@@ -22,6 +24,10 @@ struct StrategyContext {
   topology::DeviceMesh& mesh;
   std::chrono::milliseconds timeout;  // for every collective the strategy issues
   std::filesystem::path run_dir = {};  // the run's version folder (run_dir.h), for files a strategy writes
+  // One training example's shape and dtype (the loaded data's; empty when
+  // unknown: model_input_shape(config) then), where a pipeline cuts.
+  std::vector<int64_t> input_shape = {};
+  at::ScalarType input_dtype = at::kFloat;
 };
 
 using StrategyFactory = std::function<std::unique_ptr<Strategy>(const StrategyContext&)>;
