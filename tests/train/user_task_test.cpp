@@ -288,8 +288,9 @@ TEST(UserTask, ModelsThatCannotBeCutAreAConfigError) {
 }
 
 // A user's torch::nn::Sequential, cut at its children into 2 pipeline stages
-// (issue 30, pipelines of user modules): gpipe and 1f1b with 4 micro-batches
-// train the model one process trains, under the module's own names.
+// (issue 30, pipelines of user modules): gpipe, 1f1b and interleaved 1f1b
+// (2 chunks per rank) with 4 micro-batches train the model one process
+// trains, under the module's own names.
 TEST(UserTask, ASequentialTrainsInPipelineStagesAsOneProcess) {
   const std::string dir = paratrain::testing::temp_dir("user-seq");
   TrainerParts parts;
@@ -306,11 +307,12 @@ TEST(UserTask, ASequentialTrainsInPipelineStagesAsOneProcess) {
   const Params reference = one_rank(user_config(dir, "one", 0), parts);
   EXPECT_EQ(names(reference),
             (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"}));
-  for (const char* schedule : {"gpipe", "1f1b"}) {
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved_1f1b"}) {
     TrainConfig c = user_config(dir, schedule, 0);
     c.parallel.pp = 2;
     c.pipeline.schedule = schedule;
     c.pipeline.microbatches = 4;
+    if (std::string(schedule) == "interleaved_1f1b") c.pipeline.virtual_stages = 2;  // 4 chunks of 6 children
     const Params staged = two_ranks(c, parts);
     ASSERT_EQ(names(staged), names(reference));
     const double diff = relative_diff(staged, reference);
