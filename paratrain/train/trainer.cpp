@@ -8,6 +8,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <tuple>
+#include <utility>
 
 #include <unistd.h>
 
@@ -100,6 +102,17 @@ int64_t program_model_size(Trainer::State& s) {
   return n;
 }
 
+// One training example's shape and dtype, where a pipeline cuts the model
+// (and a staged teacher): the GPT's window of token ids, else the loaded
+// data's example (a program's own data), else the config's built-in shape.
+std::pair<std::vector<int64_t>, at::ScalarType> example_input(const Trainer::State& s) {
+  const auto& c = s.config;
+  if (builds_gpt(c) || !s.datasets.train.inputs.defined())
+    return {model_input_shape(c), builds_gpt(c) ? at::kLong : at::kFloat};
+  const auto& inputs = s.datasets.train.inputs;
+  return {inputs.sizes().slice(1).vec(), inputs.scalar_type()};
+}
+
 // A program's own model is trained whole or, a torch::nn::Sequential, cut
 // into pipeline stages at its children: tensor and context parallelism
 // shard a paratrain model's matrices.
@@ -119,10 +132,7 @@ void check_parts(const TrainConfig& c, const TrainerParts& parts) {
 void build_model_and_optimizer(Trainer::State& s) {
   const auto& c = s.config;
   StrategyContext context{s.config, *s.mesh, s.timeout(), s.run_dir};
-  if (s.datasets.train.inputs.defined()) {  // a pipeline's boundary shapes follow the data's examples
-    context.input_shape = s.datasets.train.inputs.sizes().slice(1).vec();
-    context.input_dtype = s.datasets.train.inputs.scalar_type();
-  }
+  std::tie(context.input_shape, context.input_dtype) = example_input(s);
   s.strategy = make_strategy(train::strategy_name(c), context);
   // The same seed on every rank: each builds the single-process model's
   // initial weights (replicas are also broadcast from rank 0).
@@ -165,8 +175,7 @@ void build_run(Trainer::State& s, TrainerParts& parts) {
     placement.shard = train::strategy_name(c) == "fsdp";
     placement.dp = &s.dp();
     placement.pp = &s.mesh->group(Axis::kPp);
-    placement.example_shape = model_input_shape(c);
-    placement.input_dtype = builds_gpt(c) ? at::kLong : at::kFloat;
+    std::tie(placement.example_shape, placement.input_dtype) = example_input(s);
     placement.timeout = s.timeout();
     s.teacher = std::make_unique<Teacher>(find_teacher(c.distill.teacher, c), placement);
   }

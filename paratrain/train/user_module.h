@@ -68,18 +68,23 @@ class AdoptedModule final : public models::Model {
 
   /// A torch::nn::Sequential is a pipeline's list of layers: one per child,
   /// named as its parameters are ("0", "1", ...), each running the child's
-  /// forward. Any other module cannot be cut (empty).
+  /// forward (each child must take and return one tensor). Each layer holds
+  /// only its own child, so a stage keeps only its layers. Any other module
+  /// cannot be cut (empty).
   std::vector<models::Layer> layers() override {
     std::vector<models::Layer> out;
     if constexpr (std::is_same_v<M, torch::nn::SequentialImpl>) {
       const auto children = inner_->named_children();
+      if (children.size() != inner_->size()) return out;  // not the plain list of children it should be
       for (size_t i = 0; i < children.size(); ++i) {
         const std::string name = children[i].key();
+        // A copy of the AnyModule shares the child; the lambda holds no other.
+        torch::nn::AnyModule child = *(inner_->begin() + static_cast<std::ptrdiff_t>(i));
         out.push_back({.name = name,
                        .modules = {{name, children[i].value()}},
-                       .forward = [seq = inner_, i](const at::Tensor& x) {
+                       .forward = [child](const at::Tensor& x) mutable {
                          at::Tensor in = x;
-                         return (seq->begin() + static_cast<std::ptrdiff_t>(i))->template forward<at::Tensor>(in);
+                         return child.forward<at::Tensor>(in);
                        }});
       }
     }

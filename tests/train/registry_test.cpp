@@ -1,8 +1,9 @@
 // User models and datasets in the Trainer (train/registry.h): a registered
 // name passes config validation and builds what its factory returns; a
 // ZeRO-3 run over 2 ranks on a registered model and dataset equals one
-// process on the global batch; built-in names cannot be replaced; pipeline
-// stages refuse registered models with a ConfigError.
+// process on the global batch; built-in names cannot be replaced; a
+// registered Sequential on a registered dataset trains in pipeline stages as
+// one process does; a registered model that lists no layers is refused.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -11,6 +12,7 @@
 #include "paratrain/train/config/config.h"
 #include "paratrain/train/registry.h"
 #include "paratrain/train/trainer.h"
+#include "paratrain/train/user_module.h"
 #include "tests/support/multi_rank.h"
 
 namespace {
@@ -37,6 +39,11 @@ paratrain::data::TensorDataset rows(int64_t n, uint64_t seed) {
 
 void register_test_names() {
   pt::register_model("test_two_layer", [](const pt::TrainConfig&) { return std::make_shared<TwoLayer>(); });
+  pt::register_model("test_sequential", pt::any_module([](const pt::TrainConfig&) {
+                       return torch::nn::Sequential(torch::nn::Linear(4, 16), torch::nn::Tanh(),
+                                                    torch::nn::Linear(16, 16), torch::nn::Tanh(),
+                                                    torch::nn::Linear(16, 3));
+                     }));
   pt::register_dataset("test_rows", [](const pt::TrainConfig& c) {
     return pt::Datasets{rows(256, c.run.seed + 1), rows(64, c.run.seed + 2)};
   });
@@ -115,3 +122,34 @@ TEST(Registry, ZeroThreeOnTwoRanksEqualsOneProcess) {
 }
 
 }  // namespace
+
+// A registered Sequential on a registered dataset (4 numbers per example, not
+// an image) in 2 pipeline stages: the stages are cut at the data's shape,
+// and 1f1b over 2 ranks trains the model one process trains.
+TEST(Registry, ARegisteredSequentialTrainsInPipelineStages) {
+  const auto dir = paratrain::testing::temp_dir("registry_pp");
+  auto one = config(dir + "/one");
+  one.model.kind = "test_sequential";
+  one.data.batch_size = 32;
+  one.train.epochs = 1;
+  std::vector<at::Tensor> expected;
+  paratrain::testing::run_ranks(1, [&](paratrain::comm::ProcessGroup& g) {
+    pt::Trainer t(one, g);
+    t.fit();
+    expected = weights(t);
+  });
+  auto staged = one;
+  staged.run.output_dir = dir + "/pp";
+  staged.parallel.pp = 2;
+  staged.pipeline.schedule = "1f1b";
+  staged.pipeline.microbatches = 4;
+  std::vector<at::Tensor> got;
+  paratrain::testing::run_ranks(2, [&](paratrain::comm::ProcessGroup& g) {
+    pt::Trainer t(staged, g);
+    t.fit();
+    auto w = weights(t);
+    if (g.rank() == 0) got = std::move(w);
+  });
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::allclose(got[i], expected[i], 1e-5, 1e-6)) << i;
+}

@@ -20,8 +20,9 @@ class Model;
 namespace paratrain::train {
 
 /// The model's layers in forward order for adaptive freezing: Model::layers()
-/// (each with the modules it owns), or the top-level modules when the model
-/// cannot be cut (a program's own module, in registration order). `frozen`:
+/// (each with the modules it owns; a program's Sequential: its children), or
+/// the top-level modules when the model cannot be cut (a program's own
+/// module, in registration order). `frozen`:
 /// freeze.modules, which marks a layer frozen when it covers all its modules.
 std::vector<FreezeLayer> freeze_layers(models::Model& model, const std::vector<std::string>& frozen);
 

@@ -117,8 +117,8 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     const int chunks = shape_.stages * shape_.virtual_stages;
     // A GPT reads token ids (model_input_shape: one window); other models
     // the loaded data's examples (a program's own data and module).
-    const bool from_data = !builds_gpt(config_) && !input_shape_.empty();
-    const auto shapes = pipeline::infer_boundary_shapes(layers, from_data ? input_shape_ : model_input_shape(config_),
+    const bool from_data = !builds_gpt(config_) && input_shape_.has_value();
+    const auto shapes = pipeline::infer_boundary_shapes(layers, from_data ? *input_shape_ : model_input_shape(config_),
                                                         builds_gpt(config_) ? at::kLong : from_data ? input_dtype_ : at::kFloat);
     if (config_.pipeline.split.empty()) {
       const auto costs = layer_costs(layers, shapes);
@@ -501,7 +501,7 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
   }
 
   const TrainConfig config_;
-  std::vector<int64_t> input_shape_;  // one example's, from the data (empty: model_input_shape)
+  std::optional<std::vector<int64_t>> input_shape_;  // one example's, from the data (nullopt: model_input_shape)
   at::ScalarType input_dtype_;
   topology::DeviceMesh& mesh_;
   comm::ProcessGroup& pp_;

@@ -360,7 +360,7 @@ class PsStrategy final : public DataParallelStrategy, public DynamicBatches {
 
   // Note [Pulling during the forward]
   // LibTorch's C++ modules have no forward pre-hooks, but models::Model can
-  // list its layers (Model::layers(): MLP, CNN, GPT), whose composition is
+  // list its layers (Model::layers(): MLP, CNN, GPT, a program's Sequential), whose composition is
   // its forward. With ps.overlap and a pull due, the forward runs them one by
   // one and waits, just before each, for the answers holding the key ranges
   // of the parameters it is the first to read (its modules' and the tied

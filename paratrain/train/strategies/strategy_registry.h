@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,9 +25,10 @@ struct StrategyContext {
   topology::DeviceMesh& mesh;
   std::chrono::milliseconds timeout;  // for every collective the strategy issues
   std::filesystem::path run_dir = {};  // the run's version folder (run_dir.h), for files a strategy writes
-  // One training example's shape and dtype (the loaded data's; empty when
-  // unknown: model_input_shape(config) then), where a pipeline cuts.
-  std::vector<int64_t> input_shape = {};
+  // One training example's shape and dtype, where a pipeline cuts (the
+  // loaded data's; the GPT's window of token ids; nullopt when unknown:
+  // model_input_shape(config) then). A shape may be empty (a scalar example).
+  std::optional<std::vector<int64_t>> input_shape = std::nullopt;
   at::ScalarType input_dtype = at::kFloat;
 };
 
