@@ -67,6 +67,7 @@ using optim::GradScaler;
 using optim::GradScalerOptions;
 
 /// The Trainer, its TOML config, and names for user models and datasets.
+using models::Layer;  ///< a Model's layers() (pipeline stages)
 using models::Model;
 using train::DatasetBuilder;
 using train::Datasets;

@@ -1,8 +1,9 @@
 // The Trainer with a user's own model and dataset: register them under a
 // name, then a TOML config names them (model.kind, data.dataset) and every
 // other key (zero.stage, optimizer, lr schedule, checkpoints, resume) works
-// as for the built-in models. Usage: trainer_custom_model CONFIG [key=value...]
-// paratrain-specific: 12 of 45 code lines (those naming paratrain or the world, and
+// as for the built-in models; with layers() it is cut into pipeline stages
+// too (parallel.pp = 2). Usage: trainer_custom_model CONFIG [key=value...]
+// paratrain-specific: 14 of 54 code lines (those naming paratrain or the world, and
 // the model's override; blank and comment lines not counted).
 #include <paratrain/paratrain.h>
 #include <torch/torch.h>
@@ -20,6 +21,17 @@ class SpiralNet : public paratrain::Model {
     out_ = register_module("out", torch::nn::Linear(hidden, 3));
   }
   at::Tensor forward(const at::Tensor& x) override { return out_(torch::tanh(fc2_(torch::tanh(fc1_(x))))); }
+  // Optional: the same forward as a list of layers, so parallel.pp can cut
+  // the model into pipeline stages (each layer names the modules it owns).
+  std::vector<paratrain::Layer> layers() override {
+    auto layer = [](std::string name, torch::nn::Linear m, bool tanh) {
+      return paratrain::Layer{.name = name, .modules = {{name, m.ptr()}}, .forward = [m, tanh](const at::Tensor& x) mutable {
+                                auto y = m->forward(x);
+                                return tanh ? torch::tanh(y) : y;
+                              }};
+    };
+    return {layer("fc1", fc1_, true), layer("fc2", fc2_, true), layer("out", out_, false)};
+  }
 
  private:
   torch::nn::Linear fc1_{nullptr}, fc2_{nullptr}, out_{nullptr};

@@ -57,6 +57,11 @@ grep -q 'FSDP on 2 ranks' fsdp.log
 "$cli" launch --nproc-per-node 2 -- "$work/examples/trainer_custom_model/trainer_custom_model" \
   "$src/examples/trainer_custom_model/spirals.toml" train.epochs=1 zero.stage=3 run.output_dir="$work/runs" | tee trainer.log
 grep -q 'test accuracy' trainer.log
+# The same registered model in 2 pipeline stages (it lists its layers()).
+"$cli" launch --nproc-per-node 2 -- "$work/examples/trainer_custom_model/trainer_custom_model" \
+  "$src/examples/trainer_custom_model/spirals.toml" train.epochs=1 parallel.pp=2 pipeline.microbatches=4 \
+  run.name=spirals_pp run.output_dir="$work/runs" | tee trainer_pp.log
+grep -q 'pipeline (1f1b, 2 stages.*test accuracy' trainer_pp.log
 
 # The Trainer on the program's own module and loss, 2 ranks under ZeRO-2.
 "$cli" launch --nproc-per-node 2 -- "$work/examples/trainer_own_loss/trainer_own_loss" \
