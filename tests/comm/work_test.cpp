@@ -243,6 +243,9 @@ TEST(Work, AbortReachesSubgroups) {
   run_ranks(2, [&](ProcessGroup& pg) {
     auto sub = pg.new_subgroup({0, 1});
     ASSERT_TRUE(sub);
+    // Both ends connected before rank 1 leaves: without it rank 0 could still
+    // be connecting the sub-group when rank 1's closes (seen once under load).
+    sub->barrier()->wait();
     if (pg.rank() != 0) return;
     pg.abort();
     auto t = torch::ones({2});
