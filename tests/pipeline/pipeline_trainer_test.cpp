@@ -384,7 +384,7 @@ std::vector<int> layers_per_stage(const std::filesystem::path& checkpoint) {
 }
 
 // pipeline.balance = "rank_speed" (Note [Stages by rank speed] in
-// paratrain/train/strategies/pipeline_strategy.cpp): chunk j's cost is scaled
+// paratrain/train/strategies/pipeline_parts.cpp): chunk j's cost is scaled
 // by its stage's slowness: a 3x slower second stage gets a quarter of
 // uniform layers; scales of 1 change nothing.
 TEST(RankSpeedPartition, ScalesEachChunksCost) {

@@ -3,7 +3,13 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
+#include <string>
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include "paratrain/core/error.h"
 #include "paratrain/train/batch_size.h"
@@ -74,6 +80,35 @@ at::Tensor from_last_stage(const at::Tensor& t, const std::vector<int64_t>& shap
   at::Tensor out = t.defined() ? t.to(at::kFloat).reshape(shape).contiguous().clone() : torch::empty(shape);
   pp.broadcast(out, pp.size() - 1)->wait(timeout);
   return out;
+}
+
+// Note [Stages by rank speed]
+// pipeline.balance = "rank_speed": the layer costs are the measured times
+// (as "time": the per-layer minimum over ranks, the cost's shape), and
+// chunk j's cost is scaled by how slow its stage's ranks are: each rank's
+// own time for the whole model's layers (profile.test_slow_factor counts,
+// as it does in training), the slowest replica of each stage (a max over
+// dp: a step waits for it), over the fastest stage. The min-max partition
+// then gives a stage twice as slow about half the work.
+std::vector<double> rank_speed_scales(double own_seconds, int chunks, comm::ProcessGroup& dp, comm::ProcessGroup& pp,
+                                      std::chrono::milliseconds timeout, bool log) {
+  at::Tensor t = torch::tensor({own_seconds}, torch::kDouble);
+  dp.all_reduce(t, comm::ReduceOp::kMax)->wait(timeout);
+  at::Tensor stages = torch::empty({pp.size()}, torch::kDouble);
+  pp.all_gather(stages, t)->wait(timeout);
+  const std::vector<double> per_stage(stages.data_ptr<double>(), stages.data_ptr<double>() + pp.size());
+  const double fastest = *std::min_element(per_stage.begin(), per_stage.end());
+  if (!(fastest > 0) || !std::isfinite(*std::max_element(per_stage.begin(), per_stage.end()))) return {};
+  std::vector<double> scales;
+  for (int j = 0; j < chunks; ++j) scales.push_back(per_stage[static_cast<size_t>(j % pp.size())] / fastest);
+  if (log) {
+    std::vector<std::string> shown;
+    for (double s : per_stage) shown.push_back(fmt::format("{:.3g}", 1e3 * s));
+    spdlog::info("pipeline.balance = rank_speed: the model's layers take [{}] ms on the stages' slowest ranks; "
+                 "each stage's chunks are weighted by it",
+                 fmt::join(shown, ", "));
+  }
+  return scales;
 }
 
 }  // namespace paratrain::train::strategies

@@ -1,8 +1,9 @@
 // What the strategies that run pipeline stages share (the pipeline strategy,
 // and the megatron strategy with parallel.pp > 1): the schedule's shape from
 // the config, this rank's chunks from a partition, the executor's options,
-// DDP on each chunk through the executor's hooks, and values the last stage
-// holds handed to every stage.
+// DDP on each chunk through the executor's hooks, values the last stage
+// holds handed to every stage, and the stage weights of pipeline.balance =
+// "rank_speed".
 #pragma once
 
 #include <chrono>
@@ -22,6 +23,14 @@ namespace paratrain::train::strategies {
 // validated; ConfigError when pipeline.microbatches does not divide the
 // batch each of the `dp` pipeline replicas computes.
 pipeline::ScheduleOptions pipeline_shape(const TrainConfig& config, int stages, int dp);
+
+// pipeline.balance = "rank_speed" (Note [Stages by rank speed] in
+// pipeline_parts.cpp): each of `chunks` chunks' cost scale, from this rank's
+// own time for the whole model's layers (`own_seconds`, a test slowdown
+// included). Collective over dp and pp; the same on every rank; empty when
+// a time is not positive and finite. `log`: this rank logs the stage times.
+std::vector<double> rank_speed_scales(double own_seconds, int chunks, comm::ProcessGroup& dp, comm::ProcessGroup& pp,
+                                      std::chrono::milliseconds timeout, bool log);
 
 // This rank's chunks: model chunk i * stages + stage for each virtual stage
 // i, holding layers [bounds[mc], bounds[mc + 1]).

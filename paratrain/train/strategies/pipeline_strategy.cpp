@@ -122,7 +122,12 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
                                                         builds_gpt(config_) ? at::kLong : from_data ? input_dtype_ : at::kFloat);
     if (config_.pipeline.split.empty()) {
       const auto costs = layer_costs(layers, shapes);
-      bounds_ = pipeline::balanced_partition(costs, chunks, stage_scales(chunks));
+      const double slow = config_.profile.test_slow_rank == mesh_.world().rank() ? config_.profile.test_slow_factor : 1.0;
+      const auto scales = config_.pipeline.balance == "rank_speed"
+                              ? rank_speed_scales(own_model_seconds_ * slow, chunks, dp_, pp_, timeout_,
+                                                  /*log=*/mesh_.world().rank() == 0)
+                              : std::vector<double>{};
+      bounds_ = pipeline::balanced_partition(costs, chunks, scales);
     } else {
       bounds_ = pipeline::explicit_partition(config_.pipeline.split, static_cast<int>(layers.size()), chunks);
     }
@@ -347,39 +352,6 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     at::Tensor t = torch::tensor(mine, torch::kDouble);
     world.all_reduce(t, comm::ReduceOp::kMin)->wait(timeout_);
     return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
-  }
-
-  // Note [Stages by rank speed]
-  // pipeline.balance = "rank_speed": the layer costs are the measured times
-  // (as "time": the per-layer minimum over ranks, the cost's shape), and
-  // chunk j's cost is scaled by how slow its stage's ranks are: each rank's
-  // own time for the whole model's layers (profile.test_slow_factor counts,
-  // as it does in training), the slowest replica of each stage (a max over
-  // dp: a step waits for it), over the fastest stage. The min-max partition
-  // then gives a stage twice as slow about half the work. Collective over
-  // dp and pp; the same scales on every rank.
-  std::vector<double> stage_scales(int chunks) {
-    if (config_.pipeline.balance != "rank_speed") return {};
-    double mine = own_model_seconds_;
-    const ProfileConfig& p = config_.profile;
-    if (p.test_slow_factor > 1 && p.test_slow_rank == mesh_.world().rank()) mine *= p.test_slow_factor;
-    at::Tensor t = torch::tensor({mine}, torch::kDouble);
-    dp_.all_reduce(t, comm::ReduceOp::kMax)->wait(timeout_);
-    at::Tensor stages = torch::empty({pp_.size()}, torch::kDouble);
-    pp_.all_gather(stages, t)->wait(timeout_);
-    const std::vector<double> per_stage(stages.data_ptr<double>(), stages.data_ptr<double>() + pp_.size());
-    const double fastest = *std::min_element(per_stage.begin(), per_stage.end());
-    if (!(fastest > 0) || !std::isfinite(*std::max_element(per_stage.begin(), per_stage.end()))) return {};
-    std::vector<double> scales;
-    for (int j = 0; j < chunks; ++j) scales.push_back(per_stage[static_cast<size_t>(j % pp_.size())] / fastest);
-    if (mesh_.world().rank() == 0) {
-      std::vector<std::string> shown;
-      for (double s : per_stage) shown.push_back(fmt::format("{:.3g}", 1e3 * s));
-      spdlog::info("pipeline.balance = rank_speed: the model's layers take [{}] ms on the stages' slowest ranks; "
-                   "each stage's chunks are weighted by it",
-                   fmt::join(shown, ", "));
-    }
-    return scales;
   }
 
   // A tied copy is loaded like every slot but written by the first stage only.
