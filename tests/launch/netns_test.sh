@@ -100,19 +100,8 @@ guard=240       # `timeout` on every launch: a hang fails the case
 # every step logged so the harness can act at a chosen step.
 common=(--set train.epochs=1 --set train.checkpoint_every_steps=50 --set run.log_every=1
   --set "world.timeout_s=$timeout_s" --set world.backend=gloo)
-failures=0
-
-fail() {
-  echo "FAIL [$case]: $*" >&2
-  failures=$((failures + 1))
-}
-# Prints the log of a failed check: its errors first (a CI report keeps
-# only part of a long output), then its last lines.
-show() {
-  echo "---- $1"
-  grep -a "error" "$1" | grep -v "^\[[0-9]*\]: \[.*\] \[info\]" | head -n 5 | cut -c1-600 | sed 's/^/  error line: /'
-  tail -n "${2:-25}" "$1"
-}
+# fail, show and the failure count.
+. "$(dirname "$0")/check_report.sh"
 
 # launch NODE OUT_DIR LOG [launch flags...] [-- train --set...]: one node's launcher, in the background.
 launch() {

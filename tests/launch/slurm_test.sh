@@ -108,15 +108,8 @@ done
 echo "private Slurm cluster up: $(sinfo -h -o '%P %a %D %T %N'), controller on port $ctld_port"
 
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-failures=0
-fail() {
-  echo "FAIL [$case]: $*" >&2
-  failures=$((failures + 1))
-}
-show() {
-  echo "---- $1"
-  tail -n "${2:-20}" "$1"
-}
+# fail, show and the failure count.
+. "$(dirname "$0")/check_report.sh"
 
 # The batch script of docs/launchers.md: srun the training, requeue on 75.
 cat >"$dir/job.sh" <<EOF
