@@ -165,12 +165,13 @@ void ShareBalancer::at_step_end() {
   compute_s_ = waited_s_ = step_s_ = 0;
   examples_ = steps_ = 0;
   const auto rows = all.view({dp.size(), mine.numel()});
-  std::vector<double> per_example, compute_ms, waited_ms;
+  std::vector<double> per_example, compute_ms, waited_ms, step_ms;
   for (int r = 0; r < dp.size(); ++r) {
     const auto row = rows[r];
     const double steps = std::max(row[4].item<double>(), 1.0);
     per_example.push_back(row[0].item<double>() / std::max(row[3].item<double>(), 1.0));
     compute_ms.push_back(1e3 * row[0].item<double>() / steps);
+    step_ms.push_back(1e3 * row[2].item<double>() / steps);
     waited_ms.push_back(1e3 * row[1].item<double>() / steps);
   }
   const std::vector<int64_t> before = s_.batch.shares;
@@ -195,7 +196,7 @@ void ShareBalancer::at_step_end() {
                  ms(per_example, 1e3), ms(waited_ms, 1));
   }
   s_.log_record({{"kind", "balance"}, {"step", s_.step}, {"shares", before}, {"new_shares", after},
-                 {"compute_ms", compute_ms}, {"collective_ms", waited_ms}, {"ms_per_example", [&] {
+                 {"compute_ms", compute_ms}, {"collective_ms", waited_ms}, {"step_ms", step_ms}, {"ms_per_example", [&] {
                     std::vector<double> v;
                     for (double t : per_example) v.push_back(1e3 * t);
                     return v;
