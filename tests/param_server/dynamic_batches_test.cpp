@@ -61,7 +61,9 @@ Taken run_windows(int servers) {
       queue.begin_window(w, kWorkers, windows[i].first, windows[i].second);
       bool last = false;
       for (int64_t item = queue.next(-1, last); item >= 0; item = queue.next(worker.assigned_item(), last)) {
-        if (w == 0) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        // A decisive straggler: at 30 ms a fast worker starved by a loaded
+        // 2-core machine once took no more than it (issue 23).
+        if (w == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
         params[0].mutable_grad() = torch::full({6, 2}, static_cast<float>(item));
         worker.set_last_push(last);
         worker.push_pull();
