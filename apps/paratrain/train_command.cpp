@@ -16,6 +16,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "apps/paratrain/commands.h"
@@ -31,6 +32,9 @@
 #include "paratrain/core/env.h"
 #include "paratrain/core/error.h"
 #include "paratrain/core/logging.h"
+#include "paratrain/core/memory_meter.h"
+#include "paratrain/models/recompute.h"
+#include "paratrain/core/atomic_file.h"
 #include "paratrain/train/config/config.h"
 #include "paratrain/train/recovery/restart_resume.h"
 #include "paratrain/train/trainer.h"
@@ -226,6 +230,9 @@ Command add_train_command(CLI::App& app) {
         }
       }
     }
+    // `paratrain plan --measure`: the peak of tensor storage, written per rank at the end.
+    const auto meter_dir = env::get("PARATRAIN_MEMORY_METER");
+    if (meter_dir) core::install_memory_meter();
     const auto kill_step = fault_step(world, "PARATRAIN_FAULT_KILL", "kills");
     const auto stop_step = fault_step(world, "PARATRAIN_FAULT_STOP", "stops");
     // Ranks share the machine's cores; one compute thread each unless the
@@ -290,6 +297,17 @@ Command add_train_command(CLI::App& app) {
       group->barrier()->wait();
       return kPreemptedExitCode;
     }
+    if (meter_dir) {
+      const auto m = core::memory_meter();
+      const nlohmann::json reading = {{"rank", world.rank},
+                                      {"baseline_bytes", m.baseline_bytes},
+                                      {"peak_bytes", m.peak_bytes},
+                                      {"training_peak_bytes", m.peak_bytes - m.baseline_bytes}};
+      write_file_atomically(std::filesystem::path(*meter_dir) / fmt::format("rank_{}.json", world.rank),
+                                  reading.dump() + "\n");
+    }
+    if (result.rank == 0 && (config.train.activation_checkpointing != "none" || config.pipeline.checkpoint_activations))
+      spdlog::info("recomputed in backward: {} segments on this rank", models::recomputed_segments());
     if (result.rank == 0) {  // after an in-job recovery: the re-elected rank 0
       std::string acc = result.test.count > 0 ? fmt::format("test accuracy {:.2f}% (loss {:.4f})",
                                                             100 * result.test.accuracy, result.test.loss)

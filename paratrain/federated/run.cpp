@@ -101,6 +101,11 @@ FederatedResult run_in(const train::TrainConfig& config, comm::ProcessGroup& wor
   // broadcasts them), this only keeps the ranks' copies alike from the start.
   torch::manual_seed(config.run.seed);
   std::shared_ptr<models::Model> model = train::make_model(config);
+  if (config.train.activation_checkpointing != "none") {
+    // Clients train with recomputed layers as the Trainer's ranks do (the
+    // same names and weights: the wrapper adopts the model's modules).
+    model = std::make_shared<models::RecomputedModel>(std::move(model), train::recompute_policy(config));
+  }
   FederatedRun run(config, world, model, datasets.train);
   if (!server) {
     // A client host serves the server's rounds until it stops the run.

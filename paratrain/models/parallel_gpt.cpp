@@ -82,6 +82,7 @@ struct ParallelGpt::Parts {
   std::vector<std::shared_ptr<BlockParams>> block_list;
   torch::nn::LayerNorm ln_f{nullptr};
   at::Generator attention_dropout;  // this tp rank's in-region stream
+  std::vector<int> segment_of;      // activation checkpointing of layers() (empty: none)
 };
 
 ParallelGpt::ParallelGpt(ParallelGptOptions o) : Model("ParallelGpt"), options_(o), parts_(std::make_shared<Parts>()) {
@@ -118,6 +119,14 @@ ParallelGpt::ParallelGpt(ParallelGptOptions o) : Model("ParallelGpt"), options_(
   }
   p.ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({g.d_model})));
   p.attention_dropout = tpl::make_region_generator(o.seed, o.tp.rank());
+  // Replayed by every recompute of this model's layers: activation
+  // checkpointing's, and a pipeline chunk's (pipeline.checkpoint_activations).
+  options_.recompute.generators.push_back(p.attention_dropout);
+  if (options_.recompute.enabled()) {
+    std::vector<std::string> names;
+    for (const auto& layer : layers()) names.push_back(layer.name);
+    p.segment_of = recompute_segments(names, options_.recompute);
+  }
 }
 
 std::vector<at::Tensor> ParallelGpt::sequence_parallel_params() const {
@@ -212,6 +221,7 @@ at::Tensor ParallelGpt::forward(const at::Tensor& tokens) {
   const bool use_sp = options_.megatron_sp;
   const sp::SequenceParallelContext spc{tp.group, /*seq_dim=*/1, tp.timeout};
   TORCH_CHECK(tokens.dim() == 2, "ParallelGpt expects token ids [batch, seq / cp], got shape ", tokens.sizes());
+  if (!p.segment_of.empty()) return run_layers(layers(), tokens, p.segment_of, options_.recompute.generators);
   const int64_t s = tokens.size(1);
   const int64_t offset = static_cast<int64_t>(cp_rank()) * s;
   TORCH_CHECK(s >= 1 && offset + s <= g.seq_len, "ParallelGpt: chunk of ", s, " tokens at cp rank ", cp_rank(),

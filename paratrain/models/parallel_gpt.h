@@ -23,6 +23,7 @@
 #include "paratrain/comm/process_group.h"
 #include "paratrain/models/gpt.h"
 #include "paratrain/models/model.h"
+#include "paratrain/models/recompute.h"
 #include "paratrain/tensor_parallel/context.h"
 
 namespace paratrain::models {
@@ -40,6 +41,10 @@ struct ParallelGptOptions {
   // Base seed of the per-tp-rank stream for attention dropout
   // (tensor_parallel/random.h).
   uint64_t seed = 0;
+  // Activation checkpointing of the layers (recompute.h). The model adds
+  // its attention dropout stream to recompute.generators whatever the mode:
+  // options().recompute is what a pipeline chunk of it replays.
+  RecomputePolicy recompute = {};
 };
 
 class ParallelGpt : public Model {
@@ -67,6 +72,8 @@ class ParallelGpt : public Model {
   // biases): sum their gradients over tp after backward. Empty without SP.
   std::vector<at::Tensor> sequence_parallel_params() const;
 
+  // options().recompute with this rank's attention dropout stream among its
+  // generators: what a pipeline chunk of this model replays.
   const ParallelGptOptions& options() const { return options_; }
   int cp_rank() const { return options_.cp ? options_.cp->rank() : 0; }
   int cp_size() const { return options_.cp ? options_.cp->size() : 1; }

@@ -17,6 +17,7 @@
 #include "paratrain/core/autocast.h"
 #include "paratrain/core/error.h"
 #include "paratrain/core/phase.h"
+#include "paratrain/models/recompute.h"
 
 namespace paratrain::pipeline {
 namespace {
@@ -56,6 +57,7 @@ struct Held {
   at::Tensor output;  // with its graph (not kept when recomputing)
   at::Tensor loss;    // last model chunk only
   int64_t bytes = 0;
+  models::RandomStates random;  // checkpoint_activations: what the forward drew from, for the recompute
 };
 
 thread_local LossRows loss_rows;  // Note [The rows of a micro-batch's loss]
@@ -180,6 +182,7 @@ StepReport Executor::train_step(const at::Tensor& inputs, const at::Tensor& targ
         PhaseScope phase(kPhaseForward);
         core::AutocastGuard autocast(options_.autocast);
         if (options_.checkpoint_activations || frozen) {
+          if (!frozen) h.random = models::RandomStates::capture(x.device(), c.module->generators());
           torch::NoGradGuard no_grad;
           out = boundary(c.module->forward(x), mc, last_model_chunk);
           h.bytes = frozen ? 0 : bytes_of(x);
@@ -213,15 +216,23 @@ StepReport Executor::train_step(const at::Tensor& inputs, const at::Tensor& targ
     const bool last_backward = --backwards_left[a.chunk] == 0;
     if (mc < options_.frozen_chunks) continue;  // a frozen prefix: nothing to compute or send
     if (hooks.before_backward) hooks.before_backward(a.chunk, last_backward);
+    // BatchNorm's statistics move once per forward: put back after this
+    // backward what the recompute moved (Note [Recompute in backward]).
+    std::optional<models::KeepBuffers> keep;
     if (options_.checkpoint_activations) {
       Timeline::Scope s(rec, {EventKind::kRecompute, step, mb, a.chunk});
       core::AutocastGuard autocast(options_.autocast);
-      at::Tensor out = boundary(c.module->forward(h.input), mc, last_model_chunk);
-      if (mc == last_model_chunk) {
-        h.loss = weighted_loss(out, mb);
-      } else {
-        h.output = out;
-      }
+      // The same dropout as the forward.
+      keep.emplace(c.module->buffers());
+      models::count_recompute();
+      h.random.replay([&] {
+        at::Tensor out = boundary(c.module->forward(h.input), mc, last_model_chunk);
+        if (mc == last_model_chunk) {
+          h.loss = weighted_loss(out, mb);
+        } else {
+          h.output = out;
+        }
+      });
     }
     at::Tensor grad;
     if (mc != last_model_chunk) {

@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "paratrain/models/recompute.h"
+
 namespace paratrain::pipeline {
 namespace {
 
@@ -41,20 +43,22 @@ void register_path(torch::nn::Module& root, const std::string& path, const std::
 
 }  // namespace
 
-StageModule::StageModule(std::vector<models::Layer> layers) : torch::nn::Module("PipelineStage"), layers_(std::move(layers)) {
+StageModule::StageModule(std::vector<models::Layer> layers, std::vector<int> segment_of,
+                         std::vector<at::Generator> generators)
+    : torch::nn::Module("PipelineStage"),
+      layers_(std::move(layers)),
+      segment_of_(std::move(segment_of)),
+      generators_(std::move(generators)) {
   TORCH_CHECK(!layers_.empty(), "a pipeline chunk needs at least one layer");
+  TORCH_CHECK(segment_of_.empty() || segment_of_.size() == layers_.size(), "a pipeline chunk of ", layers_.size(),
+              " layers got ", segment_of_.size(), " recompute segment ids");
   for (const auto& layer : layers_) {
     for (const auto& [name, module] : layer.modules) register_path(*this, name, module);
   }
 }
 
 at::Tensor StageModule::forward(const at::Tensor& x, int64_t* activation_bytes) {
-  at::Tensor h = x;
-  for (const auto& layer : layers_) {
-    h = layer.forward(h);
-    if (activation_bytes != nullptr) *activation_bytes += h.numel() * static_cast<int64_t>(h.element_size());
-  }
-  return h;
+  return models::run_layers(layers_, x, segment_of_, generators_, activation_bytes);
 }
 
 std::string StageModule::describe() const {

@@ -4,6 +4,7 @@
 // partitioning (partition.h) or the schedule that runs chunks (executor.h).
 #pragma once
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -20,20 +21,29 @@ namespace paratrain::pipeline {
 
 class StageModule : public torch::nn::Module {
  public:
-  // `layers`: the chunk's layers in order, at least one.
-  explicit StageModule(std::vector<models::Layer> layers);
+  // `layers`: the chunk's layers in order, at least one. `segment_of`: the
+  // activation checkpointing segment of each layer (models/recompute.h: the
+  // chunk's slice of recompute_segments(); empty = none), `generators` the
+  // random streams the layers draw from besides the default one.
+  explicit StageModule(std::vector<models::Layer> layers, std::vector<int> segment_of = {},
+                       std::vector<at::Generator> generators = {});
 
-  // Runs the layers in order. Adds the bytes of every layer output to
-  // `activation_bytes` when given: what autograd keeps alive for backward,
-  // roughly (each layer saves its input or output).
+  // Runs the layers in order, the recomputed segments through
+  // models::run_layers. Adds to `activation_bytes` when given what autograd
+  // keeps alive for backward, roughly: every plain layer's output (each
+  // layer saves its input or output) and every recomputed segment's input.
   at::Tensor forward(const at::Tensor& x, int64_t* activation_bytes = nullptr);
 
   const std::vector<models::Layer>& layers() const { return layers_; }
+  // The random streams the layers draw from besides the default one.
+  const std::vector<at::Generator>& generators() const { return generators_; }
   // "fc2..fc4": for logs.
   std::string describe() const;
 
  private:
   std::vector<models::Layer> layers_;
+  std::vector<int> segment_of_;
+  std::vector<at::Generator> generators_;
 };
 
 // Module names may be dotted paths ("blocks.3"): plain container modules are

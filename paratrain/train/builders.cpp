@@ -16,6 +16,7 @@
 #include "paratrain/optim/lars.h"
 #include "paratrain/data/text.h"
 #include "paratrain/models/model.h"
+#include "paratrain/models/recompute.h"
 #include "paratrain/train/freeze/freezing.h"
 #include "paratrain/train/qat/fake_quant_model.h"
 #include "paratrain/train/registry.h"
@@ -34,6 +35,16 @@ std::function<std::shared_ptr<models::Model>()> seeded_model_factory(const Train
       FrozenSet set = freeze_modules(*model, config.freeze.modules);
       if (frozen) *frozen = std::move(set);
     }
+    if (config.train.activation_checkpointing != "none") {
+      try {
+        model = std::make_shared<models::RecomputedModel>(std::move(model), recompute_policy(config));
+      } catch (const ConfigError&) {
+        throw;
+      } catch (const Error& e) {  // no layers, or a pattern that matches none: the config's to change
+        throw ConfigError(fmt::format("train.activation_checkpointing = \"{}\": {}",
+                                      config.train.activation_checkpointing, e.what()));
+      }
+    }
     if (config.quant.qat) {
       auto qat = std::make_shared<FakeQuantModel>(std::move(model), static_cast<int>(config.quant.weight_bits),
                                                   static_cast<int>(config.quant.activation_bits));
@@ -43,6 +54,18 @@ std::function<std::shared_ptr<models::Model>()> seeded_model_factory(const Train
     if (!device.is_cpu()) model->to(device);
     return model;
   };
+}
+
+models::RecomputePolicy recompute_policy(const TrainConfig& config) {
+  models::RecomputePolicy policy;
+  try {
+    policy.mode = models::parse_recompute_mode(config.train.activation_checkpointing);
+  } catch (const Error& e) {
+    throw ConfigError(fmt::format("train.activation_checkpointing: {}", e.what()));
+  }
+  policy.every_k = config.train.checkpoint_every_k;
+  policy.layers = config.train.checkpoint_layers;
+  return policy;
 }
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c,

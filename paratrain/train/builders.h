@@ -10,6 +10,7 @@
 #include <c10/core/Device.h>
 
 #include "paratrain/data/dataset.h"
+#include "paratrain/models/recompute.h"
 #include "paratrain/optim/layer_norms.h"
 #include "paratrain/optim/lr_schedule.h"
 #include "paratrain/train/batch_size.h"
@@ -61,6 +62,10 @@ optim::LrSchedule make_lr_schedule(const TrainConfig& config, const BatchSizes& 
 std::function<std::shared_ptr<models::Model>()> seeded_model_factory(const TrainConfig& config, c10::Device device,
                                                                      ModelBuilder builder = {},
                                                                      FrozenSet* frozen = nullptr);
+
+// train.activation_checkpointing, checkpoint_every_k and checkpoint_layers
+// as the models' recompute policy (models/recompute.h).
+models::RecomputePolicy recompute_policy(const TrainConfig& config);
 
 struct Datasets {
   data::TensorDataset train;

@@ -2,6 +2,7 @@
 // bytes from the formulas, a table and JSON. No LibTorch: nothing is built.
 #include "paratrain/train/memory_plan.h"
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 
@@ -190,7 +191,10 @@ MemoryPlan plan_memory(const TrainConfig& config, const PlanOptions& options) {
   // stage's layers, which ZeRO then shards over dp (Ψ below).
   const bool gpt = builds_gpt(config);
   const bool split_planned = gpt && (config.parallel.tp > 1 || config.parallel.pp > 1);
-  MemoryPlan plan = plan_memory(parameters_per_rank(config), dp, k, options.memory_gib);
+  const ActivationPlan activations = plan_activations(config, dp);
+  MemoryPlan plan = plan_memory(parameters_per_rank(config), dp, k, options.memory_gib, activations.total_bytes);
+  plan.activations = activations;
+  for (const auto& note : activations.notes) plan.notes.push_back(note);
   plan.model = model_name(config);
   plan.optimizer = o.kind == "sgd" ? fmt::format("sgd (momentum {})", o.momentum) : o.kind;
   plan.tp = config.parallel.tp;
@@ -213,7 +217,8 @@ MemoryPlan plan_memory(const TrainConfig& config, const PlanOptions& options) {
   return plan;
 }
 
-MemoryPlan plan_memory(int64_t parameters, int64_t dp, int64_t state_bytes_per_param, double memory_gib) {
+MemoryPlan plan_memory(int64_t parameters, int64_t dp, int64_t state_bytes_per_param, double memory_gib,
+                       int64_t activation_bytes) {
   if (parameters < 0 || dp < 1 || state_bytes_per_param < 0)
     throw ConfigError(fmt::format("paratrain plan: needs parameters >= 0 ({}), dp >= 1 ({}), K >= 0 ({})",
                                   parameters, dp, state_bytes_per_param));
@@ -228,19 +233,20 @@ MemoryPlan plan_memory(int64_t parameters, int64_t dp, int64_t state_bytes_per_p
   plan.budget_bytes = static_cast<int64_t>(std::floor(memory_gib * kGiB));
   for (int stage = 0; stage <= 3; ++stage) {
     StageMemory s = stage_memory(stage, parameters, dp, state_bytes_per_param);
-    s.fits = plan.budget_bytes == 0 || s.total_bytes <= plan.budget_bytes;
+    s.fits = plan.budget_bytes == 0 || s.total_bytes + activation_bytes <= plan.budget_bytes;
     if (plan.budget_bytes > 0 && s.fits && plan.lowest_fitting_stage < 0) plan.lowest_fitting_stage = stage;
     plan.stages.push_back(s);
   }
   if (plan.budget_bytes > 0 && plan.lowest_fitting_stage < 0) {
     // Stage 3 per rank is ceil(Ψ/N) * (8 + K) bytes: the fewest N that fits.
     const int64_t per_element = 2 * kFp32 + state_bytes_per_param;
-    const int64_t max_elements = plan.budget_bytes / per_element;
+    const int64_t max_elements = std::max<int64_t>(0, plan.budget_bytes - activation_bytes) / per_element;
     if (max_elements > 0) plan.dp_needed_for_stage3 = (parameters + max_elements - 1) / max_elements;
   }
+  plan.activations.modelled = false;  // the config's overload plans them
   plan.notes.push_back(
-      "not counted: activations, buffers, communication buckets, the allocator's overhead and, at stage 3, "
-      "the gathered parameters of the unit being computed");
+      "not counted: buffers, communication buckets, backward's temporaries, the allocator's overhead and, at "
+      "stage 3, the gathered parameters of the unit being computed");
   return plan;
 }
 
@@ -269,17 +275,37 @@ std::string format_plan(const MemoryPlan& p) {
       out += fmt::format("Budget {} per rank: stage {} is the lowest stage that fits ({} per rank; lower "
                          "stages communicate less).\n",
                          human(p.budget_bytes), p.lowest_fitting_stage,
-                         human(p.stages[static_cast<size_t>(p.lowest_fitting_stage)].total_bytes));
+                         human(p.stages[static_cast<size_t>(p.lowest_fitting_stage)].total_bytes +
+                               (p.activations.modelled ? p.activations.total_bytes : 0)));
     } else if (p.dp_needed_for_stage3 > 0) {
       out += fmt::format("Budget {} per rank: no stage fits on {} rank{} (stage 3 needs {}); stage 3 fits with "
                          "at least {} data-parallel ranks.\n",
-                         human(p.budget_bytes), p.dp, p.dp == 1 ? "" : "s", human(p.stages[3].total_bytes),
+                         human(p.budget_bytes), p.dp, p.dp == 1 ? "" : "s",
+                         human(p.stages[3].total_bytes + (p.activations.modelled ? p.activations.total_bytes : 0)),
                          p.dp_needed_for_stage3);
+    } else if (p.activations.modelled && p.activations.total_bytes >= p.budget_bytes) {
+      out += fmt::format("Budget {} per rank: no stage fits, with any number of ranks: the activations alone "
+                         "need {} (smaller micro-batches, train.activation_checkpointing or parallel.tp reduce "
+                         "them).\n",
+                         human(p.budget_bytes), human(p.activations.total_bytes));
     } else {
       out += fmt::format("Budget {} per rank: no stage fits, with any number of ranks (one parameter's "
                          "state alone needs {} bytes).\n",
                          human(p.budget_bytes), 2 * kFp32 + p.state_bytes_per_param);
     }
+  }
+  if (p.activations.modelled) {
+    const auto& a = p.activations;
+    out += fmt::format("Activations (Note [Activation formulas]): {} per micro-batch of {} rows{}, {} in flight{}",
+                       human(a.kept_bytes), a.microbatch_rows,
+                       a.kept_bytes != a.unrecomputed_bytes
+                           ? fmt::format(" ({} without activation checkpointing)", human(a.unrecomputed_bytes))
+                           : "",
+                       a.in_flight, p.pp > 1 ? fmt::format(" on stage {}", a.stage) : "");
+    if (a.recompute_bytes > 0) out += fmt::format(", + {} re-made by one segment's recompute", human(a.recompute_bytes));
+    out += fmt::format(": {} per rank.\n", human(a.total_bytes));
+    out += fmt::format("{:<6} {:>14}\n", "stage", "+ activations");
+    for (const auto& s : p.stages) out += fmt::format("{:<6} {:>14}\n", s.stage, human(s.total_bytes + a.total_bytes));
   }
   for (const auto& note : p.notes) out += "Note: " + note + "\n";
   return out;
@@ -313,6 +339,13 @@ nlohmann::json plan_to_json(const MemoryPlan& p) {
                         {"precision", "fp32"},
                         {"stages", stages},
                         {"notes", p.notes}};
+  if (p.activations.modelled) {
+    const auto& a = p.activations;
+    out["activations"] = {{"microbatch_rows", a.microbatch_rows},   {"stage", a.stage},
+                          {"in_flight", a.in_flight},               {"kept_bytes", a.kept_bytes},
+                          {"recompute_bytes", a.recompute_bytes},   {"total_bytes", a.total_bytes},
+                          {"unrecomputed_bytes", a.unrecomputed_bytes}};
+  }
   if (p.budget_bytes > 0) {
     out["budget_bytes"] = p.budget_bytes;
     out["lowest_fitting_stage"] =

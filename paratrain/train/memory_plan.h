@@ -1,9 +1,10 @@
-// The ZeRO memory planner behind `paratrain plan`: per-rank bytes of
-// parameters, gradients and optimizer state for ZeRO stages 0-3 (arXiv
-// 1910.02054, section 3) from the configured model's parameter count (for
-// the GPT under parallel.tp / pp: what its fullest rank holds).
-// Pure arithmetic: builds no model and measures nothing; activations,
-// buffers, communication buckets and allocator overhead come on top.
+// The memory planner behind `paratrain plan`: per-rank bytes of parameters,
+// gradients and optimizer state for ZeRO stages 0-3 (arXiv 1910.02054,
+// section 3) from the configured model's parameter count (for the GPT under
+// parallel.tp / pp: what its fullest rank holds), plus the activations of a
+// micro-batch (activation_plan.h). Pure arithmetic: builds no model and
+// measures nothing (`paratrain plan --measure` does); buffers,
+// communication buckets and allocator overhead come on top.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "paratrain/train/activation_plan.h"
 #include "paratrain/train/config/config.h"
 
 namespace paratrain::train {
@@ -50,6 +52,7 @@ struct MemoryPlan {
   // When nothing fits: the fewest dp ranks with which stage 3 fits (-1: none can,
   // the budget is below one element's state).
   int64_t dp_needed_for_stage3 = -1;
+  ActivationPlan activations;         // of the fullest rank (unmodelled for the count-only overload)
   std::vector<std::string> notes;     // what the numbers leave out
 };
 
@@ -68,8 +71,10 @@ int64_t parameters_per_rank(const TrainConfig& config);
 // world that parallel.tp * pp * cp does not divide, or a budget <= 0 / not finite.
 MemoryPlan plan_memory(const TrainConfig& config, const PlanOptions& options);
 
-// The same from a parameter count and the optimizer state per parameter (K).
-MemoryPlan plan_memory(int64_t parameters, int64_t dp, int64_t state_bytes_per_param, double memory_gib);
+// The same from a parameter count and the optimizer state per parameter (K);
+// `activation_bytes` per rank count against the budget too.
+MemoryPlan plan_memory(int64_t parameters, int64_t dp, int64_t state_bytes_per_param, double memory_gib,
+                       int64_t activation_bytes = 0);
 
 // A readable table (stage, params, grads, optimizer, total per rank, fits),
 // the formulas, and the verdict on the budget.

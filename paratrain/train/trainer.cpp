@@ -21,6 +21,7 @@
 #include "paratrain/core/atomic_file.h"
 #include "paratrain/core/remove_tree.h"
 #include "paratrain/core/error.h"
+#include "paratrain/core/memory_meter.h"
 #include "paratrain/core/phase.h"
 #include "paratrain/core/process_state.h"
 #include "paratrain/data/loader.h"
@@ -166,6 +167,8 @@ void build_run(Trainer::State& s, TrainerParts& parts) {
   s.mesh = std::make_unique<topology::DeviceMesh>(*s.world, dims);
   s.device = training_device(c, train::strategy_name(c));
   s.datasets = parts.data ? parts.data(c) : load_datasets(c);  // first: a pipeline cuts at the examples' shape
+  // `paratrain plan --measure`: the peak counts from here, the data excluded.
+  if (core::memory_meter_installed()) core::begin_memory_window();
   build_model_and_optimizer(s);
   if (!c.distill.teacher.empty()) {
     // Laid out like the student: sharded under FSDP, in stages under
@@ -210,6 +213,17 @@ void build_run(Trainer::State& s, TrainerParts& parts) {
       spdlog::info("distill: teacher {} ({}, {} parameters), distill.temperature = {:g}, distill.alpha = {:g}",
                    s.teacher->source().checkpoint.string(), s.teacher->source().config.model.kind,
                    s.teacher->parameter_count(), c.distill.temperature, c.distill.alpha);
+    }
+    if (c.train.activation_checkpointing != "none") {
+      spdlog::info("activation checkpointing \"{}\"{}: {} keep only their inputs and run their forward again in "
+                   "backward (gradients unchanged)",
+                   c.train.activation_checkpointing,
+                   c.train.activation_checkpointing == "every_k"
+                       ? fmt::format(" (segments of {} layers)", c.train.checkpoint_every_k)
+                       : "",
+                   c.train.checkpoint_layers.empty()
+                       ? std::string("every layer but the last")
+                       : fmt::format("the layers matching [{}]", fmt::join(c.train.checkpoint_layers, ", ")));
     }
     if (!s.frozen.modules.empty()) {
       spdlog::info("freeze: [{}] frozen: {} parameter tensors, {} of {} elements ({:.1f}%) train no more",

@@ -136,7 +136,11 @@ Reducer::Reducer(std::vector<NamedParameter> params, comm::ProcessGroup& group, 
     accumulators_.push_back(acc);
     if (passthrough_) continue;  // see reducer.h: nothing to synchronize
     hook_keys_.push_back(acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+        [this, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list& inputs) {
+          // No gradient reached it in this backward (a node that returns
+          // none for it, as a recomputed segment does for a parameter its
+          // layers did not use): as unused, not as a zero.
+          if (!inputs.empty() && !inputs[0].defined()) return outputs;
           on_gradient(i);
           return outputs;
         })));

@@ -52,6 +52,9 @@ std::vector<FieldSpec> train_fields() {
       field("train.patience", &TC::train, &TrainLoopConfig::patience, "early stopping: evaluations without improvement of train.monitor before stopping (0 = never stop early)", in_range<int64_t>(0, kMaxCount)),
       field("train.min_delta", &TC::train, &TrainLoopConfig::min_delta, "smallest change of train.monitor that counts as an improvement", in_range_finite(0.0, 1e30, "a non-negative number")),
       field("train.preempt_signals", &TC::train, &TrainLoopConfig::preempt_signals, "signals that preempt, e.g. \"SIGTERM,SIGUSR2\" (SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2): every rank stops at the same step boundary, writes a checkpoint, marks run.json \"preempted\" and exits 75; a second signal exits at once; \"\" = off", preempt_signal_list()),
+      field("train.activation_checkpointing", &TC::train, &TrainLoopConfig::activation_checkpointing, "\"none\", \"blocks\" (recompute each chosen layer of the model in backward, keeping only its input) or \"every_k\" (runs of train.checkpoint_every_k chosen layers); gradients equal those without it, dropout replays; every strategy; one more forward of the chosen layers", one_of({"none", "blocks", "every_k"})),
+      field("train.checkpoint_every_k", &TC::train, &TrainLoopConfig::checkpoint_every_k, "layers per recomputed segment with train.activation_checkpointing = \"every_k\"", in_range<int64_t>(1, kMaxCount)),
+      field("train.checkpoint_layers", &TC::train, &TrainLoopConfig::checkpoint_layers, "glob patterns over the model's layer names (\"blocks.*\", \"fc1\", a Sequential's \"3\") that activation checkpointing may recompute; [] = every layer but the last"),
   };
 }
 
@@ -74,6 +77,20 @@ std::string run_problem(const TrainConfig& c) {
                        "world the preemption agreement runs on; use one of them (restart-based recovery, "
                        "`paratrain launch --max-restarts`, works with preemption)",
                        c.train.preempt_signals);
+  if (c.train.activation_checkpointing != "none" && c.quant.qat)
+    return fmt::format("train.activation_checkpointing = \"{}\" with quant.qat = true: quantization-aware training "
+                       "swaps fake-quantized weights in for its forward only, so a recompute in backward would see "
+                       "the float weights; use one of them",
+                       c.train.activation_checkpointing);
+  if (c.train.activation_checkpointing != "none" && c.ps.servers > 0)
+    return fmt::format("train.activation_checkpointing = \"{}\" with parameter servers (ps.servers = {}): their "
+                       "workers run the model layer by layer as each layer's pull arrives, outside the "
+                       "recomputed segments; use data parallelism (DDP, ZeRO, FSDP) for activation checkpointing",
+                       c.train.activation_checkpointing, c.ps.servers);
+  if (c.train.activation_checkpointing == "none" && !c.train.checkpoint_layers.empty())
+    return "train.checkpoint_layers chooses layers for activation checkpointing, but "
+           "train.activation_checkpointing = \"none\": set it to \"blocks\" or \"every_k\", or "
+           "train.checkpoint_layers = []";
   if (c.train.patience > 0 && c.train.monitor.empty())
     return fmt::format("train.patience = {} stops on a monitored metric, but train.monitor is empty: set "
                        "train.monitor (e.g. \"test_loss\"), or train.patience = 0",

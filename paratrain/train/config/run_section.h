@@ -60,6 +60,17 @@ struct TrainLoopConfig {
   /// with code 75 (kPreemptedExitCode); "" = off (a signal ends the run as
   /// before). One of them reaching one rank is enough.
   std::string preempt_signals;
+  /// Activation checkpointing (docs/activation-checkpointing.md;
+  /// models/recompute.h): "none" keeps every activation; "blocks" recomputes
+  /// each chosen layer of the model's layers() in backward, keeping only its
+  /// input; "every_k" recomputes runs of checkpoint_every_k chosen layers.
+  /// Gradients are bitwise those without it (dropout replays); it costs one
+  /// more forward of the chosen layers.
+  std::string activation_checkpointing = "none";
+  int64_t checkpoint_every_k = 2;  ///< layers per recomputed segment with "every_k"
+  /// Glob patterns over layer names ("blocks.*", "fc1", a Sequential's "3"):
+  /// the layers that may be recomputed; empty = every layer but the last.
+  std::vector<std::string> checkpoint_layers;
 
   bool operator==(const TrainLoopConfig&) const = default;
 };

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/core/memory_meter.h"
 #include "paratrain/core/phase.h"
 #include "paratrain/optim/lr_schedule.h"
 #include "paratrain/train/precision.h"
@@ -72,6 +73,9 @@ TrainResult FitLoop::run() {
       if (result_.preempted) break;                          // saved at this step: the process exits
       if (s_.step < plan_.total_steps) continue;
     }
+    // The memory meter's peak (`paratrain plan --measure`) is training's, not
+    // the last evaluation's or save's.
+    if (s_.step >= plan_.total_steps) core::end_memory_window();
     const EpochEnd end = end_epoch(/*stopping=*/s_.step >= plan_.total_steps);  // evaluate, stop early, save
     over = end == EpochEnd::kFinished;
   }

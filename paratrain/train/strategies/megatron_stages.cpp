@@ -36,7 +36,7 @@ MegatronStages::MegatronStages(const TrainConfig& config, models::ParallelGpt& m
     }
   }
   comm::ProcessGroup& pp = mesh.group(topology::Axis::kPp);
-  auto local = local_chunks(layers, shapes, bounds_, shape, pp.rank());
+  auto local = local_chunks(layers, shapes, bounds_, shape, pp.rank(), model.options().recompute);
   std::vector<std::shared_ptr<pipeline::StageModule>> modules;
   for (const auto& c : local) {
     modules.push_back(c.module);

@@ -26,6 +26,7 @@
 #include "paratrain/tensor_parallel/layers.h"
 #include "paratrain/tensor_parallel/mappings.h"
 #include "paratrain/tensor_parallel/shards.h"
+#include "paratrain/train/builders.h"
 #include "paratrain/train/task.h"
 #include "paratrain/train/strategies/builtin.h"
 #include "paratrain/train/strategies/common.h"
@@ -130,6 +131,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     o.cp = &cp_;
     o.megatron_sp = config_.parallel.megatron_sp;
     o.seed = static_cast<uint64_t>(config_.run.seed);
+    o.recompute = recompute_policy(config_);
     model_ = std::make_shared<models::ParallelGpt>(o);
     tpl::load_full_parameters(*model_, full->named_parameters(), o.tp);
     // The shards are made in host memory; the full model is on world.device.

@@ -35,13 +35,18 @@ pipeline::ScheduleOptions pipeline_shape(const TrainConfig& config, int stages, 
 
 std::vector<pipeline::LocalChunk> local_chunks(const std::vector<models::Layer>& layers,
                                                const pipeline::BoundaryShapes& shapes, const std::vector<int>& bounds,
-                                               const pipeline::ScheduleOptions& shape, int stage) {
+                                               const pipeline::ScheduleOptions& shape, int stage,
+                                               const models::RecomputePolicy& recompute) {
+  std::vector<std::string> names;
+  for (const auto& layer : layers) names.push_back(layer.name);
+  const std::vector<int> segment_of = models::recompute_segments(names, recompute);
   std::vector<pipeline::LocalChunk> out;
   for (int i = 0; i < shape.virtual_stages; ++i) {
     const int mc = i * shape.stages + stage;
     pipeline::LocalChunk c;
     c.module = std::make_shared<pipeline::StageModule>(
-        std::vector<models::Layer>(layers.begin() + bounds[mc], layers.begin() + bounds[mc + 1]));
+        std::vector<models::Layer>(layers.begin() + bounds[mc], layers.begin() + bounds[mc + 1]),
+        std::vector<int>(segment_of.begin() + bounds[mc], segment_of.begin() + bounds[mc + 1]), recompute.generators);
     c.model_chunk = mc;
     c.input_shape = shapes.shapes[bounds[mc]];
     c.input_dtype = shapes.dtypes[bounds[mc]];

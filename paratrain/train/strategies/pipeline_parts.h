@@ -12,6 +12,7 @@
 
 #include "paratrain/data_parallel/ddp/ddp.h"
 #include "paratrain/models/model.h"
+#include "paratrain/models/recompute.h"
 #include "paratrain/pipeline/executor.h"
 #include "paratrain/pipeline/schedule.h"
 #include "paratrain/pipeline/stage.h"
@@ -33,10 +34,13 @@ std::vector<double> rank_speed_scales(double own_seconds, int chunks, comm::Proc
                                       std::chrono::milliseconds timeout, bool log);
 
 // This rank's chunks: model chunk i * stages + stage for each virtual stage
-// i, holding layers [bounds[mc], bounds[mc + 1]).
+// i, holding layers [bounds[mc], bounds[mc + 1]), with the activation
+// checkpointing segments `recompute` gives the whole model's layers (a
+// segment across a chunk boundary is cut there).
 std::vector<pipeline::LocalChunk> local_chunks(const std::vector<models::Layer>& layers,
                                                const pipeline::BoundaryShapes& shapes, const std::vector<int>& bounds,
-                                               const pipeline::ScheduleOptions& shape, int stage);
+                                               const pipeline::ScheduleOptions& shape, int stage,
+                                               const models::RecomputePolicy& recompute = {});
 
 // pipeline.* and precision.compute as executor options.
 pipeline::ExecutorOptions executor_options(const TrainConfig& config, const pipeline::ScheduleOptions& shape,

@@ -31,6 +31,7 @@
 #include "paratrain/pipeline/tied.h"
 #include "paratrain/pipeline/timeline.h"
 #include "paratrain/train/batch_size.h"
+#include "paratrain/train/builders.h"
 #include "paratrain/train/task.h"
 #include "paratrain/train/strategies/builtin.h"
 #include "paratrain/train/strategies/common.h"
@@ -141,7 +142,7 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
                                     fmt::join(tied.front().stages, " and ")));
     }
 
-    auto local = local_chunks(layers, shapes, bounds_, shape_, pp_.rank());
+    auto local = local_chunks(layers, shapes, bounds_, shape_, pp_.rank(), recompute_policy(config_));
     for (const auto& c : local) modules_.push_back(c.module);
     output_shape_ = shapes.shapes.back();
     module_ = pipeline::merge_chunks(modules_);

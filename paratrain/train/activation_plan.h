@@ -1,0 +1,49 @@
+// The activation side of `paratrain plan`: bytes that a rank keeps alive
+// between a micro-batch's forward and its backward, per layer of the
+// built-in models (MLP, CNN, GPT) at the config's sizes, under tensor and
+// sequence parallelism, pipeline schedules and activation checkpointing.
+// Pure arithmetic from the config, like memory_plan.h (which adds it to the
+// model state); builds no model. Not the measurement (core/memory_meter.h,
+// `paratrain plan --measure`).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "paratrain/train/config/config.h"
+
+namespace paratrain::train {
+
+/// One layer of the model's layers() as the planner sees it, per micro-batch.
+struct LayerActivations {
+  std::string name;           ///< "fc0", "blocks.3", "head"
+  int64_t input_bytes = 0;    ///< the layer's input, which its first operation saves
+  int64_t saved_bytes = 0;    ///< everything else its forward saves for backward (the loss's too, on the last layer)
+  int64_t parameters = 0;     ///< its parameter count on this rank (a pipeline balances by it)
+};
+
+/// The config's model as layers, for one micro-batch of `rows` examples on
+/// one rank (its tp shard, its cp chunk). Empty for a registered or
+/// program's own model (no formula).
+std::vector<LayerActivations> layer_activations(const TrainConfig& config, int64_t rows);
+
+/// Activations of the fullest rank.
+struct ActivationPlan {
+  int64_t microbatch_rows = 0;   ///< examples in one micro-batch on a rank
+  int stage = 0;                 ///< the pipeline stage of the fullest rank (0 without pp)
+  int64_t in_flight = 1;         ///< micro-batches whose activations that rank holds at once
+  int64_t kept_bytes = 0;        ///< per micro-batch, after recomputation: what waits for backward
+  int64_t recompute_bytes = 0;   ///< the largest recomputed segment's activations, re-made during backward
+  int64_t total_bytes = 0;       ///< in_flight * kept_bytes + recompute_bytes
+  int64_t unrecomputed_bytes = 0;///< kept_bytes without activation checkpointing (for the saving)
+  bool modelled = true;          ///< false: no formula for this model (a registered one)
+  std::vector<std::string> notes;
+};
+
+/// Note [Activation formulas] in activation_plan.cpp says what is counted
+/// and where it comes from. `dp`: the data-parallel ranks (the micro-batch
+/// is the per-rank batch / pipeline.microbatches).
+ActivationPlan plan_activations(const TrainConfig& config, int64_t dp);
+
+}  // namespace paratrain::train
