@@ -14,7 +14,9 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -33,32 +35,71 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Sets an environment variable for a scope and puts back what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
 // What each rank of a short run of the configuration allocated at its peak,
 // less what it held when its data had loaded (the Trainer opens the meter's
 // window there and closes it when the steps end): parameters, gradients,
-// optimizer state, activations, buffers and backward's temporaries.
+// optimizer state, activations, buffers and backward's temporaries. Every
+// rank runs on this machine. The folder (under $TMPDIR) is removed after a
+// good run and kept, with the run's output, after a failed one.
 std::vector<nlohmann::json> measure(const std::string& config, const std::vector<std::string>& overrides,
                                     int64_t world, int64_t steps) {
-  char tmpl[] = "/tmp/paratrain-plan-XXXXXX";
-  if (mkdtemp(tmpl) == nullptr) throw Error("paratrain plan --measure: cannot make a folder under /tmp");
+  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  if (world > std::max<int64_t>(8, 4 * cores)) {
+    throw ConfigError(fmt::format("paratrain plan --measure runs all {} ranks as processes on this machine ({} "
+                                  "cores): measure a smaller layout (--world, parallel.*) with the same per-rank "
+                                  "shapes instead",
+                                  world, cores));
+  }
+  std::string tmpl = (fs::temp_directory_path() / "paratrain-plan-XXXXXX").string();
+  if (mkdtemp(tmpl.data()) == nullptr) throw Error(fmt::format("paratrain plan --measure: cannot make {}", tmpl));
   const fs::path dir = tmpl;
   const fs::path self = fs::read_symlink("/proc/self/exe");
   launch::LaunchOptions o;
   o.nproc_per_node = static_cast<int>(world);
   o.command = {self.string(), "train", "--config", config};
   for (const auto& kv : overrides) o.command.insert(o.command.end(), {"--set", kv});
-  for (const std::string kv : {"train.max_steps=" + std::to_string(steps), std::string("train.eval_every_epochs=0"),
-                               "run.output_dir=" + (dir / "runs").string(), std::string("run.name=measure"),
-                               std::string("log.progress=off"), std::string("train.resume=")}) {
+  // Only the steps: no evaluation, no checkpoint inside the window, a fresh run.
+  for (const std::string& kv :
+       {"train.max_steps=" + std::to_string(steps), std::string("train.eval_every_epochs=0"),
+        std::string("train.checkpoint_every_steps=0"), std::string("train.async_checkpoint=false"),
+        "run.output_dir=" + (dir / "runs").string(), std::string("run.name=measure"), std::string("log.progress=off"),
+        std::string("train.resume=")}) {
     o.command.insert(o.command.end(), {"--set", kv});
   }
   const fs::path log = dir / "launch.log";
   const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error(fmt::format("paratrain plan --measure: cannot write {}", log.string()));
   o.out_fd = o.err_fd = fd;
-  ::setenv("PARATRAIN_MEMORY_METER", dir.c_str(), 1);
-  const int rc = launch::launch(o);
-  ::unsetenv("PARATRAIN_MEMORY_METER");
+  int rc = -1;
+  try {
+    const ScopedEnv meter("PARATRAIN_MEMORY_METER", dir.string());
+    rc = launch::launch(o);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
   ::close(fd);
   if (rc != 0) {
     std::ifstream in(log);
@@ -76,7 +117,8 @@ std::vector<nlohmann::json> measure(const std::string& config, const std::vector
     if (!in) throw Error(fmt::format("paratrain plan --measure: rank {} wrote no reading in {}", r, dir.string()));
     ranks.push_back(nlohmann::json::parse(in));
   }
-  fs::remove_all(dir);
+  std::error_code ignored;
+  fs::remove_all(dir, ignored);
   return ranks;
 }
 
@@ -129,7 +171,7 @@ Command add_plan_command(CLI::App& app) {
     // The prediction for the configured ZeRO stage: its model state plus the
     // activations of the fullest rank.
     const auto& stage = plan.stages.at(static_cast<size_t>(std::clamp<int64_t>(config.zero.stage, 0, 3)));
-    const int64_t predicted = stage.total_bytes + (plan.activations.modelled ? plan.activations.total_bytes : 0);
+    const int64_t predicted = stage.total_bytes + train::bytes_beyond_state(plan, stage.stage);
     const int64_t world = plan.dp * config.parallel.tp * config.parallel.pp * config.parallel.cp;
     const auto ranks = measure(args->config, args->overrides, world, args->measure_steps);
     int64_t most = 0;
@@ -151,10 +193,12 @@ Command add_plan_command(CLI::App& app) {
       text += fmt::format("  rank {}: peak {}\n", r.at("rank").get<int64_t>(),
                           human(static_cast<double>(r.at("training_peak_bytes").get<int64_t>())));
     }
-    text += fmt::format("Predicted for zero.stage = {} (state + activations): {}; measured on the fullest rank: {} "
-                        "({:.2f}x the prediction)\n",
-                        config.zero.stage, human(static_cast<double>(predicted)), human(static_cast<double>(most)),
-                        ratio);
+    text += fmt::format("Predicted for zero.stage = {} ({}): {}; measured on the fullest rank: {} ({:.2f}x the "
+                        "prediction)\n",
+                        config.zero.stage,
+                        plan.activations.modelled ? "state + buffers + activations + loader + gradient"
+                                                  : "state + buffers only: no activation formula for this model",
+                        human(static_cast<double>(predicted)), human(static_cast<double>(most)), ratio);
     std::fputs(text.c_str(), stdout);
     return 0;
   };

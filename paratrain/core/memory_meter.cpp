@@ -61,7 +61,10 @@ class MeteringAllocator final : public c10::Allocator {
     const auto bytes = static_cast<int64_t>(n);
     {
       std::lock_guard<std::mutex> lock(g_mutex);
-      allocations().emplace(data, Allocation{std::move(inner), bytes});
+      const bool fresh = allocations().emplace(data, Allocation{std::move(inner), bytes}).second;
+      // Two live allocations at one address: the base allocator broke its
+      // contract, and the second would be freed by the first's deleter.
+      TORCH_CHECK(fresh, "memory meter: the CPU allocator returned the live address ", data, " twice");
     }
     raise_peak(g_live.fetch_add(bytes, std::memory_order_relaxed) + bytes);
     return {data, data, &free_metered, device};

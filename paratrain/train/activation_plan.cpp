@@ -2,9 +2,14 @@
 #include "paratrain/train/activation_plan.h"
 
 #include <algorithm>
+#include <cmath>
+#include <array>
+#include <functional>
+#include <limits>
 
 #include <fmt/format.h>
 
+#include "paratrain/core/error.h"
 #include "paratrain/models/recompute.h"
 #include "paratrain/pipeline/partition.h"
 #include "paratrain/pipeline/schedule.h"
@@ -48,6 +53,18 @@ constexpr int64_t kId = 8; // int64 ids, indices
 // started from (the CPU generator's: 5056 bytes) to replay it.
 constexpr int64_t kRandomState = 5056;
 
+// Byte counts are computed in double (exact below 2^53 bytes, 8 PiB) and
+// checked into int64: a valid config of a huge model with a long context
+// must not wrap around into a small or negative plan.
+int64_t bytes(double v) {
+  if (!(v >= 0 && v < 9.0e18)) {
+    throw ConfigError(fmt::format("paratrain plan: {:.3g} bytes of activations overflow a 64-bit count; check "
+                                  "model.* sizes, model.seq_len and data.batch_size",
+                                  v));
+  }
+  return static_cast<int64_t>(std::llround(v));
+}
+
 struct Shape {
   int64_t channels = 1, side = 28, classes = 10;
 };
@@ -65,11 +82,13 @@ std::vector<LayerActivations> mlp_layers(const TrainConfig& c, int64_t b) {
   widths.push_back(in.classes);
   for (size_t i = 0; i < widths.size(); ++i) {
     const bool last = i + 1 == widths.size();
-    LayerActivations l{.name = fmt::format("fc{}", i), .input_bytes = kF * b * width};
+    const double wi = static_cast<double>(widths[i]), rows = static_cast<double>(b);
+    LayerActivations l{.name = fmt::format("fc{}", i), .input_bytes = bytes(kF * rows * static_cast<double>(width))};
     l.parameters = width * widths[i] + widths[i];
+    l.largest_tensor = width * widths[i];
     // ReLU's output is the next layer's input; the last layer's logits and
     // the loss's log-softmax stay, with the targets.
-    if (last) l.saved_bytes = 2 * kF * b * widths[i] + kId * b;
+    if (last) l.saved_bytes = bytes(2 * kF * rows * wi + kId * rows);
     out.push_back(l);
     width = widths[i];
   }
@@ -82,83 +101,176 @@ std::vector<LayerActivations> cnn_layers(const TrainConfig& c, int64_t b) {
   int64_t ch = in.channels, side = in.side;
   for (size_t i = 0; i < c.model.channels.size(); ++i) {
     const int64_t o = c.model.channels[i];
-    LayerActivations l{.name = fmt::format("conv{}", i), .input_bytes = kF * b * ch * side * side};
+    const double rows = static_cast<double>(b);
+    LayerActivations l{.name = fmt::format("conv{}", i),
+                       .input_bytes = bytes(kF * rows * static_cast<double>(ch * side * side))};
     l.parameters = ch * o * 9 + o + (c.model.batchnorm ? 2 * o : 0);
-    const int64_t maps = b * o * side * side;
+    l.largest_tensor = ch * o * 9;
+    const double maps = rows * static_cast<double>(o * side * side);
     // BatchNorm keeps the convolution's output; ReLU its own; pooling its
     // input (ReLU's output) and int64 indices of its output.
-    l.saved_bytes = (c.model.batchnorm ? kF * maps : 0) + kF * maps + kId * b * o * (side / 2) * (side / 2);
+    l.saved_bytes = bytes((c.model.batchnorm ? kF * maps : 0) + kF * maps +
+                          kId * rows * static_cast<double>(o * (side / 2) * (side / 2)));
     out.push_back(l);
     ch = o;
     side /= 2;
   }
   const int64_t flat = ch * side * side;
-  out.push_back({.name = "fc0", .input_bytes = kF * b * flat, .saved_bytes = 0,
-                 .parameters = flat * c.model.cnn_hidden + c.model.cnn_hidden});
-  out.push_back({.name = "fc1", .input_bytes = kF * b * c.model.cnn_hidden,
-                 .saved_bytes = 2 * kF * b * in.classes + kId * b,
-                 .parameters = c.model.cnn_hidden * in.classes + in.classes});
+  const double rows = static_cast<double>(b);
+  out.push_back({.name = "fc0", .input_bytes = bytes(kF * rows * static_cast<double>(flat)), .saved_bytes = 0,
+                 .parameters = flat * c.model.cnn_hidden + c.model.cnn_hidden,
+                 .largest_tensor = flat * c.model.cnn_hidden});
+  out.push_back({.name = "fc1", .input_bytes = bytes(kF * rows * static_cast<double>(c.model.cnn_hidden)),
+                 .saved_bytes = bytes(2 * kF * rows * static_cast<double>(in.classes) + kId * rows),
+                 .parameters = c.model.cnn_hidden * in.classes + in.classes,
+                 .largest_tensor = c.model.cnn_hidden * in.classes});
   return out;
 }
 
-std::vector<LayerActivations> gpt_layers(const TrainConfig& c, int64_t b) {
-  const int64_t t = std::max<int64_t>(1, c.parallel.tp), cp = std::max<int64_t>(1, c.parallel.cp);
-  const int64_t s = c.model.seq_len / cp, h = c.model.d_model, a = c.model.heads, vocab = 256;
+std::vector<LayerActivations> gpt_layers(const TrainConfig& c, int64_t rows) {
+  const double t = static_cast<double>(std::max<int64_t>(1, c.parallel.tp));
+  const double cp = static_cast<double>(std::max<int64_t>(1, c.parallel.cp));
+  const double s = std::floor(static_cast<double>(c.model.seq_len) / cp), b = static_cast<double>(rows);
+  const double h = static_cast<double>(c.model.d_model), a = static_cast<double>(c.model.heads), vocab = 256;
   const bool sp = c.parallel.megatron_sp && t > 1;
   const bool dropout = c.model.dropout > 0;
-  const int64_t sbh = s * b * h, scores = a * s * s * b;
-  const int64_t local = sp ? sbh / t : sbh;  // the tokens a rank's LayerNorms and residuals see
+  const double sbh = s * b * h, scores = a * s * s * b;
+  const double local = sp ? sbh / t : sbh;  // the tokens a rank's LayerNorms and residuals see
+  const double seq = static_cast<double>(c.model.seq_len);
   std::vector<LayerActivations> out;
   // embed: the ids (the loader's inputs and targets), the positions, the
   // dropout noise.
-  out.push_back({.name = "embed", .input_bytes = kId * s * b,
-                 .saved_bytes = kId * s * b + kId * s + (dropout ? kF * local : 0),
-                 .parameters = vocab * h / t + c.model.seq_len * h});
+  out.push_back({.name = "embed", .input_bytes = bytes(kId * s * b),
+                 .saved_bytes = bytes(kId * s * b + kId * s + (dropout ? kF * local : 0)),
+                 .parameters = bytes(vocab * h / t + seq * h),
+                 .largest_tensor = bytes(std::max(vocab * h / t, seq * h))});
+  // Replicated over the tp group (or sequence chunks with SP): LayerNorm
+  // outputs (the column layers' inputs: gathered full under SP), the
+  // residual sum (ln2's input), row statistics, dropout noises.
+  double replicated = 2 * kF * sbh + kF * local + 4 * kF * (local / h);
+  if (dropout) replicated += 2 * kF * local;
+  // Split over tp: q, k, v; the attention output (proj's input); GELU's
+  // input and output; the scores (softmax output; with dropout its noise
+  // and output too); the causal mask.
+  double split = (3 + 1 + 8) * kF * sbh / t + kF * scores / t;
+  if (dropout) split += 2 * kF * scores / t;
   for (int64_t i = 0; i < c.model.layers; ++i) {
-    LayerActivations l{.name = fmt::format("blocks.{}", i), .input_bytes = kF * local};
-    // Replicated over the tp group (or sequence chunks with SP): LayerNorm
-    // outputs (the column layers' inputs: gathered full under SP), the
-    // residual sum (ln2's input), row statistics, dropout noises.
-    int64_t replicated = 2 * kF * sbh + kF * local + 4 * kF * (local / h);
-    if (dropout) replicated += 2 * kF * local;
-    // Split over tp: q, k, v; the attention output (proj's input); GELU's
-    // input and output; the scores (softmax output; with dropout its noise
-    // and output too); the causal mask.
-    int64_t split = (3 + 1 + 8) * kF * sbh / t + kF * scores / t;
-    if (dropout) split += 2 * kF * scores / t;
-    l.saved_bytes = replicated + split + s * s;
-    l.parameters = (12 * h * h + 7 * h) / t + 6 * h;
-    out.push_back(l);
+    out.push_back({.name = fmt::format("blocks.{}", i), .input_bytes = bytes(kF * local),
+                   .saved_bytes = bytes(replicated + split + s * s),
+                   .parameters = bytes((12 * h * h + 7 * h) / t + 6 * h),
+                   .largest_tensor = bytes(4 * h * h / t)});  // mlp.fc, mlp.proj
   }
   // head: ln_f's input and output (gathered under SP), the logits of this
   // rank's vocabulary columns and their log-softmax, the targets.
-  out.push_back({.name = "head", .input_bytes = kF * local,
-                 .saved_bytes = kF * sbh + 2 * kF * (local / h) + 2 * kF * s * b * vocab / t + kId * s * b,
-                 .parameters = 2 * h + vocab * h / t});
+  out.push_back({.name = "head", .input_bytes = bytes(kF * local),
+                 .saved_bytes = bytes(kF * sbh + 2 * kF * (local / h) + 2 * kF * s * b * vocab / t + kId * s * b),
+                 .parameters = bytes(2 * h + vocab * h / t),
+                 .largest_tensor = bytes(vocab * h / t)});
   return out;
 }
 
 int64_t sum_kept(const std::vector<LayerActivations>& layers, const std::vector<int>& segment_of, int begin, int end,
                  int64_t* largest_segment) {
-  int64_t kept = 0;
+  double kept = 0;
   for (int i = begin; i < end;) {
     const int id = segment_of[static_cast<size_t>(i)];
     if (id < 0) {
-      kept += layers[i].input_bytes + layers[i].saved_bytes;
+      kept += static_cast<double>(layers[i].input_bytes) + static_cast<double>(layers[i].saved_bytes);
       ++i;
       continue;
     }
-    int64_t segment = 0;
-    kept += layers[i].input_bytes + kRandomState;  // all a segment keeps
+    double segment = 0;
+    kept += static_cast<double>(layers[i].input_bytes + kRandomState);  // all a segment keeps
     int j = i;
-    for (; j < end && segment_of[static_cast<size_t>(j)] == id; ++j) segment += layers[j].input_bytes + layers[j].saved_bytes;
-    *largest_segment = std::max(*largest_segment, segment);
+    for (; j < end && segment_of[static_cast<size_t>(j)] == id; ++j)
+      segment += static_cast<double>(layers[j].input_bytes) + static_cast<double>(layers[j].saved_bytes);
+    *largest_segment = std::max(*largest_segment, bytes(segment));
     i = j;
   }
-  return kept;
+  return bytes(kept);
 }
 
 }  // namespace
+
+// Note [Communication buffers]
+// What the data-parallel strategies keep beside the model state while a
+// micro-batch's activations are alive (measured: bench/run_memory_plan.sh):
+//   stage 0 (DDP): nothing, the gradients are views of the buckets;
+//   stages 1 and 2: the reducer's flat bucket buffers, 4Ψ (stage 1 copies
+//     the averaged buckets into .grad, stage 2 reduce-scatters from them);
+//   stage 3 (FSDP): the unit being computed, gathered whole, and its full
+//     gradient before the reduce-scatter: 8 bytes per element of the largest
+//     unit (units group the model's top-level modules until one holds
+//     zero.unit_min_params elements, or one per zero.unit_modules name).
+// ZeRO-1/2's parameter all-gather after the step (4Ψ + 4Ψ/N) comes when the
+// activations are gone, below the peak of a step.
+std::array<int64_t, 4> communication_buffer_bytes(const TrainConfig& c, int64_t psi) {
+  // The root's children and their parameter counts, in order (fsdp/unit_plan.cpp cuts units from them).
+  std::vector<std::pair<std::string, double>> children;
+  const Shape in = image_shape(c);
+  auto linear = [](int64_t i, int64_t o) { return static_cast<double>(i) * static_cast<double>(o) + static_cast<double>(o); };
+  if (builds_gpt(c)) {
+    const double d = static_cast<double>(c.model.d_model);
+    children = {{"wte", 256 * d},
+                {"wpe", static_cast<double>(c.model.seq_len) * d},
+                {"blocks", static_cast<double>(c.model.layers) * (12 * d * d + 13 * d)},
+                {"ln_f", 2 * d}};
+  } else if (c.model.kind == "mlp") {
+    int64_t width = in.channels * in.side * in.side;
+    for (size_t i = 0; i < c.model.hidden.size(); ++i) {
+      children.emplace_back(fmt::format("fc{}", i), linear(width, c.model.hidden[i]));
+      width = c.model.hidden[i];
+    }
+    children.emplace_back(fmt::format("fc{}", c.model.hidden.size()), linear(width, in.classes));
+  } else if (c.model.kind == "cnn") {
+    int64_t ch = in.channels, side = in.side;
+    for (size_t i = 0; i < c.model.channels.size(); ++i) {
+      const int64_t o = c.model.channels[i];
+      children.emplace_back(fmt::format("conv{}", i), static_cast<double>(ch * o * 9 + o));
+      if (c.model.batchnorm) children.emplace_back(fmt::format("bn{}", i), static_cast<double>(2 * o));
+      ch = o;
+      side /= 2;
+    }
+    children.emplace_back("fc0", linear(ch * side * side, c.model.cnn_hidden));
+    children.emplace_back("fc1", linear(c.model.cnn_hidden, in.classes));
+  }
+  std::vector<double> units;
+  if (!c.zero.unit_modules.empty()) {
+    // Each named child its own unit, every other parameter one root unit.
+    double root = 0;
+    for (const auto& [name, n] : children) {
+      if (("," + c.zero.unit_modules + ",").find("," + name + ",") != std::string::npos) {
+        units.push_back(n);
+      } else {
+        root += n;
+      }
+    }
+    units.push_back(root);
+  } else {
+    double unit = 0;
+    for (const auto& [name, n] : children) {
+      unit += n;
+      if (unit >= static_cast<double>(c.zero.unit_min_params)) units.push_back(unit), unit = 0;
+    }
+    if (unit > 0) units.push_back(unit);
+  }
+  std::sort(units.begin(), units.end(), std::greater<>());
+  const double whole = [&] {
+    double total = 0;
+    for (double u : units) total += u;
+    return total;
+  }();
+  double stage3 = 0;
+  if (!units.empty() && c.parallel.tp <= 1 && c.parallel.pp <= 1) {
+    const double largest = units[0], next = units.size() > 1 ? units[1] : 0;
+    // Resharded after forward: the unit in use, gathered, and its full
+    // gradient, plus the next unit's gather in flight (zero.prefetch). Kept
+    // after forward: every unit stays gathered until its backward.
+    stage3 = c.zero.reshard_after_forward ? kF * (2 * largest + (c.zero.prefetch ? next : 0))
+                                          : kF * (whole + largest);
+  }
+  return {0, bytes(kF * static_cast<double>(psi)), bytes(kF * static_cast<double>(psi)), bytes(stage3)};
+}
 
 std::vector<LayerActivations> layer_activations(const TrainConfig& c, int64_t rows) {
   if (find_model(c.model.kind)) return {};
@@ -171,6 +283,8 @@ std::vector<LayerActivations> layer_activations(const TrainConfig& c, int64_t ro
 ActivationPlan plan_activations(const TrainConfig& c, int64_t dp) {
   ActivationPlan plan;
   const int64_t pp = std::max<int64_t>(1, c.parallel.pp);
+  if (dp < 1 || dp > std::numeric_limits<int>::max())
+    throw ConfigError(fmt::format("paratrain plan: {} data-parallel ranks is out of range", dp));
   const int64_t per_rank = resolve_batch_sizes(c, static_cast<int>(dp)).per_rank;
   plan.microbatch_rows = pp > 1 ? std::max<int64_t>(1, per_rank / c.pipeline.microbatches) : per_rank;
   const auto layers = layer_activations(c, plan.microbatch_rows);
@@ -209,16 +323,30 @@ ActivationPlan plan_activations(const TrainConfig& c, int64_t dp) {
                                        c.pipeline.balance));
   }
   for (int64_t stage = 0; stage < pp; ++stage) {
-    int64_t kept = 0, plain = 0, largest = 0, unused = 0;
+    int64_t kept = 0, plain = 0, largest = 0, unused = 0, tensor = 0;
     for (int mc = static_cast<int>(stage); mc < chunks; mc += static_cast<int>(pp)) {
-      kept += sum_kept(layers, segment_of, bounds[mc], bounds[mc + 1], &largest);
-      plain += sum_kept(layers, none, bounds[mc], bounds[mc + 1], &unused);
+      int64_t chunk_kept = sum_kept(layers, segment_of, bounds[mc], bounds[mc + 1], &largest);
+      const int64_t chunk_plain = sum_kept(layers, none, bounds[mc], bounds[mc + 1], &unused);
+      if (pp > 1 && c.pipeline.checkpoint_activations) {
+        // The pipeline's own recompute: a micro-batch keeps only the chunk's
+        // input (and its random state); the chunk is re-made in backward.
+        largest = std::max(largest, chunk_kept);
+        chunk_kept = layers[bounds[mc]].input_bytes + kRandomState;
+      } else if (mc + 1 < chunks) {
+        // The executor keeps the output it sent, with its graph, until the
+        // gradient comes back (the next chunk's input, on its own rank).
+        chunk_kept += layers[bounds[mc + 1]].input_bytes;
+      }
+      kept += chunk_kept;
+      plain += chunk_plain + (mc + 1 < chunks ? layers[bounds[mc + 1]].input_bytes : 0);
+      for (int j = bounds[mc]; j < bounds[mc + 1]; ++j) tensor = std::max(tensor, layers[j].largest_tensor);
     }
     // A micro-batch in flight is one chunk's: with v chunks a rank's
     // in-flight count is over its chunks, each about 1/v of its layers.
     const int64_t flying = in_flight[static_cast<size_t>(stage)];
-    const int64_t total = (flying * kept) / v + largest;
-    if (total > plan.total_bytes || stage == 0) {
+    const int64_t total = bytes(static_cast<double>(flying) * static_cast<double>(kept) / v + static_cast<double>(largest));
+    if (total + kF * tensor > plan.total_bytes + plan.transient_bytes || stage == 0) {
+      plan.transient_bytes = kF * tensor;
       plan.stage = static_cast<int>(stage);
       plan.in_flight = flying;
       plan.kept_bytes = kept;
@@ -226,6 +354,22 @@ ActivationPlan plan_activations(const TrainConfig& c, int64_t dp) {
       plan.recompute_bytes = largest;
       plan.total_bytes = total;
     }
+  }
+  // Note [Loader bytes]
+  // The sampler holds this rank's positions of the epoch (int64, N / dp of
+  // an in-memory dataset's N examples; a text corpus's windows are not
+  // counted, their number depends on the file: ~8 bytes per 128-byte
+  // window / dp), and data.prefetch batches wait ahead of the one being
+  // computed (which the activations count as the first layer's input).
+  {
+    const double example_bytes =
+        builds_gpt(c) ? 2.0 * kId * static_cast<double>(c.model.seq_len)
+                      : kF * static_cast<double>(image_shape(c).channels * image_shape(c).side * image_shape(c).side) + kId;
+    const int64_t examples = builds_gpt(c) ? 0
+                             : c.data.dataset == "synthetic" ? c.data.synthetic_train_size
+                                                             : 60000;  // Fashion-MNIST's training set
+    plan.data_bytes = bytes(kId * static_cast<double>((examples + dp - 1) / dp) +
+                            static_cast<double>(c.data.prefetch) * static_cast<double>(per_rank) * example_bytes);
   }
   if (c.parallel.cp > 1) {
     plan.notes.push_back(fmt::format("activations: parallel.cp = {} divides the sequence; ring attention's blocks "

@@ -192,7 +192,15 @@ MemoryPlan plan_memory(const TrainConfig& config, const PlanOptions& options) {
   const bool gpt = builds_gpt(config);
   const bool split_planned = gpt && (config.parallel.tp > 1 || config.parallel.pp > 1);
   const ActivationPlan activations = plan_activations(config, dp);
-  MemoryPlan plan = plan_memory(parameters_per_rank(config), dp, k, options.memory_gib, activations.total_bytes);
+  const int64_t psi = parameters_per_rank(config);
+  const auto buffers = communication_buffer_bytes(config, psi);
+  std::array<int64_t, 4> extra{};
+  for (int stage = 0; stage <= 3; ++stage) {
+    extra[stage] = checked_add(checked_add(buffers[stage], activations.total_bytes),
+                               checked_add(activations.data_bytes, activations.transient_bytes));
+  }
+  MemoryPlan plan = plan_memory(psi, dp, k, options.memory_gib, extra);
+  for (int stage = 0; stage <= 3; ++stage) plan.stages[stage].buffer_bytes = buffers[stage];
   plan.activations = activations;
   for (const auto& note : activations.notes) plan.notes.push_back(note);
   plan.model = model_name(config);
@@ -218,7 +226,7 @@ MemoryPlan plan_memory(const TrainConfig& config, const PlanOptions& options) {
 }
 
 MemoryPlan plan_memory(int64_t parameters, int64_t dp, int64_t state_bytes_per_param, double memory_gib,
-                       int64_t activation_bytes) {
+                       std::array<int64_t, 4> extra_bytes) {
   if (parameters < 0 || dp < 1 || state_bytes_per_param < 0)
     throw ConfigError(fmt::format("paratrain plan: needs parameters >= 0 ({}), dp >= 1 ({}), K >= 0 ({})",
                                   parameters, dp, state_bytes_per_param));
@@ -233,21 +241,29 @@ MemoryPlan plan_memory(int64_t parameters, int64_t dp, int64_t state_bytes_per_p
   plan.budget_bytes = static_cast<int64_t>(std::floor(memory_gib * kGiB));
   for (int stage = 0; stage <= 3; ++stage) {
     StageMemory s = stage_memory(stage, parameters, dp, state_bytes_per_param);
-    s.fits = plan.budget_bytes == 0 || s.total_bytes + activation_bytes <= plan.budget_bytes;
+    s.fits = plan.budget_bytes == 0 || checked_add(s.total_bytes, extra_bytes[stage]) <= plan.budget_bytes;
     if (plan.budget_bytes > 0 && s.fits && plan.lowest_fitting_stage < 0) plan.lowest_fitting_stage = stage;
     plan.stages.push_back(s);
   }
   if (plan.budget_bytes > 0 && plan.lowest_fitting_stage < 0) {
     // Stage 3 per rank is ceil(Ψ/N) * (8 + K) bytes: the fewest N that fits.
     const int64_t per_element = 2 * kFp32 + state_bytes_per_param;
-    const int64_t max_elements = std::max<int64_t>(0, plan.budget_bytes - activation_bytes) / per_element;
+    const int64_t max_elements = std::max<int64_t>(0, plan.budget_bytes - extra_bytes[3]) / per_element;
     if (max_elements > 0) plan.dp_needed_for_stage3 = (parameters + max_elements - 1) / max_elements;
   }
   plan.activations.modelled = false;  // the config's overload plans them
   plan.notes.push_back(
-      "not counted: buffers, communication buckets, backward's temporaries, the allocator's overhead and, at "
-      "stage 3, the gathered parameters of the unit being computed");
+      "not counted: ZeRO-1/2's parameter all-gather after the step (4Ψ + 4Ψ/N, when the activations are "
+      "gone), backward's other temporaries, the allocator's overhead and memory that is not tensors; "
+      "`paratrain plan --measure` shows what they add on this machine");
   return plan;
+}
+
+int64_t bytes_beyond_state(const MemoryPlan& p, int stage) {
+  const auto& a = p.activations;
+  const int64_t buffers = p.stages.at(static_cast<size_t>(stage)).buffer_bytes;
+  if (!a.modelled) return buffers;
+  return checked_add(checked_add(buffers, a.total_bytes), checked_add(a.data_bytes, a.transient_bytes));
 }
 
 std::string format_plan(const MemoryPlan& p) {
@@ -276,18 +292,22 @@ std::string format_plan(const MemoryPlan& p) {
                          "stages communicate less).\n",
                          human(p.budget_bytes), p.lowest_fitting_stage,
                          human(p.stages[static_cast<size_t>(p.lowest_fitting_stage)].total_bytes +
-                               (p.activations.modelled ? p.activations.total_bytes : 0)));
+                               bytes_beyond_state(p, p.lowest_fitting_stage)));
     } else if (p.dp_needed_for_stage3 > 0) {
       out += fmt::format("Budget {} per rank: no stage fits on {} rank{} (stage 3 needs {}); stage 3 fits with "
                          "at least {} data-parallel ranks.\n",
                          human(p.budget_bytes), p.dp, p.dp == 1 ? "" : "s",
-                         human(p.stages[3].total_bytes + (p.activations.modelled ? p.activations.total_bytes : 0)),
+                         human(p.stages[3].total_bytes + bytes_beyond_state(p, 3)),
                          p.dp_needed_for_stage3);
-    } else if (p.activations.modelled && p.activations.total_bytes >= p.budget_bytes) {
-      out += fmt::format("Budget {} per rank: no stage fits, with any number of ranks: the activations alone "
-                         "need {} (smaller micro-batches, train.activation_checkpointing or parallel.tp reduce "
-                         "them).\n",
-                         human(p.budget_bytes), human(p.activations.total_bytes));
+    } else if (bytes_beyond_state(p, 3) >= p.budget_bytes) {
+      const auto& a = p.activations;
+      out += fmt::format("Budget {} per rank: no stage fits, with any number of ranks: besides the model state a "
+                         "rank at stage 3 needs {} (activations {}, FSDP's gathered unit and its gradient {}, the "
+                         "loader {}, backward's largest new gradient {}); smaller micro-batches, "
+                         "train.activation_checkpointing, parallel.tp or smaller units (zero.unit_min_params) "
+                         "reduce them.\n",
+                         human(p.budget_bytes), human(bytes_beyond_state(p, 3)), human(a.total_bytes),
+                         human(p.stages[3].buffer_bytes), human(a.data_bytes), human(a.transient_bytes));
     } else {
       out += fmt::format("Budget {} per rank: no stage fits, with any number of ranks (one parameter's "
                          "state alone needs {} bytes).\n",
@@ -303,9 +323,14 @@ std::string format_plan(const MemoryPlan& p) {
                            : "",
                        a.in_flight, p.pp > 1 ? fmt::format(" on stage {}", a.stage) : "");
     if (a.recompute_bytes > 0) out += fmt::format(", + {} re-made by one segment's recompute", human(a.recompute_bytes));
-    out += fmt::format(": {} per rank.\n", human(a.total_bytes));
-    out += fmt::format("{:<6} {:>14}\n", "stage", "+ activations");
-    for (const auto& s : p.stages) out += fmt::format("{:<6} {:>14}\n", s.stage, human(s.total_bytes + a.total_bytes));
+    out += fmt::format(": {} per rank; the loader holds {} (Note [Loader bytes]), backward's largest new gradient "
+                       "{}.\n",
+                       human(a.total_bytes), human(a.data_bytes), human(a.transient_bytes));
+    out += fmt::format("{:<6} {:>14} {:>34}\n", "stage", "buffers", "+ buffers, activations, loader, gradient");
+    for (const auto& s : p.stages) {
+      out += fmt::format("{:<6} {:>14} {:>34}\n", s.stage, human(s.buffer_bytes),
+                         human(s.total_bytes + bytes_beyond_state(p, s.stage)));
+    }
   }
   for (const auto& note : p.notes) out += "Note: " + note + "\n";
   return out;
@@ -319,6 +344,7 @@ nlohmann::json plan_to_json(const MemoryPlan& p) {
                           {"grads_bytes", s.grads_bytes},
                           {"optimizer_bytes", s.optimizer_bytes},
                           {"total_bytes", s.total_bytes},
+                          {"buffer_bytes", s.buffer_bytes},
                           {"mixed_precision_adam",
                            {{"params_bytes", s.mixed_params_bytes},
                             {"grads_bytes", s.mixed_grads_bytes},
@@ -344,7 +370,8 @@ nlohmann::json plan_to_json(const MemoryPlan& p) {
     out["activations"] = {{"microbatch_rows", a.microbatch_rows},   {"stage", a.stage},
                           {"in_flight", a.in_flight},               {"kept_bytes", a.kept_bytes},
                           {"recompute_bytes", a.recompute_bytes},   {"total_bytes", a.total_bytes},
-                          {"unrecomputed_bytes", a.unrecomputed_bytes}};
+                          {"unrecomputed_bytes", a.unrecomputed_bytes}, {"data_bytes", a.data_bytes},
+                          {"transient_bytes", a.transient_bytes}};
   }
   if (p.budget_bytes > 0) {
     out["budget_bytes"] = p.budget_bytes;

@@ -1,12 +1,14 @@
 // The memory planner behind `paratrain plan`: per-rank bytes of parameters,
 // gradients and optimizer state for ZeRO stages 0-3 (arXiv 1910.02054,
 // section 3) from the configured model's parameter count (for the GPT under
-// parallel.tp / pp: what its fullest rank holds), plus the activations of a
-// micro-batch (activation_plan.h). Pure arithmetic: builds no model and
-// measures nothing (`paratrain plan --measure` does); buffers,
-// communication buckets and allocator overhead come on top.
+// parallel.tp / pp: what its fullest rank holds), plus what activation_plan.h
+// counts beyond that state (communication buffers, activations, the
+// loader, backward's largest new gradient). Pure arithmetic: builds no model
+// and measures nothing (`paratrain plan --measure` does); the allocator's
+// overhead and memory that is not tensors come on top.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -33,7 +35,11 @@ struct StageMemory {
   int stage = 0;
   int64_t params_bytes = 0, grads_bytes = 0, optimizer_bytes = 0, total_bytes = 0;
   int64_t mixed_params_bytes = 0, mixed_grads_bytes = 0, mixed_optimizer_bytes = 0, mixed_total_bytes = 0;
-  bool fits = true;  // total_bytes <= budget (true without a budget)
+  /// Communication buffers of the stage's strategy (Note [Communication
+  /// buffers]): ZeRO-1/2's flat gradient buckets, FSDP's gathered unit and
+  /// its full gradient. Planned from a config only; 0 from a bare count.
+  int64_t buffer_bytes = 0;
+  bool fits = true;  // total_bytes + buffers + bytes_beyond_state <= budget (true without a budget)
 };
 
 struct MemoryPlan {
@@ -72,9 +78,16 @@ int64_t parameters_per_rank(const TrainConfig& config);
 MemoryPlan plan_memory(const TrainConfig& config, const PlanOptions& options);
 
 // The same from a parameter count and the optimizer state per parameter (K);
-// `activation_bytes` per rank count against the budget too.
+// `extra_bytes[stage]` per rank (activations, buffers) count against the
+// budget too.
 MemoryPlan plan_memory(int64_t parameters, int64_t dp, int64_t state_bytes_per_param, double memory_gib,
-                       int64_t activation_bytes = 0);
+                       std::array<int64_t, 4> extra_bytes = {});
+
+// What a rank needs at `stage` besides the model state: the communication
+// buffers, the activations, the loader's bytes and backward's largest new
+// gradient (activation_plan.h); the buffers only when the activations are
+// not modelled.
+int64_t bytes_beyond_state(const MemoryPlan& plan, int stage);
 
 // A readable table (stage, params, grads, optimizer, total per rank, fits),
 // the formulas, and the verdict on the budget.
