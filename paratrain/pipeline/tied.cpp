@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <set>
 
 #include <fmt/format.h>
@@ -15,7 +16,7 @@ std::vector<TiedParameter> find_tied_parameters(const std::vector<models::Layer>
                                                 const std::vector<int>& bounds, int stages) {
   struct Seen {
     std::string name;
-    std::set<int> stages;
+    std::map<int, std::string> stages;  // stage -> its first name for the tensor
   };
   std::map<const c10::TensorImpl*, size_t> index;
   std::vector<Seen> seen;
@@ -27,19 +28,20 @@ std::vector<TiedParameter> find_tied_parameters(const std::vector<models::Layer>
           const std::string name = prefix + "." + p.key();
           auto [it, added] = index.emplace(p.value().unsafeGetTensorImpl(), seen.size());
           if (added) seen.push_back({name, {}});
-          if (seen[it->second].name != name) {
-            throw Error(fmt::format("pipeline: layer {} names a tensor {} that another layer names {}; a tensor "
-                                    "shared by layers must have one name",
-                                    layers[j].name, name, seen[it->second].name));
-          }
-          seen[it->second].stages.insert(stage);
+          seen[it->second].stages.emplace(stage, name);  // keeps the stage's first name
         }
       }
     }
   }
   std::vector<TiedParameter> out;
   for (const auto& s : seen) {
-    if (s.stages.size() > 1) out.push_back({s.name, std::vector<int>(s.stages.begin(), s.stages.end())});
+    if (s.stages.size() < 2) continue;
+    TiedParameter t{s.name, {}, {}};
+    for (const auto& [stage, name] : s.stages) {
+      t.stages.push_back(stage);
+      t.names.push_back(name);
+    }
+    out.push_back(std::move(t));
   }
   return out;
 }
@@ -53,9 +55,12 @@ TiedGradients::TiedGradients(const topology::DeviceMesh& mesh, const std::vector
     auto it = groups_.find(t.stages);
     if (it == groups_.end()) it = groups_.emplace(t.stages, topology::new_stage_group(mesh, t.stages)).first;
     if (!it->second) continue;  // not one of its stages
-    const at::Tensor* p = params.find(t.name);
-    if (p == nullptr) throw Error(fmt::format("pipeline: stage {} has no parameter {} to tie; this is a bug", stage, t.name));
-    entries_.push_back({t.name, *p, it->second.get(), stage == t.stages.front()});
+    const auto at = std::find(t.stages.begin(), t.stages.end(), stage);
+    const std::string& name = t.names.empty() ? t.name : t.names[static_cast<size_t>(at - t.stages.begin())];
+    const at::Tensor* p = params.find(name);
+    if (p == nullptr) throw Error(fmt::format("pipeline: stage {} has no parameter {} to tie; this is a bug", stage, name));
+    entries_.push_back({name, t.names.empty() ? t.name : t.names.front(), *p, it->second.get(),
+                        stage == t.stages.front()});
   }
 }
 
@@ -79,6 +84,13 @@ void TiedGradients::all_reduce_gradients() {
 }
 
 bool TiedGradients::is_copy(const std::string& name) const {
+  for (const auto& e : entries_) {
+    if (e.name == name) return !e.first && e.name == e.first_name;
+  }
+  return false;
+}
+
+bool TiedGradients::counted_on_an_earlier_stage(const std::string& name) const {
   for (const auto& e : entries_) {
     if (e.name == name) return !e.first;
   }

@@ -25,16 +25,21 @@
 namespace paratrain::pipeline {
 
 struct TiedParameter {
-  std::string name;         // as the model names it, on every stage: "wte.weight"
+  std::string name;         // the first name the model gives it: "wte.weight"
   std::vector<int> stages;  // the pp ranks whose chunks use it, increasing; 2 or more
+  /// The name each of `stages` holds it under (its first, in layer order):
+  /// the model's one name for a module two layers list (the GPT's wte), or
+  /// each layer's own for a tensor registered twice (a program's module
+  /// that registers another layer's module as its child: "2.weight" and
+  /// "4.shared.weight").
+  std::vector<std::string> names;
 };
 
 // The parameters that chunks on different stages share (one tensor in the
 // modules of layers that land on two stages), in the order the layers list
 // them. Chunk j ([bounds[j], bounds[j+1]) of `layers`) runs on stage
 // j % stages. A tensor shared only within one stage is not listed (autograd
-// already sums its uses). Throws Error when a shared tensor is registered
-// under two names: each stage must hold it under the one checkpoint name.
+// already sums its uses).
 std::vector<TiedParameter> find_tied_parameters(const std::vector<models::Layer>& layers,
                                                 const std::vector<int>& bounds, int stages);
 
@@ -54,14 +59,19 @@ class TiedGradients {
   // (both are sums, so the order does not change the result).
   void all_reduce_gradients();
   // True when this rank holds `name` as a copy of a tensor that an earlier
-  // stage also holds: it is written to checkpoints and counted in gradient
-  // norms by the first stage only.
+  // stage holds under the same name: that stage writes it to checkpoints. A
+  // copy under a name of its own is written by this rank (a one-process
+  // checkpoint has both names).
   bool is_copy(const std::string& name) const;
+  // True when an earlier stage holds the tensor this rank holds as `name`
+  // (under any name): gradient norms count it on the first stage only.
+  bool counted_on_an_earlier_stage(const std::string& name) const;
   bool empty() const { return entries_.empty(); }
 
  private:
   struct Entry {
-    std::string name;
+    std::string name;        // this rank's
+    std::string first_name;  // the first stage's
     at::Tensor local;
     comm::ProcessGroup* group = nullptr;
     bool first = false;  // this rank is the first stage holding it

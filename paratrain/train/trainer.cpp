@@ -45,6 +45,7 @@
 #include "paratrain/train/run/progress.h"
 #include "paratrain/train/recovery/resume_run.h"
 #include "paratrain/train/run/run_dir.h"
+#include "paratrain/train/strategies/common.h"
 #include "paratrain/train/strategies/strategy_registry.h"
 #include "paratrain/train/run/tensorboard.h"
 #include "paratrain/train/trainer_state.h"
@@ -98,7 +99,9 @@ void add_builtin_callbacks(Trainer::State& s) {
 // its own (the same seed, so the global generator ends where it did).
 int64_t program_model_size(Trainer::State& s) {
   int64_t n = 0;
-  for (const auto& p : seeded_model_factory(s.config, c10::Device(c10::kCPU), s.model_builder)()->parameters())
+  // A tied weight (a submodule registered twice) counts once.
+  for (const auto& p : strategies::unique_parameters(*seeded_model_factory(s.config, c10::Device(c10::kCPU),
+                                                                          s.model_builder)()))
     n += p.numel();
   return n;
 }

@@ -12,7 +12,9 @@
 // applies: DDP, ZeRO-1/2/3, FSDP, parameter servers, local SGD, with
 // accumulation, precision, schedules, checkpoints and resume. A
 // torch::nn::Sequential is also cut at its children into pipeline stages
-// (parallel.pp); tensor and context parallelism refuse a program's module.
+// (parallel.pp; a weight two children share is a child one of them
+// registers from the other, pipeline/tied.h); tensor and context
+// parallelism refuse a program's module.
 #pragma once
 
 #include <cstddef>

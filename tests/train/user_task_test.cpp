@@ -322,6 +322,94 @@ TEST(UserTask, ASequentialTrainsInPipelineStagesAsOneProcess) {
   }
 }
 
+// A layer that reuses another layer's weight: it registers that layer as its
+// own child ("shared"), the way LibTorch modules share a submodule, and adds
+// a bias of its own.
+struct ReusedLinearImpl : torch::nn::Module {
+  explicit ReusedLinearImpl(torch::nn::Linear other) : shared(register_module("shared", std::move(other))) {
+    bias = register_parameter("bias", torch::zeros({shared->weight.size(0)}));
+  }
+  at::Tensor forward(const at::Tensor& x) { return torch::nn::functional::linear(x, shared->weight, bias); }
+  torch::nn::Linear shared;
+  at::Tensor bias;
+};
+TORCH_MODULE(ReusedLinear);
+
+// A Sequential whose children 2 and 4 share one weight, cut so that the two
+// land on different stages. The tensor has two names ("2.weight" and
+// "4.shared.weight"), as in one process; each stage keeps a copy under its
+// own, the copies start equal and their gradients are summed after each
+// backward, so the run equals one process, where autograd sums the two uses.
+TEST(UserTask, WeightsTiedAcrossPipelineStagesStayTiedAndEqualOneProcess) {
+  const std::string dir = paratrain::testing::temp_dir("user-tied");
+  TrainerParts parts;
+  parts.model = any_module([](const TrainConfig& c) {
+    const int64_t h = c.user.get<int64_t>("hidden");
+    torch::nn::Linear shared(h, h);
+    return torch::nn::Sequential(torch::nn::Linear(4, h), torch::nn::Tanh(), shared, torch::nn::Tanh(),
+                                 ReusedLinear(shared),
+                                 torch::nn::Tanh(), torch::nn::Linear(h, 1),
+                                 torch::nn::Functional([](const at::Tensor& x) { return x.squeeze(1); }));
+  });
+  parts.task = std::make_shared<MseTask>();
+  parts.data = [](const TrainConfig& c) {
+    return Datasets{regression_rows(640, c.run.seed + 1, false), regression_rows(128, c.run.seed + 2, false)};
+  };
+  // Clipping reaches its bound: the tied weight must count once in the norm.
+  auto tied_config = [&](const std::string& name) {
+    TrainConfig c = user_config(dir, name, 0);
+    c.optimizer.clip_grad_norm = 0.2;
+    return c;
+  };
+  const Params reference = one_rank(tied_config("one"), parts);
+  auto value = [](const Params& p, const std::string& name) {
+    for (const auto& [n, t] : p) {
+      if (n == name) return t;
+    }
+    ADD_FAILURE() << name << " missing";
+    return at::Tensor();
+  };
+  TrainConfig c = tied_config("staged");
+  c.parallel.pp = 2;
+  c.pipeline.schedule = "1f1b";
+  c.pipeline.microbatches = 4;
+  c.pipeline.split = {4, 4};  // children 0-3 (with "2") and 4-7 (with "4")
+  const Params staged = two_ranks(c, parts);
+  ASSERT_EQ(names(staged), names(reference));
+  const double diff = relative_diff(staged, reference);
+  std::printf("a Sequential with a weight tied across 2 stages vs one process after 20 steps: %.2e\n", diff);
+  EXPECT_LT(diff, 1e-5);
+  // Still one weight: the stage-1 copy equals the stage-0 original.
+  EXPECT_TRUE(torch::equal(value(staged, "2.weight"), value(staged, "4.shared.weight")));
+  // Stopped at step 10 and resumed from its checkpoint: the same as uninterrupted.
+  TrainConfig first = c;
+  first.run.name = "halves";
+  first.train.max_steps = 10;
+  two_ranks(first, parts);
+  TrainConfig second = first;
+  second.train.max_steps = 20;
+  second.run.version = 0;
+  second.train.resume = "auto";
+  Params resumed;
+  int64_t start_step = -1;
+  paratrain::testing::run_ranks(2, [&](comm::ProcessGroup& g) {
+    Trainer t(second, g, parts);
+    const auto r = t.fit();
+    auto p = t.full_parameters();
+    if (g.rank() == 0) resumed = std::move(p), start_step = r.start_step;
+  });
+  EXPECT_EQ(start_step, 10);  // it did resume (a fresh run would equal the uninterrupted one too)
+  EXPECT_LT(relative_diff(resumed, staged), 1e-6);
+  // The control: the weight did train, by both uses.
+  const Params untrained = [&] {
+    TrainConfig zero = user_config(dir, "zero", 0);
+    zero.train.max_steps = 1;
+    zero.optimizer.lr = 1e-12;
+    return one_rank(zero, parts);
+  }();
+  EXPECT_GT((value(staged, "2.weight") - value(untrained, "2.weight")).abs().max().item<double>(), 1e-3);
+}
+
 TEST(UserTable, KeysOfEveryTypeParseOverrideRoundTripAndNameMistakes) {
   TrainConfig c = config_from_toml_string(
       "[user]\nhidden = 16\nrate = 0.5\nuse_bias = true\nactivation = \"gelu\"\nwidths = [8, 4]\n"

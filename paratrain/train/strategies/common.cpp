@@ -62,6 +62,15 @@ std::vector<checkpoint::OptimizerSlot> replicated_optimizer_slots(torch::nn::Mod
   return out;
 }
 
+std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module) {
+  std::vector<at::Tensor> out;
+  std::set<const c10::TensorImpl*> seen;
+  for (const auto& p : module.parameters()) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+  }
+  return out;
+}
+
 std::vector<std::pair<std::string, at::Tensor>> clone_parameters(torch::nn::Module& module) {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& item : module.named_parameters()) out.emplace_back(item.key(), item.value().detach().clone());

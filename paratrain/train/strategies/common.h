@@ -42,6 +42,11 @@ std::vector<checkpoint::OptimizerSlot> replicated_optimizer_slots(torch::nn::Mod
 // Detached clones of every parameter, by name.
 std::vector<std::pair<std::string, at::Tensor>> clone_parameters(torch::nn::Module& module);
 
+// module.parameters() with each tensor once: LibTorch lists a submodule
+// registered under two parents (a tied weight) twice, and an optimizer given
+// both would step it twice. PyTorch's parameters() lists it once.
+std::vector<at::Tensor> unique_parameters(const torch::nn::Module& module);
+
 // The ddp.* bucket sizes as reducer options (ZeRO buckets like DDP).
 ddp::BucketPlanOptions bucket_options(const TrainConfig& config);
 // ZeRO and FSDP build on the bucketed reducer: ddp.mode must be "bucketed".

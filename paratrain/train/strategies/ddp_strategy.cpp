@@ -88,7 +88,7 @@ class DdpStrategy final : public DataParallelStrategy {
     }
   }
 
-  std::vector<at::Tensor> optimizer_params() override { return model_->parameters(); }
+  std::vector<at::Tensor> optimizer_params() override { return unique_parameters(*model_); }
 
   StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {
     std::optional<ddp::DistributedDataParallel::NoSyncGuard> no_sync;
@@ -121,7 +121,7 @@ class DdpStrategy final : public DataParallelStrategy {
     if (!skip) {
       // Gradients are the same on every rank after the reduction, so the
       // local norm is the global one.
-      if (clip_grad_norm > 0) torch::nn::utils::clip_grad_norm_(model_->parameters(), clip_grad_norm);
+      if (clip_grad_norm > 0) torch::nn::utils::clip_grad_norm_(unique_parameters(*model_), clip_grad_norm);
       optimizer.step();
     }
     optimizer.zero_grad();

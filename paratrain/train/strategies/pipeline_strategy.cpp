@@ -174,7 +174,7 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
   std::vector<at::Tensor> optimizer_params() override {
     std::vector<at::Tensor> out;
     if (zero_.empty()) {
-      for (const auto& p : module_->parameters())
+      for (const auto& p : unique_parameters(*module_))
         if (p.requires_grad()) out.push_back(p);  // frozen ones never step
       return out;
     }
@@ -461,7 +461,7 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     }
     at::Tensor sq = torch::zeros({1}, torch::kDouble);
     for (const auto& p : module_->named_parameters()) {
-      if (tied_->is_copy(p.key())) continue;  // counted on the first stage
+      if (tied_->counted_on_an_earlier_stage(p.key())) continue;  // counted on the first stage
       if (p.value().grad().defined()) sq += p.value().grad().to(torch::kDouble).pow(2).sum();
     }
     pp_.all_reduce(sq, comm::ReduceOp::kSum)->wait(timeout_);
