@@ -21,6 +21,7 @@
 #include "paratrain/data_parallel/sync_batchnorm/convert_sync_batchnorm.h"
 #include "paratrain/data_parallel/zero/zero.h"
 #include "paratrain/models/model.h"
+#include "paratrain/models/recompute.h"
 #include "paratrain/optim/grad_scaler.h"
 #include "paratrain/topology/device_mesh.h"
 #include "paratrain/train/config/config.h"
@@ -79,6 +80,14 @@ using train::TrainConfig;
 using train::Trainer;
 using train::TrainResult;
 using train::UserTable;
+
+/// Activation checkpointing in your own loop: a model whose layers() are
+/// recomputed in backward (the Trainer's train.activation_checkpointing).
+using models::RecomputedModel;
+using models::RecomputeMode;
+using models::RecomputePolicy;
+using models::recompute_in_backward;
+using models::SegmentState;
 
 /// The Trainer on your own module and loss: any_module() adopts any
 /// torch::nn::Module, a Task scores its output, TrainerParts hands both

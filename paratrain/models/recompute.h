@@ -51,7 +51,7 @@ enum class RecomputeMode {
 
 /// Which layers are recomputed.
 struct RecomputePolicy {
-  RecomputeMode mode = RecomputeMode::kNone;
+  RecomputeMode mode = RecomputeMode::kNone;  ///< which layers form segments
   /// kEveryK: layers per segment (a segment keeps one input for k layers;
   /// more layers, less memory, the same one extra forward).
   int64_t every_k = 2;
@@ -64,6 +64,7 @@ struct RecomputePolicy {
   /// (ParallelGpt's tensor-parallel attention dropout): replayed too.
   std::vector<at::Generator> generators = {};
 
+  /// Whether anything is recomputed.
   bool enabled() const { return mode != RecomputeMode::kNone; }
 };
 
@@ -89,7 +90,9 @@ class RandomStates {
 /// recomputation.
 class KeepBuffers {
  public:
+  /// Copies `buffers` (a segment's modules' buffers).
   explicit KeepBuffers(std::vector<at::Tensor> buffers);
+  /// Writes the copies back in place.
   ~KeepBuffers();
   KeepBuffers(const KeepBuffers&) = delete;
   KeepBuffers& operator=(const KeepBuffers&) = delete;
@@ -110,9 +113,9 @@ std::vector<int> recompute_segments(const std::vector<std::string>& names, const
 /// What a segment reads besides its input.
 struct SegmentState {
   std::vector<at::Tensor> params;   ///< that may need gradients
-  std::vector<at::Tensor> buffers;  ///< kept as the forward left them (KeepBuffers)
-  std::vector<at::Generator> generators;  ///< random streams besides the default one
-  std::string name;                 ///< "blocks.3", "blocks.0..blocks.1": for errors
+  std::vector<at::Tensor> buffers = {};  ///< kept as the forward left them (KeepBuffers)
+  std::vector<at::Generator> generators = {};  ///< random streams besides the default one
+  std::string name = {};            ///< "blocks.3", "blocks.0..blocks.1": for errors
 };
 
 /// Runs `fn(x)` as one recomputed segment (Note [Recompute in backward]).
@@ -145,12 +148,17 @@ int64_t recomputed_segments();
 /// lists no layers (its forward cannot be cut) or a pattern matches none.
 class RecomputedModel final : public Model {
  public:
+  /// Adopts `inner` and computes its segments under `policy`.
   RecomputedModel(std::shared_ptr<Model> inner, RecomputePolicy policy);
 
+  /// The inner model's layers in order, the segments recomputed in backward.
   at::Tensor forward(const at::Tensor& x) override;
+  /// The inner model's layers (a pipeline cuts them as the inner model's).
   std::vector<Layer> layers() override { return inner_->layers(); }
+  /// Training or evaluation mode, on the adopted children and the inner model.
   void train(bool on = true) override;
 
+  /// The model as built.
   const std::shared_ptr<Model>& inner() const { return inner_; }
   /// recompute_segments() of the inner model's layers.
   const std::vector<int>& segments() const { return segment_of_; }
