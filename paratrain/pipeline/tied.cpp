@@ -59,8 +59,12 @@ TiedGradients::TiedGradients(const topology::DeviceMesh& mesh, const std::vector
     const std::string& name = t.names.empty() ? t.name : t.names[static_cast<size_t>(at - t.stages.begin())];
     const at::Tensor* p = params.find(name);
     if (p == nullptr) throw Error(fmt::format("pipeline: stage {} has no parameter {} to tie; this is a bug", stage, name));
-    entries_.push_back({name, t.names.empty() ? t.name : t.names.front(), *p, it->second.get(),
-                        stage == t.stages.front()});
+    // The optimizer state's writer: the first stage that holds it under its
+    // canonical name (the GPT's wte: stage 0; a second name: its holder).
+    size_t writer = 0;
+    while (!t.names.empty() && writer + 1 < t.names.size() && t.names[writer] != t.name) ++writer;
+    entries_.push_back({name, t.names.empty() ? t.name : t.names.front(), t.name, *p, it->second.get(),
+                        stage == t.stages.front(), stage == t.stages[writer]});
   }
 }
 
@@ -88,6 +92,27 @@ bool TiedGradients::is_copy(const std::string& name) const {
     if (e.name == name) return !e.first && e.name == e.first_name;
   }
   return false;
+}
+
+bool TiedGradients::counted_on_an_earlier_stage(const at::Tensor& t) const {
+  for (const auto& e : entries_) {
+    if (e.local.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return !e.first;
+  }
+  return false;
+}
+
+std::string TiedGradients::optimizer_name(const std::string& name) const {
+  for (const auto& e : entries_) {
+    if (e.name == name) return e.canonical;
+  }
+  return name;
+}
+
+bool TiedGradients::writes_optimizer_state(const std::string& name) const {
+  for (const auto& e : entries_) {
+    if (e.name == name) return e.writes_state;
+  }
+  return true;
 }
 
 bool TiedGradients::counted_on_an_earlier_stage(const std::string& name) const {

@@ -66,15 +66,27 @@ class TiedGradients {
   // True when an earlier stage holds the tensor this rank holds as `name`
   // (under any name): gradient norms count it on the first stage only.
   bool counted_on_an_earlier_stage(const std::string& name) const;
+  // The same by identity: `t` is one of this rank's copies of a tensor an
+  // earlier stage holds (whatever name this rank lists it under).
+  bool counted_on_an_earlier_stage(const at::Tensor& t) const;
+  // The name a tied tensor's optimizer state is kept under on every stage:
+  // its first name in the model's order, as one process and ZeRO key it.
+  // `name` for a parameter that is not tied across stages.
+  std::string optimizer_name(const std::string& name) const;
+  // Whether this rank writes the optimizer state of `name` (its canonical
+  // name's holder does; one stage per tied tensor).
+  bool writes_optimizer_state(const std::string& name) const;
   bool empty() const { return entries_.empty(); }
 
  private:
   struct Entry {
     std::string name;        // this rank's
     std::string first_name;  // the first stage's
+    std::string canonical;   // the model's first name for it (TiedParameter::name)
     at::Tensor local;
     comm::ProcessGroup* group = nullptr;
     bool first = false;  // this rank is the first stage holding it
+    bool writes_state = false;  // the first stage holding it under `canonical`
   };
   std::map<std::vector<int>, std::shared_ptr<comm::ProcessGroup>> groups_;
   std::vector<Entry> entries_;  // those this rank holds

@@ -400,6 +400,26 @@ TEST(UserTask, WeightsTiedAcrossPipelineStagesStayTiedAndEqualOneProcess) {
   });
   EXPECT_EQ(start_step, 10);  // it did resume (a fresh run would equal the uninterrupted one too)
   EXPECT_LT(relative_diff(resumed, staged), 1e-6);
+
+  // Both uses on one stage (children 0-4 | 5-7): one tensor under two names
+  // on that rank, counted and clipped once.
+  TrainConfig same = c;
+  same.run.name = "same_stage";
+  same.pipeline.split = {5, 3};
+  EXPECT_LT(relative_diff(two_ranks(same, parts), reference), 1e-5);
+
+  // One process's checkpoint at step 10 (its optimizer state under the
+  // first name, "2.weight") resumed in 2 stages: both copies take their
+  // momentum from it and stay one weight, equal to one process throughout.
+  TrainConfig alone = tied_config("alone");
+  alone.train.max_steps = 10;
+  one_rank(alone, parts);
+  TrainConfig staged_resume = c;
+  staged_resume.run.name = "staged_resume";
+  staged_resume.train.resume = dir + "/alone/version_0/checkpoints/step_00000010";
+  const Params crossed = two_ranks(staged_resume, parts);
+  EXPECT_TRUE(torch::equal(value(crossed, "2.weight"), value(crossed, "4.shared.weight")));
+  EXPECT_LT(relative_diff(crossed, reference), 1e-5);
   // The control: the weight did train, by both uses.
   const Params untrained = [&] {
     TrainConfig zero = user_config(dir, "zero", 0);

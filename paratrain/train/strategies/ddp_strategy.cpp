@@ -117,7 +117,7 @@ class DdpStrategy final : public DataParallelStrategy {
     // The reduced gradients are the same on every rank, so an inf anywhere
     // before the reduction is seen everywhere; agreeing over dp anyway (4
     // bytes) keeps ranks in step if a rank's gradient changed after it.
-    const bool skip = unscale_found_inf(scaler, grads_of(model_->parameters()), {&dp_}, timeout_);
+    const bool skip = unscale_found_inf(scaler, grads_of(unique_parameters(*model_)), {&dp_}, timeout_);
     if (!skip) {
       // Gradients are the same on every rank after the reduction, so the
       // local norm is the global one.
@@ -161,9 +161,10 @@ class DdpStrategy final : public DataParallelStrategy {
 
   ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const override {
     std::vector<at::Tensor> grads;
-    for (const auto& p : model_->parameters()) grads.push_back(p.grad());
+    const std::vector<at::Tensor> params = unique_parameters(*model_);
+    for (const auto& p : params) grads.push_back(p.grad());
     ModelStateBytes m;
-    m.params = tensor_bytes(model_->parameters());
+    m.params = tensor_bytes(params);
     m.grads = tensor_bytes(grads);
     m.optimizer_state = tensor_bytes(optimizer_state_tensors(optimizer));
     return m;

@@ -277,8 +277,13 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
   }
   std::vector<checkpoint::OptimizerSlot> optimizer_slots() override {
     if (zero_.empty()) {
+      // A tied tensor's state lives under its first name in the model, on
+      // every stage (as one process keys it); its holder writes it.
       auto out = replicated_optimizer_slots(*module_, dp_.rank() == 0);
-      for (auto& o : out) o.slot.write = o.slot.write && !tied_->is_copy(o.slot.name);
+      for (auto& o : out) {
+        o.slot.write = o.slot.write && tied_->writes_optimizer_state(o.slot.name);
+        o.slot.name = tied_->optimizer_name(o.slot.name);
+      }
       return out;
     }
     std::vector<checkpoint::OptimizerSlot> out;
@@ -325,9 +330,10 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
   ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const override {
     if (!zero_.empty()) return zero_chunks_memory(zero_, optimizer);
     std::vector<at::Tensor> grads;
-    for (const auto& p : module_->parameters()) grads.push_back(p.grad());
+    const std::vector<at::Tensor> params = unique_parameters(*module_);
+    for (const auto& p : params) grads.push_back(p.grad());
     ModelStateBytes m;
-    m.params = tensor_bytes(module_->parameters());
+    m.params = tensor_bytes(params);
     m.grads = tensor_bytes(grads);
     m.optimizer_state = tensor_bytes(optimizer_state_tensors(optimizer));
     return m;
@@ -412,6 +418,26 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
   // so the vectors stay indexed by local chunk. Its values need no
   // broadcast: every rank drew the same model from run.seed.
   void wrap_replicas() {
+    // One tensor in two of this rank's chunks (a tied pair both on this
+    // rank, interleaved): each chunk's DDP or ZeRO wrapper would reduce
+    // and step it on its own.
+    if ((config_.zero.stage > 0 || (dp_.size() > 1 && config_.ddp.mode != "none")) && modules_.size() > 1) {
+      std::map<const c10::TensorImpl*, size_t> owner;
+      for (size_t i = 0; i < modules_.size(); ++i) {
+        for (const auto& p : modules_[i]->named_parameters()) {
+          const auto [it, added] = owner.emplace(p.value().unsafeGetTensorImpl(), i);
+          if (!added && it->second != i) {
+            throw ConfigError(fmt::format(
+                "parameter {} is shared by two model chunks on pipeline rank {} (a tied weight with "
+                "pipeline.virtual_stages = {}), which {} would reduce and step twice: cut the model so the "
+                "pair lands on different ranks or in one chunk (pipeline.split), or use {}",
+                p.key(), pp_.rank(), shape_.virtual_stages,
+                config_.zero.stage > 0 ? "ZeRO's per-chunk shards" : "DDP's per-chunk reducers",
+                config_.zero.stage > 0 ? "zero.stage = 0" : "one data-parallel replica"));
+          }
+        }
+      }
+    }
     if (config_.zero.stage > 0) {
       // Even at dp = 1: the optimizer state and checkpoint layout are the
       // ZeRO ones, as for the zero strategy on one rank.
@@ -459,16 +485,19 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
       }
       return;
     }
+    // Each tensor once (a tied one may be listed under two names here), and
+    // a copy an earlier stage holds not at all.
+    const std::vector<at::Tensor> params = unique_parameters(*module_);
     at::Tensor sq = torch::zeros({1}, torch::kDouble);
-    for (const auto& p : module_->named_parameters()) {
-      if (tied_->counted_on_an_earlier_stage(p.key())) continue;  // counted on the first stage
-      if (p.value().grad().defined()) sq += p.value().grad().to(torch::kDouble).pow(2).sum();
+    for (const auto& p : params) {
+      if (tied_->counted_on_an_earlier_stage(p)) continue;  // counted on the first stage
+      if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum();
     }
     pp_.all_reduce(sq, comm::ReduceOp::kSum)->wait(timeout_);
     const double norm = std::sqrt(sq.item<double>());
     const double coef = max_norm / (norm + 1e-6);
     if (coef >= 1) return;
-    for (auto& p : module_->parameters()) {
+    for (const auto& p : params) {
       if (p.grad().defined()) p.mutable_grad().mul_(coef);
     }
   }
