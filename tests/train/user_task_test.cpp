@@ -420,6 +420,22 @@ TEST(UserTask, WeightsTiedAcrossPipelineStagesStayTiedAndEqualOneProcess) {
   const Params crossed = two_ranks(staged_resume, parts);
   EXPECT_TRUE(torch::equal(value(crossed, "2.weight"), value(crossed, "4.shared.weight")));
   EXPECT_LT(relative_diff(crossed, reference), 1e-5);
+
+  // Both uses in two interleaved chunks of rank 0 (children 0-2 and 4-5):
+  // ZeRO would shard and step the tensor once per chunk; refused by name.
+  TrainConfig interleaved = c;
+  interleaved.run.name = "interleaved";
+  interleaved.pipeline.schedule = "interleaved_1f1b";
+  interleaved.pipeline.virtual_stages = 2;
+  interleaved.pipeline.split = {3, 1, 2, 2};
+  interleaved.zero.stage = 1;
+  try {
+    two_ranks(interleaved, parts);
+    ADD_FAILURE() << "a tensor in two chunks of one rank was accepted under ZeRO";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("is shared by two model chunks on pipeline rank 0"), std::string::npos)
+        << e.what();
+  }
   // The control: the weight did train, by both uses.
   const Params untrained = [&] {
     TrainConfig zero = user_config(dir, "zero", 0);

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <string>
 
+#include <map>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
@@ -66,6 +68,31 @@ pipeline::ExecutorOptions executor_options(const TrainConfig& config, const pipe
   options.autocast = compute_dtype(config);
   options.timeout = timeout;
   return options;
+}
+
+void refuse_tensors_shared_by_chunks(const TrainConfig& config, const std::vector<models::Layer>& layers,
+                                     const std::vector<int>& bounds, int stages, int dp) {
+  const bool wrapped = config.zero.stage > 0 || (dp > 1 && config.ddp.mode != "none");
+  const int chunks = static_cast<int>(bounds.size()) - 1;
+  if (!wrapped || chunks <= stages) return;  // one chunk per rank
+  std::map<std::pair<int, const c10::TensorImpl*>, int> owner;  // (stage, tensor) -> chunk
+  for (int mc = 0; mc < chunks; ++mc) {
+    for (int j = bounds[mc]; j < bounds[mc + 1]; ++j) {
+      for (const auto& [prefix, module] : layers[j].modules) {
+        for (const auto& p : module->named_parameters()) {
+          const auto [it, added] = owner.emplace(std::make_pair(mc % stages, p.value().unsafeGetTensorImpl()), mc);
+          if (added || it->second == mc) continue;
+          throw ConfigError(fmt::format(
+              "parameter {}.{} is shared by two model chunks on pipeline rank {} (a tied weight with "
+              "pipeline.virtual_stages = {}), which {} would reduce and step twice: cut the model so the "
+              "pair lands on different ranks or in one chunk (pipeline.split), or use {}",
+              prefix, p.key(), mc % stages, chunks / stages,
+              config.zero.stage > 0 ? "ZeRO's per-chunk shards" : "DDP's per-chunk reducers",
+              config.zero.stage > 0 ? "zero.stage = 0" : "one data-parallel replica"));
+        }
+      }
+    }
+  }
 }
 
 pipeline::ExecutorHooks ddp_chunk_hooks(const std::vector<std::unique_ptr<ddp::DistributedDataParallel>>& ddp,

@@ -46,6 +46,13 @@ std::vector<pipeline::LocalChunk> local_chunks(const std::vector<models::Layer>&
 pipeline::ExecutorOptions executor_options(const TrainConfig& config, const pipeline::ScheduleOptions& shape,
                                            std::chrono::milliseconds timeout);
 
+// ConfigError when one tensor sits in two chunks of one rank (a tied pair
+// both on one rank, interleaved: chunk j of `bounds` runs on stage
+// j % stages) while each chunk gets its own DDP (dp > 1) or ZeRO wrapper:
+// both would reduce and step it. The same verdict on every rank.
+void refuse_tensors_shared_by_chunks(const TrainConfig& config, const std::vector<models::Layer>& layers,
+                                     const std::vector<int>& bounds, int stages, int dp);
+
 // DDP on each local chunk (one wrapper per chunk, in local order): prepare
 // before a forward, reduce only in the chunk's last backward of the step
 // (earlier micro-batches accumulate locally) and only when `sync`.

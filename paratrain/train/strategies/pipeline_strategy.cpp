@@ -133,6 +133,7 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
       bounds_ = pipeline::explicit_partition(config_.pipeline.split, static_cast<int>(layers.size()), chunks);
     }
     record_layout(layers);
+    refuse_tensors_shared_by_chunks(config_, layers, bounds_, shape_.stages, dp_.size());
     const auto tied = pipeline::find_tied_parameters(layers, bounds_, shape_.stages);
     if (!tied.empty() && config_.zero.stage > 0) {
       throw ConfigError(fmt::format("zero.stage = {} with parallel.pp = {}: {} is shared by stages {} (a tied "
@@ -418,26 +419,6 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
   // so the vectors stay indexed by local chunk. Its values need no
   // broadcast: every rank drew the same model from run.seed.
   void wrap_replicas() {
-    // One tensor in two of this rank's chunks (a tied pair both on this
-    // rank, interleaved): each chunk's DDP or ZeRO wrapper would reduce
-    // and step it on its own.
-    if ((config_.zero.stage > 0 || (dp_.size() > 1 && config_.ddp.mode != "none")) && modules_.size() > 1) {
-      std::map<const c10::TensorImpl*, size_t> owner;
-      for (size_t i = 0; i < modules_.size(); ++i) {
-        for (const auto& p : modules_[i]->named_parameters()) {
-          const auto [it, added] = owner.emplace(p.value().unsafeGetTensorImpl(), i);
-          if (!added && it->second != i) {
-            throw ConfigError(fmt::format(
-                "parameter {} is shared by two model chunks on pipeline rank {} (a tied weight with "
-                "pipeline.virtual_stages = {}), which {} would reduce and step twice: cut the model so the "
-                "pair lands on different ranks or in one chunk (pipeline.split), or use {}",
-                p.key(), pp_.rank(), shape_.virtual_stages,
-                config_.zero.stage > 0 ? "ZeRO's per-chunk shards" : "DDP's per-chunk reducers",
-                config_.zero.stage > 0 ? "zero.stage = 0" : "one data-parallel replica"));
-          }
-        }
-      }
-    }
     if (config_.zero.stage > 0) {
       // Even at dp = 1: the optimizer state and checkpoint layout are the
       // ZeRO ones, as for the zero strategy on one rank.
