@@ -9,9 +9,11 @@ cd "$(dirname "$0")/.."
 dir="${PARATRAIN_CUDA_BUILD_DIR:-build-cuda}"
 py="${PYTHON:-python3}"
 torch_prefix="$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+# nccl.h for the NCCL backend (comm/nccl/): the wheel's nvidia-nccl package.
+nccl_include="$("$py" -c 'import os, nvidia.nccl as m; print(os.path.join(list(m.__path__)[0], "include"))' 2>/dev/null || true)"
 if [ ! -f "$dir/build.ninja" ]; then
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_PREFIX_PATH="$torch_prefix" \
+    -DCMAKE_PREFIX_PATH="$torch_prefix" -DPARATRAIN_NCCL_INCLUDE_DIR="$nccl_include" \
     -DPARATRAIN_VENDOR_DIR="$PWD/third_party/vendor" ${PARATRAIN_CMAKE_ARGS:-}
 fi
 ninja -C "$dir" -j "${PARATRAIN_BUILD_JOBS:-$(nproc)}" "$@"

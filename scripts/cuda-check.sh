@@ -1,106 +1,141 @@
 #!/usr/bin/env bash
-# The GPU machine's check of the CUDA path, as one run (a lent GPU machine has
-# minutes, not hours): build against the local PyTorch wheel's LibTorch
-# (scripts/cuda-build.sh), run the device tests one by one (each under a
-# timeout, so one hang does not eat the run), then the CLI on the GPU: every
-# strategy wired for world.device = cuda trained by `paratrain launch` on 2
-# ranks, consolidated and compared with 1 GPU process on the same global
-# batch, and the launcher's exit code checked. Logs and runs go to $LOGS
-# (default /tmp/cuda-check); $OUT (the device tool's folder), when set, gets
-# summary.txt, the digest, and the logs' tails.
+# The GPU machine's check of the CUDA path, as one run inside a time budget
+# (a lent GPU machine has minutes, not hours; BUDGET_S, default 540 s):
+#  1. build the CLI and test_comm against the local PyTorch wheel's LibTorch
+#     (scripts/cuda-build.sh; NCCL backend on);
+#  2. the NCCL tests (world size 1: one GPU cannot hold two NCCL ranks);
+#  3. correctness, each against one GPU process on the same global batch,
+#     checkpoints consolidated and compared (`checkpoint compare --all`):
+#     the MLP at world size 1 over NCCL (DDP, ZeRO-1/2/3), 2 processes on the
+#     GPU over Gloo (FSDP, a 2-stage pipeline), two NCCL ranks on one GPU
+#     (must be a ConfigError); the GPT at tp=2 and pp=2; beside them, on CPU
+#     ranks, torchrun (standalone and c10d rendezvous) against paratrain launch;
+#  4. timing, nothing else running: the GPT in fp32, bf16 and fp16 with the
+#     dynamic loss scale, paratrain next to PyTorch eager on the same GPU
+#     (bench/run_pytorch_gpt.sh), then DDP scaling on CPU ranks
+#     (bench/run_cpu_scaling.sh) with what time is left.
+# Every figure goes to $out/figures.jsonl, a digest to summary.txt; $OUT
+# (the device tool's folder), when set, gets both and logs.tgz.
 # Needs third_party/vendor (scripts/vendor-headers.sh) and Fashion-MNIST's
 # *-ubyte.gz files in $FASHION_DIR (default data/fashion-mnist).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${LOGS:-/tmp/cuda-check}"; mkdir -p "$out"
-# Whatever happens, the digest and the logs' tails reach $OUT.
+t0=$(date +%s); budget="${BUDGET_S:-540}"
+left() { echo $(( budget - ($(date +%s) - t0) )); }
 finish() {
   [ -n "${OUT:-}" ] || return 0
-  cp "$out/summary.txt" "$OUT/" 2>/dev/null
-  for f in "$out"/*.log; do [ -f "$f" ] && tail -40 "$f" > "$OUT/tail-$(basename "$f")"; done
+  cp "$out/summary.txt" "$out/figures.jsonl" "$OUT/" 2>/dev/null
+  (cd "$out" && tar czf "$OUT/logs.tgz" --exclude='runs' --exclude='*.safetensors' . 2>/dev/null)
 }
 trap finish EXIT
+say() { echo "$*" | tee -a "$out/summary.txt"; }
+step() { say "== $* ($(date +%T), $(left) s left)"; }
+fig() { echo "$1" >> "$out/figures.jsonl"; }
+enough() {  # seconds needed, what
+  [ "$(left)" -gt "$1" ] && return 0
+  say "skipped $2: $(left) s left, needs $1"; return 1
+}
 fashion="${FASHION_DIR:-$PWD/data/fashion-mnist}"
-export PARATRAIN_BUILD_JOBS="${PARATRAIN_BUILD_JOBS:-$(nproc)}" OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-step() { echo "== $* ($(date +%T))" | tee -a "$out/summary.txt"; }
+export PARATRAIN_BUILD_JOBS="${PARATRAIN_BUILD_JOBS:-$(( $(nproc) + 2 ))}" OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+nvidia-smi -L 2>&1 | head -2 | tee -a "$out/summary.txt"
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' \
+  2>&1 | tee -a "$out/summary.txt"
 
-step "build ${BUILD_TARGETS:-paratrain test_train}"
-timeout "${BUILD_S:-300}" ./scripts/cuda-build.sh -k 0 ${BUILD_TARGETS:-paratrain test_train} > "$out/build.log" 2>&1
-echo "rc=$?" | tee -a "$out/summary.txt"
-grep -E "error:|FAILED:" "$out/build.log" | sort | uniq -c | sort -rn | head -40 >> "$out/summary.txt"
-
-if [ -x build-cuda/tests/test_train ]; then
-  # Thread-rank oracles hang on one GPU (tests/train/device_test.cpp says
-  # why): the multi-rank GPU checks below run as processes.
-  step "device tests"
-  timeout "${TEST_S:-60}" build-cuda/tests/test_train --gtest_filter='Device.*:CudaTrainer.*' > "$out/device-tests.log" 2>&1
-  echo "rc=$?" >> "$out/summary.txt"
-  grep -E "OK \]|FAILED|Failure|Skipped" "$out/device-tests.log" | head -12 >> "$out/summary.txt"
-fi
-
+step "build ${BUILD_TARGETS:-paratrain test_comm}"
+timeout "${BUILD_S:-330}" ./scripts/cuda-build.sh -k 0 ${BUILD_TARGETS:-paratrain test_comm} > "$out/build.log" 2>&1
+say "rc=$?"
+grep -E "paratrain: (NCCL|MPI) backend" build-cuda/CMakeFiles/CMakeOutput.log "$out/build.log" 2>/dev/null | head -2 >> "$out/summary.txt"
+grep -E "error:|FAILED:" "$out/build.log" | sort | uniq -c | sort -rn | head -30 >> "$out/summary.txt"
 cli=build-cuda/paratrain
 [ -x "$cli" ] || { step "no CLI built"; exit 0; }
-steps=60
-mlp=(-c configs/fashion_mnist_mlp.toml --set world.device=cuda --set data.dir="$fashion"
-     --set train.max_steps=$steps --set train.eval_every_epochs=0 --set run.output_dir="$out/runs")
-ckpt=$(printf 'version_0/checkpoints/step_%08d' "$steps")
-# One GPU process on the global batch (128), then 2 ranks of 64 per layout.
-step "CLI: 1 GPU process, global batch 128"
-timeout 120 $cli train "${mlp[@]}" --set run.name=single --set data.batch_size=128 > "$out/single.log" 2>&1
-echo "rc=$?" >> "$out/summary.txt"
-compare() {  # name, launch exit code
-  echo "$1: launch rc=$2" >> "$out/summary.txt"
-  $cli checkpoint consolidate "$out/runs/$1/$ckpt" -o "$out/$1.safetensors" > "$out/$1.consolidate.log" 2>&1 || {
-    tail -3 "$out/$1.consolidate.log" >> "$out/summary.txt"; return; }
-  echo "$1 vs single: $($cli checkpoint compare --all "$out/$1.safetensors" "$out/runs/single/$ckpt" 2>&1 | tail -1)" \
-    >> "$out/summary.txt"
-}
-for layout in ddp zero1 zero2 ddp_shm; do
-  case $layout in
-    ddp) args=() ;;
-    zero1) args=(--set zero.stage=1) ;;
-    zero2) args=(--set zero.stage=2) ;;
-    ddp_shm) args=(--set world.backend=shm) ;;
-  esac
-  step "CLI: $layout, 2 processes on the GPU"
-  timeout 150 $cli launch --nproc-per-node 2 -- $cli train "${mlp[@]}" --set run.name=$layout "${args[@]}" \
-    > "$out/$layout.log" 2>&1
-  rc=$?
-  grep -E "error|Error|strategy" "$out/$layout.log" | head -4 >> "$out/summary.txt"
-  compare $layout $rc
-done
 
-# A GPT with tensor parallelism on the GPU (no fortunes package here: the
-# repository's own docs are the corpus).
-cat docs/*.md docs/notes/*.md > "$out/corpus.txt"
-gpt=(-c configs/gpt_fortunes.toml --set world.device=cuda --set data.path="$out/corpus.txt" --set model.dropout=0
-     --set train.max_steps=20 --set train.eval_every_epochs=0 --set run.output_dir="$out/runs"
+if [ -x build-cuda/tests/test_comm ]; then
+  step "NCCL and staging tests"
+  timeout 90 build-cuda/tests/test_comm --gtest_filter='NcclGroup.*:HostStaging*' > "$out/nccl-tests.log" 2>&1
+  say "rc=$?"
+  grep -E "OK \]|FAILED|Failure|Skipped|error" "$out/nccl-tests.log" | head -16 >> "$out/summary.txt"
+fi
+
+# ---- correctness: three lanes at once (none of them is timed) ----
+steps=60
+mlp=(-c configs/fashion_mnist_mlp.toml --set data.dir="$fashion" --set train.max_steps=$steps
+     --set train.eval_every_epochs=0 --set run.output_dir="$out/runs" --set log.progress=off)
+ckpt() { printf 'version_0/checkpoints/step_%08d' "$1"; }
+compare() {  # run name, reference run name, steps, launch rc, what
+  local rel
+  $cli checkpoint consolidate "$out/runs/$1/$(ckpt "$3")" -o "$out/$1.safetensors" > "$out/$1.consolidate.log" 2>&1 || {
+    say "$1 ($5): launch rc=$4, no checkpoint: $(grep -m1 -iE 'error' "$out/$1.log")"
+    fig "{\"check\":\"$1\",\"what\":\"$5\",\"rc\":$4,\"ok\":false}"; return; }
+  rel=$($cli checkpoint compare --all "$out/$1.safetensors" "$out/runs/$2/$(ckpt "$3")" 2>&1 | tail -1)
+  say "$1 ($5) vs $2: launch rc=$4; $rel"
+  fig "{\"check\":\"$1\",\"what\":\"$5\",\"rc\":$4,\"compare\":\"${rel//\"/}\"}"
+}
+gpu_lane() {
+  timeout 120 $cli train "${mlp[@]}" --set world.device=cuda --set run.name=single --set data.batch_size=128 \
+    > "$out/single.log" 2>&1
+  echo "single: rc=$?" >> "$out/lane-gpu.txt"
+  for stage in 0 1 2 3; do  # world size 1 over NCCL, the global batch
+    timeout 120 $cli train "${mlp[@]}" --set world.device=cuda --set world.backend=nccl --set zero.stage=$stage \
+      --set run.name=nccl_zero$stage --set data.batch_size=128 > "$out/nccl_zero$stage.log" 2>&1
+    compare nccl_zero$stage single $steps $? "1 rank over NCCL, zero.stage=$stage"
+  done
+  timeout 150 $cli launch --nproc-per-node 2 -- $cli train "${mlp[@]}" --set world.device=cuda --set zero.stage=3 \
+    --set run.name=fsdp2 > "$out/fsdp2.log" 2>&1
+  compare fsdp2 single $steps $? "FSDP, 2 processes on the GPU, Gloo staged"
+  timeout 150 $cli launch --nproc-per-node 2 -- $cli train "${mlp[@]}" --set world.device=cuda --set parallel.pp=2 \
+    --set data.batch_size=128 --set run.name=pp2 > "$out/pp2.log" 2>&1
+  compare pp2 single $steps $? "2-stage pipeline (1F1B), 2 processes on the GPU"
+  timeout 60 $cli launch --nproc-per-node 2 -- $cli train "${mlp[@]}" --set world.device=cuda --set world.backend=nccl \
+    --set run.name=nccl_two > "$out/nccl_two.log" 2>&1
+  local rc=$?
+  say "nccl, 2 ranks on 1 GPU: rc=$rc: $(grep -m1 -oE 'world.backend = "nccl": [^(]*' "$out/nccl_two.log")"
+  fig "{\"check\":\"nccl_two_ranks_one_gpu\",\"rc\":$rc,\"config_error\":$(grep -q 'NCCL refuses two ranks on one GPU' "$out/nccl_two.log" && echo true || echo false)}"
+}
+cat docs/*.md docs/notes/*.md > "$out/corpus.txt" 2>/dev/null
+gpt=(-c configs/gpt_fortunes.toml --set data.path="$out/corpus.txt" --set model.dropout=0 --set train.max_steps=20
+     --set train.eval_every_epochs=0 --set run.output_dir="$out/runs" --set log.progress=off --set world.device=cuda
      --set optimizer.kind=sgd --set optimizer.lr=0.05 --set optimizer.momentum=0.9 --set optimizer.weight_decay=0)
-gckpt=$(printf 'version_0/checkpoints/step_%08d' 20)
-step "CLI: GPT 1 GPU process"
-timeout 150 $cli train "${gpt[@]}" --set run.name=gpt_single > "$out/gpt_single.log" 2>&1
-echo "rc=$?" >> "$out/summary.txt"
-grep -E "error|Error" "$out/gpt_single.log" | head -3 >> "$out/summary.txt"
-grep -E "tokens/s|samples/s|loss" "$out/gpt_single.log" | tail -2 >> "$out/summary.txt"
-for layout in tp2 cp2; do
-  step "CLI: GPT $layout, 2 processes on the GPU"
-  timeout 150 $cli launch --nproc-per-node 2 -- $cli train "${gpt[@]}" --set run.name=gpt_$layout \
-    --set parallel.${layout:0:2}=2 > "$out/gpt_$layout.log" 2>&1
-  rc=$?
-  grep -E "error|Error|strategy" "$out/gpt_$layout.log" | head -4 >> "$out/summary.txt"
-  echo "gpt_$layout: launch rc=$rc" >> "$out/summary.txt"
-  $cli checkpoint consolidate "$out/runs/gpt_$layout/$gckpt" -o "$out/gpt_$layout.safetensors" > /dev/null 2>&1 &&
-    echo "gpt_$layout vs single: $($cli checkpoint compare --all "$out/gpt_$layout.safetensors" \
-      "$out/runs/gpt_single/$gckpt" 2>&1 | tail -1)" >> "$out/summary.txt"
-done
-# Profiling on the GPU (issue 27): GPU kernels must appear in the rank files.
-step "CLI: profile steps 10-11 of DDP on 2 GPUs"
-timeout 120 $cli launch --nproc-per-node 2 -- $cli train "${mlp[@]}" --set run.name=profiled \
-  --set train.max_steps=12 --set profile.steps=10-11 > "$out/profiled.log" 2>&1
-echo "rc=$?" >> "$out/summary.txt"
-$cli profile "$out/runs/profiled" --top 5 > "$out/profile.txt" 2>&1
-head -4 "$out/profile.txt" >> "$out/summary.txt"
-python3 -c "import json,sys; d=json.load(open(sys.argv[1])); g=[e for e in d['events'] if e.get('gpu')]; \
-print('profile rank 0: %d GPU events, e.g. %s' % (len(g), sorted({e['name'] for e in g})[:3]))" \
-  "$out/runs/profiled/version_0/profile/rank_0.json" >> "$out/summary.txt" 2>&1
+gpt_lane() {
+  timeout 150 $cli train "${gpt[@]}" --set run.name=gpt_single > "$out/gpt_single.log" 2>&1
+  echo "gpt_single: rc=$?" >> "$out/lane-gpt.txt"
+  for layout in tp pp; do
+    timeout 150 $cli launch --nproc-per-node 2 -- $cli train "${gpt[@]}" --set run.name=gpt_${layout}2 \
+      --set parallel.$layout=2 > "$out/gpt_${layout}2.log" 2>&1
+    compare gpt_${layout}2 gpt_single 20 $? "GPT $layout=2, 2 processes on the GPU"
+  done
+}
+torchrun_lane() {  # CPU ranks: torchrun starts paratrain like any worker
+  local cpu=("${mlp[@]}" --set world.device=cpu --set train.max_steps=20)
+  timeout 90 $cli launch --nproc-per-node 2 -- $cli train "${cpu[@]}" --set run.name=tr_launch > "$out/tr_launch.log" 2>&1
+  echo "tr_launch: rc=$?" >> "$out/lane-torchrun.txt"
+  timeout 90 torchrun --standalone --nproc_per_node 2 --no_python $cli train "${cpu[@]}" --set run.name=tr_standalone \
+    > "$out/tr_standalone.log" 2>&1
+  compare tr_standalone tr_launch 20 $? "torchrun --standalone, 2 CPU ranks"
+  timeout 90 torchrun --nnodes 1 --nproc_per_node 2 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:29533 \
+    --rdzv_id cudacheck --no_python $cli train "${cpu[@]}" --set run.name=tr_c10d > "$out/tr_c10d.log" 2>&1
+  compare tr_c10d tr_launch 20 $? "torchrun c10d rendezvous, 2 CPU ranks"
+}
+if enough 150 "correctness"; then
+  step "correctness: MLP on the GPU, GPT tp/pp, torchrun (three lanes at once)"
+  gpu_lane & gpt_lane & torchrun_lane & wait
+  cat "$out"/lane-*.txt >> "$out/summary.txt" 2>/dev/null
+  grep -h "peak GPU memory" "$out/single.log" "$out/gpt_single.log" 2>/dev/null | head -2 >> "$out/summary.txt"
+fi
+
+# ---- timing: one thing at a time ----
+if [ -x bench/run_pytorch_gpt.sh ] && enough 100 "paratrain vs PyTorch eager"; then
+  step "GPT: paratrain vs PyTorch eager on this GPU (fp32, bf16, fp16)"
+  PARATRAIN="$cli" timeout $(( $(left) - 60 )) bench/run_pytorch_gpt.sh "$out/vs_pytorch" > "$out/vs_pytorch.log" 2>&1
+  say "rc=$?"
+  cat "$out"/vs_pytorch/*.jsonl >> "$out/figures.jsonl" 2>/dev/null
+  cat "$out"/vs_pytorch/*.md >> "$out/summary.txt" 2>/dev/null
+fi
+if [ -x bench/run_cpu_scaling.sh ] && enough 70 "CPU scaling"; then
+  step "DDP scaling on CPU ranks (shm) next to PyTorch DDP (Gloo)"
+  timeout $(( $(left) - 10 )) bench/run_cpu_scaling.sh "$out/scaling" "$cli" > "$out/scaling.log" 2>&1
+  say "rc=$?"
+  cat "$out/scaling/scaling.jsonl" >> "$out/figures.jsonl" 2>/dev/null
+  cat "$out/scaling/scaling.md" >> "$out/summary.txt" 2>/dev/null
+fi
 step "done"

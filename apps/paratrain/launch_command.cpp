@@ -74,7 +74,7 @@ Command add_launch_command(CLI::App& app) {
   sub->add_option("--backend", o.backend,
                   "collective backend of the workers (sets world.backend through PARATRAIN_BACKEND; "
                   "--set world.backend=... wins): gloo, shm (shared memory, this host), hierarchical (several hosts: shm "
-                  "inside each, gloo between) or auto. For mpi run "
+                  "inside each, gloo between), nccl (GPU tensors, one GPU per rank; CUDA builds) or auto. For mpi run "
                   "`mpirun -np N paratrain train ...` instead");
   sub->add_option("--max-restarts,--max_restarts", o.max_restarts,
                   "restart all local workers up to this many times when one fails; `paratrain train` then "

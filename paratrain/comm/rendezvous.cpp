@@ -14,12 +14,14 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/cuda.h>
 
 #include "paratrain/comm/auth_store/handshake.h"
 #include "paratrain/comm/auth_store/server.h"
 #include "paratrain/comm/auth_store/store.h"
 #include "paratrain/comm/gloo/gloo_group.h"
 #include "paratrain/comm/mpi/mpi_group.h"
+#include "paratrain/comm/nccl/nccl_group.h"
 #include "paratrain/comm/host_staging_group.h"
 #include "paratrain/comm/doctor/recording_group.h"
 #include "paratrain/comm/rejoin.h"
@@ -244,15 +246,42 @@ std::string bind_address_for(const WorldInfo& world, const InitOptions& options)
   return host;
 }
 
+// GPUs LibTorch sees on this host (0 on a CPU-only build).
+int gpus_on_this_host() { return static_cast<int>(torch::cuda::device_count()); }
+
+// NCCL gives each rank a GPU of its own: it refuses two ranks on one device
+// ("Duplicate GPU detected", NVIDIA/nccl#418). Ranks pick GPU LOCAL_RANK
+// modulo the GPUs seen (core/device.h), so more ranks than GPUs on a host
+// means two on one: a ConfigError before any connection is made.
+void check_nccl_fits(const WorldInfo& world, const InitOptions& options) {
+  if (options.cpu_tensors)
+    throw ConfigError("world.backend = \"nccl\" carries GPU tensors, and this job's live in CPU memory "
+                      "(world.device = \"cpu\"): set world.device = \"cuda\", or use world.backend = \"gloo\", "
+                      "\"shm\" or \"auto\"");
+  if (!nccl_compiled()) make_nccl_group({}, world.rank, world.world_size, nullptr, {});  // throws: names the build
+  const int gpus = gpus_on_this_host();
+  if (world.local_world_size > gpus)
+    throw ConfigError(fmt::format(
+        "world.backend = \"nccl\": {} ranks on this host share {} GPU(s) (rank {} would use GPU {}), and NCCL "
+        "refuses two ranks on one GPU (\"Duplicate GPU detected\"). Start at most {} rank(s) per host "
+        "(--nproc-per-node {}), or use world.backend = \"gloo\" or \"shm\", which share a GPU through host "
+        "memory",
+        world.local_world_size, gpus, world.rank, world.local_rank % std::max(1, gpus), gpus, gpus));
+}
+
 // world.backend = "auto": MPI when mpirun started us (its own transports,
-// and the ranks MPI knows); else shared memory when every rank runs on this
-// host and tensors live in CPU memory (memory speed instead of loopback
+// and the ranks MPI knows); else NCCL when tensors live on GPUs and each rank
+// of this host has a GPU of its own (a CUDA build); else shared memory when
+// every rank runs on this host and tensors live in CPU memory (memory speed instead of loopback
 // TCP: bench/results/2026-11-24-shm.md); else Gloo. Rank 0 logs the choice.
 std::string choose_backend(const WorldInfo& world, const InitOptions& options) {
   std::string backend, why;
   if (mpi_compiled() && launched_by_mpi()) {
     backend = "mpi";
     why = "started by an MPI launcher and built with MPI";
+  } else if (!options.cpu_tensors && nccl_compiled() && world.local_world_size <= gpus_on_this_host()) {
+    backend = "nccl";
+    why = fmt::format("GPU tensors and a GPU for each of the {} rank(s) on this host", world.local_world_size);
   } else if (world.world_size > 1 && world.local_world_size == world.world_size && options.cpu_tensors) {
     backend = "shm";
     why = fmt::format("all {} ranks on one host with CPU tensors", world.world_size);
@@ -355,7 +384,8 @@ namespace {
 // tensors (comm/host_staging_group.h), then the hang doctor's recorder.
 std::shared_ptr<ProcessGroup> with_recorder(std::shared_ptr<ProcessGroup> group, const WorldInfo& world,
                                             const InitOptions& options) {
-  if (!options.cpu_tensors) {
+  // NCCL carries GPU tensors itself (its host group is staged inside it).
+  if (!options.cpu_tensors && group->backend() != "nccl") {
     StagingOptions staging;
     staging.timeout = options.timeout;
     group = stage_through_host(std::move(group), staging);
@@ -397,11 +427,12 @@ std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOp
                                     world.world_size));
     return group;
   }
-  if (backend != "gloo" && backend != "shm" && backend != "hierarchical") {
+  if (backend != "gloo" && backend != "shm" && backend != "hierarchical" && backend != "nccl") {
     throw ConfigError(fmt::format("world.backend '{}' is not a backend: use \"gloo\", \"mpi\", \"shm\", "
-                                  "\"hierarchical\" or \"auto\"",
+                                  "\"hierarchical\", \"nccl\" or \"auto\"",
                                   options.backend));
   }
+  if (backend == "nccl") check_nccl_fits(world, options);
   if (backend == "shm" && world.local_world_size != world.world_size)
     throw ConfigError(fmt::format("world.backend = \"shm\" needs every rank on one host, but this job has {} "
                                   "ranks with {} per host ({}); use world.backend = \"gloo\" (or \"auto\")",
@@ -449,6 +480,17 @@ std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOp
   gloo.bind_address = bind_address_for(world, options);
   auto flat = make_gloo_group(world_store, world.rank, world.world_size, gloo);
   if (elastic != nullptr) *elastic = ElasticParts{job_store, gloo};
+  if (backend == "nccl") {
+    // The host group carries CPU tensors, barriers and tagged send/recv
+    // (Note [NCCL beside a host group], comm/nccl/nccl_group.cpp).
+    StagingOptions staging;
+    staging.timeout = options.timeout;
+    NcclOptions nccl;
+    nccl.timeout = options.timeout;
+    nccl.device_index = world.local_rank % std::max(1, gpus_on_this_host());
+    return make_nccl_group(c10::make_intrusive<c10d::PrefixStore>("nccl", job_store), world.rank, world.world_size,
+                           stage_through_host(std::move(flat), staging), nccl);
+  }
   if (backend != "hierarchical") return flat;
   // Gloo among the hosts; inside each, shared memory for CPU tensors (a Gloo
   // sub-group otherwise). $PARATRAIN_NODE_NAME overrides the host name, so

@@ -75,9 +75,12 @@ struct InitOptions {
   // otherwise), "hierarchical" (comm/hierarchical_group.h: all-reduce in
   // shared memory inside each host and over Gloo among one leader per host;
   // hosts told apart by name, $PARATRAIN_NODE_NAME overriding it) or "auto"
-  // (mpi when started by mpirun and built with MPI, else shm when all ranks
-  // share this host and cpu_tensors, else hierarchical when several hosts
-  // have several ranks each and cpu_tensors, else gloo).
+  // (mpi when started by mpirun and built with MPI, else nccl when not
+  // cpu_tensors, the build has NCCL and each rank of a host has its own GPU,
+  // else shm when all ranks share this host and cpu_tensors, else
+  // hierarchical when several hosts have several ranks each and cpu_tensors,
+  // else gloo). "nccl" (comm/nccl/, CUDA builds): GPU collectives over NCCL,
+  // CPU tensors, barriers and send/recv over a staged Gloo group.
   std::string backend = "gloo";
   // Whether the job's tensors live in CPU memory; "auto" picks shm only then.
   bool cpu_tensors = true;

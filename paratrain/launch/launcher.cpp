@@ -331,8 +331,9 @@ void validate(const LaunchOptions& o) {
                     o.nproc_per_node * o.nnodes));
   }
   if (!o.backend.empty() && o.backend != "gloo" && o.backend != "shm" && o.backend != "hierarchical" &&
-      o.backend != "auto")
-    bad(fmt::format("--backend '{}' is not a backend: use gloo, shm, hierarchical, auto (or mpirun for mpi)", o.backend));
+      o.backend != "nccl" && o.backend != "auto")
+    bad(fmt::format("--backend '{}' is not a backend: use gloo, shm, hierarchical, nccl, auto (or mpirun for mpi)",
+                    o.backend));
   if (o.backend == "shm" && o.nnodes > 1)
     bad(fmt::format("--backend shm needs every rank on one host, but --nnodes is {}; use --backend gloo or auto",
                     o.nnodes));

@@ -93,7 +93,8 @@ class SlowDown {
 }  // namespace
 
 Executor::Executor(comm::ProcessGroup& pp, std::vector<LocalChunk> chunks, ExecutorOptions options)
-    : pp_(pp), chunks_(std::move(chunks)), options_(std::move(options)), p2p_(pp, options_.timeout) {
+    : pp_(pp), chunks_(std::move(chunks)), options_(std::move(options)),
+      p2p_(pp, options_.timeout, chunks_.empty() ? c10::Device(c10::kCPU) : stage_device(*chunks_.front().module)) {
   TORCH_CHECK(!chunks_.empty(), "pipeline executor: no model chunk on this rank");
   TORCH_CHECK(options_.shape.stages == pp_.size(), "pipeline executor: schedule for ", options_.shape.stages,
               " stages on a pp group of ", pp_.size());

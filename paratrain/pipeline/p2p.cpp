@@ -16,7 +16,8 @@ int message_tag(Payload payload, int model_chunk, int microbatch) {
   return (static_cast<int>(payload) << 28) | (model_chunk << 18) | microbatch;
 }
 
-P2p::P2p(comm::ProcessGroup& pp, std::chrono::milliseconds timeout) : pp_(pp), timeout_(timeout) {}
+P2p::P2p(comm::ProcessGroup& pp, std::chrono::milliseconds timeout, c10::Device device)
+    : pp_(pp), timeout_(timeout), device_(device) {}
 
 P2p::~P2p() {
   // Never leave the backend writing into freed tensors: wait quietly (an
@@ -43,7 +44,7 @@ void P2p::send(const at::Tensor& tensor, int dst, int tag) {
 
 void P2p::post_recv(int src, int tag, const std::vector<int64_t>& shape, at::ScalarType dtype) {
   if (recvs_.count(tag) != 0) return;
-  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
+  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype).device(device_));
   auto work = pp_.recv(t, src, tag);
   recvs_.emplace(tag, Pending{t, std::move(work), src});
 }

@@ -25,7 +25,9 @@ int message_tag(Payload payload, int model_chunk, int microbatch);
 class P2p {
  public:
   // `pp` must outlive this object; `timeout` bounds every wait.
-  P2p(comm::ProcessGroup& pp, std::chrono::milliseconds timeout);
+  // Receive buffers are made on `device`: the stage's (a GPU's, with
+  // world.device = "cuda"; a host-memory backend stages them).
+  P2p(comm::ProcessGroup& pp, std::chrono::milliseconds timeout, c10::Device device = c10::Device(c10::kCPU));
   ~P2p();
   P2p(const P2p&) = delete;
   P2p& operator=(const P2p&) = delete;
@@ -51,6 +53,7 @@ class P2p {
   };
   comm::ProcessGroup& pp_;
   std::chrono::milliseconds timeout_;
+  c10::Device device_;
   std::vector<Pending> sends_;
   std::map<int, Pending> recvs_;
   int64_t bytes_sent_ = 0;

@@ -81,7 +81,7 @@ BoundaryShapes infer_boundary_shapes(const std::vector<models::Layer>& layers,
   torch::NoGradGuard no_grad;
   std::vector<int64_t> batch_shape{1};
   batch_shape.insert(batch_shape.end(), example_shape.begin(), example_shape.end());
-  at::Tensor h = torch::zeros(batch_shape, torch::TensorOptions().dtype(input_dtype));
+  at::Tensor h = torch::zeros(batch_shape, torch::TensorOptions().dtype(input_dtype).device(layers_device(layers)));
   BoundaryShapes out;
   auto add = [&out](const at::Tensor& t) {
     out.shapes.emplace_back(t.sizes().begin() + 1, t.sizes().end());
@@ -95,6 +95,22 @@ BoundaryShapes infer_boundary_shapes(const std::vector<models::Layer>& layers,
     add(h);
   }
   return out;
+}
+
+c10::Device stage_device(const torch::nn::Module& module) {
+  for (const auto& p : module.parameters()) return p.device();
+  for (const auto& b : module.buffers()) return b.device();
+  return c10::Device(c10::kCPU);
+}
+
+c10::Device layers_device(const std::vector<models::Layer>& layers) {
+  for (const auto& layer : layers) {
+    for (const auto& [name, module] : layer.modules) {
+      const c10::Device d = stage_device(*module);
+      if (!d.is_cpu()) return d;
+    }
+  }
+  return c10::Device(c10::kCPU);
 }
 
 std::vector<double> layer_parameter_counts(const std::vector<models::Layer>& layers) {
@@ -117,6 +133,7 @@ std::vector<double> measure_layer_times(const std::vector<models::Layer>& layers
   // Drawing from the global generator would shift every later draw on the
   // measuring rank only (and, with ranks as threads, race them).
   auto generator = at::make_generator<at::CPUGeneratorImpl>(0);
+  const c10::Device device = layers_device(layers);
   auto with_rows = [rows](const std::vector<int64_t>& per_example) {
     std::vector<int64_t> shape{rows};
     shape.insert(shape.end(), per_example.begin(), per_example.end());
@@ -131,13 +148,13 @@ std::vector<double> measure_layer_times(const std::vector<models::Layer>& layers
     Probe pr;
     const auto dtype = shapes.dtypes[j];
     if (at::isFloatingType(dtype)) {
-      pr.x = torch::randn(with_rows(shapes.shapes[j]), generator, at::TensorOptions().dtype(dtype));
+      pr.x = torch::randn(with_rows(shapes.shapes[j]), generator, at::TensorOptions().dtype(dtype)).to(device);
       // Layer 0's input is the data: the step computes no gradient for it.
       if (j > 0) pr.x.requires_grad_(true);
     } else {
-      pr.x = torch::zeros(with_rows(shapes.shapes[j]), at::TensorOptions().dtype(dtype));  // token ids
+      pr.x = torch::zeros(with_rows(shapes.shapes[j]), at::TensorOptions().dtype(dtype).device(device));  // token ids
     }
-    if (j + 1 < layers.size()) pr.grad = torch::randn(with_rows(shapes.shapes[j + 1]), generator);
+    if (j + 1 < layers.size()) pr.grad = torch::randn(with_rows(shapes.shapes[j + 1]), generator).to(device);
     probes.push_back(std::move(pr));
   }
   // Rounds over all layers rather than all repeats of one layer after the

@@ -66,6 +66,11 @@ BoundaryShapes infer_boundary_shapes(const std::vector<models::Layer>& layers,
                                      const std::vector<int64_t>& example_shape,
                                      at::ScalarType input_dtype = at::kFloat);
 
+// Where a module's tensors live: its first parameter's (or buffer's) device,
+// the CPU when it has neither.
+c10::Device stage_device(const torch::nn::Module& module);
+c10::Device layers_device(const std::vector<models::Layer>& layers);
+
 // Parameter elements per layer (balancing by parameters).
 std::vector<double> layer_parameter_counts(const std::vector<models::Layer>& layers);
 

@@ -12,20 +12,16 @@ namespace paratrain::train {
 c10::Device training_device(const TrainConfig& c, const std::string& strategy) {
   const c10::Device device = core::resolve_device(c.world.device, env::get_int_in_or("LOCAL_RANK", 0, (1L << 20) - 1, "this process's rank on its host", 0));
   if (device.is_cpu()) return device;
-  // Wired for GPUs: DDP, ZeRO-1/2 and tensor/context parallelism (their
-  // buffers follow the parameters' device; collectives on host-memory
-  // backends go through comm/host_staging_group.h). Measured on an H200
-  // (bench/results/2026-11-26-cuda-h200.md). Not yet: FSDP (its units swap
-  // storage under the parameters, which LibTorch 2.11 refused on the GPU),
-  // pipeline stages (receive buffers and shape probes made on the CPU), and
-  // parameter servers (shards in host memory).
-  const bool wired = strategy == "ddp" || strategy == "zero" || (strategy == "megatron" && c.parallel.pp <= 1);
-  if (!wired)
-    throw ConfigError(fmt::format("world.device = \"{}\" runs the ddp, zero (stage 1-2) and megatron (tp/cp without pp) "
-                                  "strategies for now; this config selects \"{}\"{}: set world.device = \"cpu\" "
-                                  "or change those keys",
-                                  c.world.device, strategy,
-                                  strategy == "megatron" ? fmt::format(" with parallel.pp = {}", c.parallel.pp) : ""));
+  // Every strategy but parameter servers runs on GPUs: DDP, ZeRO-1/2, FSDP
+  // (ZeRO-3), pipelines and megatron (tp/cp/pp). Collectives go over NCCL
+  // (world.backend = "nccl": one GPU per rank) or through host memory
+  // (comm/host_staging_group.h, any backend; several ranks may share a GPU).
+  // Parameter servers keep their shards and messages in host memory.
+  if (strategy == "ps")
+    throw ConfigError(fmt::format("world.device = \"{}\" runs every strategy but parameter servers for now (their "
+                                  "shards and messages live in host memory): set world.device = \"cpu\" with "
+                                  "ps.servers > 0, or ps.servers = 0 on the GPU",
+                                  c.world.device));
   return device;
 }
 

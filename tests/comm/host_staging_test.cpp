@@ -8,10 +8,12 @@
 
 #include <atomic>
 #include <thread>
+#include <vector>
 
 #include <ATen/ATen.h>
 
 #include "paratrain/comm/host_staging_group.h"
+#include "paratrain/core/error.h"
 #include "tests/support/multi_rank.h"
 
 namespace paratrain::comm {
@@ -69,6 +71,66 @@ TEST(HostStaging, TwoWaitersCopyBackOnceAndBothSeeTheResult) {
     work->wait();
     other.join();
     EXPECT_TRUE(at::equal(t, at::full({1000}, 3.0f)));
+  });
+}
+
+
+// With overlap (the default) staged operations start on the group's issuing
+// thread; an operation that needs no copy issued while they wait there goes
+// behind them, so every rank's inner group sees the same order.
+TEST(HostStaging, OperationsKeepTheirOrderThroughTheIssuingThread) {
+  testing::run_ranks_on("gloo", 2, [&](ProcessGroup& world) {
+    auto g = stage_through_host(world.new_subgroup({0, 1}),
+                                StagingOptions{.stage_cpu_tensors = true, .issue_on_thread = true});
+    std::vector<at::Tensor> ts;
+    std::vector<WorkHandle> works;
+    for (int i = 0; i < 20; ++i) {
+      ts.push_back(at::full({257}, static_cast<float>(i * (g->rank() + 1))));
+      works.push_back(g->all_reduce(ts.back(), ReduceOp::kSum));
+      if (i % 5 == 0) works.push_back(g->barrier());
+    }
+    for (auto& w : works) w->wait();
+    for (int i = 0; i < 20; ++i) EXPECT_TRUE(at::equal(ts[i], at::full({257}, 3.0f * i))) << i;
+    // A sub-group made behind queued operations: they were issued first.
+    at::Tensor last = at::ones({3});
+    auto pending = g->all_reduce(last, ReduceOp::kSum);
+    auto sub = g->new_subgroup({0, 1});
+    pending->wait();
+    EXPECT_TRUE(at::equal(last, at::full({3}, 2.0f)));
+    at::Tensor s = at::ones({2});
+    sub->all_reduce(s, ReduceOp::kSum)->wait();
+    EXPECT_TRUE(at::equal(s, at::full({2}, 2.0f)));
+  });
+}
+
+TEST(HostStaging, WithoutOverlapCopiesAtIssueAndAtWait) {
+  testing::run_ranks_on("gloo", 2, [&](ProcessGroup& world) {
+    auto g = stage_through_host(world.new_subgroup({0, 1}),
+                                StagingOptions{.stage_cpu_tensors = true, .overlap = false});
+    at::Tensor t = at::full({100}, static_cast<float>(g->rank() + 1));
+    at::Tensor out = at::empty({200});
+    g->all_reduce(t, ReduceOp::kMax)->wait();
+    g->all_gather(out, t)->wait();
+    EXPECT_TRUE(at::equal(t, at::full({100}, 2.0f)));
+    EXPECT_TRUE(at::equal(out, at::full({200}, 2.0f)));
+  });
+}
+
+TEST(HostStaging, AbortFailsTheOperationsStillWaitingToStart) {
+  testing::run_ranks_on("gloo", 2, [&](ProcessGroup& world) {
+    auto g = stage_through_host(world.new_subgroup({0, 1}),
+                                StagingOptions{.stage_cpu_tensors = true, .issue_on_thread = true});
+    if (g->rank() == 1) {
+      // Rank 0 never joins: rank 1's operations queue or hang in Gloo until abort.
+      at::Tensor a = at::ones({4});
+      at::Tensor b = at::ones({4});
+      auto wa = g->all_reduce(a, ReduceOp::kSum);
+      auto wb = g->all_reduce(b, ReduceOp::kSum);
+      g->abort();
+      EXPECT_THROW(wa->wait(std::chrono::seconds(10)), CommError);
+      EXPECT_THROW(wb->wait(std::chrono::seconds(10)), CommError);
+      EXPECT_THROW(g->all_reduce(a, ReduceOp::kSum), CommError);
+    }
   });
 }
 

@@ -58,14 +58,14 @@ TEST(LaunchValidate, AcceptsSingleAndMultiNodeSetups) {
 
 TEST(LaunchValidate, BackendMpiPointsToMpirunAndShmNeedsOneHost) {
   LaunchOptions o = valid();
-  for (const char* ok : {"", "gloo", "shm", "auto"}) {
+  for (const char* ok : {"", "gloo", "shm", "nccl", "auto"}) {
     o.backend = ok;
     EXPECT_EQ(rejection(o), "") << ok;
   }
   o.backend = "mpi";
   EXPECT_NE(rejection(o).find("mpirun -np"), std::string::npos) << rejection(o);
-  o.backend = "nccl";
-  EXPECT_NE(rejection(o).find("--backend 'nccl' is not a backend"), std::string::npos) << rejection(o);
+  o.backend = "ncl";
+  EXPECT_NE(rejection(o).find("--backend 'ncl' is not a backend"), std::string::npos) << rejection(o);
   o.backend = "shm";
   o.nnodes = 2;
   o.master_addr = "10.0.0.1";

@@ -67,9 +67,15 @@ std::string thread_backend() {
   return "gloo";
 }
 
+// PARATRAIN_TEST_STAGING=1: every tensor staged; =thread: and every
+// operation started on the group's issuing thread, as a GPU tensor's is.
 bool staging_every_tensor() {
   const char* v = std::getenv("PARATRAIN_TEST_STAGING");
-  return v != nullptr && std::string(v) == "1";
+  return v != nullptr && (std::string(v) == "1" || std::string(v) == "thread");
+}
+bool staging_on_thread() {
+  const char* v = std::getenv("PARATRAIN_TEST_STAGING");
+  return v != nullptr && std::string(v) == "thread";
 }
 
 std::shared_ptr<comm::ProcessGroup> hierarchical_group(const c10::intrusive_ptr<c10d::Store>& store, int rank,
@@ -130,6 +136,7 @@ void run_ranks_on(const std::string& backend, int world_size, const std::functio
         comm::StagingOptions staging;
         staging.timeout = timeout;
         staging.stage_cpu_tensors = staging_every_tensor();
+        staging.issue_on_thread = staging_on_thread();
         group = comm::stage_through_host(std::move(group), staging);
         // Gloo's constructor can return on one rank while a peer still reads
         // the connection handshake; a rank whose fn runs no collective would

@@ -145,7 +145,11 @@ FullyShardedDataParallel::Impl::~Impl() {
   abandon_step();
 }
 
-void FullyShardedDataParallel::Impl::observe_this_thread() { fsdp::observe_this_thread(shared_from_this()); }
+void FullyShardedDataParallel::Impl::observe_this_thread() {
+  fsdp::observe_this_thread(shared_from_this());
+  // A GPU backward runs on the engine's thread for that GPU.
+  if (!units.empty() && !units.front().full().is_cpu()) fsdp::observe_engine_threads(shared_from_this());
+}
 
 void FullyShardedDataParallel::Impl::prepare_forward() {
   observe_this_thread();

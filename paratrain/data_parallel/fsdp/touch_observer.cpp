@@ -4,6 +4,8 @@
 
 #include <ATen/record_function.h>
 
+#include <algorithm>
+#include <mutex>
 #include <vector>
 
 namespace paratrain::fsdp {
@@ -21,9 +23,38 @@ ThreadListeners& this_thread() {
   return listeners;
 }
 
+// Note [Backward on the engine's device threads]
+// A GPU backward runs on the autograd engine's worker thread for that GPU,
+// not on the thread that called backward(). The engine carries the caller's
+// thread-local state there (RecordFunction's callbacks included), so
+// on_start does run for those operations, but on a thread whose own
+// listener list is empty. Listeners registered with observe_engine_threads
+// are told about operations on such threads. Only a process that trains
+// one model on GPUs registers one (a GPU rank is a process), so there is
+// no question whose backward it is.
+std::mutex engine_mu;
+std::vector<std::weak_ptr<TouchListener>>& engine_listeners() {
+  static std::vector<std::weak_ptr<TouchListener>> listeners;
+  return listeners;
+}
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   ThreadListeners& t = this_thread();
-  if (t.busy || t.listeners.empty()) return nullptr;
+  if (t.busy) return nullptr;
+  if (t.listeners.empty()) {
+    std::vector<std::shared_ptr<TouchListener>> live;
+    {
+      std::lock_guard<std::mutex> lock(engine_mu);
+      auto& all = engine_listeners();
+      for (const auto& weak : all)
+        if (auto listener = weak.lock()) live.push_back(std::move(listener));
+    }
+    if (live.empty()) return nullptr;
+    t.busy = true;
+    for (const auto& listener : live) listener->on_operation(fn);
+    t.busy = false;
+    return nullptr;
+  }
   t.busy = true;
   for (std::size_t i = 0; i < t.listeners.size();) {
     if (auto listener = t.listeners[i].lock()) {
@@ -53,6 +84,16 @@ void observe_this_thread(const std::shared_ptr<TouchListener>& listener) {
                                    .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
     t.registered = true;
   }
+}
+
+void observe_engine_threads(const std::shared_ptr<TouchListener>& listener) {
+  std::lock_guard<std::mutex> lock(engine_mu);
+  auto& all = engine_listeners();
+  all.erase(std::remove_if(all.begin(), all.end(), [](const auto& w) { return w.expired(); }), all.end());
+  for (const auto& existing : all) {
+    if (!existing.owner_before(listener) && !listener.owner_before(existing)) return;
+  }
+  all.push_back(listener);
 }
 
 void release_idle_observer() {

@@ -26,8 +26,15 @@ class TouchListener {
 // From now on, operations on the calling thread are reported to `listener`
 // until it is destroyed (held weakly). Registering the same listener twice on
 // one thread is a no-op. Threads the autograd engine starts (CUDA devices)
-// are not covered: CPU backward runs on the thread that called backward().
+// are not covered: CPU backward runs on the thread that called backward();
+// see observe_engine_threads.
 void observe_this_thread(const std::shared_ptr<TouchListener>& listener);
+
+// Also report to `listener` the operations of threads that have no listener
+// of their own but run with an observed thread's callbacks: the autograd
+// engine's device threads, where a GPU backward runs (Note [Backward on the
+// engine's device threads]). For a process that trains on GPUs; held weakly.
+void observe_engine_threads(const std::shared_ptr<TouchListener>& listener);
 
 // When every listener of the calling thread is gone, removes the callback, so
 // the thread stops paying RecordFunction's per-operation boxing of inputs.

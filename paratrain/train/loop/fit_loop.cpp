@@ -8,8 +8,10 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/core/gpu_memory.h"
 #include "paratrain/core/memory_meter.h"
 #include "paratrain/core/phase.h"
 #include "paratrain/optim/lr_schedule.h"
@@ -75,12 +77,25 @@ TrainResult FitLoop::run() {
     }
     // The memory meter's peak (`paratrain plan --measure`) is training's, not
     // the last evaluation's or save's.
-    if (s_.step >= plan_.total_steps) core::end_memory_window();
+    if (s_.step >= plan_.total_steps) {
+      core::end_memory_window();
+      log_gpu_memory_peak();
+    }
     const EpochEnd end = end_epoch(/*stopping=*/s_.step >= plan_.total_steps);  // evaluate, stop early, save
     over = end == EpochEnd::kFinished;
   }
   finish();
   return result_;
+}
+
+// The CUDA caching allocator's peaks, as PyTorch's max_memory_allocated and
+// max_memory_reserved report them (bench/run_pytorch_gpt.sh compares them).
+void FitLoop::log_gpu_memory_peak() const {
+  const auto peak = core::gpu_memory_peak(s_.device);
+  if (!peak) return;
+  spdlog::info("peak GPU memory on {}: {:.1f} MiB allocated, {:.1f} MiB reserved (CUDA caching allocator)",
+               s_.device.str(), static_cast<double>(peak->allocated) / (1 << 20),
+               static_cast<double>(peak->reserved) / (1 << 20));
 }
 
 // An epoch's first step starts its own shuffle; a resumed or recovered

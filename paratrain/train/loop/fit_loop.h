@@ -38,6 +38,7 @@ class FitLoop {
   enum class EpochEnd { kNext, kFinished, kRolledBack };
 
   void start_epoch_if_fresh();
+  void log_gpu_memory_peak() const;
   Outcome train_window(const Window& w);
   double take_step(const ScheduledStep& step, int64_t index);
   void report_inside_window(const ScheduledStep& step, int64_t index, const Window& w, int64_t& line_at);

@@ -31,6 +31,7 @@
 #include "paratrain/train/strategies/builtin.h"
 #include "paratrain/train/strategies/common.h"
 #include "paratrain/train/strategies/megatron_stages.h"
+#include "paratrain/pipeline/stage.h"
 #include "paratrain/train/strategies/pipeline_parts.h"
 #include "paratrain/train/strategies/replica_sync.h"
 
@@ -219,7 +220,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
       // hands them to the other stages.
       at::Tensor logits = stages_->forward_only(chunk);
       if (logits.defined()) logits = gather_logits(logits);
-      return from_last_stage(logits, {inputs.size(0), inputs.size(1), kVocab}, pp_, timeout_);
+      return from_last_stage(logits, {inputs.size(0), inputs.size(1), kVocab}, pp_, timeout_, inputs.device());
     }
     return gather_logits(model_->forward(chunk));
   }
@@ -366,7 +367,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
       sum_sequence_parallel_grads();
     }
     // Reported with the factor, as without pp.
-    return {mean_over_cp(from_last_stage(report.loss, {1}, pp_, timeout_))};
+    return {mean_over_cp(from_last_stage(report.loss, {1}, pp_, timeout_, pipeline::stage_device(*module_)))};
   }
 
   TrainConfig config_;

@@ -108,8 +108,11 @@ pipeline::ExecutorHooks ddp_chunk_hooks(const std::vector<std::unique_ptr<ddp::D
 }
 
 at::Tensor from_last_stage(const at::Tensor& t, const std::vector<int64_t>& shape, comm::ProcessGroup& pp,
-                           std::chrono::milliseconds timeout) {
-  at::Tensor out = t.defined() ? t.to(at::kFloat).reshape(shape).contiguous().clone() : torch::empty(shape);
+                           std::chrono::milliseconds timeout, c10::Device device) {
+  // Every rank's tensor on the stages' device: a broadcast's members must
+  // agree on where its tensor lives (NCCL carries GPU tensors only).
+  at::Tensor out = t.defined() ? t.to(at::kFloat).to(device).reshape(shape).contiguous().clone()
+                               : torch::empty(shape, torch::TensorOptions().device(device));
   pp.broadcast(out, pp.size() - 1)->wait(timeout);
   return out;
 }

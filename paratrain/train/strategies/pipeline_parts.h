@@ -61,8 +61,8 @@ pipeline::ExecutorHooks ddp_chunk_hooks(const std::vector<std::unique_ptr<ddp::D
 
 // A value only the last stage holds (`t`, undefined elsewhere: the loss, the
 // evaluation logits) on every stage: broadcast over `pp` into a tensor of
-// `shape` (float32). Collective over pp.
+// `shape` (float32) on `device` (the stage's). Collective over pp.
 at::Tensor from_last_stage(const at::Tensor& t, const std::vector<int64_t>& shape, comm::ProcessGroup& pp,
-                           std::chrono::milliseconds timeout);
+                           std::chrono::milliseconds timeout, c10::Device device);
 
 }  // namespace paratrain::train::strategies

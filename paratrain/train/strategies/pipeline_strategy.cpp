@@ -214,7 +214,7 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     peak_in_flight_ = report.peak_in_flight;
     peak_activation_bytes_ = report.peak_activation_bytes;
     // The loss lives on the last stage; every rank logs and checks it.
-    return {from_last_stage(report.loss, {1}, pp_, timeout_).reshape({})};
+    return {from_last_stage(report.loss, {1}, pp_, timeout_, pipeline::stage_device(*module_)).reshape({})};
   }
 
   bool optimizer_step(torch::optim::Optimizer& optimizer, double clip_grad_norm,
@@ -257,7 +257,7 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     std::vector<int64_t> shape{inputs.size(0)};
     shape.insert(shape.end(), output_shape_.begin(), output_shape_.end());
     // Evaluation logits leave the executor as float32 (executor.h).
-    return from_last_stage(executor_->forward_only(inputs), shape, pp_, timeout_);
+    return from_last_stage(executor_->forward_only(inputs), shape, pp_, timeout_, pipeline::stage_device(*module_));
   }
 
   // ZeRO: each dp rank writes its shard pieces of this stage's parameters
@@ -312,7 +312,9 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     const auto mine = module_->named_parameters();
     std::vector<std::pair<std::string, at::Tensor>> out;
     for (const auto& info : layout_) {
-      at::Tensor t = info.owner == pp_.rank() ? mine[info.name].detach().clone().contiguous()
+      // On the host on every rank: the broadcast's members must agree on
+      // the device, and checkpoints are written from host memory anyway.
+      at::Tensor t = info.owner == pp_.rank() ? mine[info.name].detach().to(at::kCPU).clone().contiguous()
                                               : torch::empty(info.shape);
       pp_.broadcast(t, info.owner)->wait(timeout_);
       out.emplace_back(info.name, t);
@@ -353,7 +355,7 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     const auto task = task_for_config(config_);
     const auto mine = pipeline::measure_layer_times(layers, shapes, rows, [&task](const at::Tensor& out) {
       const auto lead = out.sizes().slice(0, out.dim() - 1);
-      return task->loss(out, torch::zeros(lead, torch::kLong));
+      return task->loss(out, torch::zeros(lead, torch::TensorOptions().dtype(torch::kLong).device(out.device())));
     });
     own_model_seconds_ = 0;
     for (double t : mine) own_model_seconds_ += t;
@@ -469,7 +471,7 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     // Each tensor once (a tied one may be listed under two names here), and
     // a copy an earlier stage holds not at all.
     const std::vector<at::Tensor> params = unique_parameters(*module_);
-    at::Tensor sq = torch::zeros({1}, torch::kDouble);
+    at::Tensor sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble).device(pipeline::stage_device(*module_)));
     for (const auto& p : params) {
       if (tied_->counted_on_an_earlier_stage(p)) continue;  // counted on the first stage
       if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum();

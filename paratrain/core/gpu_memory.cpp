@@ -1,0 +1,22 @@
+// gpu_memory_peak: see gpu_memory.h.
+#include "paratrain/core/gpu_memory.h"
+
+#if PARATRAIN_HAVE_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace paratrain::core {
+
+std::optional<GpuMemoryPeak> gpu_memory_peak(const c10::Device& device) {
+#if PARATRAIN_HAVE_CUDA
+  if (!device.is_cuda()) return std::nullopt;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index() < 0 ? 0 : device.index());
+  const auto all = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  return GpuMemoryPeak{stats.allocated_bytes[all].peak, stats.reserved_bytes[all].peak};
+#else
+  (void)device;
+  return std::nullopt;
+#endif
+}
+
+}  // namespace paratrain::core
