@@ -21,9 +21,10 @@
 # STEPS carry wall-clock times, each written once that step's loss.item()
 # returned and its optimizer step was issued (the same offset at both ends).
 #
-# Memory: peak_mem_bytes is torch.cuda.max_memory_allocated() for the twin.
-# paratrain logs no GPU memory figure (its memory meter counts CPU storage
-# only), so its peak_mem_bytes is null. For both, smi_peak_bytes is the
+# Memory: peak_mem_bytes is torch.cuda.max_memory_allocated() for the twin,
+# and for paratrain the same statistic of the same caching allocator, from
+# its log line "peak GPU memory on cuda:0: X MiB allocated" (printed when the
+# training steps end). For both, smi_peak_bytes is the
 # most GPU memory in use (nvidia-smi, sampled every 50 ms) minus the use
 # before the run: CUDA context + caching allocator reserve + cuBLAS
 # workspaces, the one figure measured the same way for both (null without
@@ -118,9 +119,14 @@ if kind == "twin":
     else:
         r = json.loads(lines[-1])
 else:
+    import re
+    peak = None
+    for line in open(f"{d}/{name}.log", errors="replace"):
+        m = re.search(r"peak GPU memory on \S+: ([0-9.]+) MiB allocated, ([0-9.]+) MiB reserved", line)
+        if m:
+            peak = int(float(m.group(1)) * 2**20)
     r = {"impl": "paratrain", "precision": precision, "tokens_per_s": None, "samples_per_s": None,
-         "peak_mem_bytes": None,
-         "peak_mem_note": "paratrain reports no GPU memory figure; smi_peak_bytes is measured from outside",
+         "peak_mem_bytes": peak,
          "steps": steps, "timed_steps": steps - warmup, "final_loss": None, "window_loss": None,
          "d_model": d_model, "layers": layers, "heads": heads, "seq_len": seq, "batch_size": batch,
          "dropout": dropout}
@@ -192,6 +198,9 @@ for precision in fp32 bf16; do
   twin "pytorch_$precision" "$precision"
   paratrain "paratrain_$precision" "$precision"
 done
+# fp16 with the dynamic loss scale (paratrain's GradScaler; no twin run):
+# its throughput against paratrain's fp32 and bf16 above.
+paratrain paratrain_fp16 fp16 --set precision.loss_scale=dynamic
 if [ "$extra" = 1 ]; then
   twin pytorch_bf16_linear_cpp bf16 --linear cpp
   "$python" -c 'import torch.nn.functional as F, sys; sys.exit(0 if hasattr(F, "scaled_dot_product_attention") else 1)' \

@@ -126,14 +126,14 @@ fi
 # ---- timing: one thing at a time ----
 if [ -x bench/run_pytorch_gpt.sh ] && enough 100 "paratrain vs PyTorch eager"; then
   step "GPT: paratrain vs PyTorch eager on this GPU (fp32, bf16, fp16)"
-  PARATRAIN="$cli" timeout $(( $(left) - 60 )) bench/run_pytorch_gpt.sh "$out/vs_pytorch" > "$out/vs_pytorch.log" 2>&1
+  PARATRAIN="$PWD/$cli" timeout $(( $(left) - 60 )) bench/run_pytorch_gpt.sh "$out/vs_pytorch" > "$out/vs_pytorch.log" 2>&1
   say "rc=$?"
   cat "$out"/vs_pytorch/*.jsonl >> "$out/figures.jsonl" 2>/dev/null
   cat "$out"/vs_pytorch/*.md >> "$out/summary.txt" 2>/dev/null
 fi
 if [ -x bench/run_cpu_scaling.sh ] && enough 70 "CPU scaling"; then
   step "DDP scaling on CPU ranks (shm) next to PyTorch DDP (Gloo)"
-  timeout $(( $(left) - 10 )) bench/run_cpu_scaling.sh "$out/scaling" "$cli" > "$out/scaling.log" 2>&1
+  timeout $(( $(left) - 10 )) bench/run_cpu_scaling.sh "$out/scaling" "$PWD/$cli" > "$out/scaling.log" 2>&1
   say "rc=$?"
   cat "$out/scaling/scaling.jsonl" >> "$out/figures.jsonl" 2>/dev/null
   cat "$out/scaling/scaling.md" >> "$out/summary.txt" 2>/dev/null
