@@ -13,6 +13,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 #include <variant>
@@ -122,7 +123,7 @@ class Issuer {
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
-    fail_queued("the group was destroyed");
+    fail_queued("group destroyed");
   }
 
   // Issues `issue` at once when nothing is queued and `defer` is false;
@@ -131,8 +132,8 @@ class Issuer {
   std::variant<WorkHandle, std::shared_ptr<Job>> submit(std::function<WorkHandle()> issue,
                                                         std::shared_ptr<c10::Event> ready, bool defer) {
     std::unique_lock<std::mutex> lock(mu_);
-    if (aborted_) throw CommError("staged operation issued on an aborted group");
-    if (queue_.empty() && !defer) return issue();
+    if (queue_.empty() && !defer) return issue();  // after abort() the inner group refuses it itself
+    if (aborted_) throw CommError("staged operation refused: group aborted");
     auto job = std::make_shared<Job>();
     job->issue = std::move(issue);
     job->ready = std::move(ready);
@@ -156,7 +157,7 @@ class Issuer {
       aborted_ = true;
     }
     cv_.notify_all();
-    fail_queued("the group was aborted");
+    fail_queued("group aborted");
   }
 
  private:
@@ -170,12 +171,24 @@ class Issuer {
         job = queue_.front();  // stays queued until issued: later submits queue behind it
       }
       if (job->ready) {
-        while (!job->ready->query()) {
+        try {
+          while (!job->ready->query()) {
+            {
+              std::lock_guard<std::mutex> lock(mu_);
+              if (stop_ || aborted_) return;
+            }
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+          }
+        } catch (const std::exception& e) {
+          // A device error (the copy failed, the GPU fell off): this job and
+          // every one behind it fail with it; the group cannot go on.
+          const std::string why = fmt::format("the device-to-host copy failed: {}", e.what());
           {
             std::lock_guard<std::mutex> lock(mu_);
-            if (stop_ || aborted_) return;
+            aborted_ = true;
           }
-          std::this_thread::sleep_for(std::chrono::microseconds(20));
+          fail_queued(why.c_str());
+          return;
         }
       }
       std::unique_lock<std::mutex> lock(mu_);
@@ -257,6 +270,7 @@ class StagedWork final : public Work {
 
  private:
   void copy_back() {
+    at::NoGradGuard no_grad;  // the caller's tensor may be a leaf that requires grad
     bool on_side = false;
     std::optional<c10::Stream> waiter;
     for (auto& o : outputs_) {
@@ -433,6 +447,7 @@ class HostStagingGroup final : public ProcessGroup {
     // clone() for CPU tensors (tests); for a device tensor a synchronous copy,
     // or with overlap one queued on the side stream after the caller's work.
     at::Tensor copy_to_host(const at::Tensor& t) {
+      at::NoGradGuard no_grad;
       if (t.is_cpu()) return t.clone();
       if (!async_device(t)) return t.to(at::kCPU);
       if (!copied_on_side_) streams_->order_after(streams_->current(), streams_->side());

@@ -6,8 +6,11 @@
 
 #include <string>
 
+#include <ATen/Context.h>
+
 #include "paratrain/core/device.h"
 #include "paratrain/core/error.h"
+#include "paratrain/train/config/config.h"
 #include "paratrain/train/device_placement.h"
 #include "tests/support/trainer_oracle.h"
 
@@ -57,6 +60,30 @@ TEST(CudaTrainer, ParameterServersAreTheOneStrategyNotOnTheGpu) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("parameter servers"), std::string::npos) << e.what();
   }
+}
+
+// zero.offload = "cpu" moves optimizer state off a GPU: a ConfigError that
+// says why wherever it would mean nothing (a CPU-only build, a CPU run) or is
+// not built (stage 3, pipelines).
+TEST(ZeroOffload, RefusedWhereOptimizerStateIsInHostMemoryAlready) {
+  TrainConfig c = mlp_oracle_config("unused", "offload", 0);
+  c.zero.stage = 2;
+  c.zero.offload = "cpu";
+  auto message = [&] {
+    try {
+      validate_config(c);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  const std::string cpu = message();
+  EXPECT_NE(cpu.find(at::hasCUDA() ? "world.device = \"cpu\"" : "CPU-only LibTorch"), std::string::npos) << cpu;
+  c.zero.stage = 3;
+  EXPECT_NE(message().find("zero.stage = 3"), std::string::npos) << message();
+  c.zero.stage = 1;
+  c.parallel.pp = 2;
+  EXPECT_NE(message().find("pp = 2"), std::string::npos) << message();
 }
 
 }  // namespace

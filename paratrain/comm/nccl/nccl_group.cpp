@@ -6,7 +6,7 @@
 
 #include "paratrain/core/error.h"
 
-#if PARATRAIN_HAVE_NCCL
+#if PARATRAIN_HAVE_NCCL && defined(USE_C10D_NCCL)
 
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -224,16 +224,20 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
     return track(std::move(work), std::move(finish));
   }
 
+  // The host group and the sub-groups first: c10d's abort can wait for its
+  // own work up to the timeout, and waiters on host operations must not.
   void abort() override {
     if (aborted_->exchange(true)) return;
+    host_->abort();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& weak : children_)
+        if (auto child = weak.lock()) child->abort();
+    }
     try {
       pg_->abort();
     } catch (...) {
     }
-    host_->abort();
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& weak : children_)
-      if (auto child = weak.lock()) child->abort();
   }
 
   std::shared_ptr<ProcessGroup> new_subgroup(const std::vector<int>& ranks) override {
@@ -244,7 +248,9 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
     auto host = host_->new_subgroup(ranks);
     if (!host) return nullptr;
     auto store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("sub{}", serial), store_);
-    auto pg = make_backend(store, host->rank(), host->size(), options_, /*connect_now=*/false);
+    // Connected now, while every member is here: a first collective that had
+    // to connect would block in NCCL where no paratrain deadline reaches.
+    auto pg = make_backend(store, host->rank(), host->size(), options_, /*connect_now=*/true);
     auto child = std::make_shared<NcclGroup>(store, std::move(pg), std::move(host), options_);
     std::lock_guard<std::mutex> lock(mu_);
     children_.push_back(child);
@@ -255,7 +261,10 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
                                                                  int rank, int size, const NcclOptions& options,
                                                                  bool connect_now) {
     auto o = c10d::ProcessGroupNCCL::Options::create();
-    o->timeout = options.timeout;
+    // c10d's watchdog tears the process down when a collective exceeds its
+    // timeout; a minute later than ours, so NcclWork::wait's TimeoutError
+    // (and the hang doctor behind it) come first.
+    o->timeout = options.timeout + std::chrono::minutes(1);
     auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, o);
     const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(options.device_index));
     pg->setBoundDeviceId(device);
@@ -264,18 +273,27 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
   }
 
  private:
-  static bool on_gpu(const at::Tensor& t) { return t.defined() && t.is_cuda(); }
+  static bool on_gpu(const at::Tensor& t) {
+    if (!t.defined() || !t.is_cuda()) return false;
+    // c10d's NCCL checks sizes, not layout: a strided tensor would be read
+    // as if contiguous. Our contract (process_group.h) says contiguous.
+    TORCH_CHECK(t.is_contiguous(), "NCCL group: tensors must be contiguous (got sizes ", t.sizes(), ", strides ",
+                t.strides(), ")");
+    return true;
+  }
   // NCCL only when every tensor given is on the GPU; the host group (staged)
   // handles CPU and mixed cases correctly, if slower.
   static bool on_gpu(const at::Tensor& a, const at::Tensor& b) {
-    return (a.defined() || b.defined()) && (!a.defined() || a.is_cuda()) && (!b.defined() || b.is_cuda());
+    const bool ga = on_gpu(a), gb = on_gpu(b);
+    return (ga || gb) && (!a.defined() || ga) && (!b.defined() || gb);
   }
 
   static std::vector<at::Tensor> slices(const at::Tensor& whole, const at::Tensor& like) {
     std::vector<at::Tensor> out;
     at::Tensor flat = whole.view({-1});
     const int64_t n = like.numel();
-    for (int64_t r = 0; r * n < flat.numel(); ++r) out.push_back(flat.narrow(0, r * n, n).view(like.sizes()));
+    TORCH_CHECK(n > 0 || flat.numel() == 0, "NCCL gather/scatter: empty per-rank piece of a non-empty tensor");
+    for (int64_t r = 0; n > 0 && r * n < flat.numel(); ++r) out.push_back(flat.narrow(0, r * n, n).view(like.sizes()));
     return out;
   }
 

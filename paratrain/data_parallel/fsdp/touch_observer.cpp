@@ -5,6 +5,7 @@
 #include <ATen/record_function.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <vector>
 
@@ -32,19 +33,26 @@ ThreadListeners& this_thread() {
 // are told about operations on such threads. Only a process that trains
 // one model on GPUs registers one (a GPU rank is a process), so there is
 // no question whose backward it is.
-std::mutex engine_mu;
-std::vector<std::weak_ptr<TouchListener>>& engine_listeners() {
-  static std::vector<std::weak_ptr<TouchListener>> listeners;
-  return listeners;
+// Never destroyed: threads may still run operations while statics are torn
+// down at exit. The count lets threads without listeners skip the lock.
+std::mutex& engine_mu() {
+  static auto* mu = new std::mutex;
+  return *mu;
 }
+std::vector<std::weak_ptr<TouchListener>>& engine_listeners() {
+  static auto* listeners = new std::vector<std::weak_ptr<TouchListener>>;
+  return *listeners;
+}
+std::atomic<int> engine_listener_count{0};
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   ThreadListeners& t = this_thread();
   if (t.busy) return nullptr;
   if (t.listeners.empty()) {
+    if (engine_listener_count.load(std::memory_order_relaxed) == 0) return nullptr;
     std::vector<std::shared_ptr<TouchListener>> live;
     {
-      std::lock_guard<std::mutex> lock(engine_mu);
+      std::lock_guard<std::mutex> lock(engine_mu());
       auto& all = engine_listeners();
       for (const auto& weak : all)
         if (auto listener = weak.lock()) live.push_back(std::move(listener));
@@ -87,13 +95,14 @@ void observe_this_thread(const std::shared_ptr<TouchListener>& listener) {
 }
 
 void observe_engine_threads(const std::shared_ptr<TouchListener>& listener) {
-  std::lock_guard<std::mutex> lock(engine_mu);
+  std::lock_guard<std::mutex> lock(engine_mu());
   auto& all = engine_listeners();
   all.erase(std::remove_if(all.begin(), all.end(), [](const auto& w) { return w.expired(); }), all.end());
   for (const auto& existing : all) {
     if (!existing.owner_before(listener) && !listener.owner_before(existing)) return;
   }
   all.push_back(listener);
+  engine_listener_count.store(static_cast<int>(all.size()));
 }
 
 void release_idle_observer() {

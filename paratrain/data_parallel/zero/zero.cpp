@@ -3,6 +3,10 @@
 // of the full .grad (stage 1) or of a flat per-bucket shard buffer (stage 2).
 #include "paratrain/data_parallel/zero/zero.h"
 
+#include <optional>
+
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <torch/torch.h>
 
 #include <cmath>
@@ -105,8 +109,20 @@ ZeroDataParallel::ZeroDataParallel(std::shared_ptr<torch::nn::Module> module, co
   // The step updates the piece in place; gather_parameters() sends it.
   for (const ShardPiece& piece : pieces_) {
     at::Tensor param = alias_of(params_[piece.param].tensor, piece.param_offset, {piece.numel});
-    param.set_requires_grad(true);
-    piece_params_.push_back(param);
+    if (options_.offload) {
+      // The optimizer's copy in host memory; pinned, so the copies between
+      // it and the GPU need no staging buffer of their own.
+      device_pieces_.push_back(param);
+      const auto host = param.options().device(at::kCPU).pinned_memory(!param.is_cpu()).requires_grad(false);
+      at::Tensor copy = at::empty({piece.numel}, host);
+      copy.copy_(param.detach());
+      copy.set_requires_grad(true);
+      piece_params_.push_back(copy);
+      host_grads_.push_back(at::zeros({piece.numel}, host));
+    } else {
+      param.set_requires_grad(true);
+      piece_params_.push_back(param);
+    }
     // Stage 1: filled in by finish_backward(), once the full .grad exists.
     piece_grads_.push_back(options_.stage == 2 ? alias_of(grad_shards_[piece.group], piece.shard_offset, {piece.numel})
                                                : at::Tensor());
@@ -180,12 +196,26 @@ bool ZeroDataParallel::finish_backward() {
   }
   // Stage 2: the sink already reduce-scattered every bucket into
   // grad_shards_, and the reducer left the full .grad undefined.
+  if (options_.offload) copy_grads_to_host();
   // Re-point in case the optimizer replaced .grad (zero_grad(set_to_none)).
+  const std::vector<at::Tensor>& grads = shard_grads();
   for (std::size_t k = 0; k < pieces_.size(); ++k) {
     at::Tensor& grad = piece_params_[k].mutable_grad();
-    if (!grad.defined() || !grad.is_same(piece_grads_[k])) grad = piece_grads_[k];
+    if (!grad.defined() || !grad.is_same(grads[k])) grad = grads[k];
   }
   return true;
+}
+
+// Offload: every shard gradient down to its pinned host copy, queued on the
+// GPU's stream without waiting between them, then one wait for them all
+// (the step that follows reads them on the host).
+void ZeroDataParallel::copy_grads_to_host() {
+  std::optional<c10::Device> device;
+  for (std::size_t k = 0; k < pieces_.size(); ++k) {
+    host_grads_[k].copy_(piece_grads_[k], /*non_blocking=*/true);
+    if (!piece_grads_[k].is_cpu()) device = piece_grads_[k].device();
+  }
+  if (device) c10::impl::VirtualGuardImpl(device->type()).getStream(*device).synchronize();
 }
 
 // Stage 1: the optimizer's zero_grad() zeroes only this rank's slices of the
@@ -225,7 +255,7 @@ double ZeroDataParallel::clip_grad_norm(double max_norm, double norm_type) {
   finish_backward();
   torch::NoGradGuard no_grad;
   double local = 0;
-  for (const at::Tensor& g : piece_grads_) {
+  for (const at::Tensor& g : shard_grads()) {
     if (!g.defined() || g.numel() == 0) continue;
     const at::Tensor g64 = g.to(at::kDouble);
     local = inf ? std::max(local, g64.abs().max().item<double>()) : local + g64.square().sum().item<double>();
@@ -253,7 +283,7 @@ void ZeroDataParallel::begin_step() {
 
 void ZeroDataParallel::end_step() {
   clear_full_grads();
-  gather_parameters();
+  gather_pieces();  // with offload: the stepped host pieces, straight into the send buffers
   // The next forward needs nothing from the loop (Note [One wrapper protocol]).
   prepare_forward();
   buffers_fresh_ = true;
@@ -269,7 +299,7 @@ double ZeroDataParallel::local_grad_square_sum() {
   finish_backward();
   torch::NoGradGuard no_grad;
   double local = 0;
-  for (const at::Tensor& g : piece_grads_) {
+  for (const at::Tensor& g : shard_grads()) {
     if (g.defined() && g.numel() > 0) local += g.to(at::kDouble).square().sum().item<double>();
   }
   return local;
@@ -277,7 +307,7 @@ double ZeroDataParallel::local_grad_square_sum() {
 
 void ZeroDataParallel::scale_gradients(double coef) {
   torch::NoGradGuard no_grad;
-  for (at::Tensor& g : piece_grads_) {
+  for (at::Tensor g : shard_grads()) {
     if (g.defined()) g.mul_(coef);
   }
 }
@@ -288,6 +318,16 @@ void ZeroDataParallel::scale_gradients(double coef) {
 // overlaps with later buckets' transfers. Costs one shard-size send buffer
 // and one full-size gather buffer per bucket until it is consumed.
 void ZeroDataParallel::gather_parameters() {
+  // Offload: what was loaded into the full parameters (a checkpoint writes
+  // the slots, which alias them) becomes the optimizer's host copy too.
+  if (options_.offload) {
+    torch::NoGradGuard no_grad;
+    for (std::size_t k = 0; k < pieces_.size(); ++k) piece_params_[k].detach().copy_(device_pieces_[k]);
+  }
+  gather_pieces();
+}
+
+void ZeroDataParallel::gather_pieces() {
   torch::NoGradGuard no_grad;
   const int world = group_.size();
   const std::size_t groups = shard_options_.size();

@@ -70,6 +70,14 @@ struct ZeroOptions {
   /// stage 2 reduce-scatters through it; the constructor attaches it.
   /// comm_wire must stay kFloat.
   std::shared_ptr<ddp::Int8Compression> int8_wire;
+  /// ZeRO-Offload (arXiv 2101.06840): the optimizer's parameters are host
+  /// copies of this rank's pieces, so its state lives and its step runs in
+  /// host memory. After the reduction the shard gradients are copied to the
+  /// host (pinned), where unscaling, clipping and the step happen; the
+  /// all-gather sends the stepped host pieces back up. GPU memory then holds
+  /// the full parameters and gradients but no optimizer state. On CPU
+  /// tensors it changes nothing but adds copies (tests).
+  bool offload = false;
 };
 
 /// ZeRO stages 1 and 2 (arXiv 1910.02054) for a user module: full replicas of
@@ -102,7 +110,7 @@ class ZeroDataParallel {
   /// Build any LibTorch optimizer over them. Each aliases its piece of the
   /// module's full parameter (no second copy): stepping them updates this
   /// rank's pieces in place, and step()/gather_parameters() sends them to the
-  /// other ranks.
+  /// other ranks. With `offload` they are host copies of the pieces instead.
   const std::vector<at::Tensor>& optimizer_params() const { return piece_params_; }
 
   /// Prepares the next forward: opens the reducer's iteration (whose
@@ -195,6 +203,13 @@ class ZeroDataParallel {
   std::vector<at::Tensor> grad_shards_;   ///< stage 2, per bucket: this rank's slice of the averaged gradients
   std::vector<at::Tensor> piece_params_;  ///< per piece: aliases into the full parameters
   std::vector<at::Tensor> piece_grads_;   ///< per piece: aliases into grad_shards_ (2) or the full .grad (1)
+  std::vector<at::Tensor> device_pieces_; ///< offload, per piece: its alias in the full parameter
+  std::vector<at::Tensor> host_grads_;    ///< offload, per piece: the shard gradient copied to the host
+  /// The shard gradients clipping and scaling work on: the host copies with
+  /// offload, else piece_grads_.
+  const std::vector<at::Tensor>& shard_grads() const { return options_.offload ? host_grads_ : piece_grads_; }
+  void copy_grads_to_host();
+  void gather_pieces();
   int64_t finished_steps_ = 0;            ///< reducer steps consumed by finish_backward()
   int64_t stepped_steps_ = 0;             ///< finished_steps_ at the last step()
   bool full_grads_pending_ = false;       ///< stage 1: averaged full .grad not yet zeroed

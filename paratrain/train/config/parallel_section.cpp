@@ -1,6 +1,7 @@
 // The schema rows and cross-key rules of [ddp], [parallel], [zero] and [pipeline] (parallel_section.h).
 #include "paratrain/train/config/parallel_section.h"
 
+#include <ATen/Context.h>
 #include <fmt/format.h>
 
 #include "paratrain/train/config/config_ranges.h"
@@ -84,6 +85,31 @@ std::string megatron_problem(const TrainConfig& c) {
   return "";
 }
 
+// zero.offload = "cpu": the zero strategy's optimizer moves to host memory,
+// which only means something when training runs on a GPU.
+std::string offload_problem(const TrainConfig& c) {
+  if (c.zero.offload == "none") return "";
+  if (c.zero.stage != 1 && c.zero.stage != 2)
+    return fmt::format("zero.offload = \"{}\" moves ZeRO-1/2's optimizer state to host memory, but zero.stage = {}: "
+                       "set zero.stage = 1 or 2 (offloading FSDP's shards, stage 3, is not built yet), or "
+                       "zero.offload = \"none\"",
+                       c.zero.offload, c.zero.stage);
+  if (c.parallel.pp > 1 || c.parallel.tp > 1 || c.parallel.cp > 1 || c.ps.servers > 0)
+    return fmt::format("zero.offload = \"{}\" applies to data parallelism with ZeRO-1/2 (parallel.pp = tp = cp = 1, "
+                       "ps.servers = 0); got pp = {}, tp = {}, cp = {}, ps.servers = {}: set zero.offload = \"none\"",
+                       c.zero.offload, c.parallel.pp, c.parallel.tp, c.parallel.cp, c.ps.servers);
+  if (!at::hasCUDA())
+    return fmt::format("zero.offload = \"{}\" moves optimizer state from a GPU to host memory, and this paratrain is "
+                       "built against a CPU-only LibTorch (Debian's libtorch-dev), where it already lives in host "
+                       "memory: set zero.offload = \"none\", or build with scripts/cuda-build.sh on a GPU machine",
+                       c.zero.offload);
+  if (c.world.device == "cpu")
+    return fmt::format("zero.offload = \"{}\" moves optimizer state from the GPU to host memory, but world.device = "
+                       "\"cpu\" trains in host memory already: set world.device = \"cuda\", or zero.offload = \"none\"",
+                       c.zero.offload);
+  return "";
+}
+
 }  // namespace
 
 std::vector<FieldSpec> ddp_fields() {
@@ -119,6 +145,7 @@ std::vector<FieldSpec> zero_fields() {
       field("zero.unit_modules", &TC::zero, &ZeroConfig::unit_modules, "stage 3: comma-separated child modules, one unit each (overrides unit_min_params)", module_list()),
       field("zero.reshard_after_forward", &TC::zero, &ZeroConfig::reshard_after_forward, "stage 3: free gathered parameters between forward and backward"),
       field("zero.prefetch", &TC::zero, &ZeroConfig::prefetch, "stage 3: gather the next unit while this one computes"),
+      field("zero.offload", &TC::zero, &ZeroConfig::offload, "\"none\" or \"cpu\": stages 1-2 keep the optimizer state and run its step in host memory, for GPU training (ZeRO-Offload: shard gradients copied down, stepped pieces gathered back up; needs a CUDA build and world.device = \"cuda\")", one_of({"none", "cpu"})),
   };
 }
 
@@ -153,6 +180,7 @@ std::string parallel_problem(const TrainConfig& c) {
     return fmt::format("ddp.first_bucket_cap_mb ({}) must be <= ddp.bucket_cap_mb ({})",
                        c.ddp.first_bucket_cap_mb, c.ddp.bucket_cap_mb);
   if (auto problem = megatron_problem(c); !problem.empty()) return problem;
+  if (auto problem = offload_problem(c); !problem.empty()) return problem;
   // fp16/bf16 also compress ZeRO-1/2's all-reduce or reduce-scatter;
   // PowerSGD's factors only fit DDP's all-reduce.
   const bool zero_wire = c.zero.stage == 1 || c.zero.stage == 2;

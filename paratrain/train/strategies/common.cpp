@@ -167,6 +167,7 @@ zero::ZeroOptions zero_options(const TrainConfig& config, std::chrono::milliseco
   options.find_unused_parameters = config.ddp.find_unused_parameters;
   options.broadcast_buffers = config.ddp.broadcast_buffers;
   options.timeout = timeout;
+  options.offload = config.zero.offload == "cpu";
   return options;
 }
 

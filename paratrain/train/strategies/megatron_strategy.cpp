@@ -213,7 +213,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     // An empty share (the Trainer's last round) is empty on every rank of
     // this replica's tp and cp groups alike (they share the dp rank): skip
     // the collectives together.
-    if (inputs.size(0) == 0) return at::zeros({0, inputs.size(1), kVocab});
+    if (inputs.size(0) == 0) return at::zeros({0, inputs.size(1), kVocab}, at::TensorOptions().device(inputs.device()));
     const at::Tensor chunk = sequence_parallel::sequence_chunk(inputs, 1, cp_);
     if (stages_) {
       // The last stage gathers the logits over its tp and cp groups, then
@@ -276,7 +276,8 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     }
     // In the single-process order, each from the first stage holding it.
     for (const auto& [name, owner] : stages_->stage_of()) {
-      at::Tensor t = owner == pp_.rank() ? mine[name].contiguous() : torch::empty(layout_[name].full_shape);
+      // On the host on every rank: a broadcast's members agree on the device.
+      at::Tensor t = owner == pp_.rank() ? mine[name].to(at::kCPU).contiguous() : torch::empty(layout_[name].full_shape);
       pp_.broadcast(t, owner)->wait(timeout_);
       out.emplace_back(name, t);
     }
@@ -299,7 +300,10 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
   // pp, each stage's sum is added over pp, a tied copy counted once.
   void clip_global_norm(double max_norm) {
     at::NoGradGuard no_grad;
-    at::Tensor sums = torch::zeros({2}, torch::kDouble);  // sharded, replicated
+    // On the model's device: the gradients' squares add into it there, and
+    // every rank's collectives below then agree on the device.
+    at::Tensor sums = torch::zeros({2}, torch::TensorOptions().dtype(torch::kDouble).device(
+                                            pipeline::stage_device(*module_)));  // sharded, replicated
     for (const auto& [name, g] : sync_->named_grads()) {
       if (!g.defined() || is_tied_copy(name)) continue;
       sums[layout_[name].replicated() ? 1 : 0] += g.to(at::kDouble).pow(2).sum();
