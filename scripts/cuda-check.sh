@@ -76,7 +76,7 @@ if [ -x build-cuda/tests/test_comm ]; then
 fi
 
 # ---- correctness: three lanes at once (none of them is timed) ----
-steps=60
+steps=${MLP_STEPS:-60}
 mlp=(-c configs/fashion_mnist_mlp.toml --set data.dir="$fashion" --set train.max_steps=$steps
      --set train.eval_every_epochs=0 --set run.output_dir="$out/runs" --set log.progress=off)
 ckpt() { printf 'version_0/checkpoints/step_%08d' "$1"; }
@@ -160,7 +160,7 @@ if enough 150 "correctness"; then
 fi
 
 # ---- timing: one thing at a time ----
-if [ -x bench/run_pytorch_gpt.sh ] && enough 100 "paratrain vs PyTorch eager"; then
+if [ -x bench/run_pytorch_gpt.sh ] && enough "${VS_NEED:-100}" "paratrain vs PyTorch eager"; then
   step "GPT: paratrain vs PyTorch eager on this GPU (fp32, bf16, fp16)"
   PARATRAIN="$PWD/$cli" timeout $(( $(left) - 60 )) bench/run_pytorch_gpt.sh "$out/vs_pytorch" > "$out/vs_pytorch.log" 2>&1
   say "rc=$?"

@@ -1,6 +1,8 @@
 // The memory meter: see memory_meter.h.
 #include "paratrain/core/memory_meter.h"
 
+#include "paratrain/core/compat.h"
+
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
@@ -53,7 +55,15 @@ class MeteringAllocator final : public c10::Allocator {
  public:
   explicit MeteringAllocator(c10::Allocator* base) : base_(base) {}
 
+  // LibTorch 2.x: allocate() is not const, and copy_data() is pure.
+#if PARATRAIN_TORCH_AT_LEAST(2, 3)
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    base_->copy_data(dest, src, count);
+  }
+  c10::DataPtr allocate(size_t n) override {
+#else
   c10::DataPtr allocate(size_t n) const override {
+#endif
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
     const c10::Device device = inner.device();
