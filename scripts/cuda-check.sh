@@ -41,6 +41,7 @@ enough() {  # seconds needed, what
 }
 fashion="${FASHION_DIR:-$PWD/data/fashion-mnist}"
 export PARATRAIN_BUILD_JOBS="${PARATRAIN_BUILD_JOBS:-$(( $(nproc) + 2 ))}" OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+export PARATRAIN_FAST_BUILD="${PARATRAIN_FAST_BUILD:-1}"  # -O1 -DNDEBUG: minutes count here (cuda-build.sh)
 nvidia-smi -L 2>&1 | head -2 | tee -a "$out/summary.txt"
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' \
   2>&1 | tee -a "$out/summary.txt"
@@ -135,7 +136,7 @@ gpt_lane() {
   for o in none cpu; do
     timeout $(cap 150) $cli train "${off[@]}" --set zero.offload=$o --set run.name=offload_$o > "$out/offload_$o.log" 2>&1
     local rc=$?
-    peak=$(grep -m1 -oE 'peak GPU memory on [^:]*: [0-9.]+ MiB allocated, [0-9.]+ MiB reserved' "$out/offload_$o.log")
+    peak=$(grep -m1 -oE 'peak GPU memory on cuda[:0-9]*: [0-9.]+ MiB allocated, [0-9.]+ MiB reserved' "$out/offload_$o.log")
     say "offload_$o: rc=$rc; $peak"
     fig "{\"check\":\"offload_$o\",\"rc\":$rc,\"peak\":\"$peak\"}"
   done
