@@ -17,46 +17,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-class Mlp(nn.Module):
-    """paratrain::models::make_mlp({784, {1024, 1024}, 10}): fc0..fc2, ReLU between."""
-
-    def __init__(self, in_features=784, hidden=(1024, 1024), out_features=10):
-        super().__init__()
-        widths = [in_features, *hidden, out_features]
-        self.in_features = in_features
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
-
-    def forward(self, x):
-        h = x.reshape(x.size(0), self.in_features)
-        for i, layer in enumerate(self.layers):
-            h = layer(h)
-            if i + 1 < len(self.layers):
-                h = torch.relu(h)
-        return h
-
-
-class Cnn(nn.Module):
-    """paratrain::models::make_cnn({}): conv3x3(32)-relu-pool2, conv3x3(64)-relu-pool2, fc(128)-relu, fc(10)."""
-
-    def __init__(self, in_channels=1, image_size=28, channels=(32, 64), hidden=128, num_classes=10):
-        super().__init__()
-        self.shape = (in_channels, image_size, image_size)
-        convs, c, side = [], in_channels, image_size
-        for out in channels:
-            convs.append(nn.Conv2d(c, out, 3, padding=1))
-            c, side = out, side // 2
-        self.convs = nn.ModuleList(convs)
-        self.flat = c * side * side
-        self.fc0 = nn.Linear(self.flat, hidden)
-        self.fc1 = nn.Linear(hidden, num_classes)
-
-    def forward(self, x):
-        h = x.reshape(x.size(0), *self.shape)
-        for conv in self.convs:
-            h = F.max_pool2d(torch.relu(conv(h)), 2)
-        h = torch.relu(self.fc0(h.reshape(h.size(0), self.flat)))
-        return self.fc1(h)
+from paratrain_models import Mlp, Cnn  # the same layers as paratrain/models/
 
 
 class GptBlock(nn.Module):

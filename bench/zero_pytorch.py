@@ -18,22 +18,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-class Mlp(nn.Module):
-    """paratrain::models::make_mlp({784, {1024, 1024}, 10}): fc0..fc2, ReLU between."""
-
-    def __init__(self, widths=(784, 1024, 1024, 10)):
-        super().__init__()
-        self.in_features = widths[0]
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
-
-    def forward(self, x):
-        h = x.reshape(x.size(0), self.in_features)
-        for i, layer in enumerate(self.layers):
-            h = layer(h)
-            if i + 1 < len(self.layers):
-                h = torch.relu(h)
-        return h
+from paratrain_models import Mlp  # the same layers as paratrain/models/
 
 
 def storage_bytes(tensors):

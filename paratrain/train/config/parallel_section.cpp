@@ -89,13 +89,12 @@ std::string megatron_problem(const TrainConfig& c) {
 // which only means something when training runs on a GPU.
 std::string offload_problem(const TrainConfig& c) {
   if (c.zero.offload == "none") return "";
-  if (c.zero.stage != 1 && c.zero.stage != 2)
-    return fmt::format("zero.offload = \"{}\" moves ZeRO-1/2's optimizer state to host memory, but zero.stage = {}: "
-                       "set zero.stage = 1 or 2 (offloading FSDP's shards, stage 3, is not built yet), or "
-                       "zero.offload = \"none\"",
-                       c.zero.offload, c.zero.stage);
+  if (c.zero.stage == 0)
+    return fmt::format("zero.offload = \"{}\" moves ZeRO's sharded optimizer state to host memory, but zero.stage = 0 "
+                       "(DDP) shards nothing: set zero.stage = 1, 2 or 3, or zero.offload = \"none\"",
+                       c.zero.offload);
   if (c.parallel.pp > 1 || c.parallel.tp > 1 || c.parallel.cp > 1 || c.ps.servers > 0)
-    return fmt::format("zero.offload = \"{}\" applies to data parallelism with ZeRO-1/2 (parallel.pp = tp = cp = 1, "
+    return fmt::format("zero.offload = \"{}\" applies to data parallelism with ZeRO-1/2/3 (parallel.pp = tp = cp = 1, "
                        "ps.servers = 0); got pp = {}, tp = {}, cp = {}, ps.servers = {}: set zero.offload = \"none\"",
                        c.zero.offload, c.parallel.pp, c.parallel.tp, c.parallel.cp, c.ps.servers);
   if (!at::hasCUDA())
@@ -145,7 +144,7 @@ std::vector<FieldSpec> zero_fields() {
       field("zero.unit_modules", &TC::zero, &ZeroConfig::unit_modules, "stage 3: comma-separated child modules, one unit each (overrides unit_min_params)", module_list()),
       field("zero.reshard_after_forward", &TC::zero, &ZeroConfig::reshard_after_forward, "stage 3: free gathered parameters between forward and backward"),
       field("zero.prefetch", &TC::zero, &ZeroConfig::prefetch, "stage 3: gather the next unit while this one computes"),
-      field("zero.offload", &TC::zero, &ZeroConfig::offload, "\"none\" or \"cpu\": stages 1-2 keep the optimizer state and run its step in host memory, for GPU training (ZeRO-Offload: shard gradients copied down, stepped pieces gathered back up; needs a CUDA build and world.device = \"cuda\")", one_of({"none", "cpu"})),
+      field("zero.offload", &TC::zero, &ZeroConfig::offload, "\"none\" or \"cpu\": stages 1-3 keep the optimizer state and run its step in host memory, for GPU training (ZeRO-Offload: shard gradients copied down, stepped pieces sent back up; needs a CUDA build and world.device = \"cuda\")", one_of({"none", "cpu"})),
   };
 }
 

@@ -61,7 +61,7 @@ struct ZeroConfig {
   bool reshard_after_forward = true;
   /// Stage 3: start the next unit's all-gather while this one computes.
   bool prefetch = true;
-  /// "none" or "cpu": ZeRO-1/2's optimizer state and step in host memory
+  /// "none" or "cpu": ZeRO-1/2/3's optimizer state and step in host memory
   /// for GPU training (ZeRO-Offload); a CUDA build with world.device = cuda.
   std::string offload = "none";
 

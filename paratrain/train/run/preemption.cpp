@@ -40,15 +40,21 @@ int64_t monotonic_ms() {
 // Note [A signal that insists]
 // Only async-signal-safe calls here. The first preemption signal sets the
 // flag. Another one ends the process at once (the user or the scheduler
-// insists), except the same signal again within two seconds: that is the
-// same request arriving twice, as when a scheduler signals every process
-// of the job and `paratrain launch` passes its own copy on to the workers.
-void on_signal(int sig) {
+// insists), except the same request arriving twice, as when a scheduler
+// signals every process of the job and `paratrain launch` passes its own
+// copy on to the workers: the same signal again within two seconds, or the
+// same signal from this process's parent at any time. The launcher's copy
+// can come late (it forwards from its event loop, which a loaded machine
+// delays: a CI run once saw it after the window), and a launcher that is
+// asked again stops its workers itself (SIGKILL), so its repeats never
+// mean "now".
+void on_signal(int sig, siginfo_t* info, void*) {
   int first = 0;
   if (g_received.compare_exchange_strong(first, sig)) {
     g_received_at_ms.store(monotonic_ms());
     return;
   }
+  if (sig == first && info != nullptr && info->si_pid == ::getppid()) return;  // getppid: async-signal-safe
   if (sig == first && monotonic_ms() - g_received_at_ms.load() < kRepeatWindowMs) return;
   ::_exit(128 + sig);
 }
@@ -87,9 +93,9 @@ PreemptionSignals::PreemptionSignals(const std::vector<int>& signals) : signals_
   for (int sig : signals_) {
     if (g_installed[sig]++ > 0) continue;
     struct sigaction action {};
-    action.sa_handler = on_signal;
+    action.sa_sigaction = on_signal;
     sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESTART;
+    action.sa_flags = SA_RESTART | SA_SIGINFO;
     ::sigaction(sig, &action, &g_previous[sig]);
   }
 }

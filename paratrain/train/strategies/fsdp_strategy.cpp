@@ -51,6 +51,7 @@ class FsdpStrategy final : public DataParallelStrategy {
     options.prefetch = config_.zero.prefetch;
     options.find_unused_parameters = config_.ddp.find_unused_parameters;
     options.timeout = timeout_;
+    options.offload = config_.zero.offload == "cpu";
     fsdp_ = std::make_unique<fsdp::FullyShardedDataParallel>(model_, dp_, std::move(options));
   }
 
