@@ -93,13 +93,13 @@ int64_t load_checkpoint(const std::filesystem::path& dir, ddp::DistributedDataPa
 int64_t load_checkpoint(const std::filesystem::path& dir, zero::ZeroDataParallel& zero,
                         torch::optim::Optimizer* optimizer) {
   const int64_t step = load(dir, of(zero, optimizer));
-  zero.gather_parameters();  // every rank's full parameters from the loaded shards
+  zero.after_load();  // every rank's full parameters from the loaded shards (and offloaded copies)
   return step;
 }
 int64_t load_checkpoint(const std::filesystem::path& dir, fsdp::FullyShardedDataParallel& fsdp,
                         torch::optim::Optimizer* optimizer) {
   const int64_t step = load(dir, of(fsdp, optimizer));
-  fsdp.reshard();  // gathered units would hold the values from before loading
+  fsdp.after_load();  // gathered units would hold the values from before loading
   return step;
 }
 

@@ -56,6 +56,10 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int local_ra
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(o.restart_count)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
       {"TORCHELASTIC_RUN_ID", o.rdzv_id.empty() ? std::string("none") : o.rdzv_id},
+      // Who forwards signals to the workers: a repeat of a preemption signal
+      // from it is its copy of the same request (Note [A signal that
+      // insists], train/run/preemption.cpp).
+      {"PARATRAIN_LAUNCHER_PID", std::to_string(::getpid())},
   };
   if (!o.launch_id.empty()) vars.emplace_back("PARATRAIN_LAUNCH_ID", o.launch_id);
   if (!o.job_token.empty()) vars.emplace_back("PARATRAIN_JOB_TOKEN", o.job_token);

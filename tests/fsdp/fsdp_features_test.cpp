@@ -211,8 +211,9 @@ TEST(FsdpOffload, EqualsTheUnoffloadedRunBitwise) {
 }
 
 // With offload the optimizer's parameters are copies: what a checkpoint
-// loader writes into the slots (the shards) reaches them through reshard(),
-// which the strategy's after_load() calls. Control: before it they differ.
+// loader writes into the slots (the shards) reaches them through
+// after_load(), which the strategy's after_load() calls. Control: before it
+// they differ.
 TEST(FsdpOffload, CopiesFollowWhatALoaderWrites) {
   paratrain::testing::run_ranks(2, [&](comm::ProcessGroup& group) {
     auto model = ddp::testing::make_model(ModelKind::kMlp, kSeed);
@@ -230,7 +231,7 @@ TEST(FsdpOffload, CopiesFollowWhatALoaderWrites) {
                                          torch::kFloat));
       EXPECT_FALSE(torch::equal(params[i], slots[i].local)) << slots[i].name;
     }
-    fsdp.reshard();
+    fsdp.after_load();
     for (std::size_t i = 0; i < params.size(); ++i)
       EXPECT_TRUE(torch::equal(params[i], slots[i].local)) << slots[i].name << " on rank " << group.rank();
   });

@@ -161,10 +161,12 @@ TEST(WorkerEnvironment, SetsTorchrunVariablesAndKeepsTheRest) {
         "TORCHELASTIC_MAX_RESTARTS=3", "TORCHELASTIC_RUN_ID=job7", "PARATRAIN_LAUNCH_ID=job7"}) {
     EXPECT_EQ(count(expected), 1) << expected;
   }
+  // The launcher names itself: its repeats of a preemption signal are copies.
+  EXPECT_EQ(count("PARATRAIN_LAUNCHER_PID=" + std::to_string(getpid())), 1);
   EXPECT_EQ(count("RANK=99"), 0);
   // Our rank 0 serves the store: an outer torchrun's agent-store flag must not reach the workers.
   EXPECT_EQ(count("TORCHELASTIC_USE_AGENT_STORE=True"), 0);
-  EXPECT_EQ(env.size(), 17u);
+  EXPECT_EQ(env.size(), 18u);
 }
 
 TEST(WorkerEnvironment, PassesTheJobTokenInPlaceOfAnInheritedOne) {

@@ -256,8 +256,8 @@ TEST_P(ZeroStageTest, OffloadedOptimizerEqualsTheUnoffloadedRunBitwise) {
 
 // With offload the optimizer params are copies, not the pieces: what a
 // checkpoint loader writes into the slots (the pieces of the full
-// parameters) reaches them through gather_parameters(), as the strategies'
-// after_load() calls it. Control: before the gather they still differ.
+// parameters) reaches them through after_load(), as the strategies' and
+// load_checkpoint's after_load() call it. Control: before it they differ.
 TEST_P(ZeroStageTest, OffloadedCopiesFollowWhatALoaderWrites) {
   const int stage = GetParam();
   paratrain::testing::run_ranks(2, [&](comm::ProcessGroup& group) {
@@ -272,7 +272,7 @@ TEST_P(ZeroStageTest, OffloadedCopiesFollowWhatALoaderWrites) {
       slot.local.copy_(torch::arange(slot.flat_offset, slot.flat_offset + slot.local.numel(), torch::kFloat));
       EXPECT_FALSE(torch::equal(piece, slot.local)) << slot.name;
     }
-    zero.gather_parameters();
+    zero.after_load();
     for (const auto& [piece, slot] : zero.optimizer_param_slots())
       EXPECT_TRUE(torch::equal(piece, slot.local)) << slot.name << " on rank " << group.rank();
   });

@@ -105,18 +105,24 @@ void FullyShardedDataParallel::copy_grads_down() {
   at::NoGradGuard no_grad;
   std::optional<c10::Device> device;
   for (std::size_t k = 0; k < offload_->device.size(); ++k) {
-    at::Tensor& g = offload_->device[k].mutable_grad();
-    if (g.defined()) {
+    const at::Tensor& g = offload_->device[k].grad();
+    at::Tensor& grad = offload_->host[k].mutable_grad();
+    // Several synchronized backwards before one step add up, as the
+    // reduction's own .grad does (grad_sink.h); after zero_grad() (in place
+    // in LibTorch 1.13, None in 2.x) the copy starts afresh.
+    const bool accumulate = grad.defined() && grad.is_same(offload_->grads[k]);
+    if (!g.defined()) {
+      if (!accumulate) offload_->grads[k].zero_();
+    } else if (accumulate) {
+      offload_->grads[k].add_(g.to(at::kCPU));
+    } else {
       offload_->grads[k].copy_(g, /*non_blocking=*/true);
       if (!g.is_cpu()) device = g.device();
-      g.reset();  // the copy is queued first on the same stream: its memory stays until then
-    } else {
-      offload_->grads[k].zero_();
     }
-    at::Tensor& grad = offload_->host[k].mutable_grad();
-    if (!grad.defined() || !grad.is_same(offload_->grads[k])) grad = offload_->grads[k];
+    if (!accumulate) grad = offload_->grads[k];
   }
   if (device) c10::impl::VirtualGuardImpl(device->type()).getStream(*device).synchronize();
+  for (const at::Tensor& piece : offload_->device) piece.mutable_grad().reset();  // down now
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
@@ -164,6 +170,7 @@ void FullyShardedDataParallel::finish_backward() {
 
 double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
   impl_->rethrow_kept_error();
+  if (offload_ && impl_->sync_enabled()) copy_grads_down();  // a loop without finish_backward()
   std::vector<at::Tensor> grads;
   for (const at::Tensor& piece : optimizer_params()) {
     if (piece.grad().defined()) grads.push_back(piece.grad());
@@ -191,6 +198,7 @@ void FullyShardedDataParallel::step(torch::optim::Optimizer& optimizer) {
                             "scope before the last micro-batch's forward and backward, then step",
                             group().rank()));
   }
+  if (offload_) copy_grads_down();  // a loop without finish_backward(); once per backward anyway
   optimizer.step();
   if (offload_) {
     at::NoGradGuard no_grad;
@@ -199,13 +207,15 @@ void FullyShardedDataParallel::step(torch::optim::Optimizer& optimizer) {
   impl_->reshard_all();
 }
 
-void FullyShardedDataParallel::reshard() {
+void FullyShardedDataParallel::reshard() { impl_->reshard_all(); }
+
+void FullyShardedDataParallel::after_load() {
   // Offload: what was loaded into the shards becomes the optimizer's copy.
   if (offload_) {
     at::NoGradGuard no_grad;
     for (std::size_t k = 0; k < offload_->device.size(); ++k) offload_->host[k].detach().copy_(offload_->device[k]);
   }
-  impl_->reshard_all();
+  reshard();
 }
 
 FullyShardedDataParallel::NoSyncGuard::NoSyncGuard(FullyShardedDataParallel& fsdp)

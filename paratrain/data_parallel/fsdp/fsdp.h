@@ -80,9 +80,11 @@ struct FsdpOptions {
   /// ZeRO-Offload (arXiv 2101.06840): optimizer_params() are pinned host
   /// copies of this rank's shard pieces, so the optimizer's state and step
   /// live in host memory. finish_backward() copies the reduced shard
-  /// gradients down (a synchronized backward's), step() sends the stepped
-  /// pieces back up into the shards, reshard() (after loading a checkpoint
-  /// into the shards) refreshes the copies. On CPU tensors: the same, copied.
+  /// gradients down (a synchronized backward's; clip_grad_norm() and step()
+  /// do it too when the loop did not call it), step() sends the stepped
+  /// pieces back up into the shards, after_load() (after loading a
+  /// checkpoint into the shards) refreshes the copies. On CPU tensors: the
+  /// same, copied.
   bool offload = false;
 };
 
@@ -165,6 +167,11 @@ class FullyShardedDataParallel {
   void step(torch::optim::Optimizer& optimizer);
   /// Frees every gathered unit (local, no communication).
   void reshard();
+
+  /// After a checkpoint was loaded into the shards (the slots of
+  /// parameter_slots()): with offload the optimizer's host copies take the
+  /// loaded values, then reshard(). Without offload the same as reshard().
+  void after_load();
 
   /// While alive, backward does not communicate: full gradients accumulate
   /// in the parameters' .grad (memory: one full gradient) and the first

@@ -283,7 +283,7 @@ void ZeroDataParallel::begin_step() {
 
 void ZeroDataParallel::end_step() {
   clear_full_grads();
-  gather_pieces();  // with offload: the stepped host pieces, straight into the send buffers
+  gather_parameters();  // with offload: the stepped host pieces, straight into the send buffers
   // The next forward needs nothing from the loop (Note [One wrapper protocol]).
   prepare_forward();
   buffers_fresh_ = true;
@@ -317,17 +317,17 @@ void ZeroDataParallel::scale_gradients(double coef) {
 // first and consumed in order, so bucket b's copy into the parameters
 // overlaps with later buckets' transfers. Costs one shard-size send buffer
 // and one full-size gather buffer per bucket until it is consumed.
-void ZeroDataParallel::gather_parameters() {
+void ZeroDataParallel::after_load() {
   // Offload: what was loaded into the full parameters (a checkpoint writes
   // the slots, which alias them) becomes the optimizer's host copy too.
   if (options_.offload) {
     torch::NoGradGuard no_grad;
     for (std::size_t k = 0; k < pieces_.size(); ++k) piece_params_[k].detach().copy_(device_pieces_[k]);
   }
-  gather_pieces();
+  gather_parameters();
 }
 
-void ZeroDataParallel::gather_pieces() {
+void ZeroDataParallel::gather_parameters() {
   torch::NoGradGuard no_grad;
   const int world = group_.size();
   const std::size_t groups = shard_options_.size();

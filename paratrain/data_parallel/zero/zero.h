@@ -164,6 +164,12 @@ class ZeroDataParallel {
   /// loading a checkpoint into the pieces).
   void gather_parameters();
 
+  /// Collective. After a checkpoint was loaded into the pieces (the slots of
+  /// parameter_slots(), which alias the full parameters): with offload the
+  /// optimizer's host copies take the loaded values, then
+  /// gather_parameters(). Without offload the same as gather_parameters().
+  void after_load();
+
   /// While alive, backward accumulates into .grad without communicating; the
   /// first backward after it reduces the sum (gradient accumulation):
   ///   { auto guard = zero.no_sync(); for (k-1 micro-batches) { fwd; bwd; } }
@@ -209,7 +215,6 @@ class ZeroDataParallel {
   /// offload, else piece_grads_.
   const std::vector<at::Tensor>& shard_grads() const { return options_.offload ? host_grads_ : piece_grads_; }
   void copy_grads_to_host();
-  void gather_pieces();
   int64_t finished_steps_ = 0;            ///< reducer steps consumed by finish_backward()
   int64_t stepped_steps_ = 0;             ///< finished_steps_ at the last step()
   bool full_grads_pending_ = false;       ///< stage 1: averaged full .grad not yet zeroed

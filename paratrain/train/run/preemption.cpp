@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cctype>
 #include <csignal>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 
@@ -43,20 +44,38 @@ int64_t monotonic_ms() {
 // insists), except the same request arriving twice, as when a scheduler
 // signals every process of the job and `paratrain launch` passes its own
 // copy on to the workers: the same signal again within two seconds, or the
-// same signal from this process's parent at any time. The launcher's copy
-// can come late (it forwards from its event loop, which a loaded machine
-// delays: a CI run once saw it after the window), and a launcher that is
-// asked again stops its workers itself (SIGKILL), so its repeats never
-// mean "now".
+// same signal sent (kill, SI_USER) by the process that forwards signals to
+// this one, at any time: `paratrain launch` (PARATRAIN_LAUNCHER_PID) or
+// torchrun's agent (the parent). The launcher's copy can come late (it
+// forwards from its event loop, which a loaded machine delays: a CI run once
+// saw it after the window), and a launcher asked again stops its workers
+// itself (SIGKILL), so its repeats never mean "now". Repeats from anyone
+// else (slurmstepd, a shell, a container runtime: si_pid 0) still insist.
+std::atomic<pid_t> g_forwarder{0};
+
 void on_signal(int sig, siginfo_t* info, void*) {
   int first = 0;
   if (g_received.compare_exchange_strong(first, sig)) {
     g_received_at_ms.store(monotonic_ms());
     return;
   }
-  if (sig == first && info != nullptr && info->si_pid == ::getppid()) return;  // getppid: async-signal-safe
+  const pid_t forwarder = g_forwarder.load();
+  if (sig == first && info != nullptr && info->si_code == SI_USER && forwarder > 0 && info->si_pid == forwarder)
+    return;
   if (sig == first && monotonic_ms() - g_received_at_ms.load() < kRepeatWindowMs) return;
   ::_exit(128 + sig);
+}
+
+// The process whose signals are copies of a request this one already got:
+// the launcher's pid it exported, else under torchrun the agent (the parent).
+pid_t signal_forwarder() {
+  if (const char* pid = std::getenv("PARATRAIN_LAUNCHER_PID"); pid != nullptr && *pid != '\0') {
+    char* end = nullptr;
+    const long value = std::strtol(pid, &end, 10);
+    if (end != nullptr && *end == '\0' && value > 0) return static_cast<pid_t>(value);
+  }
+  if (std::getenv("TORCHELASTIC_RUN_ID") != nullptr) return ::getppid();
+  return 0;
 }
 
 }  // namespace
@@ -90,6 +109,7 @@ std::string preempt_signal_name(int signal) {
 
 PreemptionSignals::PreemptionSignals(const std::vector<int>& signals) : signals_(signals) {
   std::lock_guard<std::mutex> lock(g_mutex);
+  g_forwarder.store(signal_forwarder());
   for (int sig : signals_) {
     if (g_installed[sig]++ > 0) continue;
     struct sigaction action {};

@@ -105,7 +105,7 @@ class FsdpStrategy final : public DataParallelStrategy {
     for (size_t i = 0; i < params.size(); ++i) out.push_back(checkpoint::OptimizerSlot{params[i], slots.at(i)});
     return out;
   }
-  void after_load() override { fsdp_->reshard(); }
+  void after_load() override { fsdp_->after_load(); }
   std::vector<std::pair<std::string, std::string>> checkpoint_metadata() const override {
     return {{"zero.stage", "3"}, {"dp", std::to_string(dp_.size())}};
   }

@@ -95,7 +95,7 @@ class ZeroStrategy final : public DataParallelStrategy {
     for (auto& [param, slot] : zero_->optimizer_param_slots()) out.push_back(checkpoint::OptimizerSlot{param, slot});
     return out;
   }
-  void after_load() override { zero_->gather_parameters(); }
+  void after_load() override { zero_->after_load(); }
   // The int8 wire's residuals (Note [Int8 wire state in checkpoints]).
   std::vector<TensorSlot> state_slots() override {
     return int8_ ? int8_->state_slots(dp_.rank(), dp_.size()) : std::vector<TensorSlot>{};
