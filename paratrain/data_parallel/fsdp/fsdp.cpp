@@ -253,6 +253,11 @@ ModelStateBytes FullyShardedDataParallel::model_state_bytes(const torch::optim::
     for (const UnitParam& p : unit.params()) bytes.grads += bytes_of(p.tensor.grad());
     for (const at::Tensor& piece : impl_->pieces[u]) bytes.grads += bytes_of(piece.grad());
   }
+  // Offload: the host copies count too (host and device bytes together, as ZeRO's).
+  if (offload_) {
+    bytes.params += tensor_bytes(offload_->host);
+    bytes.grads += tensor_bytes(offload_->grads);
+  }
   if (optimizer) bytes.optimizer_state = tensor_bytes(optimizer_state_tensors(*optimizer));
   return bytes;
 }

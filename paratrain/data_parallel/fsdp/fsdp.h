@@ -91,6 +91,8 @@ struct FsdpOptions {
 /// Bytes of model state alive on this rank (core/model_state.h): params =
 /// shards + units currently gathered; grads = shard-piece .grad + full .grad
 /// still alive (no_sync); optimizer_state = the optimizer's state tensors.
+/// With offload the host copies of the pieces and of their gradients count
+/// too (host and device bytes together).
 using ::paratrain::ModelStateBytes;
 
 /// One wrapping unit: parameters gathered and freed together.

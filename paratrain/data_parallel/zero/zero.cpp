@@ -380,6 +380,8 @@ ModelStateBytes ZeroDataParallel::model_state_bytes(const torch::optim::Optimize
   // stage 2: the shard buffers, the full .grad undefined between steps.
   std::vector<at::Tensor> grads = grad_shards_;
   grads.insert(grads.end(), piece_grads_.begin(), piece_grads_.end());
+  // Offload: the host copies count too (params above: piece_params_ are them).
+  grads.insert(grads.end(), host_grads_.begin(), host_grads_.end());
   for (const auto& p : params_) {
     params.push_back(p.tensor);
     grads.push_back(p.tensor.grad());

@@ -189,7 +189,9 @@ class ZeroDataParallel {
   /// state of `optimizer` (nullptr: not counted), and the reducer's bucket
   /// buffers allocated now (stage 1: all of them; stage 2: none between steps).
   /// fp32 Adam between steps, up to padding: stage 1 8 Psi + 8 Psi / N (plus
-  /// comm_buffers), stage 2 4 Psi + (4 + 8) Psi / N.
+  /// comm_buffers), stage 2 4 Psi + (4 + 8) Psi / N. With offload, the host
+  /// copies (4 Psi / N of parameters and of gradients) count as well: host
+  /// and device bytes together; the optimizer's state is then all host memory.
   ModelStateBytes model_state_bytes(const torch::optim::Optimizer* optimizer = nullptr) const;
 
   ddp::Reducer& reducer() { return *reducer_; }  ///< the gradient reducer (buckets, hooks)
