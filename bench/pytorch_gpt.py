@@ -357,6 +357,22 @@ def make_adamw(params, args):
     return torch.optim.AdamW(params, **kwargs)
 
 
+def write_profile(profiler, args, device):
+    """The profiled steps' operators, most device (else CPU) self time first."""
+    averages = profiler.key_averages()
+    table = None
+    keys = ["self_device_time_total", "self_cuda_time_total"] if device.type == "cuda" else []
+    for key in keys + ["self_cpu_time_total"]:
+        try:
+            table = averages.table(sort_by=key, row_limit=25)
+            break
+        except (AttributeError, KeyError, ValueError):
+            continue
+    with open(args.profile_out, "w") as f:
+        f.write(f"# {args.profile_steps} steps after {args.warmup_steps}, {args.precision}, {device}\n{table}\n")
+    print(f"profile of {args.profile_steps} steps -> {args.profile_out}", file=sys.stderr)
+
+
 def main():
     p = argparse.ArgumentParser(description="A plain PyTorch eager twin of paratrain's GPT (models/gpt.h), "
                                 "trained as `paratrain train -c configs/gpt_fortunes.toml` trains it at world 1; "
@@ -406,6 +422,10 @@ def main():
                         "since its previous line: run.log_every = N gives the same window)")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0 = torch's default)")
     p.add_argument("--json-out", metavar="FILE", help="append the JSON line to FILE")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="profile this many steps after the warmup with torch.profiler (slows them: a run for the "
+                        "profile, not for tokens/s) and write the operator table to --profile-out")
+    p.add_argument("--profile-out", metavar="FILE", default="pytorch_profile.txt")
     args = p.parse_args()
 
     if args.steps <= args.warmup_steps:
@@ -448,10 +468,22 @@ def main():
     last_loss = None
     losses = []  # every synced step's loss
     t0 = None
+    profiler = None
     for step in range(args.steps):
         if step == args.warmup_steps:
             sync()
             t0 = time.perf_counter()
+            if args.profile_steps > 0:
+                activities = [torch.profiler.ProfilerActivity.CPU]
+                if device.type == "cuda":
+                    activities.append(torch.profiler.ProfilerActivity.CUDA)
+                profiler = torch.profiler.profile(activities=activities)
+                profiler.__enter__()
+        if profiler is not None and step == args.warmup_steps + args.profile_steps:
+            sync()
+            profiler.__exit__(None, None, None)
+            write_profile(profiler, args, device)
+            profiler = None
         x, y = batches.next()
         x = x.to(device, non_blocking=True)
         y = y.to(device, non_blocking=True)

@@ -14,7 +14,8 @@
 #  4. timing, nothing else running: DDP on 2 processes against 1 (staging
 #     overlapped and synchronous); the GPT in fp32, bf16 and fp16 with the
 #     dynamic loss scale, paratrain next to PyTorch eager on the same GPU
-#     (bench/run_pytorch_gpt.sh), then DDP scaling on CPU ranks
+#     (bench/run_pytorch_gpt.sh), both sides' profiles of the fp32 step, then
+#     DDP scaling on CPU ranks
 #     (bench/run_cpu_scaling.sh) with what time is left.
 # Every figure goes to $out/figures.jsonl, a digest to summary.txt; $OUT
 # (the device tool's folder), when set, gets both and logs.tgz.
@@ -203,6 +204,24 @@ if [ -x bench/run_pytorch_gpt.sh ] && enough "${VS_NEED:-100}" "paratrain vs PyT
   say "rc=$?"
   cat "$out"/vs_pytorch/*.jsonl >> "$out/figures.jsonl" 2>/dev/null
   cat "$out"/vs_pytorch/*.md >> "$out/summary.txt" 2>/dev/null
+fi
+# Where the fp32 step's time goes, both sides (issue 31: explain the gap
+# from a profile): 5 steps after 20, paratrain's profiler (docs/profiling.md)
+# and torch.profiler on the twin, the top operators of each.
+if enough 60 "profiles of the GPT step"; then
+  step "profiles: paratrain and PyTorch eager, the same GPT in fp32"
+  shapes=(--set model.d_model=512 --set model.layers=6 --set model.heads=8 --set model.seq_len=256
+          --set data.batch_size=32 --set model.dropout=0.1)
+  timeout $(cap 60) $cli train -c configs/gpt_fortunes.toml --set world.device=cuda --set world.backend=gloo \
+    --set data.path="$out/corpus.txt" "${shapes[@]}" --set train.max_steps=30 --set train.eval_every_epochs=0 \
+    --set run.output_dir="$out/runs" --set log.progress=off --set run.name=prof --set profile.steps=21-25 \
+    > "$out/prof.log" 2>&1
+  $cli profile "$out/runs/prof" --top 20 > "$out/profile-paratrain.txt" 2>&1
+  timeout $(cap 60) python3 bench/pytorch_gpt.py --device cuda --data "$out/corpus.txt" --d-model 512 --layers 6 \
+    --heads 8 --seq-len 256 --batch-size 32 --dropout 0.1 --steps 26 --warmup-steps 20 --profile-steps 5 \
+    --profile-out "$out/profile-pytorch.txt" > "$out/prof-pytorch.log" 2>&1
+  head -30 "$out/profile-paratrain.txt" >> "$out/summary.txt"
+  head -30 "$out/profile-pytorch.txt" >> "$out/summary.txt"
 fi
 if [ -x bench/run_cpu_scaling.sh ] && enough 70 "CPU scaling"; then
   step "DDP scaling on CPU ranks (shm) next to PyTorch DDP (Gloo)"
