@@ -67,32 +67,32 @@ bool any_amsgrad(const std::vector<torch::optim::OptimizerParamGroup>& groups) {
   return false;
 }
 
-}  // namespace
-
-torch::Tensor ForeachAdam::step(LossClosure closure) {
-  if (any_amsgrad<torch::optim::AdamOptions>(param_groups())) return torch::optim::Adam::step(std::move(closure));
+// The parent's step() around the groups: the closure under grad mode, the
+// update without; amsgrad (no multi-tensor form here) falls back to
+// `parent_step`.
+template <class State, class Options, bool kDecoupled, class Optimizer, class ParentStep>
+torch::Tensor step_all(Optimizer& optimizer, torch::optim::Optimizer::LossClosure closure, ParentStep parent_step) {
+  if (any_amsgrad<Options>(optimizer.param_groups())) return parent_step(std::move(closure));
   at::NoGradGuard no_grad;
   torch::Tensor loss;
   if (closure != nullptr) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
-  for (auto& group : param_groups())
-    step_group<torch::optim::AdamParamState, torch::optim::AdamOptions, false>(*this, group);
+  for (auto& group : optimizer.param_groups()) step_group<State, Options, kDecoupled>(optimizer, group);
   return loss;
 }
 
+}  // namespace
+
+torch::Tensor ForeachAdam::step(LossClosure closure) {
+  return step_all<torch::optim::AdamParamState, torch::optim::AdamOptions, false>(
+      *this, std::move(closure), [this](LossClosure c) { return torch::optim::Adam::step(std::move(c)); });
+}
+
 torch::Tensor ForeachAdamW::step(LossClosure closure) {
-  if (any_amsgrad<torch::optim::AdamWOptions>(param_groups())) return torch::optim::AdamW::step(std::move(closure));
-  at::NoGradGuard no_grad;
-  torch::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
-  for (auto& group : param_groups())
-    step_group<torch::optim::AdamWParamState, torch::optim::AdamWOptions, true>(*this, group);
-  return loss;
+  return step_all<torch::optim::AdamWParamState, torch::optim::AdamWOptions, true>(
+      *this, std::move(closure), [this](LossClosure c) { return torch::optim::AdamW::step(std::move(c)); });
 }
 
 }  // namespace paratrain::optim
