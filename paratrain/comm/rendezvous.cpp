@@ -14,7 +14,6 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/cuda.h>
 
 #include "paratrain/comm/auth_store/handshake.h"
 #include "paratrain/comm/auth_store/server.h"
@@ -251,29 +250,6 @@ std::string bind_address_for(const WorldInfo& world, const InitOptions& options)
 // overlap buys (scripts/cuda-check.sh).
 bool staging_overlap() { return env::get_or("PARATRAIN_STAGING_OVERLAP", "1") != "0"; }
 
-// GPUs LibTorch sees on this host (0 on a CPU-only build).
-int gpus_on_this_host() { return static_cast<int>(torch::cuda::device_count()); }
-
-// NCCL gives each rank a GPU of its own: it refuses two ranks on one device
-// ("Duplicate GPU detected", NVIDIA/nccl#418). Ranks pick GPU LOCAL_RANK
-// modulo the GPUs seen (core/device.h), so more ranks than GPUs on a host
-// means two on one: a ConfigError before any connection is made.
-void check_nccl_fits(const WorldInfo& world, const InitOptions& options) {
-  if (options.cpu_tensors)
-    throw ConfigError("world.backend = \"nccl\" carries GPU tensors, and this job's live in CPU memory "
-                      "(world.device = \"cpu\"): set world.device = \"cuda\", or use world.backend = \"gloo\", "
-                      "\"shm\" or \"auto\"");
-  if (!nccl_compiled()) make_nccl_group({}, world.rank, world.world_size, nullptr, {});  // throws: names the build
-  const int gpus = gpus_on_this_host();
-  if (world.local_world_size > gpus)
-    throw ConfigError(fmt::format(
-        "world.backend = \"nccl\": {} ranks on this host share {} GPU(s) (rank {} would use GPU {}), and NCCL "
-        "refuses two ranks on one GPU (\"Duplicate GPU detected\"). Start at most {} rank(s) per host "
-        "(--nproc-per-node {}), or use world.backend = \"gloo\" or \"shm\", which share a GPU through host "
-        "memory",
-        world.local_world_size, gpus, world.rank, world.local_rank % std::max(1, gpus), gpus, gpus));
-}
-
 // world.backend = "auto": MPI when mpirun started us (its own transports,
 // and the ranks MPI knows); else NCCL when tensors live on GPUs and each rank
 // of this host has a GPU of its own (a CUDA build); else shared memory when
@@ -438,7 +414,7 @@ std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOp
                                   "\"hierarchical\", \"nccl\" or \"auto\"",
                                   options.backend));
   }
-  if (backend == "nccl") check_nccl_fits(world, options);
+  if (backend == "nccl") check_nccl_fits(world.rank, world.local_rank, world.local_world_size, options.cpu_tensors);
   if (backend == "shm" && world.local_world_size != world.world_size)
     throw ConfigError(fmt::format("world.backend = \"shm\" needs every rank on one host, but this job has {} "
                                   "ranks with {} per host ({}); use world.backend = \"gloo\" (or \"auto\")",

@@ -6,6 +6,10 @@
 
 #include "paratrain/core/error.h"
 
+#include <torch/cuda.h>
+
+#include <algorithm>
+
 #if PARATRAIN_HAVE_NCCL && defined(USE_C10D_NCCL)
 
 #include <c10/cuda/CUDAFunctions.h>
@@ -363,3 +367,29 @@ std::shared_ptr<ProcessGroup> make_nccl_group(const c10::intrusive_ptr<c10d::Sto
 }  // namespace paratrain::comm
 
 #endif
+
+namespace paratrain::comm {
+
+int gpus_on_this_host() { return static_cast<int>(torch::cuda::device_count()); }
+
+// NCCL gives each rank a GPU of its own: it refuses two ranks on one device
+// ("Duplicate GPU detected", NVIDIA/nccl#418). Ranks pick GPU LOCAL_RANK
+// modulo the GPUs seen (core/device.h), so more ranks than GPUs on a host
+// means two on one: a ConfigError before any connection is made.
+void check_nccl_fits(int rank, int local_rank, int local_world_size, bool cpu_tensors) {
+  if (cpu_tensors)
+    throw ConfigError("world.backend = \"nccl\" carries GPU tensors, and this job's live in CPU memory "
+                      "(world.device = \"cpu\"): set world.device = \"cuda\", or use world.backend = \"gloo\", "
+                      "\"shm\" or \"auto\"");
+  if (!nccl_compiled()) make_nccl_group({}, rank, 1, nullptr, {});  // throws: names the build
+  const int gpus = gpus_on_this_host();
+  if (local_world_size > gpus)
+    throw ConfigError(fmt::format(
+        "world.backend = \"nccl\": {} ranks on this host share {} GPU(s) (rank {} would use GPU {}), and NCCL "
+        "refuses two ranks on one GPU (\"Duplicate GPU detected\"). Start at most {} rank(s) per host "
+        "(--nproc-per-node {}), or use world.backend = \"gloo\" or \"shm\", which share a GPU through host "
+        "memory",
+        local_world_size, gpus, rank, local_rank % std::max(1, gpus), gpus, gpus));
+}
+
+}  // namespace paratrain::comm

@@ -20,6 +20,14 @@ namespace paratrain::comm {
 /// c10d's NCCL backend (scripts/cuda-build.sh on a GPU machine).
 bool nccl_compiled();
 
+/// GPUs LibTorch sees on this host (0 on a CPU-only build).
+int gpus_on_this_host();
+
+/// ConfigError unless world.backend = "nccl" can run here: GPU tensors, a
+/// build with NCCL, and a GPU of its own for each of this host's ranks
+/// (NCCL refuses two ranks on one GPU, NVIDIA/nccl#418).
+void check_nccl_fits(int rank, int local_rank, int local_world_size, bool cpu_tensors);
+
 struct NcclOptions {
   /// Deadline of every operation (what Work::wait() without an argument waits for).
   std::chrono::milliseconds timeout = kDefaultTimeout;
