@@ -5,6 +5,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ATen/record_function.h>
+
+#include <atomic>
+#include <cstring>
 #include <vector>
 
 #include "paratrain/core/compat.h"
@@ -61,6 +65,29 @@ void expect_bitwise_equal(bool amsgrad = false) {
   }
   // Control: the parameters moved (the comparison is not of untouched tensors).
   EXPECT_FALSE(torch::equal(a[0], make_params()[0]));
+}
+
+// Control: the step really runs the multi-tensor kernels (a parent's step
+// would pass the equality tests too): the dispatcher reports _foreach_ ops.
+std::atomic<int> g_foreach_ops{0};
+std::unique_ptr<at::ObserverContext> count_foreach(const at::RecordFunction& fn) {
+  if (std::strstr(fn.name(), "_foreach_") != nullptr) ++g_foreach_ops;
+  return nullptr;
+}
+
+TEST(ForeachAdam, TheStepRunsMultiTensorKernels) {
+  auto params = make_params();
+  for (auto& p : params) p.mutable_grad() = torch::ones_like(p);
+  ForeachAdamW ours(params, torch::optim::AdamWOptions(1e-3).weight_decay(0.1));
+  torch::optim::AdamW reference(make_params(), torch::optim::AdamWOptions(1e-3).weight_decay(0.1));
+  for (auto& p : reference.param_groups()[0].params()) p.mutable_grad() = torch::ones_like(p);
+  const auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(&count_foreach));
+  g_foreach_ops = 0;
+  reference.step();
+  EXPECT_EQ(g_foreach_ops.load(), 0) << "torch's AdamW steps tensor by tensor";
+  ours.step();
+  EXPECT_GE(g_foreach_ops.load(), 6) << "weight decay, two moments, sqrt, division, eps, update";
+  at::removeCallback(handle);
 }
 
 TEST(ForeachAdam, AdamWIsBitwiseTorchsAdamW) {
