@@ -1,9 +1,15 @@
 // make_gpt: the GPT of gpt.h. Attention is written out (matmul, causal mask,
 // softmax) because LibTorch 1.13 has no fused scaled-dot-product attention in
 // C++; the mask is built per forward rather than kept as a buffer, so
-// checkpoints and DDP's buffer broadcast hold parameters only.
+// checkpoints and DDP's buffer broadcast hold parameters only. Its layers run
+// at the sites of parallelize/sites.h, so the tensor-parallel GPT is this
+// model under gpt_tp_plan() (parallel_gpt.h), not a second implementation.
 #include "paratrain/models/gpt.h"
+
+#include "paratrain/parallelize/sites.h"
 #include "paratrain/quant/activations.h"
+#include "paratrain/sequence_parallel/ring_attention.h"
+#include "paratrain/tensor_parallel/random.h"
 
 #include <cmath>
 #include <limits>
@@ -14,6 +20,12 @@
 namespace paratrain::models {
 namespace {
 
+// A Linear of the GPT: a tensor-parallel plan's site when the model is
+// planned (parallelize/sites.h), else quantization's activation site.
+at::Tensor run_linear(torch::nn::LinearImpl& layer, const at::Tensor& x) {
+  return parallelize::plan_context(layer) != nullptr ? parallelize::linear(layer, x) : quant::linear(layer, x);
+}
+
 class CausalSelfAttention : public torch::nn::Module {
  public:
   CausalSelfAttention(int64_t d, int64_t heads, double dropout) : heads_(heads), dropout_(dropout) {
@@ -21,20 +33,40 @@ class CausalSelfAttention : public torch::nn::Module {
     proj = register_module("proj", torch::nn::Linear(d, d));
   }
 
-  // x: [B, S, d] -> [B, S, d]
+  // x: [B, S, d] -> [B, S, d]. Under a tensor-parallel plan qkv is colwise in
+  // three parts: this rank's heads of q, k and v; proj is rowwise.
   at::Tensor forward(const at::Tensor& x) {
-    const int64_t b = x.size(0), s = x.size(1), d = x.size(2), hd = d / heads_;
-    // [B, S, 3d] -> 3 x [B, S, H, hd] -> [B, H, S, hd]
-    auto parts = quant::linear(*qkv, x).split(d, /*dim=*/2);
-    auto heads = [&](const at::Tensor& t) { return t.view({b, s, heads_, hd}).transpose(1, 2); };
-    const at::Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
-    at::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
-    // Position t attends to 0..t: mask the strict upper triangle.
-    const at::Tensor future = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
-    att = torch::softmax(att.masked_fill(future, -std::numeric_limits<float>::infinity()), -1);
-    att = torch::dropout(att, dropout_, is_training());
-    at::Tensor y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, s, d});
-    return quant::linear(*proj, y);
+    const int64_t hd = x.size(2) / heads_;
+    const int64_t heads = parallelize::local_share(*this, heads_, "heads");
+    // [B, S, 3 h hd] -> 3 x [B, S, h, hd] -> [B, h, S, hd]. Under Megatron-SP
+    // x holds a part of the sequence and qkv's output all of it.
+    const at::Tensor all = run_linear(*qkv, x);
+    const int64_t b = all.size(0), s = all.size(1);
+    auto parts = all.split(heads * hd, /*dim=*/2);
+    auto split_heads = [&](const at::Tensor& t) { return t.view({b, s, heads, hd}).transpose(1, 2); };
+    const at::Tensor q = split_heads(parts[0]), k = split_heads(parts[1]), v = split_heads(parts[2]);
+    at::Tensor y;
+    const parallelize::PlanContext* plan = parallelize::plan_context(*this);
+    if (plan != nullptr && plan->cp != nullptr && plan->cp->size() > 1) {
+      // Context parallelism: this rank holds one chunk of the sequence.
+      y = sequence_parallel::ring_attention(q, k, v, *plan->cp,
+                                            {.causal = true, .scale = std::nullopt, .timeout = plan->tp.timeout});
+    } else {
+      at::Tensor att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
+      // Position t attends to 0..t: mask the strict upper triangle.
+      const at::Tensor future =
+          torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
+      att = torch::softmax(att.masked_fill(future, -std::numeric_limits<float>::infinity()), -1);
+      // Split heads draw their masks from this tp rank's own stream
+      // (tensor_parallel/random.h).
+      if (at::Generator* gen = parallelize::region_generator(*this)) {
+        att = tensor_parallel::dropout_with(att, dropout_, is_training(), *gen);
+      } else {
+        att = torch::dropout(att, dropout_, is_training());
+      }
+      y = torch::matmul(att, v);
+    }
+    return run_linear(*proj, y.transpose(1, 2).contiguous().view({b, s, heads * hd}));
   }
 
   torch::nn::Linear qkv{nullptr}, proj{nullptr};
@@ -51,7 +83,7 @@ class Mlp : public torch::nn::Module {
     proj = register_module("proj", torch::nn::Linear(4 * d, d));
   }
   at::Tensor forward(const at::Tensor& x) {
-    return quant::linear(*proj, torch::gelu(quant::linear(*fc, x)));
+    return run_linear(*proj, torch::gelu(run_linear(*fc, x)));
   }
 
   torch::nn::Linear fc{nullptr}, proj{nullptr};
@@ -97,7 +129,6 @@ class Gpt final : public Model {
   }
 
   at::Tensor forward(const at::Tensor& tokens) override {
-    TORCH_CHECK(tokens.dim() == 2, "Gpt expects token ids [batch, seq], got shape ", tokens.sizes());
     at::Tensor h = tokens;
     for (const auto& layer : layers()) h = layer.forward(h);
     return h;
@@ -111,15 +142,23 @@ class Gpt final : public Model {
     out.push_back({"embed",
                    {{"wte", wte.ptr()}, {"wpe", wpe.ptr()}, {"drop", drop.ptr()}},
                    [wte = wte, wpe = wpe, drop = drop, seq_len](const at::Tensor& tokens) mutable {
+                     TORCH_CHECK(tokens.dim() == 2, "Gpt expects token ids [batch, seq], got shape ",
+                                 tokens.sizes());
+                     // Under context parallelism the tokens are this cp rank's chunk of the sequence.
+                     const parallelize::PlanContext* plan = parallelize::plan_context(*wte);
                      const int64_t s = tokens.size(1);
-                     TORCH_CHECK(s >= 1 && s <= seq_len, "Gpt: sequence length ", s, " is outside [1, ", seq_len,
-                                 "] (model.seq_len)");
+                     const int64_t offset = plan != nullptr && plan->cp != nullptr ? plan->cp->rank() * s : 0;
+                     TORCH_CHECK(s >= 1 && offset + s <= seq_len, "Gpt: sequence length ", s,
+                                 offset > 0 ? " at offset " + std::to_string(offset) : std::string(),
+                                 " is outside [1, ", seq_len, "] (model.seq_len)");
                      TORCH_CHECK(!at::isFloatingType(tokens.scalar_type()), "Gpt expects integer token ids, got ",
                                  tokens.scalar_type());
                      const at::Tensor ids = tokens.to(torch::kLong);
-                     const at::Tensor positions =
-                         torch::arange(s, torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
-                     return drop->forward(wte->forward(ids) + wpe->forward(positions));
+                     const at::Tensor positions = torch::arange(
+                         offset, offset + s, torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
+                     at::Tensor h = drop->forward(parallelize::embedding(*wte, ids) + wpe->forward(positions));
+                     // Megatron-SP: the blocks run on this tp rank's part of the sequence.
+                     return parallelize::enter_sequence_parallel(*wte, h);
                    }});
     for (size_t i = 0; i < blocks->size(); ++i) {
       auto block = blocks->ptr<Block>(i);
@@ -132,7 +171,9 @@ class Gpt final : public Model {
     out.push_back({"head",
                    {{"ln_f", ln_f.ptr()}, {"wte", wte.ptr()}},
                    [ln_f = ln_f, wte = wte](const at::Tensor& h) mutable {
-                     return torch::nn::functional::linear(ln_f->forward(h), wte->weight);
+                     // Under a tensor-parallel plan: this rank's vocabulary
+                     // columns, for the vocabulary-parallel cross-entropy.
+                     return parallelize::tied_logits(*wte, ln_f->forward(h), /*gather=*/false);
                    }});
     return out;
   }

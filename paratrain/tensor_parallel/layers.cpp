@@ -168,18 +168,24 @@ int64_t VocabParallelEmbeddingImpl::vocab_end() const {
 }
 
 at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& tokens) {
+  return vocab_parallel_lookup(tokens, weight, options.num_embeddings, ctx);
+}
+
+at::Tensor vocab_parallel_lookup(const at::Tensor& tokens, const at::Tensor& weight_shard, int64_t num_embeddings,
+                                 const TpContext& ctx) {
   TORCH_CHECK(tokens.scalar_type() == at::kLong, "VocabParallelEmbedding: tokens must be int64");
   // A token outside the vocabulary would be zeros on every rank (no error,
   // unlike Embedding): check it here.
   if (tokens.numel() > 0) {
     const int64_t lo = tokens.min().item<int64_t>(), hi = tokens.max().item<int64_t>();
-    TORCH_CHECK(lo >= 0 && hi < options.num_embeddings, "VocabParallelEmbedding: token ids in [", lo, ", ", hi,
-                "] outside the vocabulary [0, ", options.num_embeddings, ")");
+    TORCH_CHECK(lo >= 0 && hi < num_embeddings, "VocabParallelEmbedding: token ids in [", lo, ", ", hi,
+                "] outside the vocabulary [0, ", num_embeddings, ")");
   }
-  if (ctx.size() == 1) return at::embedding(weight, tokens);
-  const at::Tensor outside = (tokens < vocab_begin()) | (tokens >= vocab_end());
-  const at::Tensor local = (tokens - vocab_begin()).masked_fill(outside, 0);
-  const at::Tensor rows = at::embedding(weight, local).masked_fill(outside.unsqueeze(-1), 0.0);
+  if (ctx.size() == 1) return at::embedding(weight_shard, tokens);
+  const int64_t begin = weight_shard.size(0) * ctx.rank(), end = begin + weight_shard.size(0);
+  const at::Tensor outside = (tokens < begin) | (tokens >= end);
+  const at::Tensor local = (tokens - begin).masked_fill(outside, 0);
+  const at::Tensor rows = at::embedding(weight_shard, local).masked_fill(outside.unsqueeze(-1), 0.0);
   return reduce_from_region(rows, ctx);
 }
 

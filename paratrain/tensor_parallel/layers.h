@@ -126,6 +126,12 @@ class VocabParallelEmbeddingImpl : public torch::nn::Cloneable<VocabParallelEmbe
 };
 TORCH_MODULE(VocabParallelEmbedding);
 
+// VocabParallelEmbedding's forward on a given shard of rows (this rank's
+// [num_embeddings / tp, dim], rows [rank * V/tp, (rank + 1) * V/tp)): also
+// what a plan's vocab_embedding runs for a sliced torch::nn::Embedding.
+at::Tensor vocab_parallel_lookup(const at::Tensor& tokens, const at::Tensor& weight_shard, int64_t num_embeddings,
+                                 const TpContext& ctx);
+
 // The logits shard of an LM head tied to a VocabParallelEmbedding: x (hidden
 // states, replicated) times this rank's embedding rows. Enters the region
 // with copy_to_region; the result feeds vocab_parallel_cross_entropy.

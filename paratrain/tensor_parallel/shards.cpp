@@ -1,6 +1,7 @@
 // Shard layouts: slicing a full tensor into a rank's shard and putting the
 // gathered shards back together. See shards.h for the layout.
 #include "paratrain/tensor_parallel/shards.h"
+#include "paratrain/tensor_parallel/attached.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -74,9 +75,13 @@ at::Tensor unshard(const at::Tensor& stacked, const ShardSpec& spec) {
 torch::OrderedDict<std::string, ShardSpec> parameter_layout(const torch::nn::Module& root) {
   std::unordered_map<std::string, ShardSpec> sharded;
   auto collect = [&](const std::string& prefix, const torch::nn::Module& m) {
+    std::vector<std::pair<std::string, ShardSpec>> specs;
     if (const auto* s = dynamic_cast<const ShardedModule*>(&m)) {
-      for (auto& [name, spec] : s->shard_specs()) sharded[prefix.empty() ? name : prefix + "." + name] = spec;
+      specs = s->shard_specs();
+    } else if (const auto state = attached_state(m)) {  // a stock layer a plan sliced
+      specs = state->shard_specs();
     }
+    for (auto& [name, spec] : specs) sharded[prefix.empty() ? name : prefix + "." + name] = spec;
   };
   collect("", root);
   for (const auto& item : root.named_modules("", /*include_self=*/false)) collect(item.key(), *item.value());

@@ -20,6 +20,7 @@
 #include "paratrain/core/error.h"
 #include "paratrain/core/phase.h"
 #include "paratrain/models/parallel_gpt.h"
+#include "paratrain/models/recompute.h"
 #include "paratrain/optim/grad_scaler.h"
 #include "paratrain/sequence_parallel/megatron_sp.h"
 #include "paratrain/sequence_parallel/ring_attention.h"
@@ -133,10 +134,11 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     o.megatron_sp = config_.parallel.megatron_sp;
     o.seed = static_cast<uint64_t>(config_.run.seed);
     o.recompute = recompute_policy(config_);
-    model_ = std::make_shared<models::ParallelGpt>(o);
-    tpl::load_full_parameters(*model_, full->named_parameters(), o.tp);
-    // The shards are made in host memory; the full model is on world.device.
-    model_->to(full->parameters().front().device());
+    // The GPT as built (activation checkpointing is the ParallelGpt's own),
+    // sharded in place: the shards stay on world.device.
+    std::shared_ptr<models::Model> gpt = full;
+    if (auto* recomputed = dynamic_cast<models::RecomputedModel*>(full.get())) gpt = recomputed->inner();
+    model_ = std::make_shared<models::ParallelGpt>(gpt, o);
     layout_ = tpl::parameter_layout(*model_);
     module_ = model_;
     sp_params_ = model_->sequence_parallel_params();
