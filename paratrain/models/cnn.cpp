@@ -1,6 +1,7 @@
 // make_cnn: conv blocks (conv3x3 same-padding, ReLU, 2x2 max-pool) followed by
 // two fully connected layers. Registered as conv0.., fc0, fc1.
 #include "paratrain/models/cnn.h"
+#include "paratrain/models/linear_site.h"
 #include "paratrain/quant/activations.h"
 
 #include <string>
@@ -74,10 +75,10 @@ class Cnn final : public Model {
     torch::nn::Linear fc0 = fc0_, fc1 = fc1_;
     const int64_t flat = flat_;
     out.push_back({"fc0", {{"fc0", fc0.ptr()}}, [fc0, flat](const at::Tensor& x) mutable {
-                     return torch::relu(quant::linear(*fc0, x.reshape({x.size(0), flat})));
+                     return torch::relu(linear_site(*fc0, x.reshape({x.size(0), flat})));
                    }});
     out.push_back({"fc1", {{"fc1", fc1.ptr()}}, [fc1](const at::Tensor& x) mutable {
-                     return quant::linear(*fc1, x);
+                     return linear_site(*fc1, x);
                    }});
     return out;
   }

@@ -6,8 +6,8 @@
 // model under gpt_tp_plan() (parallel_gpt.h), not a second implementation.
 #include "paratrain/models/gpt.h"
 
+#include "paratrain/models/linear_site.h"
 #include "paratrain/parallelize/sites.h"
-#include "paratrain/quant/activations.h"
 #include "paratrain/sequence_parallel/ring_attention.h"
 #include "paratrain/tensor_parallel/random.h"
 
@@ -19,12 +19,6 @@
 
 namespace paratrain::models {
 namespace {
-
-// A Linear of the GPT: a tensor-parallel plan's site when the model is
-// planned (parallelize/sites.h), else quantization's activation site.
-at::Tensor run_linear(torch::nn::LinearImpl& layer, const at::Tensor& x) {
-  return parallelize::plan_context(layer) != nullptr ? parallelize::linear(layer, x) : quant::linear(layer, x);
-}
 
 class CausalSelfAttention : public torch::nn::Module {
  public:
@@ -40,7 +34,7 @@ class CausalSelfAttention : public torch::nn::Module {
     const int64_t heads = parallelize::local_share(*this, heads_, "heads");
     // [B, S, 3 h hd] -> 3 x [B, S, h, hd] -> [B, h, S, hd]. Under Megatron-SP
     // x holds a part of the sequence and qkv's output all of it.
-    const at::Tensor all = run_linear(*qkv, x);
+    const at::Tensor all = linear_site(*qkv, x);
     const int64_t b = all.size(0), s = all.size(1);
     auto parts = all.split(heads * hd, /*dim=*/2);
     auto split_heads = [&](const at::Tensor& t) { return t.view({b, s, heads, hd}).transpose(1, 2); };
@@ -66,7 +60,7 @@ class CausalSelfAttention : public torch::nn::Module {
       }
       y = torch::matmul(att, v);
     }
-    return run_linear(*proj, y.transpose(1, 2).contiguous().view({b, s, heads * hd}));
+    return linear_site(*proj, y.transpose(1, 2).contiguous().view({b, s, heads * hd}));
   }
 
   torch::nn::Linear qkv{nullptr}, proj{nullptr};
@@ -83,7 +77,7 @@ class Mlp : public torch::nn::Module {
     proj = register_module("proj", torch::nn::Linear(4 * d, d));
   }
   at::Tensor forward(const at::Tensor& x) {
-    return run_linear(*proj, torch::gelu(run_linear(*fc, x)));
+    return linear_site(*proj, torch::gelu(linear_site(*fc, x)));
   }
 
   torch::nn::Linear fc{nullptr}, proj{nullptr};

@@ -1,6 +1,7 @@
 // make_mlp: the Linear/ReLU stack behind models::Mlp. Layers are registered
 // as fc0..fcN so parameter names are stable across runs and checkpoints.
 #include "paratrain/models/mlp.h"
+#include "paratrain/models/linear_site.h"
 #include "paratrain/quant/activations.h"
 
 #include <string>
@@ -46,7 +47,7 @@ class Mlp final : public Model {
                                      " features per example, got input of shape ", x.sizes());
                          h = x.reshape({x.size(0), in});
                        }
-                       h = quant::linear(*fc, h);
+                       h = linear_site(*fc, h);
                        return last ? h : torch::relu(h);
                      }});
     }

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "paratrain/core/error.h"
 #include "paratrain/parallelize/planned_module.h"
@@ -70,10 +71,29 @@ at::Tensor rowwise(const PlannedModule& m, torch::nn::LinearImpl& layer, const a
   return layer.bias.defined() ? y + layer.bias : y;
 }
 
+// The plan of `module`, or of its first planned child: a program's root
+// module is adopted by the Trainer (Note [Adopting a module]), which plans
+// the adopter's tree, the root's children and not the root itself.
+std::shared_ptr<PlannedModule> plan_holder(const torch::nn::Module& module) {
+  if (auto m = detail::planned(module)) return m;
+  for (const auto& child : module.children()) {
+    if (auto m = detail::planned(*child)) return m;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 at::Tensor linear(torch::nn::LinearImpl& layer, const at::Tensor& x) {
   const auto m = detail::planned(layer);
+  if (m && !m->runs_at_site() && x.dim() > 0 && x.size(-1) != layer.weight.size(1)) {
+    // A whole layer fed a split activation: what LibTorch would report as a
+    // shape mismatch, said in the plan's terms.
+    throw Error(fmt::format("tensor-parallel plan: '{}' is replicated (in_features = {}) but got input of shape "
+                            "[{}]: the layer before it is split (colwise) and nothing gathers its output; plan "
+                            "'{}' rowwise, or the layer before it colwise[gather]",
+                            m->name, layer.weight.size(1), fmt::join(x.sizes(), ", "), m->name));
+  }
   if (!m || !m->runs_at_site()) return layer.forward(x);
   ++m->calls;
   return m->style.style == Style::kColwise ? colwise(*m, layer, x) : rowwise(*m, layer, x);
@@ -95,13 +115,13 @@ at::Tensor tied_logits(torch::nn::EmbeddingImpl& embedding, const at::Tensor& x,
 }
 
 at::Tensor enter_sequence_parallel(const torch::nn::Module& module, const at::Tensor& x) {
-  const auto m = detail::planned(module);
+  const auto m = plan_holder(module);
   if (!m || !m->plan->sequence_parallel) return x;
   return sp::scatter_to_sequence_region(x, sequence_context(*m->plan));
 }
 
 const PlanContext* plan_context(const torch::nn::Module& module) {
-  const auto m = detail::planned(module);
+  const auto m = plan_holder(module);
   // The state lives as long as any module of the tree: the pointer as long
   // as `module`.
   return m ? &m->plan->ctx : nullptr;
@@ -117,7 +137,7 @@ int64_t local_share(const torch::nn::Module& module, int64_t total, std::string_
 }
 
 at::Generator* region_generator(const torch::nn::Module& module) {
-  const auto m = detail::planned(module);
+  const auto m = plan_holder(module);
   return m ? &m->plan->region : nullptr;
 }
 

@@ -45,7 +45,9 @@ at::Tensor tied_logits(torch::nn::EmbeddingImpl& embedding, const at::Tensor& x,
 
 /// Under a plan with sequence_parallel, this tp rank's part of x along the
 /// sequence dimension (backward all-gathers); otherwise x. `module`: any
-/// module of the planned tree (the caller itself).
+/// module of the planned tree (the caller itself), or one whose children are
+/// in it (a program's root module, which the Trainer adopts: the functions
+/// below look at the children too).
 at::Tensor enter_sequence_parallel(const torch::nn::Module& module, const at::Tensor& x);
 
 /// The plan `module` belongs to, or nullptr (no plan applied).

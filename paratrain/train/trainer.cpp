@@ -117,17 +117,23 @@ std::pair<std::vector<int64_t>, at::ScalarType> example_input(const Trainer::Sta
   return {inputs.sizes().slice(1).vec(), inputs.scalar_type()};
 }
 
-// A program's own model is trained whole or, a torch::nn::Sequential, cut
-// into pipeline stages at its children: tensor and context parallelism
-// shard a paratrain model's matrices.
+// A program's own model is trained whole, cut into pipeline stages at a
+// torch::nn::Sequential's children, or split by its tensor-parallel plan;
+// context parallelism needs the GPT's ring attention.
 void check_parts(const TrainConfig& c, const TrainerParts& parts) {
   const auto& p = c.parallel;
-  if (parts.model && (p.tp > 1 || p.cp > 1)) {
+  if (parts.model && p.cp > 1) {
     throw ConfigError(fmt::format(
-        "parallel.tp = {}, cp = {}: a program's own model (TrainerParts::model) is trained whole or in pipeline "
-        "stages; tensor/context parallelism shard a paratrain model's matrices. Use data parallelism "
-        "(parallel.dp, zero.stage 1-3, FSDP, parameter servers) or parallel.pp for it, or set parallel.tp = cp = 1",
-        p.tp, p.cp));
+        "parallel.cp = {}: a program's own model (TrainerParts::model) has no ring attention to split the "
+        "sequence with; context parallelism trains paratrain's GPT. Set parallel.cp = 1",
+        p.cp));
+  }
+  if (parts.model && p.tp > 1 && p.tp_plan.empty()) {
+    throw ConfigError(fmt::format(
+        "parallel.tp = {}: a program's own model (TrainerParts::model) is split by a plan: set parallel.tp_plan "
+        "(\"PATTERN=STYLE\" entries naming its modules; docs/tensor-parallel-plans.md) and run its planned "
+        "layers at their sites (paratrain/parallelize/sites.h), or set parallel.tp = 1",
+        p.tp));
   }
 }
 

@@ -264,6 +264,25 @@ std::string describe(const toml::node& node) {
   return out.str();
 }
 
+// FieldSpec::table_of_strings: `key = "value"` rows as "key=value" entries,
+// a nested table's keys joined with dots (a bare dotted TOML key nests).
+template <class Wrong>
+std::vector<std::string> strings_of_table(const toml::table& table, const std::string& prefix, const Wrong& wrong) {
+  std::vector<std::string> out;
+  for (const auto& [name, value] : table) {
+    const std::string key = prefix.empty() ? std::string(name.str()) : prefix + "." + std::string(name.str());
+    if (const toml::table* inner = value.as_table()) {
+      auto nested = strings_of_table(*inner, key, wrong);
+      out.insert(out.end(), nested.begin(), nested.end());
+    } else if (const auto* text = value.as_string()) {
+      out.push_back(key + "=" + text->get());
+    } else {
+      throw wrong(value);
+    }
+  }
+  return out;
+}
+
 Value value_from_toml(const toml::node& node, const FieldSpec& field, const std::string& where) {
   const bool is_list = detail::is_list_type(field.type);
   auto wrong = [&](const toml::node& bad) {
@@ -305,6 +324,7 @@ Value value_from_toml(const toml::node& node, const FieldSpec& field, const std:
     }
     case ValueType::StringList: {
       const toml::array* array = node.as_array();
+      if (!array && field.table_of_strings && node.is_table()) return strings_of_table(*node.as_table(), "", wrong);
       if (!array) throw wrong(node);
       std::vector<std::string> strings;
       for (const auto& item : *array) {

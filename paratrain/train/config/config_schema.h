@@ -42,6 +42,10 @@ struct FieldSpec {
   // user can write. Read in a file, --set and JSON; written back as the word.
   std::string keyword;
   Value keyword_value;
+  // A string list that a file may also write as a table of strings:
+  // [parallel.tp_plan] with `"blocks.*.fc" = "colwise"` is the entry
+  // "blocks.*.fc=colwise" (a nested table's keys joined with dots).
+  bool table_of_strings = false;
 
   std::string_view section() const { return std::string_view(key).substr(0, key.find('.')); }
   std::string_view name() const { return std::string_view(key).substr(key.find('.') + 1); }
@@ -93,6 +97,12 @@ FieldSpec field(std::string key, S TrainConfig::*section, O S::*options, T O::*m
     (c.*section).*options.*member = std::get<T>(v);
   };
   f.check = [check](const Value& v) { return check ? check(std::get<T>(v)) : std::string(); };
+  return f;
+}
+
+// The row `f`, also readable as a table of strings (FieldSpec::table_of_strings).
+inline FieldSpec table_of_strings(FieldSpec f) {
+  f.table_of_strings = true;
   return f;
 }
 

@@ -4,6 +4,8 @@
 #include <ATen/Context.h>
 #include <fmt/format.h>
 
+#include "paratrain/core/error.h"
+#include "paratrain/parallelize/plan.h"
 #include "paratrain/train/config/config_ranges.h"
 #include "paratrain/train/config/config_schema.h"
 
@@ -29,24 +31,37 @@ std::string megatron_problem(const TrainConfig& c) {
                        "the GPT's megatron strategy cuts its stages by parameters (or pipeline.split); rank_speed "
                        "applies to the pipeline strategy (parallel.tp = parallel.cp = 1, zero.stage = 0)",
                        p.tp, p.cp, c.zero.stage);
-  if (!builds_gpt(c))
-    return fmt::format("parallel.tp = {} and parallel.cp = {} split a transformer's heads and sequence; only "
-                       "model.kind = \"gpt\" supports them (got \"{}\"): set parallel.tp = 1 and parallel.cp = 1",
-                       p.tp, p.cp, c.model.kind);
+  if (builds_gpt(c) && !p.tp_plan.empty())
+    return "parallel.tp_plan is for models other than the GPT, whose plan is built in (models/parallel_gpt.h, "
+           "gpt_tp_plan): leave parallel.tp_plan empty for model.kind = \"gpt\"";
+  if (!builds_gpt(c)) {
+    if (p.cp > 1)
+      return fmt::format("parallel.cp = {} splits the sequence over a ring of ranks, which needs ring attention "
+                         "inside the model: only model.kind = \"gpt\" has it (got \"{}\"); set parallel.cp = 1",
+                         p.cp, c.model.kind);
+    if (p.tp_plan.empty())
+      return fmt::format("parallel.tp = {} splits the layers of model.kind = \"{}\" by a plan: set "
+                         "parallel.tp_plan, e.g. [\"fc0=colwise\", \"fc1=rowwise\"] (docs/tensor-parallel-plans.md)",
+                         p.tp, c.model.kind);
+    if (p.pp > 1)
+      return fmt::format("parallel.tp = {} with parallel.pp = {} for model.kind = \"{}\": tensor times pipeline "
+                         "parallelism runs the GPT only; use one of them for a planned model",
+                         p.tp, p.pp, c.model.kind);
+  }
   constexpr int64_t kVocab = 256;  // byte tokens (train/config/config_model.cpp)
-  if (c.model.heads % p.tp != 0)
+  if (builds_gpt(c) && c.model.heads % p.tp != 0)
     return fmt::format("model.heads ({}) is not divisible by parallel.tp ({}): each tensor-parallel rank computes "
                        "heads / tp whole heads; pick a tp that divides {}",
                        c.model.heads, p.tp, c.model.heads);
-  if (kVocab % p.tp != 0)
+  if (builds_gpt(c) && kVocab % p.tp != 0)
     return fmt::format("the vocabulary ({} byte tokens) is not divisible by parallel.tp ({}): each rank holds "
                        "vocab / tp embedding rows; use a power of two for tp",
                        kVocab, p.tp);
-  if (c.model.seq_len % p.cp != 0)
+  if (builds_gpt(c) && c.model.seq_len % p.cp != 0)
     return fmt::format("model.seq_len ({}) is not divisible by parallel.cp ({}): ring attention gives each cp rank "
                        "an equal chunk of the sequence; pick a cp that divides {}",
                        c.model.seq_len, p.cp, c.model.seq_len);
-  if (p.megatron_sp && (c.model.seq_len / p.cp) % p.tp != 0)
+  if (builds_gpt(c) && p.megatron_sp && (c.model.seq_len / p.cp) % p.tp != 0)
     return fmt::format("model.seq_len ({}) / parallel.cp ({}) = {} is not divisible by parallel.tp ({}): "
                        "parallel.megatron_sp gives each tp rank an equal part of its sequence chunk; pick seq_len a "
                        "multiple of cp * tp = {}",
@@ -125,6 +140,27 @@ std::vector<FieldSpec> ddp_fields() {
   };
 }
 
+namespace {
+
+// Each entry of parallel.tp_plan: "PATTERN=STYLE" with a style the plan parses.
+Check<std::vector<std::string>> tp_plan_entries() {
+  return [](const std::vector<std::string>& entries) -> std::string {
+    for (const auto& entry : entries) {
+      const size_t eq = entry.find('=');  // a style's own '=' (parts=3) comes after
+      if (eq == std::string::npos || eq == 0 || eq + 1 == entry.size())
+        return fmt::format("entry \"{}\" must be PATTERN=STYLE, e.g. \"blocks.*.mlp.fc=colwise\"", entry);
+      try {
+        parallelize::StyleSpec::parse(std::string_view(entry).substr(eq + 1));
+      } catch (const ConfigError& e) {
+        return e.what();
+      }
+    }
+    return "";
+  };
+}
+
+}  // namespace
+
 std::vector<FieldSpec> parallel_fields() {
   using TC = TrainConfig;
   return {
@@ -132,7 +168,8 @@ std::vector<FieldSpec> parallel_fields() {
       field("parallel.tp", &TC::parallel, &ParallelConfig::tp, "tensor-parallel size", in_range<int64_t>(1, kMaxRanks)),
       field("parallel.pp", &TC::parallel, &ParallelConfig::pp, "pipeline-parallel stages", in_range<int64_t>(1, kMaxRanks)),
       field("parallel.cp", &TC::parallel, &ParallelConfig::cp, "context (sequence) parallel size: ring self-attention over cp ranks (GPT)", in_range<int64_t>(1, kMaxRanks)),
-      field("parallel.megatron_sp", &TC::parallel, &ParallelConfig::megatron_sp, "Megatron sequence parallelism inside the tp group (GPT, needs parallel.tp > 1)"),
+      field("parallel.megatron_sp", &TC::parallel, &ParallelConfig::megatron_sp, "Megatron sequence parallelism inside the tp group (needs parallel.tp > 1; the GPT, or a plan naming its norms sequence_parallel)"),
+      table_of_strings(field("parallel.tp_plan", &TC::parallel, &ParallelConfig::tp_plan, "tensor-parallel plan of a model other than the GPT: \"PATTERN=STYLE\" entries or a [parallel.tp_plan] table; styles colwise, colwise[parts=N], colwise[gather], rowwise, vocab_embedding, sequence_parallel, replicate", tp_plan_entries())),
   };
 }
 

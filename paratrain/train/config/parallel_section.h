@@ -40,8 +40,15 @@ struct ParallelConfig {
   int64_t pp = 1;  ///< pipeline stages
   int64_t cp = 1;  ///< context (sequence) parallel: ring self-attention over cp ranks
   /// Megatron sequence parallelism inside the tp group: LayerNorm, dropout and
-  /// residuals run on 1/tp of the sequence (needs tp > 1). GPT only.
+  /// residuals run on 1/tp of the sequence (needs tp > 1): the GPT, or a
+  /// planned model whose plan names its norms sequence_parallel.
   bool megatron_sp = false;
+  /// Tensor parallelism for a model other than the GPT (whose plan is built
+  /// in): "PATTERN=STYLE" entries, or a [parallel.tp_plan] table of
+  /// "PATTERN" = "STYLE" (parallelize/plan.h: colwise, colwise[parts=N],
+  /// colwise[gather], rowwise, vocab_embedding, sequence_parallel,
+  /// replicate). Patterns match module names ("blocks.*.mlp.fc").
+  std::vector<std::string> tp_plan;
 
   bool operator==(const ParallelConfig&) const = default;
 };

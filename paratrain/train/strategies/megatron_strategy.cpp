@@ -22,6 +22,7 @@
 #include "paratrain/models/parallel_gpt.h"
 #include "paratrain/models/recompute.h"
 #include "paratrain/optim/grad_scaler.h"
+#include "paratrain/parallelize/plan.h"
 #include "paratrain/sequence_parallel/megatron_sp.h"
 #include "paratrain/sequence_parallel/ring_attention.h"
 #include "paratrain/tensor_parallel/layers.h"
@@ -91,9 +92,9 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
         pp_(ctx.mesh.group(Axis::kPp)),
         mesh_(ctx.mesh),
         timeout_(ctx.timeout) {
-    if (!builds_gpt(config_)) {
+    if (!builds_gpt(config_) && config_.parallel.tp_plan.empty()) {
       throw ConfigError(fmt::format("the megatron strategy (parallel.tp / parallel.cp) trains model.kind = "
-                                    "\"gpt\"; got \"{}\"",
+                                    "\"gpt\", or another model by its parallel.tp_plan; got \"{}\" without a plan",
                                     config_.model.kind));
     }
     if (pp_.size() > 1) shape_ = pipeline_shape(config_, pp_.size(), dp_.size());
@@ -102,7 +103,8 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
   }
 
   std::string name() const override {
-    return fmt::format("megatron (tp {}, cp {}, dp {}{}{}{})", tp_.size(), cp_.size(), dp_.size(),
+    return fmt::format("megatron ({}tp {}, cp {}, dp {}{}{}{})", planned() ? "parallel.tp_plan, " : "", tp_.size(),
+                       cp_.size(), dp_.size(),
                        config_.parallel.megatron_sp ? ", megatron_sp" : "",
                        config_.zero.stage > 0 ? fmt::format(", zero {}", config_.zero.stage) : "",
                        pp_.size() > 1 ? fmt::format(", pp {} {}, {} micro-batches", pp_.size(),
@@ -122,6 +124,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
           "parallelism, ZeRO/FSDP or parameter servers, or leave freeze.modules empty",
           item.key()));
     }
+    if (planned()) return build_planned(full);
     models::ParallelGptOptions o;
     o.gpt = {.vocab = kVocab,
              .seq_len = config_.model.seq_len,
@@ -138,13 +141,14 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     // sharded in place: the shards stay on world.device.
     std::shared_ptr<models::Model> gpt = full;
     if (auto* recomputed = dynamic_cast<models::RecomputedModel*>(full.get())) gpt = recomputed->inner();
-    model_ = std::make_shared<models::ParallelGpt>(gpt, o);
+    gpt_ = std::make_shared<models::ParallelGpt>(gpt, o);
+    model_ = gpt_;
     layout_ = tpl::parameter_layout(*model_);
     module_ = model_;
-    sp_params_ = model_->sequence_parallel_params();
+    sp_params_ = gpt_->sequence_parallel_params();
     std::vector<std::shared_ptr<torch::nn::Module>> modules{model_};
     if (pp_.size() > 1) {
-      stages_ = std::make_unique<MegatronStages>(config_, *model_, mesh_, shape_, timeout_);
+      stages_ = std::make_unique<MegatronStages>(config_, *gpt_, mesh_, shape_, timeout_);
       module_ = stages_->module();
       modules = stages_->chunks();
       // Megatron-SP: only this stage's LayerNorms and row-parallel biases.
@@ -152,6 +156,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
       for (const auto& p : module_->parameters()) mine.insert(p.unsafeGetTensorImpl());
       std::erase_if(sp_params_, [&](const at::Tensor& t) { return !mine.count(t.unsafeGetTensorImpl()); });
       model_.reset();  // the other stages' layers go
+      gpt_.reset();
     }
     sync_ = std::make_unique<ReplicaSync>(config_, modules, *replicas_, timeout_);
   }
@@ -174,10 +179,19 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     // positions. Each rank's loss is the mean over its chunk's tokens: the
     // mean of the cp ranks' losses is the batch mean (equal chunks), which is
     // why DDP's average over dp x cp gives the single-process gradient.
-    const at::Tensor inputs = sequence_parallel::sequence_chunk(batch.inputs, 1, cp_);
-    const at::Tensor targets = sequence_parallel::sequence_chunk(batch.targets, 1, cp_).to(at::kLong);
     at::Tensor loss;
-    {
+    if (planned()) {
+      // The plan's output is whole on every tp rank (its last split layer
+      // gathers or reduces): the Trainer's loss applies as is.
+      PhaseScope phase(kPhaseForward);
+      const at::Tensor out = model_->forward(batch.inputs);
+      // Before the loss: a layer run off its site leaves a split output.
+      if (!sites_checked_) parallelize::check_sites_ran(*model_);
+      sites_checked_ = true;
+      loss = loss_fn(out, batch.targets);
+    } else {
+      const at::Tensor inputs = sequence_parallel::sequence_chunk(batch.inputs, 1, cp_);
+      const at::Tensor targets = sequence_parallel::sequence_chunk(batch.targets, 1, cp_).to(at::kLong);
       PhaseScope phase(kPhaseForward);
       const at::Tensor logits = model_->forward(inputs);
       const at::Tensor ce = tpl::vocab_parallel_cross_entropy(logits, targets, tp_context());
@@ -215,6 +229,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     // An empty share (the Trainer's last round) is empty on every rank of
     // this replica's tp and cp groups alike (they share the dp rank): skip
     // the collectives together.
+    if (planned()) return model_->forward(inputs);  // whole on every tp rank
     if (inputs.size(0) == 0) return at::zeros({0, inputs.size(1), kVocab}, at::TensorOptions().device(inputs.device()));
     const at::Tensor chunk = sequence_parallel::sequence_chunk(inputs, 1, cp_);
     if (stages_) {
@@ -294,6 +309,34 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
 
  private:
   tpl::TpContext tp_context() const { return {&tp_, timeout_}; }
+  // A model other than the GPT, split by parallel.tp_plan.
+  bool planned() const { return !config_.parallel.tp_plan.empty(); }
+
+  // parallel.tp_plan applied to the model as built (every rank from the
+  // run's seed, so the shards are one process's weights); activation
+  // checkpointing's wrapper adopts the same modules, so the plan reaches them.
+  void build_planned(const std::shared_ptr<models::Model>& full) {
+    parallelize::TpPlan plan;
+    for (const auto& entry : config_.parallel.tp_plan) {
+      const size_t eq = entry.find('=');
+      plan.add(entry.substr(0, eq), entry.substr(eq + 1));
+    }
+    plan.sequence_parallel = config_.parallel.megatron_sp;
+    try {
+      auto applied = parallelize::parallelize_module(
+          *full, plan, {.tp = tp_context(), .cp = nullptr, .seed = static_cast<uint64_t>(config_.run.seed)});
+      layout_ = std::move(applied.layout);
+      sp_params_ = std::move(applied.sequence_parallel_params);
+    } catch (const ConfigError&) {
+      throw;
+    } catch (const Error& e) {  // a rule or module the config names
+      throw ConfigError(fmt::format("parallel.tp_plan: {}", e.what()));
+    }
+    model_ = full;
+    module_ = model_;
+    sync_ = std::make_unique<ReplicaSync>(config_, std::vector<std::shared_ptr<torch::nn::Module>>{model_}, *replicas_,
+                                          timeout_);
+  }
 
   // clip_grad_norm_ over the whole model: squared norms of sharded gradients
   // are summed over tp, those of tensors every tp rank holds in full counted
@@ -384,7 +427,9 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
   topology::DeviceMesh& mesh_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<comm::ProcessGroup> replicas_;  // dp x cp: the ranks holding this rank's shards
-  std::shared_ptr<models::ParallelGpt> model_;
+  std::shared_ptr<models::Model> model_;        // the GPT or the planned model (pp = 1)
+  std::shared_ptr<models::ParallelGpt> gpt_;    // the GPT (pp = 1)
+  bool sites_checked_ = false;                  // planned: check_sites_ran after the first forward
   torch::OrderedDict<std::string, tpl::ShardSpec> layout_;
   std::shared_ptr<torch::nn::Module> module_;  // the model, or this rank's stages (pp > 1)
   std::vector<at::Tensor> sp_params_;           // Megatron-SP: this rank's, summed over tp

@@ -74,6 +74,8 @@ std::string strategy_name(const TrainConfig& config) {
   const bool gpt_stages_zero = config.parallel.pp > 1 && config.zero.stage > 0;
   if (builds_gpt(config) && (config.parallel.tp > 1 || config.parallel.cp > 1 || gpt_stages_zero))
     return "megatron";
+  // Any other model under tensor parallelism: its parallel.tp_plan.
+  if (config.parallel.tp > 1) return "megatron";
   if (config.parallel.pp > 1) return "pipeline";
   if (config.zero.stage == 0) return "ddp";
   if (config.zero.stage <= 2) return "zero";
