@@ -23,6 +23,8 @@
 #include "paratrain/models/model.h"
 #include "paratrain/models/recompute.h"
 #include "paratrain/optim/grad_scaler.h"
+#include "paratrain/parallelize/plan.h"
+#include "paratrain/parallelize/sites.h"
 #include "paratrain/topology/device_mesh.h"
 #include "paratrain/train/config/config.h"
 #include "paratrain/train/registry.h"
@@ -98,5 +100,12 @@ using train::EvalSums;
 using train::language_model_task;
 using train::Task;
 using train::TrainerParts;
+
+/// Tensor parallelism for your own module: a plan of module names and
+/// styles (parallel.tp_plan in a config), its layers run at the sites
+/// (paratrain::parallelize::linear, embedding, ...; sites.h).
+using parallelize::parallelize_module;
+using parallelize::PlanContext;
+using parallelize::TpPlan;
 
 }  // namespace paratrain

@@ -68,4 +68,14 @@ grep -q 'pipeline (1f1b, 2 stages.*test accuracy' trainer_pp.log
   "$src/examples/trainer_own_loss/multitask.toml" train.epochs=1 zero.stage=2 run.output_dir="$work/runs" | tee own_loss.log
 grep -q 'test value MSE' own_loss.log
 grep -q '"test_value_mse"' "$work"/runs/multitask/version_0/metrics.jsonl
+# The program's own transformer split by its tensor-parallel plan on 2 ranks
+# equals one process (the same windows of the fortunes, the same global batch).
+"$cli" launch --nproc-per-node 2 -- "$work/examples/tp_custom_model/tp_custom_model" \
+  "$src/examples/tp_custom_model/tiny_lm.toml" parallel.tp=2 run.name=tiny_lm_tp2 run.output_dir="$work/runs" \
+  | tee tp.log
+grep -q 'megatron (parallel.tp_plan, tp 2' tp.log
+"$work/examples/tp_custom_model/tp_custom_model" "$src/examples/tp_custom_model/tiny_lm.toml" \
+  run.name=tiny_lm_one run.output_dir="$work/runs" | tee tp_one.log
+"$cli" checkpoint compare "$work"/runs/tiny_lm_tp2/version_0/checkpoints/step_00000040 \
+  "$work"/runs/tiny_lm_one/version_0/checkpoints/step_00000040 --all --rtol 1e-5
 echo "install-and-consume: OK"

@@ -19,8 +19,10 @@ std::string gpt_problem(const TrainConfig& c) {
   if (gpt && !text)
     return fmt::format("model.kind = \"gpt\" reads token windows: set data.dataset = \"text\" (got \"{}\")",
                        c.data.dataset);
-  if (text && !gpt)
-    return fmt::format("data.dataset = \"text\" gives token windows, which only model.kind = \"gpt\" reads (got \"{}\")",
+  // A registered model (a program's) may read token windows too.
+  if (text && (c.model.kind == "mlp" || c.model.kind == "cnn"))
+    return fmt::format("data.dataset = \"text\" gives token windows, which model.kind = \"gpt\" or a program's "
+                       "registered model reads, not \"{}\"",
                        c.model.kind);
   if (!gpt) return "";
   if (c.model.d_model % c.model.heads != 0)
