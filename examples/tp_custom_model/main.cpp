@@ -122,8 +122,8 @@ int main(int argc, char** argv) {
   paratrain::Trainer trainer(config, world.group(), parts);
   const auto result = trainer.fit();
   if (world.is_main()) {
-    std::printf("%s: %lld steps, test loss %.4f, run dir %s\n", trainer.strategy_name().c_str(),
-                (long long)result.steps, result.test.loss, result.run_dir.c_str());
+    std::printf("%s: %lld steps, last training loss %.4f, run dir %s\n", trainer.strategy_name().c_str(),
+                (long long)result.steps, result.last_train_loss, result.run_dir.c_str());
   }
   world.barrier();
   return 0;
