@@ -69,17 +69,17 @@ void slice(at::Tensor& param, const tpl::ShardSpec& spec, const tpl::TpContext& 
   param.set_data(tpl::shard_of(param.detach(), spec, tp.rank(), tp.size()));
 }
 
-// Checks `m`'s style against its type and sizes and slices its parameters.
-void apply_style(PlannedModule& m, torch::nn::Module& module, const PlanState& plan) {
-  const int tp = plan.ctx.tp.size();
+// Checks `m`'s style against its type and sizes and says how each of its
+// parameters splits over `tp` ranks (m.specs; nothing is changed).
+void style_specs(PlannedModule& m, const torch::nn::Module& module, int tp) {
   const Style s = m.style.style;
-  if (dynamic_cast<tpl::ShardedModule*>(&module) != nullptr) {
+  if (dynamic_cast<const tpl::ShardedModule*>(&module) != nullptr) {
     throw Error(fmt::format("tensor-parallel plan: {} is one of paratrain's tensor-parallel layers already; "
                             "plan the plain torch::nn layer instead",
                             shown(m.name)));
   }
   if (s == Style::kColwise || s == Style::kRowwise) {
-    auto* linear = dynamic_cast<torch::nn::LinearImpl*>(&module);
+    auto* linear = dynamic_cast<const torch::nn::LinearImpl*>(&module);
     if (linear == nullptr) {
       throw Error(fmt::format("tensor-parallel plan: {} is a {}, but {} applies to torch::nn::Linear only",
                               shown(m.name), module.name(), m.style.str()));
@@ -94,18 +94,15 @@ void apply_style(PlannedModule& m, torch::nn::Module& module, const PlanState& p
       }
       check_split(m.name, "out_features", m.full_out, m.style.parts, tp);
       m.specs.emplace_back("weight", split_spec(linear->weight, 0, m.style.parts));
-      slice(linear->weight, m.specs.back().second, plan.ctx.tp);
       if (linear->bias.defined()) {
         m.specs.emplace_back("bias", split_spec(linear->bias, 0, m.style.parts));
-        slice(linear->bias, m.specs.back().second, plan.ctx.tp);
       }
     } else {
       check_split(m.name, "in_features", m.full_in, 1, tp);
       m.specs.emplace_back("weight", split_spec(linear->weight, 1, 1));
-      slice(linear->weight, m.specs.back().second, plan.ctx.tp);
     }
   } else if (s == Style::kVocabEmbedding) {
-    auto* embedding = dynamic_cast<torch::nn::EmbeddingImpl*>(&module);
+    auto* embedding = dynamic_cast<const torch::nn::EmbeddingImpl*>(&module);
     if (embedding == nullptr) {
       throw Error(fmt::format("tensor-parallel plan: {} is a {}, but vocab_embedding applies to "
                               "torch::nn::Embedding only",
@@ -120,8 +117,44 @@ void apply_style(PlannedModule& m, torch::nn::Module& module, const PlanState& p
     m.full_out = embedding->weight.size(0);
     check_split(m.name, "num_embeddings", m.full_out, 1, tp);
     m.specs.emplace_back("weight", split_spec(embedding->weight, 0, 1));
-    slice(embedding->weight, m.specs.back().second, plan.ctx.tp);
   }
+}
+
+// Slices the module's own parameters that `specs` split (in place).
+void slice_parameters(torch::nn::Module& module, const std::vector<std::pair<std::string, tpl::ShardSpec>>& specs,
+                      const tpl::TpContext& tp) {
+  auto params = module.named_parameters(/*recurse=*/false);
+  for (const auto& [name, spec] : specs) slice(params[name], spec, tp);
+}
+
+// The module each rule names, checked: every rule matches, and the rules
+// that match one module agree.
+std::map<std::string, StyleSpec> chosen_styles(
+    const torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>>& modules, const TpPlan& plan) {
+  std::map<std::string, StyleSpec> chosen;
+  for (const auto& [pattern, style] : plan.rules) {
+    bool any = false;
+    for (const auto& item : modules) {
+      if (!matches(pattern, item.key())) continue;
+      any = true;
+      auto [it, fresh] = chosen.emplace(item.key(), style);
+      if (!fresh && !(it->second == style)) {
+        throw Error(fmt::format("tensor-parallel plan: {} is matched as {} and as {} (rule \"{}\"); give each "
+                                "module one style",
+                                shown(item.key()), it->second.str(), style.str(), pattern));
+      }
+    }
+    if (!any) {
+      std::vector<std::string> names;
+      for (const auto& item : modules) {
+        if (!item.key().empty() && names.size() < 12) names.push_back(item.key());
+      }
+      throw Error(fmt::format("tensor-parallel plan: rule \"{}\" ({}) matches no module; the model's modules "
+                              "include: {}{}",
+                              pattern, style.str(), fmt::join(names, ", "), modules.size() > 13 ? ", ..." : ""));
+    }
+  }
+  return chosen;
 }
 
 }  // namespace
@@ -201,30 +234,7 @@ AppliedPlan parallelize_module(torch::nn::Module& root, const TpPlan& plan, cons
                               shown(item.key())));
     }
   }
-  // Each module's style: the rules that match it must agree.
-  std::map<std::string, StyleSpec> chosen;
-  for (const auto& [pattern, style] : plan.rules) {
-    bool any = false;
-    for (const auto& item : modules) {
-      if (!matches(pattern, item.key())) continue;
-      any = true;
-      auto [it, fresh] = chosen.emplace(item.key(), style);
-      if (!fresh && !(it->second == style)) {
-        throw Error(fmt::format("tensor-parallel plan: {} is matched as {} and as {} (rule \"{}\"); give each "
-                                "module one style",
-                                shown(item.key()), it->second.str(), style.str(), pattern));
-      }
-    }
-    if (!any) {
-      std::vector<std::string> names;
-      for (const auto& item : modules) {
-        if (!item.key().empty() && names.size() < 12) names.push_back(item.key());
-      }
-      throw Error(fmt::format("tensor-parallel plan: rule \"{}\" ({}) matches no module; the model's modules "
-                              "include: {}{}",
-                              pattern, style.str(), fmt::join(names, ", "), modules.size() > 13 ? ", ..." : ""));
-    }
-  }
+  const auto chosen = chosen_styles(modules, plan);
 
   AppliedPlan out;
   std::set<const void*> sp_seen;
@@ -241,7 +251,8 @@ AppliedPlan parallelize_module(torch::nn::Module& root, const TpPlan& plan, cons
       m->named = true;
       out.styles.emplace_back(item.key(), it->second);
     }
-    apply_style(*m, *item.value(), *state);
+    style_specs(*m, *item.value(), ctx.tp.size());
+    slice_parameters(*item.value(), m->specs, ctx.tp);
     if (plan.sequence_parallel) {
       if (m->style.style == Style::kSequenceParallel) {
         for (const auto& p : item.value()->parameters()) add_sp(p);
@@ -255,6 +266,33 @@ AppliedPlan parallelize_module(torch::nn::Module& root, const TpPlan& plan, cons
   // (the parameters already sliced are not restored: rebuild the model).
   for (auto& [module, m] : planned) tpl::attach_state(*module, m);
   out.layout = tpl::parameter_layout(root);
+  return out;
+}
+
+torch::OrderedDict<std::string, tpl::ShardSpec> plan_layout(const torch::nn::Module& root, const TpPlan& plan,
+                                                            int tp) {
+  if (tp < 1) throw Error(fmt::format("plan_layout: tp must be >= 1, got {}", tp));
+  const auto modules = root.named_modules("", /*include_self=*/true);
+  const auto chosen = chosen_styles(modules, plan);
+  std::map<std::string, tpl::ShardSpec> split;
+  for (const auto& item : modules) {
+    PlannedModule m;
+    m.name = item.key();
+    if (auto it = chosen.find(item.key()); it != chosen.end()) m.style = it->second;
+    style_specs(m, *item.value(), tp);
+    for (auto& [name, spec] : m.specs) split[item.key().empty() ? name : item.key() + "." + name] = spec;
+  }
+  torch::OrderedDict<std::string, tpl::ShardSpec> out;
+  for (const auto& p : root.named_parameters(/*recurse=*/true)) {
+    auto it = split.find(p.key());
+    if (it != split.end()) {
+      out.insert(p.key(), it->second);
+    } else {
+      tpl::ShardSpec whole;
+      whole.full_shape = p.value().sizes().vec();
+      out.insert(p.key(), whole);
+    }
+  }
   return out;
 }
 

@@ -80,10 +80,12 @@
 
 namespace paratrain::parallelize {
 
+/// How a module is split over the tp ranks (the styles above).
 enum class Style { kReplicate, kColwise, kRowwise, kVocabEmbedding, kSequenceParallel };
 
 /// How one module is split (see the styles above).
 struct StyleSpec {
+  /// The split (see the styles above).
   Style style = Style::kReplicate;
   /// colwise: equal parts of the output, each split over the ranks.
   int64_t parts = 1;
@@ -113,10 +115,12 @@ struct TpPlan {
   /// summed over the ranks).
   bool defect_skip_input_gradient_sum = false;
 
+  /// Appends a rule; `style` as StyleSpec::parse reads it.
   TpPlan& add(std::string pattern, std::string_view style) {
     rules.emplace_back(std::move(pattern), StyleSpec::parse(style));
     return *this;
   }
+  /// Appends a rule.
   TpPlan& add(std::string pattern, StyleSpec style) {
     rules.emplace_back(std::move(pattern), style);
     return *this;
@@ -159,6 +163,12 @@ struct AppliedPlan {
 /// parts); a tree that was planned already or holds paratrain's own
 /// tensor-parallel layers.
 AppliedPlan parallelize_module(torch::nn::Module& root, const TpPlan& plan, const PlanContext& ctx);
+
+/// The layout parallelize_module would give `root` at `tp` ranks, with the
+/// same checks, changing nothing (what a memory planner counts: a split
+/// parameter holds numel / tp elements per rank).
+torch::OrderedDict<std::string, tensor_parallel::ShardSpec> plan_layout(const torch::nn::Module& root,
+                                                                        const TpPlan& plan, int tp);
 
 /// After a forward of `root`: throws Error naming every colwise, rowwise or
 /// vocab_embedding module whose forward never went through its site (called
