@@ -46,7 +46,8 @@ struct AttentionImpl : torch::nn::Module {
     auto qh = split(pz::linear(*q, x)), kh = split(pz::linear(*k, x)), vh = split(pz::linear(*v, x));
     const int64_t s = qh.size(2);
     auto att = torch::matmul(qh, kh.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim_));
-    att = att.masked_fill(torch::ones({s, s}, torch::kBool).triu(1), -INFINITY).softmax(-1);
+    const auto future = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
+    att = att.masked_fill(future, -INFINITY).softmax(-1);
     return pz::linear(*out, torch::matmul(att, vh).transpose(1, 2).reshape({x.size(0), s, heads * head_dim_}));
   }
   torch::nn::Linear q, k, v, out;
@@ -86,7 +87,8 @@ struct TinyLmImpl : torch::nn::Module {
   // ids [B, S] -> logits [B, S, vocab] (whole on every rank: the head's
   // plan is colwise[gather]).
   torch::Tensor forward(const torch::Tensor& ids) {
-    auto h = pz::embedding(*tok, ids.to(torch::kLong)) + pos(torch::arange(ids.size(1)));
+    const auto positions = torch::arange(ids.size(1), torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
+    auto h = pz::embedding(*tok, ids.to(torch::kLong)) + pos(positions);
     h = pz::enter_sequence_parallel(*this, h);  // Megatron-SP: this rank's part of the sequence
     for (const auto& block : *blocks) h = block->as<BlockImpl>()->forward(h);
     return pz::linear(*head, norm(h));

@@ -142,9 +142,10 @@ class Gpt final : public Model {
                      const parallelize::PlanContext* plan = parallelize::plan_context(*wte);
                      const int64_t s = tokens.size(1);
                      const int64_t offset = plan != nullptr && plan->cp != nullptr ? plan->cp->rank() * s : 0;
-                     TORCH_CHECK(s >= 1 && offset + s <= seq_len, "Gpt: sequence length ", s,
-                                 offset > 0 ? " at offset " + std::to_string(offset) : std::string(),
-                                 " is outside [1, ", seq_len, "] (model.seq_len)");
+                     TORCH_CHECK(s >= 1 && offset + s <= seq_len, "Gpt: positions [", offset, ", ", offset + s,
+                                 ") of a sequence of length ", s,
+                                 offset > 0 ? " (this context-parallel rank's chunk)" : "",
+                                 " are outside [0, ", seq_len, ") (model.seq_len)");
                      TORCH_CHECK(!at::isFloatingType(tokens.scalar_type()), "Gpt expects integer token ids, got ",
                                  tokens.scalar_type());
                      const at::Tensor ids = tokens.to(torch::kLong);

@@ -26,6 +26,7 @@ namespace tpl = tensor_parallel;
 using detail::PlannedModule;
 using detail::PlanState;
 
+constexpr long long kMaxParts = 1 << 16;
 constexpr std::string_view kForms =
     "colwise, colwise[parts=N], colwise[gather], rowwise, vocab_embedding, sequence_parallel, replicate";
 
@@ -109,9 +110,9 @@ void style_specs(PlannedModule& m, const torch::nn::Module& module, int tp) {
                               shown(m.name), module.name()));
     }
     const auto& o = embedding->options;
-    if (o.padding_idx().has_value() || o.max_norm().has_value() || o.sparse()) {
-      throw Error(fmt::format("tensor-parallel plan: {} has padding_idx, max_norm or sparse set, which a "
-                              "vocabulary-split lookup does not reproduce; plan it replicate",
+    if (o.padding_idx().has_value() || o.max_norm().has_value() || o.sparse() || o.scale_grad_by_freq()) {
+      throw Error(fmt::format("tensor-parallel plan: {} has padding_idx, max_norm, sparse or scale_grad_by_freq "
+                              "set, which a vocabulary-split lookup does not reproduce; plan it replicate",
                               shown(m.name)));
     }
     m.full_out = embedding->weight.size(0);
@@ -187,8 +188,9 @@ StyleSpec StyleSpec::parse(std::string_view text) {
       const std::string digits(option.substr(6));
       char* end = nullptr;
       const long long parts = std::strtoll(digits.c_str(), &end, 10);
-      if (digits.empty() || *end != '\0' || parts < 1) {
-        throw ConfigError(fmt::format("tensor-parallel style \"{}\": parts must be a positive integer", text));
+      if (digits.empty() || *end != '\0' || parts < 1 || parts > kMaxParts) {
+        throw ConfigError(fmt::format("tensor-parallel style \"{}\": parts must be an integer in [1, {}]", text,
+                                      kMaxParts));
       }
       spec.parts = parts;
     } else {
@@ -242,6 +244,7 @@ AppliedPlan parallelize_module(torch::nn::Module& root, const TpPlan& plan, cons
     if (t.defined() && sp_seen.insert(t.unsafeGetTensorImpl()).second) out.sequence_parallel_params.push_back(t);
   };
   std::vector<std::pair<std::shared_ptr<torch::nn::Module>, std::shared_ptr<PlannedModule>>> planned;
+  std::map<const void*, std::string> sliced;  // tensor -> the name it was split under
   for (const auto& item : modules) {
     auto m = std::make_shared<PlannedModule>();
     m->plan = state;
@@ -252,7 +255,31 @@ AppliedPlan parallelize_module(torch::nn::Module& root, const TpPlan& plan, cons
       out.styles.emplace_back(item.key(), it->second);
     }
     style_specs(*m, *item.value(), ctx.tp.size());
+    // A tensor two modules hold (a tied head) is split once, by one of them.
+    const auto own = item.value()->named_parameters(/*recurse=*/false);
+    for (const auto& [name, spec] : m->specs) {
+      const void* impl = own[name].unsafeGetTensorImpl();
+      if (!sliced.emplace(impl, item.key().empty() ? name : item.key() + "." + name).second) {
+        throw Error(fmt::format("tensor-parallel plan: {}'s {} is the tensor {} already split; a weight two modules "
+                                "share is planned once (an LM head tied to a vocab_embedding runs as "
+                                "parallelize::tied_logits(*embedding, x) and is not planned itself)",
+                                shown(item.key()), name, sliced[impl]));
+      }
+    }
     slice_parameters(*item.value(), m->specs, ctx.tp);
+    if (m->style.style == Style::kSequenceParallel) {
+      // The whole module runs on the split sequence; none of it may be split
+      // (its parameters' gradients are summed over tp).
+      for (const auto& [name, style] : chosen) {
+        const bool below = !item.key().empty() ? name.rfind(item.key() + ".", 0) == 0 : !name.empty();
+        if (below && (style.style == Style::kColwise || style.style == Style::kRowwise ||
+                      style.style == Style::kVocabEmbedding)) {
+          throw Error(fmt::format("tensor-parallel plan: {} is sequence_parallel but holds '{}' ({}): plan the "
+                                  "norms and other whole modules inside it sequence_parallel, not their parent",
+                                  shown(item.key()), name, style.str()));
+        }
+      }
+    }
     if (plan.sequence_parallel) {
       if (m->style.style == Style::kSequenceParallel) {
         for (const auto& p : item.value()->parameters()) add_sp(p);
@@ -261,6 +288,20 @@ AppliedPlan parallelize_module(torch::nn::Module& root, const TpPlan& plan, cons
       }
     }
     planned.emplace_back(item.value(), std::move(m));
+  }
+  // A module that holds a split tensor under its own name without being its
+  // planned owner would run whole on a shard.
+  for (const auto& item : modules) {
+    for (const auto& p : item.value()->named_parameters(/*recurse=*/false)) {
+      auto it = sliced.find(p.value().unsafeGetTensorImpl());
+      const std::string name = item.key().empty() ? p.key() : item.key() + "." + p.key();
+      if (it != sliced.end() && it->second != name) {
+        throw Error(fmt::format("tensor-parallel plan: '{}' is the tensor {} that the plan splits, but its module "
+                                "runs it whole; an LM head tied to a vocab_embedding runs as "
+                                "parallelize::tied_logits(*embedding, x) and holds no weight of its own",
+                                name, it->second));
+      }
+    }
   }
   // Attached last, so a throw above leaves no half-planned tree behind
   // (the parameters already sliced are not restored: rebuild the model).
@@ -300,7 +341,15 @@ void check_sites_ran(const torch::nn::Module& root) {
   std::vector<std::string> missed;
   for (const auto& item : root.named_modules("", /*include_self=*/true)) {
     const auto m = detail::planned(*item.value());
-    if (m && m->runs_at_site() && m->calls.load() == 0) missed.push_back(fmt::format("'{}' ({})", m->name, m->style.str()));
+    if (m && m->plan->sequence_parallel && m->plan->entered.load() == 0) {
+      throw Error("tensor-parallel plan: sequence_parallel (Megatron-SP) is on but the forward never called "
+                  "paratrain::parallelize::enter_sequence_parallel: without it the split layers would gather "
+                  "copies of the whole sequence. Call it where the blocks begin (after the embeddings), or turn "
+                  "parallel.megatron_sp off");
+    }
+    if (m && m->runs_at_site() && m->calls.load() == 0) {
+      missed.push_back(fmt::format("'{}' ({})", m->name, m->style.str()));
+    }
   }
   if (missed.empty()) return;
   throw Error(fmt::format(

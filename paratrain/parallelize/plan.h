@@ -172,7 +172,8 @@ torch::OrderedDict<std::string, tensor_parallel::ShardSpec> plan_layout(const to
 
 /// After a forward of `root`: throws Error naming every colwise, rowwise or
 /// vocab_embedding module whose forward never went through its site (called
-/// as fc(x) instead of parallelize::linear(*fc, x), or not called at all).
+/// as fc(x) instead of parallelize::linear(*fc, x), or not called at all),
+/// and when sequence_parallel is on but enter_sequence_parallel never ran.
 void check_sites_ran(const torch::nn::Module& root);
 
 }  // namespace paratrain::parallelize

@@ -22,6 +22,7 @@ struct PlanState {
   int64_t seq_dim = 1;
   bool defect_skip_input_gradient_sum = false;
   at::Generator region;  // this tp rank's in-region stream
+  std::atomic<int64_t> entered{0};  // enter_sequence_parallel calls (sequence_parallel)
 };
 
 struct PlannedModule final : tensor_parallel::AttachedState {

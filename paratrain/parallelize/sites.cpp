@@ -117,7 +117,19 @@ at::Tensor tied_logits(torch::nn::EmbeddingImpl& embedding, const at::Tensor& x,
 at::Tensor enter_sequence_parallel(const torch::nn::Module& module, const at::Tensor& x) {
   const auto m = plan_holder(module);
   if (!m || !m->plan->sequence_parallel) return x;
+  ++m->plan->entered;
   return sp::scatter_to_sequence_region(x, sequence_context(*m->plan));
+}
+
+at::Tensor leave_sequence_parallel(const torch::nn::Module& module, const at::Tensor& x) {
+  const auto m = plan_holder(module);
+  if (!m || !m->plan->sequence_parallel) return x;
+  // The sequence parts gathered; what follows is whole on every rank and
+  // computes the same gradient there, so backward keeps this rank's part
+  // (no sum): gather_from_region along the sequence dimension.
+  const int64_t dim = m->plan->seq_dim < 0 ? m->plan->seq_dim + x.dim() : m->plan->seq_dim;
+  const at::Tensor last = x.transpose(dim, -1).contiguous();
+  return tpl::gather_from_region(last, m->plan->ctx.tp).transpose(dim, -1).contiguous();
 }
 
 const PlanContext* plan_context(const torch::nn::Module& module) {

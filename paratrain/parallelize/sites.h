@@ -50,6 +50,12 @@ at::Tensor tied_logits(torch::nn::EmbeddingImpl& embedding, const at::Tensor& x,
 /// below look at the children too).
 at::Tensor enter_sequence_parallel(const torch::nn::Module& module, const at::Tensor& x);
 
+/// Under a plan with sequence_parallel, the whole sequence from this rank's
+/// part (all-gather; backward keeps this rank's part of the gradient): for a
+/// head that needs every position (pooling, a classifier) after the split
+/// blocks. Otherwise x.
+at::Tensor leave_sequence_parallel(const torch::nn::Module& module, const at::Tensor& x);
+
 /// The plan `module` belongs to, or nullptr (no plan applied).
 const PlanContext* plan_context(const torch::nn::Module& module);
 /// The tp size of `module`'s plan (1 without one).

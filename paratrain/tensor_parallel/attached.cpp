@@ -16,6 +16,7 @@ struct Entry {
 struct Registry {
   std::shared_mutex mutex;
   std::unordered_map<const torch::nn::Module*, Entry> entries;
+  size_t swept_size = 0;
 };
 
 Registry& registry() {
@@ -31,8 +32,13 @@ void attach_state(const torch::nn::Module& module, std::shared_ptr<AttachedState
   std::weak_ptr<const torch::nn::Module> weak = module.shared_from_this();
   Registry& r = registry();
   std::unique_lock lock(r.mutex);
-  // Entries of modules that are gone are dropped here, not on lookup.
-  std::erase_if(r.entries, [](const auto& item) { return item.second.module.expired(); });
+  // Entries of modules that are gone are dropped here, not on lookup, and
+  // only when the map has doubled since the last sweep (planning a model of
+  // N modules stays O(N)).
+  if (r.entries.size() >= 2 * r.swept_size + 64) {
+    std::erase_if(r.entries, [](const auto& item) { return item.second.module.expired(); });
+    r.swept_size = r.entries.size();
+  }
   r.entries[&module] = Entry{std::move(weak), std::move(state)};
 }
 

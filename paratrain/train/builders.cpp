@@ -57,6 +57,16 @@ std::function<std::shared_ptr<models::Model>()> seeded_model_factory(const Train
   };
 }
 
+parallelize::TpPlan tp_plan_of(const TrainConfig& config) {
+  parallelize::TpPlan plan;
+  for (const auto& entry : config.parallel.tp_plan) {
+    const size_t eq = entry.find('=');  // checked by the config: PATTERN=STYLE
+    plan.add(entry.substr(0, eq), entry.substr(eq + 1));
+  }
+  plan.sequence_parallel = config.parallel.megatron_sp;
+  return plan;
+}
+
 models::RecomputePolicy recompute_policy(const TrainConfig& config) {
   models::RecomputePolicy policy;
   try {

@@ -11,6 +11,7 @@
 
 #include "paratrain/data/dataset.h"
 #include "paratrain/models/recompute.h"
+#include "paratrain/parallelize/plan.h"
 #include "paratrain/optim/layer_norms.h"
 #include "paratrain/optim/lr_schedule.h"
 #include "paratrain/train/batch_size.h"
@@ -62,6 +63,10 @@ optim::LrSchedule make_lr_schedule(const TrainConfig& config, const BatchSizes& 
 std::function<std::shared_ptr<models::Model>()> seeded_model_factory(const TrainConfig& config, c10::Device device,
                                                                      ModelBuilder builder = {},
                                                                      FrozenSet* frozen = nullptr);
+
+// parallel.tp_plan's "PATTERN=STYLE" entries and parallel.megatron_sp as a
+// plan (parallelize/plan.h).
+parallelize::TpPlan tp_plan_of(const TrainConfig& config);
 
 // train.activation_checkpointing, checkpoint_every_k and checkpoint_layers
 // as the models' recompute policy (models/recompute.h).

@@ -14,6 +14,8 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/models/model.h"
+#include "paratrain/parallelize/plan.h"
+#include "paratrain/train/builders.h"
 #include "paratrain/pipeline/partition.h"
 #include "paratrain/train/registry.h"
 
@@ -63,6 +65,45 @@ int64_t registered_parameter_count(const TrainConfig& c) {
   }
   int64_t total = 0;
   for (const auto& p : model->parameters()) total = checked_add(total, p.numel());
+  return total;
+}
+
+// A model other than the GPT under parallel.tp_plan: one tp rank's
+// parameters, from the plan's layout of the built model (a split parameter
+// holds numel / tp elements per rank); the generator as above.
+int64_t planned_parameters_per_rank(const TrainConfig& c) {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  at::Tensor state;
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    state = generator.get_state();
+  }
+  std::shared_ptr<models::Model> model;
+  try {
+    model = make_model(c);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+    throw;
+  }
+  {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  }
+  torch::OrderedDict<std::string, tensor_parallel::ShardSpec> layout;
+  try {
+    layout = parallelize::plan_layout(*model, tp_plan_of(c), static_cast<int>(c.parallel.tp));
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const Error& e) {
+    throw ConfigError(fmt::format("parallel.tp_plan: {}", e.what()));
+  }
+  int64_t total = 0;
+  for (const auto& item : layout) {
+    int64_t n = 1;
+    for (int64_t d : item.value().full_shape) n = checked_mul(n, d);
+    total = checked_add(total, item.value().replicated() ? n : n / c.parallel.tp);
+  }
   return total;
 }
 
@@ -138,6 +179,7 @@ GptLayers gpt_layers(const TrainConfig& c) {
 
 int64_t parameters_per_rank(const TrainConfig& c) {
   const int64_t pp = std::max<int64_t>(1, c.parallel.pp);
+  if (!builds_gpt(c) && c.parallel.tp > 1 && !c.parallel.tp_plan.empty()) return planned_parameters_per_rank(c);
   if (!builds_gpt(c) || (c.parallel.tp <= 1 && pp <= 1)) return parameter_count(c);
   const GptLayers g = gpt_layers(c);
   const int layers = static_cast<int>(g.costs.size());
@@ -190,7 +232,8 @@ MemoryPlan plan_memory(const TrainConfig& config, const PlanOptions& options) {
   // Under tensor and pipeline parallelism a rank holds its tp shard of its
   // stage's layers, which ZeRO then shards over dp (Ψ below).
   const bool gpt = builds_gpt(config);
-  const bool split_planned = gpt && (config.parallel.tp > 1 || config.parallel.pp > 1);
+  const bool tp_planned = !gpt && config.parallel.tp > 1 && !config.parallel.tp_plan.empty();
+  const bool split_planned = (gpt && (config.parallel.tp > 1 || config.parallel.pp > 1)) || tp_planned;
   const ActivationPlan activations = plan_activations(config, dp);
   const int64_t psi = parameters_per_rank(config);
   const auto buffers = communication_buffer_bytes(config, psi);
@@ -207,7 +250,13 @@ MemoryPlan plan_memory(const TrainConfig& config, const PlanOptions& options) {
   plan.optimizer = o.kind == "sgd" ? fmt::format("sgd (momentum {})", o.momentum) : o.kind;
   plan.tp = config.parallel.tp;
   plan.pp = config.parallel.pp;
-  if (split_planned) {
+  if (tp_planned) {
+    plan.whole_parameters = parameter_count(config);
+    plan.notes.push_back(fmt::format(
+        "parallel.tp = {}: Ψ is what one tensor-parallel rank holds of the {} parameters under parallel.tp_plan "
+        "(split layers 1/tp each, the rest whole); activations are counted as on one rank (an upper bound)",
+        config.parallel.tp, with_commas(plan.whole_parameters)));
+  } else if (split_planned) {
     plan.whole_parameters = parameter_count(config);
     plan.notes.push_back(fmt::format(
         "parallel.tp = {}, pp = {}: Ψ is what the fullest rank holds of the {} parameters: its stage's layers "

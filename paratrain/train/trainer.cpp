@@ -128,6 +128,13 @@ void check_parts(const TrainConfig& c, const TrainerParts& parts) {
         "sequence with; context parallelism trains paratrain's GPT. Set parallel.cp = 1",
         p.cp));
   }
+  // The config cannot tell a program's model from the built-in it names.
+  if (!parts.model && p.megatron_sp && (c.model.kind == "mlp" || c.model.kind == "cnn")) {
+    throw ConfigError(fmt::format("parallel.megatron_sp = true splits activations along a sequence, and "
+                                  "model.kind = \"{}\" has none (its inputs are images): set "
+                                  "parallel.megatron_sp = false",
+                                  c.model.kind));
+  }
   if (parts.model && p.tp > 1 && p.tp_plan.empty()) {
     throw ConfigError(fmt::format(
         "parallel.tp = {}: a program's own model (TrainerParts::model) is split by a plan: set parallel.tp_plan "

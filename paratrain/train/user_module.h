@@ -13,8 +13,9 @@
 // accumulation, precision, schedules, checkpoints and resume. A
 // torch::nn::Sequential is also cut at its children into pipeline stages
 // (parallel.pp; a weight two children share is a child one of them
-// registers from the other, pipeline/tied.h); tensor and context
-// parallelism refuse a program's module.
+// registers from the other, pipeline/tied.h); tensor parallelism splits it
+// by parallel.tp_plan when its forward runs the planned layers at their
+// sites (parallelize/plan.h); context parallelism refuses it.
 #pragma once
 
 #include <cstddef>

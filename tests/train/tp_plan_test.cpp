@@ -20,7 +20,9 @@
 #include "paratrain/parallelize/plan.h"
 #include "paratrain/parallelize/sites.h"
 #include "paratrain/tensor_parallel/shards.h"
+#include "paratrain/train/builders.h"
 #include "paratrain/train/config/config.h"
+#include "paratrain/train/memory_plan.h"
 #include "paratrain/train/task.h"
 #include "paratrain/train/trainer.h"
 #include "paratrain/train/user_module.h"
@@ -51,7 +53,8 @@ struct AttentionImpl : torch::nn::Module {
     const at::Tensor qh = split(pz::linear(*q, x)), kh = split(pz::linear(*k, x)), vh = split(pz::linear(*v, x));
     const int64_t s = qh.size(2);
     at::Tensor att = torch::matmul(qh, kh.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
-    att = att.masked_fill(torch::ones({s, s}, torch::kBool).triu(1), -INFINITY).softmax(-1);
+    const auto future = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
+    att = att.masked_fill(future, -INFINITY).softmax(-1);
     const at::Tensor y = torch::matmul(att, vh).transpose(1, 2).reshape({qh.size(0), s, heads * hd});
     return pz::linear(*out, y);
   }
@@ -90,6 +93,8 @@ struct BlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+// call_sites = false: the planned head called as head(h), a defect the
+// Trainer must catch.
 struct TinyLmImpl : torch::nn::Module {
   explicit TinyLmImpl(bool call_sites = true)
       : tok(register_module("tok", torch::nn::Embedding(kVocab, kDim))),
@@ -99,7 +104,8 @@ struct TinyLmImpl : torch::nn::Module {
         head(register_module("head", torch::nn::Linear(kDim, kVocab))),
         call_sites_(call_sites) {}
   at::Tensor forward(const at::Tensor& ids) {
-    const at::Tensor positions = torch::arange(ids.size(1));
+    const at::Tensor positions =
+        torch::arange(ids.size(1), torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
     at::Tensor h = pz::embedding(*tok, ids.to(torch::kLong)) + pos(positions);
     h = pz::enter_sequence_parallel(*this, h);
     for (const auto& b : *blocks) h = b->as<BlockImpl>()->forward(h);
@@ -136,12 +142,12 @@ data::TensorDataset token_rows(int64_t n, uint64_t seed) {
   return {x.slice(1, 0, kSeq).contiguous(), x.slice(1, 1, kSeq + 1).contiguous()};
 }
 
-TrainerParts lm_parts(bool call_sites = true) {
+TrainerParts lm_parts(bool call_sites = true, int64_t test_rows = 32) {
   TrainerParts p;
   p.model = any_module([call_sites](const TrainConfig&) { return std::make_shared<TinyLmImpl>(call_sites); });
   p.task = language_model_task(kSeq);
-  p.data = [](const TrainConfig& c) {
-    return Datasets{token_rows(256, c.run.seed + 1), token_rows(32, c.run.seed + 2)};
+  p.data = [test_rows](const TrainConfig& c) {
+    return Datasets{token_rows(256, c.run.seed + 1), token_rows(test_rows, c.run.seed + 2)};
   };
   return p;
 }
@@ -235,6 +241,71 @@ TEST(TpPlanTrainer, ATp2CheckpointResumesOnOneProcessAsTheUninterruptedRun) {
   EXPECT_LE(diff, 1e-5);
 }
 
+// Rank 0's TrainResult of `c` on `world` ranks.
+TrainResult fit_world(const TrainConfig& c, int world, const TrainerParts& parts) {
+  TrainResult out;
+  paratrain::testing::run_ranks(world, [&](comm::ProcessGroup& g) {
+    Trainer t(c, g, parts);
+    TrainResult r = t.fit();
+    if (g.rank() == 0) out = r;
+  });
+  return out;
+}
+
+TEST(TpPlanTrainer, EvaluationAtTp2xDp2EqualsOneProcessWithAnUnevenTestSet) {
+  const std::string dir = paratrain::testing::temp_dir("tp-plan");
+  auto with_eval = [](TrainConfig c) {
+    c.train.max_steps = 0;  // the whole epoch (16 steps), then its evaluation
+    c.train.eval_every_epochs = 1;
+    return c;
+  };
+  // 33 rows over 2 replicas: one replica's last round is empty on its tp pair.
+  const TrainResult one = fit_world(with_eval(lm_config(dir, "eval_one")), 1, lm_parts(true, 33));
+  TrainConfig c = with_eval(planned(lm_config(dir, "eval_tp2_dp2"), 2));
+  const TrainResult four = fit_world(c, 4, lm_parts(true, 33));
+  std::printf("test loss after one epoch: one process %.8f, tp=2 x dp=2 %.8f (%lld and %lld rows)\n", one.test.loss,
+              four.test.loss, static_cast<long long>(one.test.count), static_cast<long long>(four.test.count));
+  EXPECT_EQ(four.test.count, one.test.count);
+  EXPECT_NEAR(four.test.loss, one.test.loss, 1e-5 * one.test.loss);
+}
+
+TEST(TpPlanTrainer, APlanThatLeavesTheOutputSplitIsNamedAtTheFirstStep) {
+  const std::string dir = paratrain::testing::temp_dir("tp-plan");
+  TrainConfig c = planned(lm_config(dir, "split_output"), 2);
+  for (auto& entry : c.parallel.tp_plan) {
+    if (entry == "head=colwise[gather]") entry = "head=colwise";  // each rank keeps half the vocabulary
+  }
+  std::mutex mu;
+  std::string message;
+  paratrain::testing::run_ranks(2, [&](comm::ProcessGroup& g) {
+    try {
+      Trainer t(c, g, lm_parts());
+      t.fit();
+    } catch (const ConfigError& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      message = e.what();
+    }
+  });
+  EXPECT_NE(message.find("output differs between the tensor-parallel ranks"), std::string::npos) << message;
+}
+
+TEST(TpPlanTrainer, ThePlannedMlpWithActivationCheckpointingEqualsItWithout) {
+  const std::string dir = paratrain::testing::temp_dir("tp-plan");
+  TrainConfig c = paratrain::testing::mlp_oracle_config(dir, "mlp_tp2", 0);
+  c.parallel.tp = 2;
+  c.parallel.tp_plan = {"fc0=colwise", "fc1=rowwise"};
+  const Params plain = paratrain::testing::train_ranks(c, 2);
+  c.run.name = "mlp_tp2_recompute";
+  c.train.activation_checkpointing = "every_k";
+  c.train.checkpoint_every_k = 1;
+  const Params recomputed = paratrain::testing::train_ranks(c, 2);
+  EXPECT_EQ(relative_diff(recomputed, plain), 0.0);
+  TrainConfig one = paratrain::testing::mlp_oracle_config(dir, "mlp_one", 0);
+  const double diff = relative_diff(plain, paratrain::testing::one_process(one));
+  std::printf("MLP at tp=2 (AdamW, 20 steps) vs one process: %.3g (tolerance 1e-5)\n", diff);
+  EXPECT_LE(diff, 1e-5);
+}
+
 TEST(TpPlanTrainer, APlannedLayerCalledDirectlyStopsTheFirstStepNamingIt) {
   const std::string dir = paratrain::testing::temp_dir("tp-plan");
   std::mutex mu;
@@ -318,7 +389,8 @@ TEST(TpPlan, PlansThatCannotWorkAreRefusedNamingTheRuleOrModule) {
     for (const auto& [pattern, style] : rules) plan.add(pattern, style);
     return plan;
   };
-  EXPECT_NE(refusal(with({{"blocks.*.attn.qkv", "colwise"}})).find("rule \"blocks.*.attn.qkv\" (colwise) matches no module"),
+  EXPECT_NE(refusal(with({{"blocks.*.attn.qkv", "colwise"}}))
+                .find("rule \"blocks.*.attn.qkv\" (colwise) matches no module"),
             std::string::npos);
   EXPECT_NE(refusal(with({{"blocks.0.ln1", "colwise"}})).find("applies to torch::nn::Linear only"),
             std::string::npos)
@@ -331,10 +403,95 @@ TEST(TpPlan, PlansThatCannotWorkAreRefusedNamingTheRuleOrModule) {
   EXPECT_NE(refusal(with({{"blocks.0.attn.q", "colwise[parts=3]"}})).find("not divisible by parts (3) x tp = 2"),
             std::string::npos)
       << refusal(with({{"blocks.0.attn.q", "colwise[parts=3]"}}));
+  // A sequence_parallel parent of split layers would sum their shards.
+  EXPECT_NE(refusal(with({{"blocks.*", "sequence_parallel"}, {"blocks.*.attn.q", "colwise"}}))
+                .find("is sequence_parallel but holds 'blocks.0.attn.q' (colwise)"),
+            std::string::npos)
+      << refusal(with({{"blocks.*", "sequence_parallel"}, {"blocks.*.attn.q", "colwise"}}));
   EXPECT_THROW(pz::StyleSpec::parse("colwise[parts=0]"), ConfigError);
+  EXPECT_THROW(pz::StyleSpec::parse("colwise[parts=99999999999]"), ConfigError);
   EXPECT_THROW(pz::StyleSpec::parse("rowwise[gather]"), ConfigError);
   EXPECT_EQ(pz::StyleSpec::parse("colwise[parts=3]").str(), "colwise[parts=3]");
   EXPECT_EQ(pz::StyleSpec::parse("colwise[gather]").str(), "colwise[gather]");
+}
+
+// Tied weights two ways: the token table registered again as "head" (one
+// module, two names), or a head module holding the table's tensor as its own.
+struct TiedHeadImpl : torch::nn::Module {
+  explicit TiedHeadImpl(const at::Tensor& weight) { register_parameter("weight", weight); }
+};
+
+struct TiedImpl : torch::nn::Module {
+  explicit TiedImpl(bool same_module) : tok(register_module("tok", torch::nn::Embedding(kVocab, kDim))) {
+    if (same_module) register_module("head", tok);
+    else register_module("head", std::make_shared<TiedHeadImpl>(tok->weight));
+  }
+  torch::nn::Embedding tok;
+};
+
+TEST(TpPlan, ATiedWeightIsSplitOnceAndAModuleRunningItWholeIsRefused) {
+  for (const bool same_module : {true, false}) {
+    std::string message;
+    paratrain::testing::run_ranks(2, [&](comm::ProcessGroup& g) {
+      auto model = std::make_shared<TiedImpl>(same_module);
+      pz::TpPlan plan;
+      plan.add("tok", "vocab_embedding");
+      if (same_module) plan.add("head", "vocab_embedding");
+      try {
+        pz::parallelize_module(*model, plan, {.tp = {&g, std::chrono::seconds(60)}});
+      } catch (const Error& e) {
+        if (g.rank() == 0) message = e.what();
+      }
+    });
+    EXPECT_NE(message.find("tok.weight"), std::string::npos) << message;
+    EXPECT_NE(message.find("tied_logits"), std::string::npos) << message;
+  }
+}
+
+TEST(TpPlanTrainer, MegatronSpWithoutEnteringTheSequenceSplitIsNamed) {
+  // A model whose forward never calls enter_sequence_parallel.
+  struct NoEnterImpl : torch::nn::Module {
+    NoEnterImpl()
+        : up(register_module("up", torch::nn::Linear(kDim, 2 * kDim))),
+          down(register_module("down", torch::nn::Linear(2 * kDim, kDim))) {}
+    at::Tensor forward(const at::Tensor& x) { return pz::linear(*down, pz::linear(*up, x)); }
+    torch::nn::Linear up, down;
+  };
+  std::string message;
+  paratrain::testing::run_ranks(2, [&](comm::ProcessGroup& g) {
+    auto model = std::make_shared<NoEnterImpl>();
+    pz::TpPlan plan;
+    plan.add("up", "colwise").add("down", "rowwise");
+    plan.sequence_parallel = true;
+    pz::parallelize_module(*model, plan, {.tp = {&g, std::chrono::seconds(60)}});
+    try {
+      pz::check_sites_ran(*model);  // as the Trainer does after the first forward
+    } catch (const Error& e) {
+      if (g.rank() == 0) message = e.what();
+    }
+  });
+  EXPECT_NE(message.find("never called paratrain::parallelize::enter_sequence_parallel"), std::string::npos)
+      << message;
+}
+
+// paratrain plan's Ψ for a planned model: exactly what a rank holds.
+TEST(TpPlan, ThePlannerCountsWhatATpRankHolds) {
+  TrainConfig c = paratrain::testing::mlp_oracle_config("/tmp", "planner", 0);
+  c.model.hidden = {64, 32};
+  c.parallel.tp_plan = {"fc0=colwise", "fc1=rowwise"};
+  for (const int64_t tp : {2, 4}) {
+    c.parallel.tp = tp;
+    int64_t held = 0;
+    paratrain::testing::run_ranks(static_cast<int>(tp), [&](comm::ProcessGroup& g) {
+      auto model = make_model(c);
+      pz::parallelize_module(*model, tp_plan_of(c), {.tp = {&g, std::chrono::seconds(60)}});
+      int64_t n = 0;
+      for (const auto& p : model->parameters()) n += p.numel();
+      if (g.rank() == 0) held = n;
+    });
+    EXPECT_EQ(parameters_per_rank(c), held) << "tp " << tp;
+    EXPECT_LT(held, parameter_count(c));
+  }
 }
 
 TEST(TpPlan, ATomlTableIsThePlansEntries) {
@@ -343,6 +500,10 @@ TEST(TpPlan, ATomlTableIsThePlansEntries) {
   EXPECT_EQ(c.parallel.tp_plan, (std::vector<std::string>{"fc0=colwise", "fc1=rowwise"}));
   EXPECT_THROW(config_from_toml_string("[parallel.tp_plan]\nfc0 = \"colwize\"\n"), ConfigError);
   EXPECT_THROW(config_from_toml_string("[parallel]\ntp = 2\n[model]\nkind = \"mlp\"\n"), ConfigError);
+  // The GPT's plan is built in, at any tp.
+  EXPECT_THROW(config_from_toml_string("[model]\nkind = \"gpt\"\n[data]\ndataset = \"text\"\npath = \"x\"\n"
+                                       "[parallel]\ntp_plan = [\"wte=replicate\"]\n"),
+               ConfigError);
 }
 
 }  // namespace

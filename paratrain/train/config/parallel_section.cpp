@@ -22,6 +22,9 @@ std::string megatron_problem(const TrainConfig& c) {
     return fmt::format("parallel.megatron_sp = true shards the sequence inside the tensor-parallel group, but "
                        "parallel.tp = {}: set parallel.tp >= 2 or parallel.megatron_sp = false",
                        p.tp);
+  if (builds_gpt(c) && !p.tp_plan.empty())
+    return "parallel.tp_plan is for models other than the GPT, whose plan is built in (models/parallel_gpt.h, "
+           "gpt_tp_plan): leave parallel.tp_plan empty for model.kind = \"gpt\"";
   // A GPT with stages and ZeRO runs on the megatron strategy at tp = cp = 1
   // too (train::strategy_name), under the same rules.
   const bool gpt_stages_zero = builds_gpt(c) && p.pp > 1 && c.zero.stage > 0;
@@ -31,9 +34,6 @@ std::string megatron_problem(const TrainConfig& c) {
                        "the GPT's megatron strategy cuts its stages by parameters (or pipeline.split); rank_speed "
                        "applies to the pipeline strategy (parallel.tp = parallel.cp = 1, zero.stage = 0)",
                        p.tp, p.cp, c.zero.stage);
-  if (builds_gpt(c) && !p.tp_plan.empty())
-    return "parallel.tp_plan is for models other than the GPT, whose plan is built in (models/parallel_gpt.h, "
-           "gpt_tp_plan): leave parallel.tp_plan empty for model.kind = \"gpt\"";
   if (!builds_gpt(c)) {
     if (p.cp > 1)
       return fmt::format("parallel.cp = {} splits the sequence over a ring of ranks, which needs ring attention "

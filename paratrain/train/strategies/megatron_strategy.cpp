@@ -23,6 +23,7 @@
 #include "paratrain/models/recompute.h"
 #include "paratrain/optim/grad_scaler.h"
 #include "paratrain/parallelize/plan.h"
+#include "paratrain/parallelize/sites.h"
 #include "paratrain/sequence_parallel/megatron_sp.h"
 #include "paratrain/sequence_parallel/ring_attention.h"
 #include "paratrain/tensor_parallel/layers.h"
@@ -186,8 +187,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
       PhaseScope phase(kPhaseForward);
       const at::Tensor out = model_->forward(batch.inputs);
       // Before the loss: a layer run off its site leaves a split output.
-      if (!sites_checked_) parallelize::check_sites_ran(*model_);
-      sites_checked_ = true;
+      check_first_output(out);
       loss = loss_fn(out, batch.targets);
     } else {
       const at::Tensor inputs = sequence_parallel::sequence_chunk(batch.inputs, 1, cp_);
@@ -229,7 +229,11 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     // An empty share (the Trainer's last round) is empty on every rank of
     // this replica's tp and cp groups alike (they share the dp rank): skip
     // the collectives together.
-    if (planned()) return model_->forward(inputs);  // whole on every tp rank
+    if (planned()) {  // whole on every tp rank
+      at::Tensor out = model_->forward(inputs);
+      check_first_output(out);
+      return out;
+    }
     if (inputs.size(0) == 0) return at::zeros({0, inputs.size(1), kVocab}, at::TensorOptions().device(inputs.device()));
     const at::Tensor chunk = sequence_parallel::sequence_chunk(inputs, 1, cp_);
     if (stages_) {
@@ -312,19 +316,50 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
   // A model other than the GPT, split by parallel.tp_plan.
   bool planned() const { return !config_.parallel.tp_plan.empty(); }
 
+  // Note [A planned model's output]
+  // The Trainer's loss and evaluation take the model's output as the whole
+  // output on every tp rank. After the first forward (training or
+  // evaluation) two things would break that silently and are checked: a
+  // planned layer run as layer(x) instead of at its site (check_sites_ran),
+  // and a plan that leaves the output split (its last split layer colwise
+  // without [gather], or the sequence still split under Megatron-SP): the
+  // tp ranks then hold different outputs, which one broadcast shows.
+  void check_first_output(const at::Tensor& out) {
+    if (sites_checked_) return;
+    sites_checked_ = true;
+    parallelize::check_sites_ran(*model_);
+    if (tp_.size() == 1) return;
+    const at::Tensor mine = out.detach().to(at::kFloat).contiguous();
+    at::Tensor first = mine.clone();
+    tp_.broadcast(first, 0)->wait(timeout_);
+    const double scale = std::max(first.numel() > 0 ? first.abs().max().item<double>() : 0.0, 1e-12);
+    at::Tensor worst = torch::full({1}, first.numel() > 0 ? (mine - first).abs().max().item<double>() / scale : 0.0,
+                                   torch::TensorOptions().dtype(torch::kDouble).device(mine.device()));
+    tp_.all_reduce(worst, comm::ReduceOp::kMax)->wait(timeout_);
+    const double diff = worst.item<double>();
+    if (diff > 1e-5) {
+      throw ConfigError(fmt::format(
+          "parallel.tp_plan: the model's output differs between the tensor-parallel ranks (relative {:.3g}): the "
+          "plan leaves it split. The last split layer must give the whole output (colwise[gather], or rowwise), "
+          "and under parallel.megatron_sp a head that needs every position must come after "
+          "parallelize::leave_sequence_parallel (docs/tensor-parallel-plans.md)",
+          diff));
+    }
+  }
+
   // parallel.tp_plan applied to the model as built (every rank from the
   // run's seed, so the shards are one process's weights); activation
   // checkpointing's wrapper adopts the same modules, so the plan reaches them.
   void build_planned(const std::shared_ptr<models::Model>& full) {
-    parallelize::TpPlan plan;
-    for (const auto& entry : config_.parallel.tp_plan) {
-      const size_t eq = entry.find('=');
-      plan.add(entry.substr(0, eq), entry.substr(eq + 1));
-    }
-    plan.sequence_parallel = config_.parallel.megatron_sp;
+    const parallelize::TpPlan plan = tp_plan_of(config_);
+    // Activation checkpointing's wrapper is made again around the planned
+    // model, so its recompute replays this rank's in-region stream too.
+    std::shared_ptr<models::Model> inner = full;
+    auto* recomputed = dynamic_cast<models::RecomputedModel*>(full.get());
+    if (recomputed != nullptr) inner = recomputed->inner();
     try {
       auto applied = parallelize::parallelize_module(
-          *full, plan, {.tp = tp_context(), .cp = nullptr, .seed = static_cast<uint64_t>(config_.run.seed)});
+          *inner, plan, {.tp = tp_context(), .cp = nullptr, .seed = static_cast<uint64_t>(config_.run.seed)});
       layout_ = std::move(applied.layout);
       sp_params_ = std::move(applied.sequence_parallel_params);
     } catch (const ConfigError&) {
@@ -332,7 +367,12 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     } catch (const Error& e) {  // a rule or module the config names
       throw ConfigError(fmt::format("parallel.tp_plan: {}", e.what()));
     }
-    model_ = full;
+    model_ = inner;
+    if (recomputed != nullptr) {
+      models::RecomputePolicy policy = recompute_policy(config_);
+      policy.generators.push_back(*parallelize::region_generator(*inner));
+      model_ = std::make_shared<models::RecomputedModel>(inner, policy);
+    }
     module_ = model_;
     sync_ = std::make_unique<ReplicaSync>(config_, std::vector<std::shared_ptr<torch::nn::Module>>{model_}, *replicas_,
                                           timeout_);
