@@ -188,12 +188,14 @@ void build_run(Trainer::State& s, TrainerParts& parts) {
   build_model_and_optimizer(s);
   if (!c.distill.teacher.empty()) {
     // Laid out like the student: sharded under FSDP, in stages under
-    // pipelines, whole on every rank otherwise.
+    // pipelines, split over tp under tensor parallelism, whole on every rank
+    // otherwise.
     TeacherPlacement placement;
     placement.device = s.device;
     placement.shard = train::strategy_name(c) == "fsdp";
     placement.dp = &s.dp();
     placement.pp = &s.mesh->group(Axis::kPp);
+    placement.tp = &s.mesh->group(Axis::kTp);
     std::tie(placement.example_shape, placement.input_dtype) = example_input(s);
     placement.timeout = s.timeout();
     s.teacher = std::make_unique<Teacher>(find_teacher(c.distill.teacher, c), placement);

@@ -289,6 +289,57 @@ TEST(Distillation, AGptTeacherInStagesTeachesAPipelinedGptStudentAsOneProcess) {
   EXPECT_EQ(distill_records, 3);  // steps 2, 4, 6
 }
 
+// Under tensor parallelism (the megatron strategy): a GPT student at tp=2
+// whose GPT teacher is split over the same tp ranks by its own plan, and a
+// planned MLP student (parallel.tp_plan) whose CNN teacher, which has no
+// plan, stays whole on both ranks. Each equals one process distilling.
+TEST(Distillation, StudentsAtTp2WithTheirTeachersEqualOneProcess) {
+  auto dir = paratrain::testing::temp_dir("distill_tp");
+  const auto corpus = paratrain::testing::write_word_corpus(dir, 3);
+  auto teacher = paratrain::testing::tiny_gpt_config(dir, corpus);
+  teacher.run.name = "teacher";
+  teacher.train.max_steps = 6;
+  train(teacher, 1);
+  auto gpt_student = [&](const std::string& name) {
+    auto c = paratrain::testing::tiny_gpt_config(dir, corpus);
+    c.run.name = name;
+    c.model.layers = 1;
+    c.train.max_steps = 6;
+    c.distill.teacher = dir + "/teacher";
+    c.distill.temperature = 2.0;
+    c.distill.alpha = 0.5;
+    return c;
+  };
+  auto single = gpt_student("gpt_single");
+  single.ddp.mode = "none";
+  const RunResult oracle = train(single, 1);
+  auto split = gpt_student("gpt_tp2");
+  split.parallel.tp = 2;
+  const RunResult run = train(split, 2);
+  const double diff = relative_diff(run.student, oracle.student);
+  std::cout << "[distill] GPT student at tp=2, teacher split over tp=2, vs one process: relative diff " << diff << "\n";
+  EXPECT_LT(diff, 1e-5);
+  EXPECT_LT(relative_diff(run.teacher, oracle.teacher), 1e-12);  // gathered whole, never changed
+  // A student without the teacher's soft targets trains elsewhere.
+  auto plain = gpt_student("gpt_tp2_alpha0");
+  plain.parallel.tp = 2;
+  plain.distill.alpha = 0.0;
+  EXPECT_GT(relative_diff(train(plain, 2).student, oracle.student), 100 * std::max(diff, 1e-7));
+
+  const std::string cnn_teacher = trained_teacher();
+  auto mlp_single = student_config(dir, "mlp_single", cnn_teacher);
+  mlp_single.ddp.mode = "none";
+  const RunResult mlp_oracle = train(mlp_single, 1);
+  auto mlp_tp = student_config(dir, "mlp_tp2", cnn_teacher);
+  mlp_tp.parallel.tp = 2;
+  mlp_tp.parallel.tp_plan = {"fc0=colwise", "fc1=rowwise"};
+  const RunResult mlp_run = train(mlp_tp, 2);
+  const double mlp_diff = relative_diff(mlp_run.student, mlp_oracle.student);
+  std::cout << "[distill] planned MLP student at tp=2, whole CNN teacher, vs one process: relative diff " << mlp_diff
+            << "\n";
+  EXPECT_LT(mlp_diff, 1e-5);
+}
+
 // Parameter servers: the workers distill, the server only serves (its
 // batches are never trained on, or empty with async dynamic batches).
 TEST(Distillation, ParameterServerWorkersDistillAndServersDoNot) {
@@ -334,9 +385,16 @@ TEST(Distillation, ATeacherThatCannotServeIsAConfigError) {
       EXPECT_NE(std::string(e.what()).find("data.dataset"), std::string::npos) << e.what();
     }
   });
-  EXPECT_THROW(paratrain::train::config_from_toml_string(
-                   "", {"distill.teacher=x", "parallel.tp=2", "model.kind=gpt", "data.dataset=text"}),
-               paratrain::ConfigError);
+  // The megatron strategy distills at tp alone: not with cp, not at tp x pp.
+  for (const char* axis : {"parallel.cp=2", "parallel.pp=2"}) {
+    try {
+      paratrain::train::config_from_toml_string("", {"distill.teacher=x", "parallel.tp=2", axis, "model.kind=gpt",
+                                                     "data.dataset=text", "data.path=x", "model.dropout=0"});
+      ADD_FAILURE() << "expected ConfigError with " << axis;
+    } catch (const paratrain::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("distills under tensor parallelism alone"), std::string::npos) << e.what();
+    }
+  }
   EXPECT_THROW(paratrain::train::config_from_toml_string(
                    "", {"distill.teacher=x", "zero.stage=3", "elastic.in_job=true"}),
                paratrain::ConfigError);

@@ -14,6 +14,10 @@
 #include "paratrain/core/error.h"
 #include "paratrain/data_parallel/fsdp/fsdp.h"
 #include "paratrain/models/model.h"
+#include "paratrain/models/parallel_gpt.h"
+#include "paratrain/parallelize/plan.h"
+#include "paratrain/tensor_parallel/mappings.h"
+#include "paratrain/tensor_parallel/shards.h"
 #include "paratrain/pipeline/executor.h"
 #include "paratrain/pipeline/partition.h"
 #include "paratrain/pipeline/stage.h"
@@ -117,6 +121,11 @@ Teacher::Teacher(const TeacherSource& source, const TeacherPlacement& placement)
     return;
   }
   if (!device.is_cpu()) model_->to(device);
+  if (!placement.shard && placement.tp != nullptr && placement.tp->size() > 1) {
+    for (auto& p : model_->parameters()) p.set_requires_grad(false);
+    split_over_tp(placement);
+    return;
+  }
   if (placement.shard) {
     fsdp::FsdpOptions options;
     options.timeout = placement.timeout;
@@ -126,6 +135,33 @@ Teacher::Teacher(const TeacherSource& source, const TeacherPlacement& placement)
     return;
   }
   for (auto& p : model_->parameters()) p.set_requires_grad(false);
+}
+
+// The teacher split as a student of its kind would be (it was read whole to
+// get here, as the student is drawn whole before it is split): a GPT by its
+// own plan, another model by the parallel.tp_plan of its saved config. The
+// region's seed does not matter: the teacher runs in eval mode.
+void Teacher::split_over_tp(const TeacherPlacement& placement) {
+  const TrainConfig& t = source_.config;
+  parallelize::TpPlan plan;
+  if (t.model.kind == "gpt") {
+    plan = models::gpt_tp_plan(false);
+    gather_vocabulary_ = true;
+  } else if (!t.parallel.tp_plan.empty()) {
+    plan = tp_plan_of(t);
+    plan.sequence_parallel = false;
+  } else {
+    return;  // no plan: whole on every rank
+  }
+  try {
+    parallelize::parallelize_module(*model_, plan, {.tp = {placement.tp, placement.timeout}});
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const Error& e) {
+    throw ConfigError(fmt::format("distill.teacher: {} does not split over parallel.tp = {}: {}",
+                                  source_.checkpoint.string(), placement.tp->size(), e.what()));
+  }
+  tp_split_ = placement.tp->size();
 }
 
 // The teacher's layers balanced by parameters over the stages, this rank
@@ -185,7 +221,9 @@ at::Tensor Teacher::logits(const at::Tensor& inputs) {
   torch::NoGradGuard no_grad;
   if (stages_executor_) return stages_executor_->forward_only(inputs);
   if (fsdp_) return fsdp_->forward([&] { return model_->forward(inputs); });
-  return model_->forward(inputs);
+  const at::Tensor out = model_->forward(inputs);
+  if (!gather_vocabulary_) return out;
+  return tensor_parallel::all_gather_last_dim(out.contiguous(), {placement_.tp, placement_.timeout});
 }
 
 at::Tensor Teacher::logits_everywhere(const at::Tensor& inputs) {
@@ -202,6 +240,13 @@ at::Tensor Teacher::logits_everywhere(const at::Tensor& inputs) {
 
 std::vector<std::pair<std::string, at::Tensor>> Teacher::full_parameters() {
   if (fsdp_) return fsdp_->full_parameters();
+  if (tp_split_ > 1) {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (const auto& item :
+         tensor_parallel::gather_full_parameters(*model_, {placement_.tp, placement_.timeout}))
+      out.emplace_back(item.key(), item.value());
+    return out;
+  }
   if (stages_executor_) {
     // Each stage's own, gathered over pp in stage order (a weight two
     // stages hold is listed by the first).

@@ -54,6 +54,11 @@ struct TeacherPlacement {
   /// Cut it into pp->size() stages when > 1 (the student's parallel.pp): each
   /// rank keeps its stage's layers, and logits() runs the stages in turn.
   comm::ProcessGroup* pp = nullptr;
+  /// Split over tp->size() ranks when > 1 (the student's parallel.tp): a GPT
+  /// teacher by its own plan (gpt_tp_plan), another by the parallel.tp_plan
+  /// saved with it; without one it stays whole on every rank. logits() are
+  /// whole on every rank either way.
+  comm::ProcessGroup* tp = nullptr;
   /// The student's input shape per example and dtype (token ids for a GPT),
   /// for the stage boundaries.
   std::vector<int64_t> example_shape;
@@ -84,9 +89,12 @@ class Teacher {
   bool sharded() const { return fsdp_ != nullptr; }
   /// Stages it is cut into (1: whole).
   int stages() const { return stages_; }
+  /// Tensor-parallel ranks its layers are split over (1: whole).
+  int tp_split() const { return tp_split_; }
 
  private:
   void cut_into_stages(const TeacherPlacement& placement);
+  void split_over_tp(const TeacherPlacement& placement);
 
   TeacherSource source_;
   TeacherPlacement placement_;
@@ -96,6 +104,8 @@ class Teacher {
   std::vector<int64_t> output_shape_;  // per example, for logits_everywhere
   std::vector<std::pair<std::string, at::Tensor>> stage_parameters_;  // this stage's, by name
   int stages_ = 1;
+  int tp_split_ = 1;
+  bool gather_vocabulary_ = false;  // a GPT split over tp gives its vocabulary columns
   int64_t parameter_count_ = 0;
 };
 

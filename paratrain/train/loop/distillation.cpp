@@ -25,9 +25,10 @@ void Distillation::evaluate_teacher() {
     spdlog::info("distill: teacher {} ({}, {} parameters{}) on the test set: loss {:.4f}{}",
                  s_.teacher->source().checkpoint.string(), s_.teacher->source().config.model.kind,
                  s_.teacher->parameter_count(),
-                 s_.teacher->sharded()       ? std::string(", sharded over dp")
-                 : s_.teacher->stages() > 1 ? fmt::format(", in {} stages", s_.teacher->stages())
-                                            : std::string(),
+                 s_.teacher->sharded()         ? std::string(", sharded over dp")
+                 : s_.teacher->stages() > 1   ? fmt::format(", in {} stages", s_.teacher->stages())
+                 : s_.teacher->tp_split() > 1 ? fmt::format(", split over tp = {}", s_.teacher->tp_split())
+                                              : std::string(),
                  r.loss,
                  r.perplexity > 0 ? fmt::format(", perplexity {:.3f}", r.perplexity)
                                   : fmt::format(", accuracy {:.2f}%", 100.0 * r.accuracy));

@@ -189,6 +189,18 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
       // Before the loss: a layer run off its site leaves a split output.
       check_first_output(out);
       loss = loss_fn(out, batch.targets);
+    } else if (distilling()) {
+      // Note [Distilling under tensor parallelism]
+      // The LossFn (distillation.h) compares the student's whole logits
+      // with the teacher's, which the teacher gives whole on every rank
+      // (split over tp itself: teacher.h). The student's vocabulary columns
+      // are gathered over tp with a backward that keeps this rank's columns:
+      // every tp rank computes the same loss, and each shard gets its part of
+      // the one-process gradient. Without a teacher the vocabulary-parallel
+      // cross-entropy below needs no whole logits.
+      PhaseScope phase(kPhaseForward);
+      const at::Tensor logits = tpl::gather_from_region(model_->forward(batch.inputs).contiguous(), tp_context());
+      loss = loss_fn(logits, batch.targets.to(at::kLong));
     } else {
       const at::Tensor inputs = sequence_parallel::sequence_chunk(batch.inputs, 1, cp_);
       const at::Tensor targets = sequence_parallel::sequence_chunk(batch.targets, 1, cp_).to(at::kLong);
@@ -315,6 +327,8 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
   tpl::TpContext tp_context() const { return {&tp_, timeout_}; }
   // A model other than the GPT, split by parallel.tp_plan.
   bool planned() const { return !config_.parallel.tp_plan.empty(); }
+  // distill.teacher (at tp alone: the config refuses cp and pp with it).
+  bool distilling() const { return !config_.distill.teacher.empty(); }
 
   // Note [A planned model's output]
   // The Trainer's loss and evaluation take the model's output as the whole
