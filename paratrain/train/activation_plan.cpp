@@ -86,6 +86,8 @@ std::vector<LayerActivations> mlp_layers(const TrainConfig& c, int64_t b) {
     LayerActivations l{.name = fmt::format("fc{}", i), .input_bytes = bytes(kF * rows * static_cast<double>(width))};
     l.parameters = width * widths[i] + widths[i];
     l.largest_tensor = width * widths[i];
+    // dL/dy and dL/dx; the first layer's input (the data) gets no gradient.
+    l.grad_bytes = bytes(kF * rows * static_cast<double>((i == 0 ? 0 : width) + widths[i]));
     // ReLU's output is the next layer's input; the last layer's logits and
     // the loss's log-softmax stay, with the targets.
     if (last) l.saved_bytes = bytes(2 * kF * rows * wi + kId * rows);
@@ -111,6 +113,9 @@ std::vector<LayerActivations> cnn_layers(const TrainConfig& c, int64_t b) {
     // input (ReLU's output) and int64 indices of its output.
     l.saved_bytes = bytes((c.model.batchnorm ? kF * maps : 0) + kF * maps +
                           kId * rows * static_cast<double>(o * (side / 2) * (side / 2)));
+    // ReLU's backward: the gradient of its input beside the one of its output
+    // (pooling's, as large), pooling's int64 indices freed by then.
+    l.grad_bytes = bytes(1.25 * kF * maps);
     out.push_back(l);
     ch = o;
     side /= 2;
@@ -119,11 +124,13 @@ std::vector<LayerActivations> cnn_layers(const TrainConfig& c, int64_t b) {
   const double rows = static_cast<double>(b);
   out.push_back({.name = "fc0", .input_bytes = bytes(kF * rows * static_cast<double>(flat)), .saved_bytes = 0,
                  .parameters = flat * c.model.cnn_hidden + c.model.cnn_hidden,
-                 .largest_tensor = flat * c.model.cnn_hidden});
+                 .largest_tensor = flat * c.model.cnn_hidden,
+                 .grad_bytes = bytes(kF * rows * static_cast<double>(flat + c.model.cnn_hidden))});
   out.push_back({.name = "fc1", .input_bytes = bytes(kF * rows * static_cast<double>(c.model.cnn_hidden)),
                  .saved_bytes = bytes(2 * kF * rows * static_cast<double>(in.classes) + kId * rows),
                  .parameters = c.model.cnn_hidden * in.classes + in.classes,
-                 .largest_tensor = c.model.cnn_hidden * in.classes});
+                 .largest_tensor = c.model.cnn_hidden * in.classes,
+                 .grad_bytes = bytes(kF * rows * static_cast<double>(c.model.cnn_hidden + 2 * in.classes))});
   return out;
 }
 
@@ -143,7 +150,8 @@ std::vector<LayerActivations> gpt_layers(const TrainConfig& c, int64_t rows) {
   out.push_back({.name = "embed", .input_bytes = bytes(kId * s * b),
                  .saved_bytes = bytes(kId * s * b + kId * s + (dropout ? kF * local : 0)),
                  .parameters = bytes(vocab * h / t + seq * h),
-                 .largest_tensor = bytes(std::max(vocab * h / t, seq * h))});
+                 .largest_tensor = bytes(std::max(vocab * h / t, seq * h)),
+                 .grad_bytes = bytes(kF * local)});
   // Replicated over the tp group (or sequence chunks with SP): LayerNorm
   // outputs (the column layers' inputs: gathered full under SP), the
   // residual sum (ln2's input), row statistics, dropout noises.
@@ -158,14 +166,18 @@ std::vector<LayerActivations> gpt_layers(const TrainConfig& c, int64_t rows) {
     out.push_back({.name = fmt::format("blocks.{}", i), .input_bytes = bytes(kF * local),
                    .saved_bytes = bytes(replicated + split + s * s),
                    .parameters = bytes((12 * h * h + 7 * h) / t + 6 * h),
-                   .largest_tensor = bytes(4 * h * h / t)});  // mlp.fc, mlp.proj
+                   .largest_tensor = bytes(4 * h * h / t),  // mlp.fc, mlp.proj
+                   // the block's output gradient beside its widest one (GELU's
+                   // or the scores'), whose forward twin backward has freed
+                   .grad_bytes = bytes(kF * (std::max(scores / t, 4 * sbh / t) + local))});
   }
   // head: ln_f's input and output (gathered under SP), the logits of this
   // rank's vocabulary columns and their log-softmax, the targets.
   out.push_back({.name = "head", .input_bytes = bytes(kF * local),
                  .saved_bytes = bytes(kF * sbh + 2 * kF * (local / h) + 2 * kF * s * b * vocab / t + kId * s * b),
                  .parameters = bytes(2 * h + vocab * h / t),
-                 .largest_tensor = bytes(vocab * h / t)});
+                 .largest_tensor = bytes(vocab * h / t),
+                 .grad_bytes = bytes(2 * kF * s * b * vocab / t)});  // the logits' and log-softmax's gradients
   return out;
 }
 
@@ -188,6 +200,41 @@ int64_t sum_kept(const std::vector<LayerActivations>& layers, const std::vector<
     i = j;
   }
   return bytes(kept);
+}
+
+// Note [Backward's working set]
+// The forward's peak is everything the layers keep. Backward frees a
+// layer's saved tensors once it has run, but while layer i runs backward
+// it holds what layers 0..i still keep, the gradient of its output and the
+// gradient of its widest activation (the saved tensor of the operation just
+// run has been freed by then, so one wide gradient, not two, is new), and,
+// for a recomputed segment, the activations it has just made again. With activation
+// checkpointing that is the peak: the forward keeps only the segments'
+// inputs. The plan takes the larger of the two.
+int64_t backward_peak(const std::vector<LayerActivations>& layers, const std::vector<int>& segment_of, int begin,
+                      int end) {
+  double kept = 0, peak = 0;
+  for (int i = begin; i < end;) {
+    const int id = segment_of[static_cast<size_t>(i)];
+    int j = i + 1;
+    if (id >= 0) {
+      while (j < end && segment_of[static_cast<size_t>(j)] == id) ++j;
+    }
+    double work = 0, remade = 0;
+    for (int k = i; k < j; ++k) {
+      work = std::max(work, static_cast<double>(layers[k].grad_bytes));
+      remade += static_cast<double>(layers[k].input_bytes) + static_cast<double>(layers[k].saved_bytes);
+    }
+    if (id >= 0) {
+      kept += static_cast<double>(layers[i].input_bytes + kRandomState);
+      peak = std::max(peak, kept + remade + work);
+    } else {
+      kept += remade;
+      peak = std::max(peak, kept + work);
+    }
+    i = j;
+  }
+  return bytes(peak);
 }
 
 }  // namespace
@@ -323,7 +370,7 @@ ActivationPlan plan_activations(const TrainConfig& c, int64_t dp) {
                                        c.pipeline.balance));
   }
   for (int64_t stage = 0; stage < pp; ++stage) {
-    int64_t kept = 0, plain = 0, largest = 0, unused = 0, tensor = 0;
+    int64_t kept = 0, plain = 0, largest = 0, unused = 0, tensor = 0, last_backward = 0;
     for (int mc = static_cast<int>(stage); mc < chunks; mc += static_cast<int>(pp)) {
       int64_t chunk_kept = sum_kept(layers, segment_of, bounds[mc], bounds[mc + 1], &largest);
       const int64_t chunk_plain = sum_kept(layers, none, bounds[mc], bounds[mc + 1], &unused);
@@ -337,6 +384,10 @@ ActivationPlan plan_activations(const TrainConfig& c, int64_t dp) {
         // gradient comes back (the next chunk's input, on its own rank).
         chunk_kept += layers[bounds[mc + 1]].input_bytes;
       }
+      // Backward's peak in this chunk, with what the rank's earlier chunks keep.
+      if (!(pp > 1 && c.pipeline.checkpoint_activations)) {
+        last_backward = std::max(last_backward, kept + backward_peak(layers, segment_of, bounds[mc], bounds[mc + 1]));
+      }
       kept += chunk_kept;
       plain += chunk_plain + (mc + 1 < chunks ? layers[bounds[mc + 1]].input_bytes : 0);
       for (int j = bounds[mc]; j < bounds[mc + 1]; ++j) tensor = std::max(tensor, layers[j].largest_tensor);
@@ -344,7 +395,10 @@ ActivationPlan plan_activations(const TrainConfig& c, int64_t dp) {
     // A micro-batch in flight is one chunk's: with v chunks a rank's
     // in-flight count is over its chunks, each about 1/v of its layers.
     const int64_t flying = in_flight[static_cast<size_t>(stage)];
-    const int64_t total = bytes(static_cast<double>(flying) * static_cast<double>(kept) / v + static_cast<double>(largest));
+    // The other micro-batches in flight keep their activations meanwhile.
+    const int64_t total = std::max(
+        bytes(static_cast<double>(flying) * static_cast<double>(kept) / v + static_cast<double>(largest)),
+        bytes(static_cast<double>(flying - 1) * static_cast<double>(kept) / v + static_cast<double>(last_backward)));
     if (total + kF * tensor > plan.total_bytes + plan.transient_bytes || stage == 0) {
       plan.transient_bytes = kF * tensor;
       plan.stage = static_cast<int>(stage);

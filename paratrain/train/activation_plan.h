@@ -24,6 +24,10 @@ struct LayerActivations {
   int64_t saved_bytes = 0;    ///< everything else its forward saves for backward (the loss's too, on the last layer)
   int64_t parameters = 0;     ///< its parameter count on this rank (a pipeline balances by it)
   int64_t largest_tensor = 0; ///< elements of its largest parameter on this rank
+  /// Backward's working set inside it: the gradient of its output and of its
+  /// widest activation, alive together while its backward runs (Note
+  /// [Backward's working set]).
+  int64_t grad_bytes = 0;
 };
 
 /// The config's model as layers, for one micro-batch of `rows` examples on
