@@ -1,0 +1,139 @@
+// A mixture-of-experts layer (GShard, arXiv 2006.16668; Switch Transformer,
+// arXiv 2101.03961): a router sends each token to its top-k of E expert
+// MLPs, each expert takes at most `capacity` tokens of a step's batch, and
+// the token's output is the gate-weighted sum of its experts' outputs. With
+// expert parallelism the experts are split over the ranks of an `ep` group
+// and the tokens travel to their experts and back by all-to-all.
+//
+//   MoeOptions o{.d_model = 256, .experts = 8, .top_k = 2};
+//   o.tokens = &dp_group;  // the ranks whose tokens make up the step's batch
+//   o.ep = &ep_group;      // the ranks the experts are split over (inside dp)
+//   auto moe = std::make_shared<Moe>(o);
+//   at::Tensor y = moe->forward(x);              // x, y: [..., d_model]
+//   at::Tensor loss = task_loss + moe->aux_loss(); // Switch's load balancing
+//
+// Note [Routing as one process would]
+// Which tokens an expert drops when it is full must not depend on how the
+// batch is split over ranks. Slots are given as one process would give
+// them over the whole batch (the token group's ranks' tokens in rank order):
+// every first choice before any second choice, and within a choice in token
+// order. Each rank counts its tokens per (choice, expert); one all-gather of
+// those counts over the token group gives every rank the number of slots
+// the earlier ranks and choices took, so each token's slot, and whether it
+// is kept (slot < capacity), is the one-process answer. Ties between router
+// probabilities go to the lower expert index. A token none of whose choices
+// is kept gets a zero output: in a residual block it passes through
+// unchanged (GShard, Switch).
+//
+// Note [Expert parallelism by all-to-all]
+// Rank r of the ep group holds experts [r E/ep, (r+1) E/ep), registered
+// under their global index ("experts.5.fc.weight"), so a checkpoint names
+// each expert the same at any ep. Dispatch sends each kept (token, choice)
+// row to its expert's owner, ordered by expert and slot; the split sizes
+// come from the same all-gathered counts, so no sizes are exchanged. The
+// owner runs each expert on the rows it received and a second all-to-all
+// returns them; the token's output is the gate-weighted sum. Backward runs
+// the two all-to-alls in reverse. The layer's gradients, under the
+// data-parallel mean of the ranks' losses:
+//   - router and other non-expert parameters: averaged over the token group
+//     as usual (DDP);
+//   - an expert's gradient on its owner is the sum over every token group
+//     rank's loss (each rank's tokens reached it): divide by the token
+//     group's size, after summing over the ranks that hold the same expert
+//     in other ep groups (ExpertGradients below);
+//   - the aux loss's probability means are all-reduced over the token
+//     group with a backward scaled by its size, so the data-parallel mean
+//     gives the one-process gradient.
+// Not here: the GPT's MoE blocks, the Trainer's parallel.ep (later).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/linear.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "paratrain/comm/process_group.h"
+
+namespace paratrain::moe {
+
+struct MoeOptions {
+  int64_t d_model = 0;
+  /// Each expert's hidden width (d -> hidden -> d, GELU); 0: 4 d_model.
+  int64_t hidden = 0;
+  int64_t experts = 8;  ///< E
+  int64_t top_k = 1;    ///< 1 (Switch) or 2 (GShard)
+  /// Each expert takes at most ceil(capacity_factor * top_k * T / E) of the
+  /// step's T tokens (over the token group).
+  double capacity_factor = 1.25;
+  /// The ranks whose tokens form one batch (the data-parallel group);
+  /// nullptr: this rank's tokens alone. Not owned.
+  comm::ProcessGroup* tokens = nullptr;
+  /// The ranks the experts are split over, a subset of `tokens` (ep inside
+  /// dp); nullptr or size 1: every expert on this rank. Not owned.
+  comm::ProcessGroup* ep = nullptr;
+  std::chrono::milliseconds timeout = comm::kDefaultTimeout;
+};
+
+/// One expert: d -> hidden -> d with GELU.
+class ExpertImpl : public torch::nn::Module {
+ public:
+  ExpertImpl(int64_t d, int64_t hidden);
+  at::Tensor forward(const at::Tensor& x);
+  torch::nn::Linear fc{nullptr}, proj{nullptr};
+};
+
+/// What the last forward routed (this rank's tokens; the counts over the
+/// token group).
+struct RoutingStats {
+  int64_t tokens = 0;                ///< the token group's tokens
+  int64_t capacity = 0;              ///< slots per expert
+  std::vector<int64_t> load;         ///< kept (token, choice) pairs per expert, over the token group
+  int64_t dropped = 0;               ///< (token, choice) pairs dropped at capacity, over the token group
+  int64_t tokens_without_expert = 0; ///< this rank's tokens none of whose choices was kept
+};
+
+class Moe : public torch::nn::Module {
+ public:
+  /// Draws the router and this rank's experts as one process would draw all
+  /// of them (the experts in index order), keeping only this rank's: every
+  /// rank at the same generator state builds the one-process layer's part.
+  explicit Moe(MoeOptions options);
+
+  /// x: [..., d_model] -> [..., d_model]. Collective over `tokens` (one
+  /// all-gather of counts, one all-reduce for the aux loss) and `ep` (two
+  /// all-to-alls); every rank of them must call it together.
+  at::Tensor forward(const at::Tensor& x);
+
+  /// Switch's load-balancing loss of the last forward, E * sum_e f_e * P_e
+  /// (f_e: the share of tokens whose first choice is e, P_e: the mean router
+  /// probability of e, both over the token group); differentiable in P.
+  /// Scale it by the config's weight and add it to the loss.
+  at::Tensor aux_loss() const { return aux_loss_; }
+  const RoutingStats& stats() const { return stats_; }
+  const MoeOptions& options() const { return options_; }
+
+  /// The experts this rank holds: [first, first + count).
+  int64_t first_expert() const { return first_expert_; }
+  int64_t local_experts() const { return local_experts_; }
+
+  /// Expert parameters (to reduce over the ranks holding the same experts,
+  /// divided by the token group's size; Note [Expert parallelism by
+  /// all-to-all]).
+  std::vector<at::Tensor> expert_parameters() const;
+
+  torch::nn::Linear router{nullptr};
+
+ private:
+  MoeOptions options_;
+  int64_t first_expert_ = 0, local_experts_ = 0;
+  std::vector<std::shared_ptr<ExpertImpl>> experts_;  // this rank's, in index order
+  at::Tensor aux_loss_;
+  RoutingStats stats_;
+};
+
+}  // namespace paratrain::moe
