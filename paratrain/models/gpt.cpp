@@ -85,20 +85,27 @@ class Mlp : public torch::nn::Module {
 
 class Block : public torch::nn::Module {
  public:
-  Block(int64_t d, int64_t heads, double dropout) : dropout_(dropout) {
+  // `experts`: a mixture-of-experts layer as the MLP (same name, "mlp").
+  Block(int64_t d, int64_t heads, double dropout, std::shared_ptr<moe::Moe> experts = nullptr) : dropout_(dropout) {
     ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
     attn = register_module("attn", std::make_shared<CausalSelfAttention>(d, heads, dropout));
     ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-    mlp = register_module("mlp", std::make_shared<Mlp>(d));
+    if (experts) {
+      moe = register_module("mlp", std::move(experts));
+    } else {
+      mlp = register_module("mlp", std::make_shared<Mlp>(d));
+    }
   }
   at::Tensor forward(const at::Tensor& x) {
     at::Tensor h = x + torch::dropout(attn->forward(ln1->forward(x)), dropout_, is_training());
-    return h + torch::dropout(mlp->forward(ln2->forward(h)), dropout_, is_training());
+    const at::Tensor in = ln2->forward(h);
+    return h + torch::dropout(moe ? moe->forward(in) : mlp->forward(in), dropout_, is_training());
   }
 
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   std::shared_ptr<CausalSelfAttention> attn;
-  std::shared_ptr<Mlp> mlp;
+  std::shared_ptr<Mlp> mlp;       // dense blocks
+  std::shared_ptr<moe::Moe> moe;  // mixture-of-experts blocks
 
  private:
   double dropout_;
@@ -117,7 +124,18 @@ class Gpt final : public Model {
     wpe = register_module("wpe", torch::nn::Embedding(o.seq_len, o.d_model));
     drop = register_module("drop", torch::nn::Dropout(o.dropout));
     blocks = register_module("blocks", torch::nn::ModuleList());
-    for (int64_t i = 0; i < o.layers; ++i) blocks->push_back(std::make_shared<Block>(o.d_model, o.heads, o.dropout));
+    TORCH_CHECK(o.moe_experts >= 0 && o.moe_every >= 1, "GptOptions: moe_experts must be >= 0 and moe_every >= 1");
+    for (int64_t i = 0; i < o.layers; ++i) {
+      std::shared_ptr<moe::Moe> experts;
+      if (o.moe_experts > 0 && (i + 1) % o.moe_every == 0) {
+        experts = std::make_shared<moe::Moe>(moe::MoeOptions{.d_model = o.d_model,
+                                                             .hidden = 4 * o.d_model,
+                                                             .experts = o.moe_experts,
+                                                             .top_k = o.moe_top_k,
+                                                             .capacity_factor = o.moe_capacity_factor});
+      }
+      blocks->push_back(std::make_shared<Block>(o.d_model, o.heads, o.dropout, std::move(experts)));
+    }
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
     init_weights();
   }
@@ -187,8 +205,21 @@ class Gpt final : public Model {
     wpe->weight.normal_(0, init_std);
     for (const auto& module : *blocks) {
       auto* block = module->as<Block>();
-      for (torch::nn::Linear* linear : {&block->attn->qkv, &block->attn->proj, &block->mlp->fc, &block->mlp->proj}) {
-        const bool residual = linear == &block->attn->proj || linear == &block->mlp->proj;
+      std::vector<std::pair<torch::nn::Linear*, bool>> linears{{&block->attn->qkv, false}, {&block->attn->proj, true}};
+      if (block->mlp) {
+        linears.push_back({&block->mlp->fc, false});
+        linears.push_back({&block->mlp->proj, true});
+      } else {
+        // A MoE block: each expert as the dense MLP, the router as a
+        // projection (GPT-2's 0.02).
+        block->moe->router->weight.normal_(0, init_std);
+        for (const auto& expert : block->moe->named_children()["experts"]->children()) {
+          auto* e = expert->as<moe::ExpertImpl>();
+          linears.push_back({&e->fc, false});
+          linears.push_back({&e->proj, true});
+        }
+      }
+      for (auto [linear, residual] : linears) {
         (*linear)->weight.normal_(0, residual ? residual_std : init_std);
         (*linear)->bias.zero_();
       }
@@ -202,5 +233,13 @@ class Gpt final : public Model {
 }  // namespace
 
 std::shared_ptr<Model> make_gpt(const GptOptions& options) { return std::make_shared<Gpt>(options); }
+
+std::vector<std::shared_ptr<moe::Moe>> moe_layers(torch::nn::Module& model) {
+  std::vector<std::shared_ptr<moe::Moe>> out;
+  for (const auto& m : model.modules(/*include_self=*/false)) {
+    if (auto layer = std::dynamic_pointer_cast<moe::Moe>(m)) out.push_back(layer);
+  }
+  return out;
+}
 
 }  // namespace paratrain::models

@@ -21,6 +21,7 @@
 #include <memory>
 
 #include "paratrain/models/model.h"
+#include "paratrain/moe/moe.h"
 
 namespace paratrain::models {
 
@@ -33,7 +34,18 @@ struct GptOptions {
   // Dropout on the embeddings' sum, the attention probabilities and each
   // residual branch's output (GPT-2's three places). Active in train() only.
   double dropout = 0.1;
+  // Mixture of experts (moe/moe.h): with moe_experts > 0, blocks
+  // moe_every - 1, 2 moe_every - 1, ... have a MoE layer as their MLP,
+  // under the same name ("blocks.<i>.mlp": router.weight,
+  // experts.<e>.{fc,proj}.{weight,bias}).
+  int64_t moe_experts = 0;
+  int64_t moe_top_k = 1;
+  double moe_capacity_factor = 1.25;
+  int64_t moe_every = 2;
 };
+
+// The MoE layers of a model made by make_gpt (empty for a dense GPT).
+std::vector<std::shared_ptr<moe::Moe>> moe_layers(torch::nn::Module& model);
 
 // Initialisation (GPT-2): weights normal(0, 0.02), biases 0, LayerNorm 1/0,
 // and the two projections that write into the residual stream (attn.proj,

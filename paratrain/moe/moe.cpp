@@ -125,6 +125,11 @@ Moe::Moe(MoeOptions o) : torch::nn::Module("Moe"), options_(o) {
   }
 }
 
+void Moe::set_token_group(comm::ProcessGroup* tokens, std::chrono::milliseconds timeout) {
+  options_.tokens = tokens;
+  options_.timeout = timeout;
+}
+
 std::vector<at::Tensor> Moe::expert_parameters() const {
   std::vector<at::Tensor> out;
   for (const auto& e : experts_) {
@@ -295,9 +300,9 @@ at::Tensor Moe::forward(const at::Tensor& input) {
   // Switch's load-balancing loss over the token group.
   at::Tensor prob_sums = probs.sum(0);  // [E]
   if (r_count > 1) prob_sums = SumOverTokens::apply(prob_sums, as_int(o.tokens), o.timeout.count());
-  const at::Tensor first_share =
-      all_counts.select(1, 0).sum(0).to(at::kFloat).to(x.device()) / static_cast<double>(t_total);
-  aux_loss_ = static_cast<double>(e_count) * (first_share * (prob_sums / static_cast<double>(t_total))).sum();
+  const double denominator = static_cast<double>(std::max<int64_t>(t_total, 1));  // an empty round: zero
+  const at::Tensor first_share = all_counts.select(1, 0).sum(0).to(at::kFloat).to(x.device()) / denominator;
+  aux_loss_ = static_cast<double>(e_count) * (first_share * (prob_sums / denominator)).sum();
   return y.to(input.scalar_type()).reshape(input.sizes());
 }
 

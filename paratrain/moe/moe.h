@@ -109,6 +109,11 @@ class Moe : public torch::nn::Module {
   /// all-to-alls); every rank of them must call it together.
   at::Tensor forward(const at::Tensor& x);
 
+  /// The token group (and timeout) of a layer built without one, e.g. a
+  /// model built before the Trainer's groups existed; its experts stay all
+  /// local (ep is fixed at construction).
+  void set_token_group(comm::ProcessGroup* tokens, std::chrono::milliseconds timeout);
+
   /// Switch's load-balancing loss of the last forward, E * sum_e f_e * P_e
   /// (f_e: the share of tokens whose first choice is e, P_e: the mean router
   /// probability of e, both over the token group); differentiable in P.

@@ -4,6 +4,8 @@
 // Everything about data and metrics goes over the data-parallel group.
 #include "paratrain/train/trainer.h"
 
+#include "paratrain/models/gpt.h"
+
 #include <torch/torch.h>
 
 #include <chrono>
@@ -186,6 +188,9 @@ void build_run(Trainer::State& s, TrainerParts& parts) {
   // `paratrain plan --measure`: the peak counts from here, the data excluded.
   if (core::memory_meter_installed()) core::begin_memory_window();
   build_model_and_optimizer(s);
+  // A mixture-of-experts GPT routes over the whole step's batch: its layers
+  // count slots and balance load over the data-parallel group.
+  for (const auto& layer : models::moe_layers(*s.strategy->module())) layer->set_token_group(&s.dp(), s.timeout());
   if (!c.distill.teacher.empty()) {
     // Laid out like the student: sharded under FSDP, in stages under
     // pipelines, split over tp under tensor parallelism, whole on every rank

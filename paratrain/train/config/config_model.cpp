@@ -37,7 +37,11 @@ std::shared_ptr<models::Model> make_model(const TrainConfig& config) {
                              .layers = config.model.layers,
                              .d_model = config.model.d_model,
                              .heads = config.model.heads,
-                             .dropout = config.model.dropout});
+                             .dropout = config.model.dropout,
+                             .moe_experts = config.model.moe_experts,
+                             .moe_top_k = config.model.moe_top_k,
+                             .moe_capacity_factor = config.model.moe_capacity_factor,
+                             .moe_every = config.model.moe_every});
   }
   const auto shape = model_input_shape(config);
   const int64_t channels = shape[0];

@@ -24,7 +24,27 @@ std::string gpt_problem(const TrainConfig& c) {
     return fmt::format("data.dataset = \"text\" gives token windows, which model.kind = \"gpt\" or a program's "
                        "registered model reads, not \"{}\"",
                        c.model.kind);
-  if (!gpt) return "";
+  if (!gpt) {
+    if (c.model.moe_experts > 0)
+      return fmt::format("model.moe_experts = {} makes the GPT's MLPs mixtures of experts; model.kind = \"{}\" has "
+                         "none: set model.moe_experts = 0",
+                         c.model.moe_experts, c.model.kind);
+    return "";
+  }
+  if (c.model.moe_experts > 0) {
+    if (c.model.moe_top_k > c.model.moe_experts)
+      return fmt::format("model.moe_top_k = {} exceeds model.moe_experts = {}", c.model.moe_top_k,
+                         c.model.moe_experts);
+    if (c.model.moe_every > c.model.layers)
+      return fmt::format("model.moe_every = {} with model.layers = {}: no block would be a MoE layer; set "
+                         "model.moe_every <= model.layers",
+                         c.model.moe_every, c.model.layers);
+    if (c.parallel.tp > 1 || c.parallel.cp > 1 || c.parallel.pp > 1 || c.ps.servers > 0)
+      return fmt::format("model.moe_experts with parallel.tp = {}, cp = {}, pp = {} or ps.servers = {}: mixture-of-"
+                         "experts GPTs train under data parallelism (DDP, ZeRO-1/2/3) for now, every rank holding "
+                         "every expert; set those to 1 (and ps.servers = 0)",
+                         c.parallel.tp, c.parallel.cp, c.parallel.pp, c.ps.servers);
+  }
   if (c.model.d_model % c.model.heads != 0)
     return fmt::format("model.d_model ({}) must be a multiple of model.heads ({}): each head gets d_model / heads "
                        "dimensions",
@@ -86,6 +106,11 @@ std::vector<FieldSpec> model_fields() {
       field("model.heads", &TC::model, &ModelConfig::heads, "GPT attention heads", in_range<int64_t>(1, kMaxWidth)),
       field("model.seq_len", &TC::model, &ModelConfig::seq_len, "GPT context length in tokens", in_range<int64_t>(1, kMaxWidth)),
       field("model.dropout", &TC::model, &ModelConfig::dropout, "GPT dropout on embeddings, attention and residuals", in_range_finite(0.0, 0.999)),
+      field("model.moe_experts", &TC::model, &ModelConfig::moe_experts, "GPT: experts per mixture-of-experts MLP (0 = dense)", in_range<int64_t>(0, 4096)),
+      field("model.moe_top_k", &TC::model, &ModelConfig::moe_top_k, "GPT: experts per token, 1 (Switch) or 2 (GShard)", in_range<int64_t>(1, 2)),
+      field("model.moe_capacity_factor", &TC::model, &ModelConfig::moe_capacity_factor, "GPT: each expert takes at most ceil(factor * top_k * tokens / experts) of a step's tokens; the rest are dropped (the residual carries them)", in_range_finite(1e-3, 1e3)),
+      field("model.moe_every", &TC::model, &ModelConfig::moe_every, "GPT: every n-th block's MLP is a MoE layer", in_range<int64_t>(1, 1024)),
+      field("model.moe_aux_loss", &TC::model, &ModelConfig::moe_aux_loss, "GPT: weight of the load-balancing loss (Switch, GShard) added to the training loss", in_range_finite(0.0, 1e3)),
       field("model.batchnorm", &TC::model, &ModelConfig::batchnorm, "CNN: BatchNorm2d after each conv"),
       field("model.sync_batchnorm", &TC::model, &ModelConfig::sync_batchnorm, "BatchNorm statistics over the whole dp batch (needs batchnorm = true)"),
   };

@@ -22,6 +22,13 @@ struct ModelConfig {
   int64_t heads = 4;      ///< GPT: attention heads (divide d_model)
   int64_t seq_len = 128;  ///< GPT: context length in tokens
   double dropout = 0.1;   ///< GPT: dropout probability
+  /// GPT: experts of each mixture-of-experts block (0: every block's MLP is
+  /// dense). moe/moe.h.
+  int64_t moe_experts = 0;
+  int64_t moe_top_k = 1;             ///< GPT: experts per token (1: Switch, 2: GShard)
+  double moe_capacity_factor = 1.25; ///< GPT: slots per expert = ceil(factor * top_k * tokens / experts)
+  int64_t moe_every = 2;             ///< GPT: every n-th block's MLP is a MoE layer (blocks n-1, 2n-1, ...)
+  double moe_aux_loss = 0.01;        ///< GPT: weight of Switch's load-balancing loss in the training loss
   bool batchnorm = false;                   ///< CNN: BatchNorm2d after each conv
   /// BatchNorm statistics over the whole dp batch (SyncBatchNorm); needs
   /// batchnorm = true. Costs two small all-reduces per BatchNorm layer.

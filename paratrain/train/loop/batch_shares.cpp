@@ -51,6 +51,14 @@ std::unique_ptr<data::Loader> make_train_loader(const Trainer::State& s) {
   sampler.seed = static_cast<uint64_t>(c.run.seed);
   sampler.drop_last = c.data.drop_last;
   sampler.shares = s.batch.shares;
+  // A mixture-of-experts model gives slots in the order of one process's
+  // batch (Note [Routing as one process would], moe/moe.h), which it reads
+  // as the dp ranks' tokens in rank order: consecutive runs of each global
+  // batch (Note [Shared global batches]) rather than the strided split. The
+  // global batches are the same either way.
+  if (sampler.shares.empty() && c.model.moe_experts > 0) {
+    sampler.shares.assign(static_cast<size_t>(shard.size), s.batch.per_rank);
+  }
   data::LoaderOptions loader;
   loader.batch_size = s.batch.shares.empty() ? s.batch.per_rank : s.batch.shares.at(static_cast<size_t>(shard.rank));
   loader.drop_last = c.data.drop_last;

@@ -1,6 +1,8 @@
 // Trainer::fit's loop (fit_loop.h).
 #include "paratrain/train/loop/fit_loop.h"
 
+#include "paratrain/models/gpt.h"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -20,6 +22,23 @@
 #include "paratrain/train/trainer_state.h"
 
 namespace paratrain::train {
+
+namespace {
+
+// A mixture-of-experts GPT's training loss adds model.moe_aux_loss times
+// each MoE layer's load-balancing loss of the forward just run (moe/moe.h).
+LossFn with_moe_aux_loss(Trainer::State& s, LossFn loss) {
+  auto layers = models::moe_layers(*s.strategy->module());
+  if (layers.empty() || s.config.model.moe_aux_loss == 0) return loss;
+  return [loss = std::move(loss), layers = std::move(layers), weight = s.config.model.moe_aux_loss](
+             const at::Tensor& output, const at::Tensor& targets) {
+    at::Tensor total = loss(output, targets);
+    for (const auto& layer : layers) total = total + weight * layer->aux_loss().to(total.device());
+    return total;
+  };
+}
+
+}  // namespace
 
 FitLoop::FitLoop(Trainer& trainer, Trainer::State& s)
     : trainer_(trainer), s_(s), distill_(s), plan_(s),
@@ -42,9 +61,10 @@ FitLoop::FitLoop(Trainer& trainer, Trainer::State& s)
   // sees the same number of examples and the loader stands at a multiple of
   // k at every step boundary, where checkpoints are taken. k may change in
   // an in-job recovery with elastic.keep_global_batch: read from the plan.
-  LossFn task_loss = distill_.wrap([task = s.task](const at::Tensor& output, const at::Tensor& targets) {
-    return task->loss(output, targets);
-  });
+  LossFn task_loss = with_moe_aux_loss(
+      s, distill_.wrap([task = s.task](const at::Tensor& output, const at::Tensor& targets) {
+        return task->loss(output, targets);
+      }));
   // Unequal data.batch_shares weight each rank's loss (Note [Weighted shares]).
   micro_loss_ = [this, loss = scaled_loss(std::move(task_loss), s.scaler.get())](const at::Tensor& o,
                                                                               const at::Tensor& t) {
