@@ -61,8 +61,9 @@
 
 namespace paratrain::moe {
 
+/// The layer's sizes, routing and groups.
 struct MoeOptions {
-  int64_t d_model = 0;
+  int64_t d_model = 0;  ///< the token width
   /// Each expert's hidden width (d -> hidden -> d, GELU); 0: 4 d_model.
   int64_t hidden = 0;
   int64_t experts = 8;  ///< E
@@ -76,15 +77,18 @@ struct MoeOptions {
   /// The ranks the experts are split over, a subset of `tokens` (ep inside
   /// dp); nullptr or size 1: every expert on this rank. Not owned.
   comm::ProcessGroup* ep = nullptr;
-  std::chrono::milliseconds timeout = comm::kDefaultTimeout;
+  std::chrono::milliseconds timeout = comm::kDefaultTimeout;  ///< bound on each collective's wait
 };
 
 /// One expert: d -> hidden -> d with GELU.
 class ExpertImpl : public torch::nn::Module {
  public:
+  /// fc: d -> hidden, proj: hidden -> d (LibTorch's Linear initialization).
   ExpertImpl(int64_t d, int64_t hidden);
+  /// x: [rows, d] -> [rows, d].
   at::Tensor forward(const at::Tensor& x);
-  torch::nn::Linear fc{nullptr}, proj{nullptr};
+  torch::nn::Linear fc{nullptr};    ///< d -> hidden
+  torch::nn::Linear proj{nullptr};  ///< hidden -> d
 };
 
 /// What the last forward routed (this rank's tokens; the counts over the
@@ -97,6 +101,7 @@ struct RoutingStats {
   int64_t tokens_without_expert = 0; ///< this rank's tokens none of whose choices was kept
 };
 
+/// The layer (see the notes above).
 class Moe : public torch::nn::Module {
  public:
   /// Draws the router and this rank's experts as one process would draw all
@@ -119,11 +124,14 @@ class Moe : public torch::nn::Module {
   /// probability of e, both over the token group); differentiable in P.
   /// Scale it by the config's weight and add it to the loss.
   at::Tensor aux_loss() const { return aux_loss_; }
+  /// What the last forward routed.
   const RoutingStats& stats() const { return stats_; }
+  /// The options it was built with (the token group as last set).
   const MoeOptions& options() const { return options_; }
 
-  /// The experts this rank holds: [first, first + count).
+  /// The first expert this rank holds: it holds [first, first + count).
   int64_t first_expert() const { return first_expert_; }
+  /// How many experts this rank holds (E / ep).
   int64_t local_experts() const { return local_experts_; }
 
   /// Expert parameters (to reduce over the ranks holding the same experts,
@@ -131,7 +139,7 @@ class Moe : public torch::nn::Module {
   /// all-to-all]).
   std::vector<at::Tensor> expert_parameters() const;
 
-  torch::nn::Linear router{nullptr};
+  torch::nn::Linear router{nullptr};  ///< d -> E, no bias
 
  private:
   MoeOptions options_;
