@@ -223,6 +223,10 @@ FederatedResult run_federated(const train::TrainConfig& config, comm::ProcessGro
                               const std::function<void(const std::filesystem::path&)>& on_run_dir) {
   // Before the run folder exists: clients train with their own loop, which
   // neither freezes nor distills; the keys would be ignored silently.
+  if (config.model.moe_experts > 0) {
+    throw ConfigError("model.moe_experts applies to paratrain train: a federated client would route its tokens "
+                      "alone and train without the load-balancing loss; set model.moe_experts = 0");
+  }
   if (!config.freeze.modules.empty() || config.freeze.adaptive || !config.distill.teacher.empty()) {
     throw ConfigError("freeze.* and distill.* apply to paratrain train; federated clients train whole models on "
                       "labels: leave freeze.modules empty, freeze.adaptive = false and distill.teacher = """);

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/quant/activations.h"
 
 namespace paratrain::moe {
 namespace {
@@ -86,7 +87,11 @@ ExpertImpl::ExpertImpl(int64_t d, int64_t hidden) {
   proj = register_module("proj", torch::nn::Linear(hidden, d));
 }
 
-at::Tensor ExpertImpl::forward(const at::Tensor& x) { return proj->forward(torch::gelu(fc->forward(x))); }
+// Through quantization's activation sites (quant/activations.h), as the
+// dense MLP's Linears are: QAT and `paratrain quantize` see the experts.
+at::Tensor ExpertImpl::forward(const at::Tensor& x) {
+  return quant::linear(*proj, torch::gelu(quant::linear(*fc, x)));
+}
 
 Moe::Moe(MoeOptions o) : torch::nn::Module("Moe"), options_(o) {
   const int ep = size_of(o.ep);
@@ -126,6 +131,10 @@ Moe::Moe(MoeOptions o) : torch::nn::Module("Moe"), options_(o) {
 }
 
 void Moe::set_token_group(comm::ProcessGroup* tokens, std::chrono::milliseconds timeout) {
+  if (size_of(options_.ep) > 1) {
+    throw Error("Moe::set_token_group: the layer splits its experts over an ep group; its token group is fixed "
+                "with it at construction");
+  }
   options_.tokens = tokens;
   options_.timeout = timeout;
 }
@@ -148,7 +157,14 @@ at::Tensor Moe::forward(const at::Tensor& input) {
 
   // Routing: probabilities in fp32, the top-k by repeated argmax (ties to
   // the lower index), GShard's renormalized gates for k = 2.
-  const at::Tensor probs = torch::softmax(router->forward(x).to(at::kFloat), -1);  // [n, E]
+  // Switch's selective precision: the router's matmul in fp32 whatever
+  // autocast would choose, so 16-bit rounding does not flip choices.
+  at::Tensor logits;
+  {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    logits = at::linear(x.to(at::kFloat), router->weight.to(at::kFloat));
+  }
+  const at::Tensor probs = torch::softmax(logits, -1);  // [n, E]
   std::vector<at::Tensor> choice(static_cast<size_t>(k)), gate(static_cast<size_t>(k));
   {
     at::Tensor masked = probs.detach().clone();

@@ -40,11 +40,15 @@
 //   - an expert's gradient on its owner is the sum over every token group
 //     rank's loss (each rank's tokens reached it): divide by the token
 //     group's size, after summing over the ranks that hold the same expert
-//     in other ep groups (ExpertGradients below);
+//     in other ep groups (the caller's to do; the Trainer's parallel.ep is
+//     not built yet);
 //   - the aux loss's probability means are all-reduced over the token
 //     group with a backward scaled by its size, so the data-parallel mean
 //     gives the one-process gradient.
-// Not here: the GPT's MoE blocks, the Trainer's parallel.ep (later).
+// The router's matmul runs in fp32 under autocast (Switch's selective
+// precision); the experts' Linears run at quantization's activation sites.
+// Not here: the GPT's MoE blocks (models/gpt.h), the Trainer's parallel.ep
+// (later).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -145,6 +145,11 @@ void Teacher::split_over_tp(const TeacherPlacement& placement) {
   const TrainConfig& t = source_.config;
   parallelize::TpPlan plan;
   if (t.model.kind == "gpt") {
+    if (t.model.heads % placement.tp->size() != 0 || 256 % placement.tp->size() != 0) {
+      throw ConfigError(fmt::format("distill.teacher: the teacher GPT's {} heads (and 256-token vocabulary) do not "
+                                    "split over parallel.tp = {}; pick a tp dividing both",
+                                    t.model.heads, placement.tp->size()));
+    }
     plan = models::gpt_tp_plan(false);
     gather_vocabulary_ = true;
   } else if (!t.parallel.tp_plan.empty()) {

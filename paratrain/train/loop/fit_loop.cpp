@@ -28,12 +28,14 @@ namespace {
 // A mixture-of-experts GPT's training loss adds model.moe_aux_loss times
 // each MoE layer's load-balancing loss of the forward just run (moe/moe.h).
 LossFn with_moe_aux_loss(Trainer::State& s, LossFn loss) {
-  auto layers = models::moe_layers(*s.strategy->module());
-  if (layers.empty() || s.config.model.moe_aux_loss == 0) return loss;
-  return [loss = std::move(loss), layers = std::move(layers), weight = s.config.model.moe_aux_loss](
-             const at::Tensor& output, const at::Tensor& targets) {
+  if (s.config.model.moe_experts == 0 || s.config.model.moe_aux_loss == 0) return loss;
+  // The layers are looked up at each call: the model the strategy holds now.
+  return [&s, loss = std::move(loss), weight = s.config.model.moe_aux_loss](const at::Tensor& output,
+                                                                            const at::Tensor& targets) {
     at::Tensor total = loss(output, targets);
-    for (const auto& layer : layers) total = total + weight * layer->aux_loss().to(total.device());
+    for (const auto& layer : models::moe_layers(*s.strategy->module())) {
+      total = total + weight * layer->aux_loss().to(total.device());
+    }
     return total;
   };
 }
