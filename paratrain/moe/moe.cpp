@@ -147,6 +147,144 @@ std::vector<at::Tensor> Moe::expert_parameters() const {
   return out;
 }
 
+namespace {
+
+// A token's top-k experts by repeated argmax (ties to the lower index) and
+// their gates (GShard's renormalized pair for k = 2).
+struct Choices {
+  std::vector<at::Tensor> expert, gate;  // k of [n]
+};
+Choices choose(const at::Tensor& probs, int64_t k) {
+  Choices c{std::vector<at::Tensor>(static_cast<size_t>(k)), std::vector<at::Tensor>(static_cast<size_t>(k))};
+  at::Tensor masked = probs.detach().clone();
+  for (int64_t j = 0; j < k; ++j) {
+    c.expert[j] = masked.argmax(-1);
+    masked.scatter_(1, c.expert[j].unsqueeze(1), -1.0);
+    c.gate[j] = probs.gather(1, c.expert[j].unsqueeze(1)).squeeze(1);
+  }
+  if (k == 2) {
+    const at::Tensor total = c.gate[0] + c.gate[1];
+    c.gate = {c.gate[0] / total, c.gate[1] / total};
+  }
+  return c;
+}
+
+// The one-process slot arithmetic over the token group's gathered counts
+// (Note [Routing as one process would]): base(r, j, e) is the slots taken
+// before rank r's choice-j pairs of expert e.
+class SlotTable {
+ public:
+  SlotTable(const at::Tensor& counts, int64_t capacity) : capacity_(capacity) {
+    ranks_ = counts.size(0), k_ = counts.size(1), experts_ = counts.size(2);
+    const at::Tensor flat = counts.contiguous();
+    counts_.assign(flat.data_ptr<int64_t>(), flat.data_ptr<int64_t>() + flat.numel());
+    base_.resize(counts_.size());
+    for (int64_t e = 0; e < experts_; ++e) {
+      int64_t taken = 0;
+      for (int64_t j = 0; j < k_; ++j) {
+        for (int64_t r = 0; r < ranks_; ++r) {
+          base_[index(r, j, e)] = taken;
+          taken += counts_[index(r, j, e)];
+        }
+      }
+    }
+  }
+  int64_t base(int64_t r, int64_t j, int64_t e) const { return base_[index(r, j, e)]; }
+  int64_t count(int64_t r, int64_t j, int64_t e) const { return counts_[index(r, j, e)]; }
+  int64_t kept(int64_t r, int64_t j, int64_t e) const {
+    return std::clamp<int64_t>(capacity_ - base(r, j, e), 0, count(r, j, e));
+  }
+  int64_t capacity() const { return capacity_; }
+
+ private:
+  size_t index(int64_t r, int64_t j, int64_t e) const { return static_cast<size_t>((r * k_ + j) * experts_ + e); }
+  int64_t capacity_, ranks_ = 0, k_ = 0, experts_ = 0;
+  std::vector<int64_t> counts_, base_;  // [R, k, E], row-major
+};
+
+// A kept (token, choice) pair of this rank.
+struct Pair {
+  int64_t expert, slot, token, choice;
+};
+
+// This rank's kept pairs, ordered by expert, then slot.
+std::vector<Pair> kept_pairs(const Choices& c, const SlotTable& slots, int64_t me, int64_t n, int64_t experts) {
+  std::vector<Pair> pairs;
+  const int64_t k = static_cast<int64_t>(c.expert.size());
+  std::vector<int64_t> next(static_cast<size_t>(k * experts), 0);
+  for (int64_t j = 0; j < k; ++j) {
+    const at::Tensor cj = c.expert[j].to(at::kCPU).contiguous();
+    const int64_t* chosen = cj.data_ptr<int64_t>();
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t e = chosen[t];
+      const int64_t slot = slots.base(me, j, e) + next[static_cast<size_t>(j * experts + e)]++;
+      if (slot < slots.capacity()) pairs.push_back({e, slot, t, j});
+    }
+  }
+  std::sort(pairs.begin(), pairs.end(),
+            [](const Pair& a, const Pair& b) { return a.expert != b.expert ? a.expert < b.expert : a.slot < b.slot; });
+  return pairs;
+}
+
+RoutingStats routing_stats(const SlotTable& slots, const std::vector<Pair>& pairs, int64_t ranks, int64_t k,
+                           int64_t experts, int64_t tokens, int64_t n) {
+  RoutingStats stats;
+  stats.tokens = tokens;
+  stats.capacity = slots.capacity();
+  stats.load.assign(static_cast<size_t>(experts), 0);
+  for (int64_t r = 0; r < ranks; ++r) {
+    for (int64_t j = 0; j < k; ++j) {
+      for (int64_t e = 0; e < experts; ++e) {
+        stats.load[static_cast<size_t>(e)] += slots.kept(r, j, e);
+        stats.dropped += slots.count(r, j, e) - slots.kept(r, j, e);
+      }
+    }
+  }
+  std::vector<char> has(static_cast<size_t>(n), 0);
+  for (const Pair& p : pairs) has[static_cast<size_t>(p.token)] = 1;
+  stats.tokens_without_expert = std::count(has.begin(), has.end(), 0);
+  return stats;
+}
+
+}  // namespace
+
+// Note [Expert parallelism by all-to-all]: `rows` (this rank's kept pairs,
+// by expert then slot) to their experts' owners, each local expert on the
+// rows it received from every source, and the outputs back in `rows`'
+// order.
+at::Tensor Moe::run_experts(const at::Tensor& rows, const std::vector<int64_t>& send, const SlotCounts& kept) {
+  const int ep = size_of(options_.ep);
+  // What each ep peer sends here: its kept pairs on this rank's experts.
+  std::vector<int64_t> recv(static_cast<size_t>(ep), 0), rows_per_expert(static_cast<size_t>(ep * local_experts_), 0);
+  for (int s = 0; s < ep; ++s) {
+    for (int64_t le = 0; le < local_experts_; ++le) {
+      const int64_t m = kept(s, first_expert_ + le);
+      rows_per_expert[static_cast<size_t>(s * local_experts_ + le)] = m;
+      recv[static_cast<size_t>(s)] += m;
+    }
+  }
+  const int64_t group = as_int(options_.ep), timeout_ms = options_.timeout.count();
+  const at::Tensor arrived = ep > 1 ? AllToAll::apply(rows, group, timeout_ms, recv, send) : rows;
+  const std::vector<at::Tensor> by_source = arrived.split_with_sizes(recv, 0);
+  std::vector<std::vector<at::Tensor>> back(static_cast<size_t>(ep));
+  for (int64_t le = 0; le < local_experts_; ++le) {
+    std::vector<at::Tensor> inputs;
+    std::vector<int64_t> sizes;
+    for (int s = 0; s < ep; ++s) {
+      const std::vector<int64_t> split(rows_per_expert.begin() + s * local_experts_,
+                                       rows_per_expert.begin() + (s + 1) * local_experts_);
+      inputs.push_back(by_source[static_cast<size_t>(s)].split_with_sizes(split, 0)[static_cast<size_t>(le)]);
+      sizes.push_back(inputs.back().size(0));
+    }
+    const auto outs = experts_[static_cast<size_t>(le)]->forward(at::cat(inputs, 0)).split_with_sizes(sizes, 0);
+    for (int s = 0; s < ep; ++s) back[static_cast<size_t>(s)].push_back(outs[static_cast<size_t>(s)]);
+  }
+  std::vector<at::Tensor> pieces;
+  for (auto& part : back) pieces.push_back(at::cat(part, 0));
+  const at::Tensor processed = at::cat(pieces, 0);
+  return ep > 1 ? AllToAll::apply(processed, group, timeout_ms, send, recv) : processed;
+}
+
 at::Tensor Moe::forward(const at::Tensor& input) {
   const MoeOptions& o = options_;
   TORCH_CHECK(input.dim() >= 1 && input.size(-1) == o.d_model, "Moe expects [..., ", o.d_model, "], got ",
@@ -155,8 +293,6 @@ at::Tensor Moe::forward(const at::Tensor& input) {
   const int64_t n = x.size(0), e_count = o.experts, k = o.top_k;
   const int r_count = size_of(o.tokens), me = rank_of(o.tokens);
 
-  // Routing: probabilities in fp32, the top-k by repeated argmax (ties to
-  // the lower index), GShard's renormalized gates for k = 2.
   // Switch's selective precision: the router's matmul in fp32 whatever
   // autocast would choose, so 16-bit rounding does not flip choices.
   at::Tensor logits;
@@ -165,151 +301,39 @@ at::Tensor Moe::forward(const at::Tensor& input) {
     logits = at::linear(x.to(at::kFloat), router->weight.to(at::kFloat));
   }
   const at::Tensor probs = torch::softmax(logits, -1);  // [n, E]
-  std::vector<at::Tensor> choice(static_cast<size_t>(k)), gate(static_cast<size_t>(k));
-  {
-    at::Tensor masked = probs.detach().clone();
-    for (int64_t j = 0; j < k; ++j) {
-      choice[j] = masked.argmax(-1);  // [n]
-      masked.scatter_(1, choice[j].unsqueeze(1), -1.0);
-    }
-  }
-  for (int64_t j = 0; j < k; ++j) gate[j] = probs.gather(1, choice[j].unsqueeze(1)).squeeze(1);
-  if (k == 2) {
-    const at::Tensor total = gate[0] + gate[1];
-    gate[0] = gate[0] / total;
-    gate[1] = gate[1] / total;
-  }
+  const Choices choices = choose(probs, k);
 
   // Counts per (choice, expert), gathered over the token group.
   at::Tensor counts = at::zeros({k, e_count}, at::kLong);
-  for (int64_t j = 0; j < k; ++j) counts[j] = at::bincount(choice[j].to(at::kCPU), {}, e_count);
+  for (int64_t j = 0; j < k; ++j) counts[j] = at::bincount(choices.expert[j].to(at::kCPU), {}, e_count);
   at::Tensor all_counts = counts.unsqueeze(0).repeat({r_count, 1, 1});  // [R, k, E]
   if (r_count > 1) o.tokens->all_gather(all_counts, counts.contiguous())->wait(o.timeout);
   // Each token has exactly one first choice: the token group's tokens.
   const int64_t t_total = all_counts.select(1, 0).sum().item<int64_t>();
-  const int64_t capacity = static_cast<int64_t>(
-      std::ceil(o.capacity_factor * static_cast<double>(k * t_total) / static_cast<double>(e_count)));
+  const double slots_per_expert = o.capacity_factor * static_cast<double>(k * t_total) / static_cast<double>(e_count);
+  const SlotTable slots(all_counts, static_cast<int64_t>(std::ceil(slots_per_expert)));
+  const std::vector<Pair> pairs = kept_pairs(choices, slots, me, n, e_count);
+  stats_ = routing_stats(slots, pairs, r_count, k, e_count, t_total, n);
 
-  // base[r][j][e]: the slots taken before rank r's choice-j tokens of e.
-  const auto acc = all_counts.accessor<int64_t, 3>();
-  std::vector<int64_t> base(static_cast<size_t>(r_count * k * e_count));
-  auto at_base = [&](int r, int64_t j, int64_t e) -> int64_t& {
-    return base[static_cast<size_t>((r * k + j) * e_count + e)];
-  };
-  for (int64_t e = 0; e < e_count; ++e) {
-    int64_t taken = 0;
-    for (int64_t j = 0; j < k; ++j) {
-      for (int r = 0; r < r_count; ++r) {
-        at_base(r, j, e) = taken;
-        taken += acc[r][j][e];
-      }
-    }
+  // The kept pairs' rows through their experts (on their owners).
+  std::vector<int64_t> token_index, choice_index;
+  std::vector<int64_t> send(static_cast<size_t>(size_of(o.ep)), 0);
+  for (const Pair& p : pairs) {
+    token_index.push_back(p.token);
+    choice_index.push_back(p.choice * n + p.token);
+    send[static_cast<size_t>(p.expert / local_experts_)]++;
   }
-  auto kept_of = [&](int r, int64_t j, int64_t e) {
-    return std::clamp<int64_t>(capacity - at_base(r, j, e), 0, acc[r][j][e]);
-  };
-
-  // This rank's kept (token, choice) pairs, ordered by expert, then slot.
-  struct Pair {
-    int64_t expert, slot, token, choice;
-  };
-  std::vector<Pair> pairs;
-  std::vector<int64_t> next(static_cast<size_t>(k * e_count), 0);
-  for (int64_t j = 0; j < k; ++j) {
-    const at::Tensor cj = choice[j].to(at::kCPU).contiguous();
-    const int64_t* c = cj.data_ptr<int64_t>();
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t e = c[t];
-      const int64_t slot = at_base(me, j, e) + next[static_cast<size_t>(j * e_count + e)]++;
-      if (slot < capacity) pairs.push_back({e, slot, t, j});
-    }
-  }
-  std::sort(pairs.begin(), pairs.end(),
-            [](const Pair& a, const Pair& b) { return a.expert != b.expert ? a.expert < b.expert : a.slot < b.slot; });
-
-  // Routing stats over the token group.
-  stats_ = RoutingStats{};
-  stats_.tokens = t_total;
-  stats_.capacity = capacity;
-  stats_.load.assign(static_cast<size_t>(e_count), 0);
-  for (int r = 0; r < r_count; ++r) {
-    for (int64_t j = 0; j < k; ++j) {
-      for (int64_t e = 0; e < e_count; ++e) {
-        stats_.load[static_cast<size_t>(e)] += kept_of(r, j, e);
-        stats_.dropped += acc[r][j][e] - kept_of(r, j, e);
-      }
-    }
-  }
-  {
-    std::vector<char> has(static_cast<size_t>(n), 0);
-    for (const Pair& p : pairs) has[static_cast<size_t>(p.token)] = 1;
-    stats_.tokens_without_expert = std::count(has.begin(), has.end(), 0);
-  }
-
-  // Dispatch: the rows of the kept pairs to their experts' owners.
-  const int ep = size_of(o.ep);
-  std::vector<int64_t> token_index;
-  token_index.reserve(pairs.size());
-  for (const Pair& p : pairs) token_index.push_back(p.token);
   const at::Tensor rows_index = torch::tensor(token_index, at::kLong).to(x.device());
-  const at::Tensor rows = x.index_select(0, rows_index);  // [pairs, d], by expert then slot
-  std::vector<int64_t> send(static_cast<size_t>(ep), 0), recv(static_cast<size_t>(ep), 0);
-  for (const Pair& p : pairs) send[static_cast<size_t>(p.expert / local_experts_)]++;
-  // From each ep peer: the kept pairs of its tokens on this rank's experts,
-  // known from the gathered counts (the peer's rank in the token group).
-  std::vector<int> peer_in_tokens(static_cast<size_t>(ep), me);
-  if (ep > 1) {
-    const auto& members = o.tokens->global_ranks();
-    for (int s = 0; s < ep; ++s) {
-      peer_in_tokens[static_cast<size_t>(s)] = static_cast<int>(
-          std::find(members.begin(), members.end(), o.ep->global_ranks()[static_cast<size_t>(s)]) - members.begin());
-    }
-  }
-  // Received rows, source by source, each ordered by expert then slot.
-  std::vector<int64_t> rows_per_expert(static_cast<size_t>(ep * local_experts_), 0);
-  for (int s = 0; s < ep; ++s) {
-    for (int64_t le = 0; le < local_experts_; ++le) {
-      int64_t m = 0;
-      for (int64_t j = 0; j < k; ++j) m += kept_of(peer_in_tokens[static_cast<size_t>(s)], j, first_expert_ + le);
-      rows_per_expert[static_cast<size_t>(s * local_experts_ + le)] = m;
-      recv[static_cast<size_t>(s)] += m;
-    }
-  }
-  at::Tensor arrived = ep > 1 ? AllToAll::apply(rows, as_int(o.ep), o.timeout.count(), recv, send) : rows;
-
-  // Each local expert on its rows (from every source), then back in the
-  // order they arrived.
-  std::vector<at::Tensor> pieces;
-  {
-    std::vector<at::Tensor> by_source = arrived.split_with_sizes(recv, 0);
-    std::vector<std::vector<at::Tensor>> parts(static_cast<size_t>(ep));
-    std::vector<at::Tensor> outputs_per_expert(static_cast<size_t>(local_experts_));
-    for (int64_t le = 0; le < local_experts_; ++le) {
-      std::vector<at::Tensor> inputs;
-      std::vector<int64_t> sizes;
-      for (int s = 0; s < ep; ++s) {
-        std::vector<int64_t> split(rows_per_expert.begin() + s * local_experts_,
-                                   rows_per_expert.begin() + (s + 1) * local_experts_);
-        const at::Tensor piece = by_source[static_cast<size_t>(s)].split_with_sizes(split, 0)[static_cast<size_t>(le)];
-        inputs.push_back(piece);
-        sizes.push_back(piece.size(0));
-      }
-      const at::Tensor out = experts_[static_cast<size_t>(le)]->forward(at::cat(inputs, 0));
-      const auto outs = out.split_with_sizes(sizes, 0);
-      for (int s = 0; s < ep; ++s) parts[static_cast<size_t>(s)].push_back(outs[static_cast<size_t>(s)]);
-    }
-    for (int s = 0; s < ep; ++s) pieces.push_back(at::cat(parts[static_cast<size_t>(s)], 0));
-  }
-  const at::Tensor processed = at::cat(pieces, 0);
-  const at::Tensor returned = ep > 1 ? AllToAll::apply(processed, as_int(o.ep), o.timeout.count(), send, recv)
-                                     : processed;
+  const auto& token_ranks = ep_peers_in_tokens();
+  const at::Tensor returned = run_experts(x.index_select(0, rows_index), send, [&](int s, int64_t e) {
+    int64_t m = 0;
+    for (int64_t j = 0; j < k; ++j) m += slots.kept(token_ranks[static_cast<size_t>(s)], j, e);
+    return m;
+  });
 
   // Combine: each pair's output times its gate, summed per token.
-  std::vector<int64_t> choice_of;
-  choice_of.reserve(pairs.size());
-  for (const Pair& p : pairs) choice_of.push_back(p.choice * n + p.token);
-  const at::Tensor gates = at::stack(gate, 0).reshape({-1});  // [k * n], choice-major
-  const at::Tensor pair_gate = gates.index_select(0, torch::tensor(choice_of, at::kLong).to(x.device()));
+  const at::Tensor gates = at::stack(choices.gate, 0).reshape({-1});  // [k * n], choice-major
+  const at::Tensor pair_gate = gates.index_select(0, torch::tensor(choice_index, at::kLong).to(x.device()));
   at::Tensor y = at::zeros({n, o.d_model}, returned.options());
   y = y.index_add(0, rows_index, returned * pair_gate.unsqueeze(1).to(returned.scalar_type()));
 
@@ -320,6 +344,19 @@ at::Tensor Moe::forward(const at::Tensor& input) {
   const at::Tensor first_share = all_counts.select(1, 0).sum(0).to(at::kFloat).to(x.device()) / denominator;
   aux_loss_ = static_cast<double>(e_count) * (first_share * (prob_sums / denominator)).sum();
   return y.to(input.scalar_type()).reshape(input.sizes());
+}
+
+std::vector<int> Moe::ep_peers_in_tokens() const {
+  const int ep = size_of(options_.ep);
+  std::vector<int> out(static_cast<size_t>(ep), rank_of(options_.tokens));
+  if (ep == 1) return out;
+  const auto& members = options_.tokens->global_ranks();
+  for (int s = 0; s < ep; ++s) {
+    out[static_cast<size_t>(s)] = static_cast<int>(
+        std::find(members.begin(), members.end(), options_.ep->global_ranks()[static_cast<size_t>(s)]) -
+        members.begin());
+  }
+  return out;
 }
 
 }  // namespace paratrain::moe

@@ -58,6 +58,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -146,6 +147,12 @@ class Moe : public torch::nn::Module {
   torch::nn::Linear router{nullptr};  ///< d -> E, no bias
 
  private:
+  // The kept pairs of ep peer s (its token group rank) on expert e.
+  using SlotCounts = std::function<int64_t(int s, int64_t e)>;
+  at::Tensor run_experts(const at::Tensor& rows, const std::vector<int64_t>& send, const SlotCounts& kept);
+  // Each ep peer's rank in the token group.
+  std::vector<int> ep_peers_in_tokens() const;
+
   MoeOptions options_;
   int64_t first_expert_ = 0, local_experts_ = 0;
   std::vector<std::shared_ptr<ExpertImpl>> experts_;  // this rank's, in index order

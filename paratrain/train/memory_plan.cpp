@@ -48,48 +48,42 @@ constexpr int64_t kFp32 = 4;
 constexpr int64_t kMixedParam = 2, kMixedGrad = 2, kMixedAdamState = 12;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-// A registered model has no formula: build one and count. The default
-// generator's state is put back, so counting draws no random numbers that a
-// run on other ranks (or an uninterrupted run) would not draw.
-int64_t registered_parameter_count(const TrainConfig& c) {
+// The config's model, built with the default generator's state put back
+// after (also when building throws): counting draws no random numbers that
+// a run on other ranks (or an uninterrupted run) would not draw.
+std::shared_ptr<models::Model> build_without_draws(const TrainConfig& c) {
   auto generator = at::detail::getDefaultCPUGenerator();
   at::Tensor state;
   {
     std::lock_guard<std::mutex> lock(generator.mutex());
     state = generator.get_state();
   }
-  auto model = make_model(c);
-  {
+  auto restore = [&] {
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(state);
+  };
+  try {
+    auto model = make_model(c);
+    restore();
+    return model;
+  } catch (...) {
+    restore();
+    throw;
   }
+}
+
+// A registered model has no formula: build one and count.
+int64_t registered_parameter_count(const TrainConfig& c) {
   int64_t total = 0;
-  for (const auto& p : model->parameters()) total = checked_add(total, p.numel());
+  for (const auto& p : build_without_draws(c)->parameters()) total = checked_add(total, p.numel());
   return total;
 }
 
 // A model other than the GPT under parallel.tp_plan: one tp rank's
 // parameters, from the plan's layout of the built model (a split parameter
-// holds numel / tp elements per rank); the generator as above.
+// holds numel / tp elements per rank).
 int64_t planned_parameters_per_rank(const TrainConfig& c) {
-  auto generator = at::detail::getDefaultCPUGenerator();
-  at::Tensor state;
-  {
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    state = generator.get_state();
-  }
-  std::shared_ptr<models::Model> model;
-  try {
-    model = make_model(c);
-  } catch (...) {
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(state);
-    throw;
-  }
-  {
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(state);
-  }
+  const auto model = build_without_draws(c);
   torch::OrderedDict<std::string, tensor_parallel::ShardSpec> layout;
   try {
     layout = parallelize::plan_layout(*model, tp_plan_of(c), static_cast<int>(c.parallel.tp));
