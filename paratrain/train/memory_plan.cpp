@@ -118,6 +118,13 @@ int64_t parameter_count(const TrainConfig& c) {
     const int64_t block = checked_add(checked_mul(12 * d, d), 13 * d);
     total = checked_mul(checked_add(256, c.model.seq_len), d);
     total = checked_add(total, checked_mul(c.model.layers, block));
+    if (c.model.moe_experts > 0) {
+      // A MoE block's MLP is E experts (each the dense MLP's 8d^2 + 5d) and
+      // a router (d E): every moe_every-th block (models/gpt.h).
+      const int64_t mlp = checked_add(checked_mul(8 * d, d), 5 * d);
+      const int64_t moe = checked_add(checked_mul(c.model.moe_experts, mlp), checked_mul(d, c.model.moe_experts));
+      total = checked_add(total, checked_mul(c.model.layers / c.model.moe_every, moe - mlp));
+    }
     return checked_add(total, 2 * d);
   }
   if (c.model.kind == "mlp") {

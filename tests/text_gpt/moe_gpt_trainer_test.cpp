@@ -11,6 +11,7 @@
 #include "paratrain/core/error.h"
 #include "paratrain/models/gpt.h"
 #include "paratrain/train/config/config.h"
+#include "paratrain/train/memory_plan.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/gpt_run.h"
 #include "tests/support/multi_rank.h"
@@ -70,6 +71,19 @@ TEST(MoeGptTrainer, TwoRanksUnderDdpAndZero2EqualOneProcessAndTheAuxLossCounts) 
   TrainConfig no_drops = moe_config(dir, corpus, "no_drops");
   no_drops.model.moe_capacity_factor = 8;
   EXPECT_GT(relative_diff(paratrain::testing::train_ranks(no_drops, 2), one), 100 * std::max(worst, 1e-7));
+}
+
+// paratrain plan's Ψ of a MoE GPT: exactly the built model's parameters.
+TEST(MoeGptTrainer, ThePlannerCountsEveryExpert) {
+  TrainConfig c = paratrain::testing::tiny_gpt_config("/tmp", "/tmp/x");
+  for (const int64_t every : {1, 2, 3}) {
+    c.model.layers = 3;
+    c.model.moe_experts = 4;
+    c.model.moe_every = every;
+    int64_t built = 0;
+    for (const auto& p : make_model(c)->parameters()) built += p.numel();
+    EXPECT_EQ(parameter_count(c), built) << "moe_every " << every;
+  }
 }
 
 TEST(MoeGptTrainer, MoeKeysAreCheckedAgainstTheModelAndLayout) {
