@@ -7,6 +7,10 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "paratrain/core/error.h"
 #include "paratrain/models/gpt.h"
@@ -51,6 +55,24 @@ TEST(MoeGptTrainer, TwoRanksUnderDdpAndZero2EqualOneProcessAndTheAuxLossCounts) 
     expert3 = expert3 || name == "blocks.1.mlp.experts.3.proj.weight";
   }
   EXPECT_TRUE(router && expert3);
+  // metrics.jsonl: the routing since the last log point (here: the run's 6
+  // steps of 8 sequences x 16 tokens, each token's 2 choices kept or dropped).
+  int records = 0;
+  std::ifstream in(std::filesystem::path(dir) / "one" / "version_0" / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("kind", "") != "moe") continue;
+    ++records;
+    ASSERT_EQ(j["layers"].size(), 1u);
+    const auto& layer = j["layers"][0];
+    EXPECT_EQ(layer["layer"], "blocks.1.mlp");
+    EXPECT_EQ(layer["tokens"], 6 * 8 * 16);
+    int64_t kept = 0;
+    for (int64_t n : layer["load"].get<std::vector<int64_t>>()) kept += n;
+    EXPECT_EQ(kept + layer["dropped"].get<int64_t>(), 2 * 6 * 8 * 16);
+    EXPECT_GT(layer["dropped"].get<int64_t>(), 0);
+  }
+  EXPECT_EQ(records, 1);
   double worst = 0;
   for (const int64_t stage : {0, 2}) {
     TrainConfig c = moe_config(dir, corpus, "two_z" + std::to_string(stage));

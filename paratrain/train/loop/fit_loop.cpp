@@ -1,8 +1,6 @@
 // Trainer::fit's loop (fit_loop.h).
 #include "paratrain/train/loop/fit_loop.h"
 
-#include "paratrain/models/gpt.h"
-
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -23,27 +21,8 @@
 
 namespace paratrain::train {
 
-namespace {
-
-// A mixture-of-experts GPT's training loss adds model.moe_aux_loss times
-// each MoE layer's load-balancing loss of the forward just run (moe/moe.h).
-LossFn with_moe_aux_loss(Trainer::State& s, LossFn loss) {
-  if (s.config.model.moe_experts == 0 || s.config.model.moe_aux_loss == 0) return loss;
-  // The layers are looked up at each call: the model the strategy holds now.
-  return [&s, loss = std::move(loss), weight = s.config.model.moe_aux_loss](const at::Tensor& output,
-                                                                            const at::Tensor& targets) {
-    at::Tensor total = loss(output, targets);
-    for (const auto& layer : models::moe_layers(*s.strategy->module())) {
-      total = total + weight * layer->aux_loss().to(total.device());
-    }
-    return total;
-  };
-}
-
-}  // namespace
-
 FitLoop::FitLoop(Trainer& trainer, Trainer::State& s)
-    : trainer_(trainer), s_(s), distill_(s), plan_(s),
+    : trainer_(trainer), s_(s), distill_(s), moe_(s), plan_(s),
       losses_(s.strategy->data_shard().computes, s.timeout(), s.step),
       recovery_(s, [this](const Recovery& r) {
         if (r.rolled_back) checkpoints_.restored(s_.step);  // the redone steps' checkpoints are saved again
@@ -63,10 +42,9 @@ FitLoop::FitLoop(Trainer& trainer, Trainer::State& s)
   // sees the same number of examples and the loader stands at a multiple of
   // k at every step boundary, where checkpoints are taken. k may change in
   // an in-job recovery with elastic.keep_global_batch: read from the plan.
-  LossFn task_loss = with_moe_aux_loss(
-      s, distill_.wrap([task = s.task](const at::Tensor& output, const at::Tensor& targets) {
-        return task->loss(output, targets);
-      }));
+  LossFn task_loss = moe_.wrap(distill_.wrap([task = s.task](const at::Tensor& output, const at::Tensor& targets) {
+    return task->loss(output, targets);
+  }));
   // Unequal data.batch_shares weight each rank's loss (Note [Weighted shares]).
   micro_loss_ = [this, loss = scaled_loss(std::move(task_loss), s.scaler.get())](const at::Tensor& o,
                                                                               const at::Tensor& t) {
@@ -238,7 +216,10 @@ Outcome FitLoop::meet(const Window& w) {
     }
   }
   s_.each_callback([&](Callback& cb) { cb.on_train_batch_end(info); });
-  if ((every > 0 && s_.step % every == 0) || s_.step >= plan_.total_steps) distill_.log(s_.step);
+  if ((every > 0 && s_.step % every == 0) || s_.step >= plan_.total_steps) {
+    distill_.log(s_.step);
+    moe_.log(s_.step);
+  }
   // At the run's last step the run ends here anyway: finish it (the final
   // evaluation and save) instead of leaving a preempted run with nothing left.
   if (preemption_.agreed() && s_.step < plan_.total_steps) {

@@ -16,6 +16,7 @@
 #include "paratrain/train/loop/batch_shares.h"
 #include "paratrain/train/loop/checkpoint_policy.h"
 #include "paratrain/train/loop/distillation.h"
+#include "paratrain/train/loop/moe_routing.h"
 #include "paratrain/train/loop/eval_policy.h"
 #include "paratrain/train/loop/loss_window.h"
 #include "paratrain/train/loop/metrics_logger.h"
@@ -52,6 +53,7 @@ class FitLoop {
   Trainer::State& s_;
   TrainResult result_;
   Distillation distill_;  // distill.teacher: wraps the task's loss, so before micro_loss_
+  MoeRouting moe_;        // model.moe_experts: the aux losses and the routing records, before micro_loss_ too
   LossFn micro_loss_;
   RunPlan plan_;
   LossWindow losses_;
