@@ -234,10 +234,10 @@ class Gpt final : public Model {
 
 std::shared_ptr<Model> make_gpt(const GptOptions& options) { return std::make_shared<Gpt>(options); }
 
-std::vector<std::shared_ptr<moe::Moe>> moe_layers(torch::nn::Module& model) {
-  std::vector<std::shared_ptr<moe::Moe>> out;
-  for (const auto& m : model.modules(/*include_self=*/false)) {
-    if (auto layer = std::dynamic_pointer_cast<moe::Moe>(m)) out.push_back(layer);
+std::vector<std::pair<std::string, std::shared_ptr<moe::Moe>>> moe_layers(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, std::shared_ptr<moe::Moe>>> out;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    if (auto layer = std::dynamic_pointer_cast<moe::Moe>(item.value())) out.emplace_back(item.key(), layer);
   }
   return out;
 }

@@ -19,6 +19,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "paratrain/models/model.h"
 #include "paratrain/moe/moe.h"
@@ -44,8 +47,9 @@ struct GptOptions {
   int64_t moe_every = 2;
 };
 
-// The MoE layers of a model made by make_gpt (empty for a dense GPT).
-std::vector<std::shared_ptr<moe::Moe>> moe_layers(torch::nn::Module& model);
+// The MoE layers of a model made by make_gpt, with their module names, in
+// model order (empty for a dense GPT).
+std::vector<std::pair<std::string, std::shared_ptr<moe::Moe>>> moe_layers(torch::nn::Module& model);
 
 // Initialisation (GPT-2): weights normal(0, 0.02), biases 0, LayerNorm 1/0,
 // and the two projections that write into the residual stream (attn.proj,

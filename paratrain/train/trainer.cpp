@@ -191,7 +191,9 @@ void build_run(Trainer::State& s, TrainerParts& parts) {
   // A mixture-of-experts GPT routes over the whole step's batch: its layers
   // count slots and balance load over the data-parallel group.
   if (c.model.moe_experts > 0) {  // the GPT's (a program's own Moe is the program's to configure)
-    for (const auto& layer : models::moe_layers(*s.strategy->module())) layer->set_token_group(&s.dp(), s.timeout());
+    for (const auto& [name, layer] : models::moe_layers(*s.strategy->module())) {
+      layer->set_token_group(&s.dp(), s.timeout());
+    }
   }
   if (!c.distill.teacher.empty()) {
     // Laid out like the student: sharded under FSDP, in stages under

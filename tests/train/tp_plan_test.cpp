@@ -1,13 +1,9 @@
-// Tensor-parallel plans for a program's own model (parallelize/plan.h):
-// a transformer written here, not paratrain's GPT (post-norm blocks,
-// separate q/k/v projections, a gated MLP, an untied head), split by a
-// plan over 2 ranks. Through the Trainer at tp=2, tp=2 x dp=2 (with ZeRO-1)
-// and with Megatron-SP it equals one process on the same global batch
-// (rtol 1e-5 after 10 SGD steps); a tp=2 checkpoint resumes on one process.
-// Controls: a plan whose colwise layers skip the input gradient's sum, and
-// one step less, are told apart by far. Plans that cannot work are refused
-// naming the rule or module; a planned layer called directly (not at its
-// site) stops the first step naming it.
+// Tensor-parallel plans applied directly (parallelize/plan.h) to the
+// transformer of tiny_lm.h over 2 ranks: gradients equal one process's,
+// and a plan whose colwise layers skip the input gradient's sum misses them
+// by far; plans that cannot work are refused naming the rule or module; a
+// tied tensor is split once; Megatron-SP without entering the sequence split
+// is named; the planner counts what a rank holds; a TOML table is a plan.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -27,6 +23,7 @@
 #include "paratrain/train/trainer.h"
 #include "paratrain/train/user_module.h"
 #include "tests/support/multi_rank.h"
+#include "tests/train/tiny_lm.h"
 #include "tests/support/trainer_oracle.h"
 
 namespace paratrain::train {
@@ -34,294 +31,9 @@ namespace {
 
 using paratrain::testing::Params;
 using paratrain::testing::relative_diff;
+using namespace paratrain::testing::tiny_lm;
 namespace pz = paratrain::parallelize;
 namespace F = torch::nn::functional;
-
-constexpr int64_t kVocab = 64, kSeq = 16, kDim = 32, kHeads = 4;
-
-// Attention with separate q, k, v and an output projection; this rank's
-// heads under a plan.
-struct AttentionImpl : torch::nn::Module {
-  AttentionImpl()
-      : q(register_module("q", torch::nn::Linear(kDim, kDim))),
-        k(register_module("k", torch::nn::Linear(kDim, kDim))),
-        v(register_module("v", torch::nn::Linear(kDim, kDim))),
-        out(register_module("out", torch::nn::Linear(kDim, kDim))) {}
-  at::Tensor forward(const at::Tensor& x) {
-    const int64_t heads = pz::local_share(*this, kHeads, "heads"), hd = kDim / kHeads;
-    auto split = [&](const at::Tensor& t) { return t.view({t.size(0), t.size(1), heads, hd}).transpose(1, 2); };
-    const at::Tensor qh = split(pz::linear(*q, x)), kh = split(pz::linear(*k, x)), vh = split(pz::linear(*v, x));
-    const int64_t s = qh.size(2);
-    at::Tensor att = torch::matmul(qh, kh.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
-    const auto future = torch::ones({s, s}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
-    att = att.masked_fill(future, -INFINITY).softmax(-1);
-    const at::Tensor y = torch::matmul(att, vh).transpose(1, 2).reshape({qh.size(0), s, heads * hd});
-    return pz::linear(*out, y);
-  }
-  torch::nn::Linear q, k, v, out;
-};
-TORCH_MODULE(Attention);
-
-// A gated MLP: down(silu(gate(x)) * up(x)).
-struct GatedMlpImpl : torch::nn::Module {
-  GatedMlpImpl()
-      : gate(register_module("gate", torch::nn::Linear(kDim, 2 * kDim))),
-        up(register_module("up", torch::nn::Linear(kDim, 2 * kDim))),
-        down(register_module("down", torch::nn::Linear(2 * kDim, kDim))) {}
-  at::Tensor forward(const at::Tensor& x) {
-    return pz::linear(*down, torch::silu(pz::linear(*gate, x)) * pz::linear(*up, x));
-  }
-  torch::nn::Linear gate, up, down;
-};
-TORCH_MODULE(GatedMlp);
-
-// Post-norm: x = norm(x + f(x)).
-struct BlockImpl : torch::nn::Module {
-  BlockImpl()
-      : attn(register_module("attn", Attention())),
-        ln1(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})))),
-        mlp(register_module("mlp", GatedMlp())),
-        ln2(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})))) {}
-  at::Tensor forward(const at::Tensor& x) {
-    const at::Tensor h = ln1(x + attn(x));
-    return ln2(h + mlp(h));
-  }
-  Attention attn;
-  torch::nn::LayerNorm ln1;
-  GatedMlp mlp;
-  torch::nn::LayerNorm ln2;
-};
-TORCH_MODULE(Block);
-
-// call_sites = false: the planned head called as head(h), a defect the
-// Trainer must catch.
-struct TinyLmImpl : torch::nn::Module {
-  explicit TinyLmImpl(bool call_sites = true)
-      : tok(register_module("tok", torch::nn::Embedding(kVocab, kDim))),
-        pos(register_module("pos", torch::nn::Embedding(kSeq, kDim))),
-        blocks(register_module("blocks", torch::nn::ModuleList(Block(), Block()))),
-        ln_f(register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})))),
-        head(register_module("head", torch::nn::Linear(kDim, kVocab))),
-        call_sites_(call_sites) {}
-  at::Tensor forward(const at::Tensor& ids) {
-    const at::Tensor positions =
-        torch::arange(ids.size(1), torch::TensorOptions().dtype(torch::kLong).device(ids.device()));
-    at::Tensor h = pz::embedding(*tok, ids.to(torch::kLong)) + pos(positions);
-    h = pz::enter_sequence_parallel(*this, h);
-    for (const auto& b : *blocks) h = b->as<BlockImpl>()->forward(h);
-    h = ln_f(h);
-    // The defect a plan must catch: the planned head called as head(h).
-    return call_sites_ ? pz::linear(*head, h) : head(h);
-  }
-  torch::nn::Embedding tok, pos;
-  torch::nn::ModuleList blocks;
-  torch::nn::LayerNorm ln_f;
-  torch::nn::Linear head;
-  bool call_sites_;
-};
-
-std::vector<std::string> plan_entries() {
-  return {"tok=vocab_embedding",       "blocks.*.attn.[qkv]=colwise", "blocks.*.attn.out=rowwise",
-          "blocks.*.mlp.gate=colwise", "blocks.*.mlp.up=colwise",     "blocks.*.mlp.down=rowwise",
-          "blocks.*.ln?=sequence_parallel", "ln_f=sequence_parallel", "head=colwise[gather]"};
-}
-
-pz::TpPlan plan_of(const std::vector<std::string>& entries) {
-  pz::TpPlan plan;
-  for (const auto& e : entries) plan.add(e.substr(0, e.find('=')), e.substr(e.find('=') + 1));
-  return plan;
-}
-
-// Sequences whose next token depends on the last two: something to learn.
-data::TensorDataset token_rows(int64_t n, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  at::Tensor x = torch::randint(0, kVocab, {n, kSeq + 1}, gen, torch::kLong);
-  for (int64_t t = 2; t <= kSeq; ++t) {
-    x.select(1, t).copy_((x.select(1, t - 1) * 3 + x.select(1, t - 2)) % kVocab);
-  }
-  return {x.slice(1, 0, kSeq).contiguous(), x.slice(1, 1, kSeq + 1).contiguous()};
-}
-
-TrainerParts lm_parts(bool call_sites = true, int64_t test_rows = 32) {
-  TrainerParts p;
-  p.model = any_module([call_sites](const TrainConfig&) { return std::make_shared<TinyLmImpl>(call_sites); });
-  p.task = language_model_task(kSeq);
-  p.data = [test_rows](const TrainConfig& c) {
-    return Datasets{token_rows(256, c.run.seed + 1), token_rows(test_rows, c.run.seed + 2)};
-  };
-  return p;
-}
-
-// 10 SGD steps (momentum 0.9), global batch 16.
-TrainConfig lm_config(const std::string& dir, const std::string& name) {
-  TrainConfig c;
-  c.run.name = name;
-  c.run.output_dir = dir;
-  c.run.seed = 3;
-  c.run.log_every = 5;
-  c.data.global_batch_size = 16;
-  c.optimizer.kind = "sgd";
-  c.optimizer.lr = 0.1;
-  c.optimizer.momentum = 0.9;
-  c.train.epochs = 1;
-  c.train.max_steps = 10;
-  c.train.eval_every_epochs = 0;
-  return c;
-}
-
-TrainConfig planned(TrainConfig c, int64_t tp) {
-  c.parallel.tp = tp;
-  c.parallel.tp_plan = plan_entries();
-  return c;
-}
-
-std::string last_strategy;
-
-Params train_world(const TrainConfig& c, int world, const TrainerParts& parts) {
-  Params out;
-  paratrain::testing::run_ranks(world, [&](comm::ProcessGroup& g) {
-    Trainer t(c, g, parts);
-    t.fit();
-    auto p = t.full_parameters();
-    if (g.rank() == 0) {
-      out = std::move(p);
-      last_strategy = t.strategy_name();
-    }
-  });
-  return out;
-}
-
-TEST(TpPlanTrainer, AUserTransformerEqualsOneProcessAtTp2Tp2xDp2AndWithMegatronSp) {
-  const std::string dir = paratrain::testing::temp_dir("tp-plan");
-  const Params reference = train_world(lm_config(dir, "one"), 1, lm_parts());
-  struct Case {
-    const char* name;
-    int world;
-    TrainConfig config;
-  };
-  TrainConfig sp = planned(lm_config(dir, "tp2_sp"), 2);
-  sp.parallel.megatron_sp = true;
-  TrainConfig zero = planned(lm_config(dir, "tp2_dp2_zero1"), 2);
-  zero.zero.stage = 1;
-  const std::vector<Case> cases = {{"tp=2", 2, planned(lm_config(dir, "tp2"), 2)},
-                                   {"tp=2 x dp=2", 4, planned(lm_config(dir, "tp2_dp2"), 2)},
-                                   {"tp=2 x dp=2, ZeRO-1", 4, zero},
-                                   {"tp=2, Megatron-SP", 2, sp}};
-  double worst = 0;
-  for (const Case& c : cases) {
-    const Params got = train_world(c.config, c.world, lm_parts());
-    EXPECT_NE(last_strategy.find("parallel.tp_plan, tp 2"), std::string::npos) << last_strategy;
-    ASSERT_EQ(got.size(), reference.size());
-    for (size_t i = 0; i < got.size(); ++i) {
-      EXPECT_EQ(got[i].first, reference[i].first);
-      EXPECT_EQ(got[i].second.sizes(), reference[i].second.sizes()) << got[i].first;
-    }
-    const double diff = relative_diff(got, reference);
-    worst = std::max(worst, diff);
-    std::printf("user transformer, %s: vs one process after 10 steps: %.3g (tolerance 1e-5)\n", c.name, diff);
-    EXPECT_LE(diff, 1e-5) << c.name;
-  }
-  // One step less is far from both: the comparison sees a step.
-  TrainConfig fewer = planned(lm_config(dir, "tp2_nine"), 2);
-  fewer.train.max_steps = 9;
-  EXPECT_GT(relative_diff(train_world(fewer, 2, lm_parts()), reference), 100 * std::max(worst, 1e-7));
-}
-
-TEST(TpPlanTrainer, ATp2CheckpointResumesOnOneProcessAsTheUninterruptedRun) {
-  const std::string dir = paratrain::testing::temp_dir("tp-plan");
-  const Params reference = train_world(lm_config(dir, "one"), 1, lm_parts());
-  TrainConfig first = planned(lm_config(dir, "first"), 2);
-  first.train.max_steps = 5;
-  first.train.checkpoint_every_steps = 5;
-  train_world(first, 2, lm_parts());
-  TrainConfig rest = lm_config(dir, "rest");
-  rest.train.resume = (std::filesystem::path(dir) / "first" / "version_0" / "checkpoints" / "step_00000005").string();
-  const double diff = relative_diff(train_world(rest, 1, lm_parts()), reference);
-  std::printf("tp=2 to step 5, resumed on one process to 10, vs uninterrupted: %.3g (tolerance 1e-5)\n", diff);
-  EXPECT_LE(diff, 1e-5);
-}
-
-// Rank 0's TrainResult of `c` on `world` ranks.
-TrainResult fit_world(const TrainConfig& c, int world, const TrainerParts& parts) {
-  TrainResult out;
-  paratrain::testing::run_ranks(world, [&](comm::ProcessGroup& g) {
-    Trainer t(c, g, parts);
-    TrainResult r = t.fit();
-    if (g.rank() == 0) out = r;
-  });
-  return out;
-}
-
-TEST(TpPlanTrainer, EvaluationAtTp2xDp2EqualsOneProcessWithAnUnevenTestSet) {
-  const std::string dir = paratrain::testing::temp_dir("tp-plan");
-  auto with_eval = [](TrainConfig c) {
-    c.train.max_steps = 0;  // the whole epoch (16 steps), then its evaluation
-    c.train.eval_every_epochs = 1;
-    return c;
-  };
-  // 33 rows over 2 replicas: one replica's last round is empty on its tp pair.
-  const TrainResult one = fit_world(with_eval(lm_config(dir, "eval_one")), 1, lm_parts(true, 33));
-  TrainConfig c = with_eval(planned(lm_config(dir, "eval_tp2_dp2"), 2));
-  const TrainResult four = fit_world(c, 4, lm_parts(true, 33));
-  std::printf("test loss after one epoch: one process %.8f, tp=2 x dp=2 %.8f (%lld and %lld rows)\n", one.test.loss,
-              four.test.loss, static_cast<long long>(one.test.count), static_cast<long long>(four.test.count));
-  EXPECT_EQ(four.test.count, one.test.count);
-  EXPECT_NEAR(four.test.loss, one.test.loss, 1e-5 * one.test.loss);
-}
-
-TEST(TpPlanTrainer, APlanThatLeavesTheOutputSplitIsNamedAtTheFirstStep) {
-  const std::string dir = paratrain::testing::temp_dir("tp-plan");
-  TrainConfig c = planned(lm_config(dir, "split_output"), 2);
-  for (auto& entry : c.parallel.tp_plan) {
-    if (entry == "head=colwise[gather]") entry = "head=colwise";  // each rank keeps half the vocabulary
-  }
-  std::mutex mu;
-  std::string message;
-  paratrain::testing::run_ranks(2, [&](comm::ProcessGroup& g) {
-    try {
-      Trainer t(c, g, lm_parts());
-      t.fit();
-    } catch (const ConfigError& e) {
-      std::lock_guard<std::mutex> lock(mu);
-      message = e.what();
-    }
-  });
-  EXPECT_NE(message.find("output differs between the tensor-parallel ranks"), std::string::npos) << message;
-}
-
-TEST(TpPlanTrainer, ThePlannedMlpWithActivationCheckpointingEqualsItWithout) {
-  const std::string dir = paratrain::testing::temp_dir("tp-plan");
-  TrainConfig c = paratrain::testing::mlp_oracle_config(dir, "mlp_tp2", 0);
-  c.parallel.tp = 2;
-  c.parallel.tp_plan = {"fc0=colwise", "fc1=rowwise"};
-  const Params plain = paratrain::testing::train_ranks(c, 2);
-  c.run.name = "mlp_tp2_recompute";
-  c.train.activation_checkpointing = "every_k";
-  c.train.checkpoint_every_k = 1;
-  const Params recomputed = paratrain::testing::train_ranks(c, 2);
-  EXPECT_EQ(relative_diff(recomputed, plain), 0.0);
-  TrainConfig one = paratrain::testing::mlp_oracle_config(dir, "mlp_one", 0);
-  const double diff = relative_diff(plain, paratrain::testing::one_process(one));
-  std::printf("MLP at tp=2 (AdamW, 20 steps) vs one process: %.3g (tolerance 1e-5)\n", diff);
-  EXPECT_LE(diff, 1e-5);
-}
-
-TEST(TpPlanTrainer, APlannedLayerCalledDirectlyStopsTheFirstStepNamingIt) {
-  const std::string dir = paratrain::testing::temp_dir("tp-plan");
-  std::mutex mu;
-  std::string message;
-  paratrain::testing::run_ranks(2, [&](comm::ProcessGroup& g) {
-    try {
-      Trainer t(planned(lm_config(dir, "direct"), 2), g, lm_parts(/*call_sites=*/false));
-      t.fit();
-    } catch (const Error& e) {
-      std::lock_guard<std::mutex> lock(mu);
-      message = e.what();
-    }
-  });
-  EXPECT_NE(message.find("'head' (colwise[gather])"), std::string::npos) << message;
-  EXPECT_NE(message.find("parallelize::linear"), std::string::npos) << message;
-}
 
 // One forward and backward of the model at tp=2 under `plan` against one
 // process: the worst relative difference of the gathered gradients.
@@ -448,7 +160,7 @@ TEST(TpPlan, ATiedWeightIsSplitOnceAndAModuleRunningItWholeIsRefused) {
   }
 }
 
-TEST(TpPlanTrainer, MegatronSpWithoutEnteringTheSequenceSplitIsNamed) {
+TEST(TpPlan, MegatronSpWithoutEnteringTheSequenceSplitIsNamed) {
   // A model whose forward never calls enter_sequence_parallel.
   struct NoEnterImpl : torch::nn::Module {
     NoEnterImpl()
@@ -473,6 +185,7 @@ TEST(TpPlanTrainer, MegatronSpWithoutEnteringTheSequenceSplitIsNamed) {
   EXPECT_NE(message.find("never called paratrain::parallelize::enter_sequence_parallel"), std::string::npos)
       << message;
 }
+
 
 // paratrain plan's Ψ for a planned model: exactly what a rank holds.
 TEST(TpPlan, ThePlannerCountsWhatATpRankHolds) {
@@ -505,6 +218,7 @@ TEST(TpPlan, ATomlTableIsThePlansEntries) {
                                        "[parallel]\ntp_plan = [\"wte=replicate\"]\n"),
                ConfigError);
 }
+
 
 }  // namespace
 }  // namespace paratrain::train

@@ -6,27 +6,12 @@
 #include <nlohmann/json.hpp>
 
 #include "paratrain/models/gpt.h"
-#include "paratrain/moe/moe.h"
 #include "paratrain/train/trainer_state.h"
 
 namespace paratrain::train {
-namespace {
-
-// The model's MoE layers with their names, in model order (looked up at
-// each use: the model the strategy holds now).
-std::vector<std::pair<std::string, std::shared_ptr<moe::Moe>>> named_layers(torch::nn::Module& model) {
-  std::vector<std::pair<std::string, std::shared_ptr<moe::Moe>>> out;
-  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
-    if (auto layer = std::dynamic_pointer_cast<moe::Moe>(item.value())) out.emplace_back(item.key(), layer);
-  }
-  return out;
-}
-
-}  // namespace
-
 MoeRouting::MoeRouting(Trainer::State& s) : s_(s) {
   if (s.config.model.moe_experts == 0) return;
-  for (const auto& [name, layer] : named_layers(*s.strategy->module())) {
+  for (const auto& [name, layer] : models::moe_layers(*s.strategy->module())) {
     names_.push_back(name);
     totals_.push_back({std::vector<int64_t>(static_cast<size_t>(layer->options().experts), 0)});
   }
@@ -37,7 +22,7 @@ LossFn MoeRouting::wrap(LossFn loss) {
   return [this, loss = std::move(loss), weight = s_.config.model.moe_aux_loss](const at::Tensor& output,
                                                                               const at::Tensor& targets) {
     at::Tensor total = loss(output, targets);
-    const auto layers = named_layers(*s_.strategy->module());
+    const auto layers = models::moe_layers(*s_.strategy->module());
     for (size_t i = 0; i < layers.size() && i < totals_.size(); ++i) {
       const auto& layer = layers[i].second;
       if (weight != 0) total = total + weight * layer->aux_loss().to(total.device());
