@@ -6,6 +6,8 @@
 // model under gpt_tp_plan() (parallel_gpt.h), not a second implementation.
 #include "paratrain/models/gpt.h"
 
+#include "paratrain/moe/expert_parallel.h"
+
 #include "paratrain/models/linear_site.h"
 #include "paratrain/parallelize/sites.h"
 #include "paratrain/sequence_parallel/ring_attention.h"
@@ -235,11 +237,7 @@ class Gpt final : public Model {
 std::shared_ptr<Model> make_gpt(const GptOptions& options) { return std::make_shared<Gpt>(options); }
 
 std::vector<std::pair<std::string, std::shared_ptr<moe::Moe>>> moe_layers(torch::nn::Module& model) {
-  std::vector<std::pair<std::string, std::shared_ptr<moe::Moe>>> out;
-  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
-    if (auto layer = std::dynamic_pointer_cast<moe::Moe>(item.value())) out.emplace_back(item.key(), layer);
-  }
-  return out;
+  return moe::find_moe_layers(model);
 }
 
 }  // namespace paratrain::models

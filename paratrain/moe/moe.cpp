@@ -100,32 +100,19 @@ Moe::Moe(MoeOptions o) : torch::nn::Module("Moe"), options_(o) {
   if (o.top_k != 1 && o.top_k != 2) throw Error(fmt::format("Moe: top_k must be 1 or 2, got {}", o.top_k));
   if (o.top_k > o.experts) throw Error(fmt::format("Moe: top_k ({}) exceeds experts ({})", o.top_k, o.experts));
   if (!(o.capacity_factor > 0)) throw Error(fmt::format("Moe: capacity_factor must be > 0, got {}", o.capacity_factor));
-  if (o.experts % ep != 0) {
-    throw Error(fmt::format("Moe: {} experts do not split over an expert-parallel group of {} ranks; pick ep "
-                            "dividing the experts",
-                            o.experts, ep));
-  }
   if (ep > 1 && o.tokens == nullptr) throw Error("Moe: an ep group needs the token group (MoeOptions.tokens)");
-  if (ep > 1) {
-    // ep inside the token group: every ep peer's tokens are counted there.
-    const auto& members = o.tokens->global_ranks();
-    for (int g : o.ep->global_ranks()) {
-      if (std::find(members.begin(), members.end(), g) == members.end()) {
-        throw Error(fmt::format("Moe: world rank {} of the ep group is not in the token group", g));
-      }
-    }
-  }
+  if (ep > 1) check_ep(*o.tokens, *o.ep);
   const int64_t hidden = o.hidden > 0 ? o.hidden : 4 * o.d_model;
   router = register_module("router", torch::nn::Linear(torch::nn::LinearOptions(o.d_model, o.experts).bias(false)));
   local_experts_ = o.experts / ep;
   first_expert_ = rank_of(o.ep) * local_experts_;
-  auto container = register_module("experts", std::make_shared<torch::nn::Module>());
+  container_ = register_module("experts", std::make_shared<torch::nn::Module>());
   // Every expert drawn in index order, as one process draws them; the other
   // ranks' are dropped.
   for (int64_t e = 0; e < o.experts; ++e) {
     auto expert = std::make_shared<ExpertImpl>(o.d_model, hidden);
     if (e < first_expert_ || e >= first_expert_ + local_experts_) continue;
-    container->register_module(std::to_string(e), expert);
+    container_->register_module(std::to_string(e), expert);
     experts_.push_back(expert);
   }
 }
@@ -137,6 +124,44 @@ void Moe::set_token_group(comm::ProcessGroup* tokens, std::chrono::milliseconds 
   }
   options_.tokens = tokens;
   options_.timeout = timeout;
+}
+
+void Moe::check_ep(const comm::ProcessGroup& tokens, const comm::ProcessGroup& ep) const {
+  if (options_.experts % ep.size() != 0) {
+    throw Error(fmt::format("Moe: {} experts do not split over an expert-parallel group of {} ranks; pick ep "
+                            "dividing the experts",
+                            options_.experts, ep.size()));
+  }
+  // ep inside the token group: every ep peer's tokens are counted there.
+  const auto& members = tokens.global_ranks();
+  for (int g : ep.global_ranks()) {
+    if (std::find(members.begin(), members.end(), g) == members.end()) {
+      throw Error(fmt::format("Moe: world rank {} of the ep group is not in the token group", g));
+    }
+  }
+}
+
+void Moe::split_experts(comm::ProcessGroup& tokens, comm::ProcessGroup& ep, std::chrono::milliseconds timeout) {
+  if (local_experts_ != options_.experts) {
+    throw Error(fmt::format("Moe::split_experts: the layer holds {} of its {} experts, split already",
+                            local_experts_, options_.experts));
+  }
+  check_ep(tokens, ep);
+  options_.tokens = &tokens;
+  options_.timeout = timeout;
+  if (ep.size() == 1) return;
+  options_.ep = &ep;
+  local_experts_ = options_.experts / ep.size();
+  first_expert_ = ep.rank() * local_experts_;
+  std::vector<std::shared_ptr<ExpertImpl>> kept;
+  for (int64_t e = 0; e < options_.experts; ++e) {
+    if (e >= first_expert_ && e < first_expert_ + local_experts_) {
+      kept.push_back(experts_[static_cast<size_t>(e)]);
+    } else {
+      container_->unregister_module(std::to_string(e));
+    }
+  }
+  experts_ = std::move(kept);
 }
 
 std::vector<at::Tensor> Moe::expert_parameters() const {

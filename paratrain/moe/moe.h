@@ -40,15 +40,16 @@
 //   - an expert's gradient on its owner is the sum over every token group
 //     rank's loss (each rank's tokens reached it): divide by the token
 //     group's size, after summing over the ranks that hold the same expert
-//     in other ep groups (the caller's to do; the Trainer's parallel.ep is
-//     not built yet);
+//     in other ep groups (the caller's to do: moe/expert_parallel.h does it
+//     for the Trainer's parallel.ep);
 //   - the aux loss's probability means are all-reduced over the token
 //     group with a backward scaled by its size, so the data-parallel mean
 //     gives the one-process gradient.
 // The router's matmul runs in fp32 under autocast (Switch's selective
 // precision); the experts' Linears run at quantization's activation sites.
-// Not here: the GPT's MoE blocks (models/gpt.h), the Trainer's parallel.ep
-// (later).
+// Not here: the GPT's MoE blocks (models/gpt.h), the replicas of an expert
+// and its gradients, slots and norms under the Trainer's parallel.ep
+// (moe/expert_parallel.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -124,6 +125,15 @@ class Moe : public torch::nn::Module {
   /// local (ep is fixed at construction).
   void set_token_group(comm::ProcessGroup* tokens, std::chrono::milliseconds timeout);
 
+  /// Splits a layer built with every expert local over `ep`, a subgroup of
+  /// `tokens` (the Trainer's parallel.ep, which builds the model as one
+  /// process would first): this rank keeps experts [r E/ep, (r+1) E/ep) and
+  /// drops the others. Not collective; every ep rank calls it with the same
+  /// groups, before any forward. Throws Error when the layer is split
+  /// already or ep does not divide the experts. Not owned; both groups must
+  /// outlive the layer's forwards.
+  void split_experts(comm::ProcessGroup& tokens, comm::ProcessGroup& ep, std::chrono::milliseconds timeout);
+
   /// Switch's load-balancing loss of the last forward, E * sum_e f_e * P_e
   /// (f_e: the share of tokens whose first choice is e, P_e: the mean router
   /// probability of e, both over the token group); differentiable in P.
@@ -153,7 +163,11 @@ class Moe : public torch::nn::Module {
   // Each ep peer's rank in the token group.
   std::vector<int> ep_peers_in_tokens() const;
 
+  // Checks ep against the token group and the expert count.
+  void check_ep(const comm::ProcessGroup& tokens, const comm::ProcessGroup& ep) const;
+
   MoeOptions options_;
+  std::shared_ptr<torch::nn::Module> container_;  // "experts": this rank's, named by global index
   int64_t first_expert_ = 0, local_experts_ = 0;
   std::vector<std::shared_ptr<ExpertImpl>> experts_;  // this rank's, in index order
   at::Tensor aux_loss_;

@@ -45,7 +45,12 @@ namespace {
 // and dropout act on s/t tokens too, while the column-parallel layers keep
 // the gathered input (8·s·b·h), as paratrain's sequence-parallel entry does.
 // Context parallelism divides s by cp (ring attention's per-block scores
-// are not counted). Activation checkpointing keeps a segment's input only,
+// are not counted). A mixture-of-experts block (moe/moe.h) routes about
+// top_k·s·b rows through its experts instead of s·b through one MLP: it
+// keeps the router's probabilities (s·b·E floats), the gathered rows, each
+// expert's input, GELU's input and output and the returned rows (11 floats
+// per row and width against the dense MLP's 8 per token): an upper bound
+// when tokens are dropped. Activation checkpointing keeps a segment's input only,
 // and re-makes one segment's activations at a time in backward.
 constexpr int64_t kF = 4;  // fp32
 constexpr int64_t kId = 8; // int64 ids, indices
@@ -162,10 +167,15 @@ std::vector<LayerActivations> gpt_layers(const TrainConfig& c, int64_t rows) {
   // and output too); the causal mask.
   double split = (3 + 1 + 8) * kF * sbh / t + kF * scores / t;
   if (dropout) split += 2 * kF * scores / t;
+  const double experts = static_cast<double>(c.model.moe_experts), k = static_cast<double>(c.model.moe_top_k);
+  const double held = experts / static_cast<double>(std::max<int64_t>(1, c.parallel.ep));
   for (int64_t i = 0; i < c.model.layers; ++i) {
+    const bool moe = c.model.moe_experts > 0 && (i + 1) % c.model.moe_every == 0;
+    const double routed = moe ? kF * sbh * (11 * k - 8) + kF * s * b * experts : 0;
+    const double mlp = 8 * h * h + 5 * h;  // the dense MLP, or one expert
     out.push_back({.name = fmt::format("blocks.{}", i), .input_bytes = bytes(kF * local),
-                   .saved_bytes = bytes(replicated + split + s * s),
-                   .parameters = bytes((12 * h * h + 7 * h) / t + 6 * h),
+                   .saved_bytes = bytes(replicated + split + s * s + routed),
+                   .parameters = bytes((12 * h * h + 7 * h) / t + 6 * h + (moe ? (held - 1) * mlp + h * experts : 0)),
                    .largest_tensor = bytes(4 * h * h / t),  // mlp.fc, mlp.proj
                    // the block's output gradient beside its widest one (GELU's
                    // or the scores'), whose forward twin backward has freed

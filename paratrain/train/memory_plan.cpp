@@ -103,6 +103,13 @@ int64_t planned_parameters_per_rank(const TrainConfig& c) {
 
 }  // namespace
 
+int64_t gpt_expert_parameters(const TrainConfig& c) {
+  if (!builds_gpt(c) || c.model.moe_experts == 0) return 0;
+  const int64_t d = c.model.d_model;
+  const int64_t expert = checked_add(checked_mul(8 * d, d), 5 * d);  // as the dense MLP
+  return checked_mul(checked_mul(c.model.layers / c.model.moe_every, c.model.moe_experts), expert);
+}
+
 int64_t parameter_count(const TrainConfig& c) {
   if (find_model(c.model.kind)) return registered_parameter_count(c);
   const bool synthetic = c.data.dataset == "synthetic";
@@ -119,11 +126,12 @@ int64_t parameter_count(const TrainConfig& c) {
     total = checked_mul(checked_add(256, c.model.seq_len), d);
     total = checked_add(total, checked_mul(c.model.layers, block));
     if (c.model.moe_experts > 0) {
-      // A MoE block's MLP is E experts (each the dense MLP's 8d^2 + 5d) and
-      // a router (d E): every moe_every-th block (models/gpt.h).
+      // A MoE block's MLP is E experts and a router (d E) instead of the
+      // dense MLP (8d^2 + 5d): every moe_every-th block (models/gpt.h).
       const int64_t mlp = checked_add(checked_mul(8 * d, d), 5 * d);
-      const int64_t moe = checked_add(checked_mul(c.model.moe_experts, mlp), checked_mul(d, c.model.moe_experts));
-      total = checked_add(total, checked_mul(c.model.layers / c.model.moe_every, moe - mlp));
+      const int64_t moe_layers = c.model.layers / c.model.moe_every;
+      total = checked_add(total, checked_mul(moe_layers, checked_mul(d, c.model.moe_experts) - mlp));
+      total = checked_add(total, gpt_expert_parameters(c));
     }
     return checked_add(total, 2 * d);
   }
@@ -181,6 +189,10 @@ GptLayers gpt_layers(const TrainConfig& c) {
 int64_t parameters_per_rank(const TrainConfig& c) {
   const int64_t pp = std::max<int64_t>(1, c.parallel.pp);
   if (!builds_gpt(c) && c.parallel.tp > 1 && !c.parallel.tp_plan.empty()) return planned_parameters_per_rank(c);
+  if (builds_gpt(c) && c.parallel.ep > 1) {  // a rank's experts: E / ep of each MoE layer (dp only)
+    const int64_t experts = gpt_expert_parameters(c);
+    return parameter_count(c) - experts + experts / c.parallel.ep;
+  }
   if (!builds_gpt(c) || (c.parallel.tp <= 1 && pp <= 1)) return parameter_count(c);
   const GptLayers g = gpt_layers(c);
   const int layers = static_cast<int>(g.costs.size());
@@ -266,6 +278,15 @@ MemoryPlan plan_memory(const TrainConfig& config, const PlanOptions& options) {
         "each one tensor-parallel shard (wte's rows, qkv, mlp.fc and the row-parallel weights split; wpe, "
         "LayerNorms and row biases whole)",
         config.parallel.tp, config.parallel.pp, with_commas(plan.whole_parameters)));
+  }
+  if (gpt && config.parallel.ep > 1) {
+    plan.whole_parameters = parameter_count(config);
+    plan.notes.push_back(fmt::format(
+        "parallel.ep = {}: Ψ is a rank's dense parameters and its {} of the {} experts of each MoE layer ({} of "
+        "the model's {} expert parameters); ZeRO-1/2 shard only the dense part, so their rows count the experts' "
+        "state as sharded where each rank holds its experts' whole",
+        config.parallel.ep, config.model.moe_experts / config.parallel.ep, config.model.moe_experts,
+        with_commas(gpt_expert_parameters(config) / config.parallel.ep), with_commas(gpt_expert_parameters(config))));
   }
   const int64_t unplanned = split_planned ? config.parallel.cp : split;
   if (unplanned > 1)

@@ -67,6 +67,10 @@ struct MemoryPlan {
 // the built model). Throws ConfigError if the count overflows int64.
 int64_t parameter_count(const TrainConfig& config);
 
+// The experts' parameters of a mixture-of-experts GPT (model.moe_experts;
+// 0 for any other model): parallel.ep splits them over an ep group.
+int64_t gpt_expert_parameters(const TrainConfig& config);
+
 // Ψ of the fullest rank of the built-in GPT under parallel.tp and
 // parallel.pp: its pipeline stage's layers (cut as the megatron strategy
 // cuts them), each a tensor-parallel shard (Megatron's layout). Without

@@ -189,8 +189,9 @@ void build_run(Trainer::State& s, TrainerParts& parts) {
   if (core::memory_meter_installed()) core::begin_memory_window();
   build_model_and_optimizer(s);
   // A mixture-of-experts GPT routes over the whole step's batch: its layers
-  // count slots and balance load over the data-parallel group.
-  if (c.model.moe_experts > 0) {  // the GPT's (a program's own Moe is the program's to configure)
+  // count slots and balance load over the data-parallel group (with
+  // parallel.ep the strategy set it when it split the experts).
+  if (c.model.moe_experts > 0 && c.parallel.ep == 1) {  // the GPT's (a program's own Moe is the program's to configure)
     for (const auto& [name, layer] : models::moe_layers(*s.strategy->module())) {
       layer->set_token_group(&s.dp(), s.timeout());
     }

@@ -9,13 +9,16 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "paratrain/core/error.h"
 #include "paratrain/models/gpt.h"
 #include "paratrain/train/config/config.h"
 #include "paratrain/train/memory_plan.h"
+#include "paratrain/train/run/tensorboard.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/gpt_run.h"
 #include "tests/support/multi_rank.h"
@@ -47,7 +50,13 @@ TrainConfig moe_config(const std::string& dir, const std::filesystem::path& corp
 TEST(MoeGptTrainer, TwoRanksUnderDdpAndZero2EqualOneProcessAndTheAuxLossCounts) {
   const std::string dir = paratrain::testing::temp_dir("moe-gpt");
   const auto corpus = paratrain::testing::write_word_corpus(dir, 5);
-  const Params one = paratrain::testing::one_process(moe_config(dir, corpus, "one"));
+  TrainConfig one_config = moe_config(dir, corpus, "one");
+  one_config.log.tensorboard = true;
+  const Params one = paratrain::testing::one_process(one_config);
+  const auto events = list_event_files(std::filesystem::path(dir) / "one" / "version_0" / "tensorboard");
+  ASSERT_EQ(events.size(), 1u);
+  std::map<std::string, double> scalars;  // the run logs once
+  for (const auto& e : read_scalar_events(events[0])) scalars[e.tag] = e.value;
   // The MoE block's names: the router and each expert under its index.
   bool router = false, expert3 = false;
   for (const auto& [name, t] : one) {
@@ -71,6 +80,11 @@ TEST(MoeGptTrainer, TwoRanksUnderDdpAndZero2EqualOneProcessAndTheAuxLossCounts) 
     for (int64_t n : layer["load"].get<std::vector<int64_t>>()) kept += n;
     EXPECT_EQ(kept + layer["dropped"].get<int64_t>(), 2 * 6 * 8 * 16);
     EXPECT_GT(layer["dropped"].get<int64_t>(), 0);
+    // The same counts in TensorBoard, one scalar per expert's load.
+    EXPECT_EQ(scalars["moe/blocks.1.mlp/dropped"], layer["dropped"].get<double>());
+    for (size_t e = 0; e < 4; ++e) {
+      EXPECT_EQ(scalars[fmt::format("moe/blocks.1.mlp/load/{}", e)], layer["load"][e].get<double>()) << e;
+    }
   }
   EXPECT_EQ(records, 1);
   double worst = 0;
@@ -93,6 +107,178 @@ TEST(MoeGptTrainer, TwoRanksUnderDdpAndZero2EqualOneProcessAndTheAuxLossCounts) 
   TrainConfig no_drops = moe_config(dir, corpus, "no_drops");
   no_drops.model.moe_capacity_factor = 8;
   EXPECT_GT(relative_diff(paratrain::testing::train_ranks(no_drops, 2), one), 100 * std::max(worst, 1e-7));
+}
+
+// parallel.ep: the experts split over ep groups of the data-parallel ranks
+// (moe/expert_parallel.h). Each layout trains the one-process model on the
+// same global batch: the dense part under DDP or ZeRO-1/2, the experts
+// reduced over their replicas, the clipping norm over both.
+TrainConfig ep_config(const std::string& dir, const std::filesystem::path& corpus, const std::string& name) {
+  TrainConfig c = moe_config(dir, corpus, name);
+  c.model.moe_experts = 8;
+  c.model.moe_every = 1;                // both blocks
+  c.model.moe_capacity_factor = 8;      // nothing dropped
+  c.train.max_steps = 10;
+  c.optimizer.clip_grad_norm = 0.5;     // binds: the dense and the expert norms both count
+  return c;
+}
+
+// Runs `c` on `world` ranks; rank 0's gathered parameters (checked equal
+// to every other rank's: each ep group's experts and the replicas agree),
+// and how many experts of the first MoE layer and parameters each rank
+// held.
+struct EpRun {
+  Params params;
+  std::vector<int64_t> experts, parameters;
+};
+EpRun train_ep(const TrainConfig& c, int world) {
+  std::vector<Params> all(static_cast<size_t>(world));
+  std::vector<int64_t> held(static_cast<size_t>(world), 0), numel(static_cast<size_t>(world), 0);
+  paratrain::testing::run_ranks(world, [&](comm::ProcessGroup& g) {
+    Trainer t(c, g);
+    t.fit();
+    held[static_cast<size_t>(g.rank())] = models::moe_layers(*t.model()).front().second->local_experts();
+    for (const auto& p : t.model()->parameters()) numel[static_cast<size_t>(g.rank())] += p.numel();
+    all[static_cast<size_t>(g.rank())] = t.full_parameters();
+  });
+  for (int r = 1; r < world; ++r) {
+    EXPECT_EQ(relative_diff(all[static_cast<size_t>(r)], all[0]), 0) << "rank " << r << " differs from rank 0";
+  }
+  return {all[0], held, numel};
+}
+
+TEST(MoeGptTrainer, ExpertParallelEqualsOneProcessOverEveryLayout) {
+  const std::string dir = paratrain::testing::temp_dir("moe-ep");
+  const auto corpus = paratrain::testing::write_word_corpus(dir, 6);
+  const Params one = paratrain::testing::one_process(ep_config(dir, corpus, "one"));
+  // Accumulated micro-batches route and balance each micro-batch on its
+  // own, so the aux loss (not additive over micro-batches) is off there.
+  TrainConfig no_aux = ep_config(dir, corpus, "one_no_aux");
+  no_aux.model.moe_aux_loss = 0;
+  const Params one_no_aux = paratrain::testing::one_process(no_aux);
+  struct Layout {
+    int world;
+    int64_t ep, zero_stage;
+    bool accumulate = false;  // 2 micro-batches per rank and step
+    bool scaled = false;      // a dynamic loss scale (fp32: exact powers of two)
+  };
+  for (const Layout l : {Layout{2, 2, 0}, Layout{4, 4, 0}, Layout{4, 2, 0, true}, Layout{4, 2, 1}, Layout{2, 2, 2, false, true}}) {
+    TrainConfig c = ep_config(dir, corpus, fmt::format("w{}_ep{}_z{}_a{}_s{}", l.world, l.ep, l.zero_stage, l.accumulate, l.scaled));
+    c.parallel.ep = l.ep;
+    c.zero.stage = l.zero_stage;
+    if (l.accumulate) {
+      c.data.batch_size = 8 / l.world / 2;
+      c.model.moe_aux_loss = 0;
+    }
+    if (l.scaled) c.precision.loss_scale = "dynamic";
+    const auto [params, held, numel] = train_ep(c, l.world);
+    for (int64_t n : held) EXPECT_EQ(n, 8 / l.ep) << "each rank holds its share of the experts";
+    for (int64_t n : numel) EXPECT_EQ(n, parameters_per_rank(c)) << "paratrain plan's count of a rank";
+    ASSERT_EQ(params.size(), one.size());
+    for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(params[i].first, one[i].first);
+    const double diff = relative_diff(params, l.accumulate ? one_no_aux : one);
+    std::printf("MoE GPT (8 experts, top-2, clipped), dp %d x ep %lld, zero.stage %lld%s%s vs one process after 10 "
+                "steps: %.3g (tolerance 1e-5)\n",
+                l.world, static_cast<long long>(l.ep), static_cast<long long>(l.zero_stage),
+                l.accumulate ? ", 2 micro-batches" : "", l.scaled ? ", dynamic loss scale" : "", diff);
+    EXPECT_LE(diff, 1e-5);
+  }
+}
+
+TEST(MoeGptTrainer, ExpertParallelDropsTheTokensOneProcessDrops) {
+  const std::string dir = paratrain::testing::temp_dir("moe-ep-drops");
+  const auto corpus = paratrain::testing::write_word_corpus(dir, 7);
+  TrainConfig c = ep_config(dir, corpus, "one");
+  c.model.moe_capacity_factor = 0.75;
+  c.train.max_steps = 6;
+  const Params one = paratrain::testing::one_process(c);
+  c.run.name = "dp4_ep2";
+  c.parallel.ep = 2;
+  const double diff = relative_diff(train_ep(c, 4).params, one);
+  std::printf("MoE GPT with drops, dp 4 x ep 2 vs one process after 6 steps: %.3g (tolerance 1e-5)\n", diff);
+  EXPECT_LE(diff, 1e-5);
+  // Control: a capacity that drops nothing trains elsewhere.
+  c.run.name = "no_drops";
+  c.model.moe_capacity_factor = 8;
+  EXPECT_GT(relative_diff(train_ep(c, 4).params, one), 100 * std::max(diff, 1e-7));
+}
+
+// A frozen expert stays out of the reduction and the optimizer on its
+// holders and is written once into checkpoints, as every other expert.
+TEST(MoeGptTrainer, AFrozenExpertUnderExpertParallelism) {
+  const std::string dir = paratrain::testing::temp_dir("moe-ep-frozen");
+  const auto corpus = paratrain::testing::write_word_corpus(dir, 10);
+  TrainConfig c = ep_config(dir, corpus, "one");
+  c.train.max_steps = 4;
+  c.freeze.modules = {"blocks.0.mlp.experts.5"};
+  const Params one = paratrain::testing::one_process(c);
+  c.run.name = "dp4_ep2";
+  c.parallel.ep = 2;
+  const Params four = train_ep(c, 4).params;
+  const double diff = relative_diff(four, one);
+  std::printf("MoE GPT with expert 5 frozen, dp 4 x ep 2 vs one process after 4 steps: %.3g (tolerance 1e-5)\n", diff);
+  EXPECT_LE(diff, 1e-5);
+  // The consolidated checkpoint holds the frozen expert once, as trained.
+  const auto saved = std::filesystem::path(dir) / "dp4_ep2" / "version_0" / "checkpoints" / "step_00000004";
+  ASSERT_TRUE(std::filesystem::exists(saved)) << saved;
+  c.run.name = "resumed";
+  c.parallel.ep = 1;
+  c.train.resume = saved.string();
+  const double again = relative_diff(paratrain::testing::one_process(c), one);  // nothing left to train
+  EXPECT_LE(again, 1e-6);
+}
+
+// A checkpoint saved at ep = 4 names each expert by its global index: a run
+// at ep = 2 and one process resume from it, each equal to one uninterrupted
+// process.
+TEST(MoeGptTrainer, ACheckpointAtEp4ResumesAtEp2AndOneProcess) {
+  const std::string dir = paratrain::testing::temp_dir("moe-ep-resume");
+  const auto corpus = paratrain::testing::write_word_corpus(dir, 8);
+  const Params one = paratrain::testing::one_process(ep_config(dir, corpus, "one"));
+  // Saved after 5 of the 10 steps at dp 4 x ep 4 (DDP), and at dp 4 x ep 2
+  // under ZeRO-2 (each expert's second replica does not write; the experts'
+  // momentum beside ZeRO's shards).
+  struct Save {
+    std::string name;
+    int64_t ep, zero_stage;
+  };
+  for (const Save& save : {Save{"ep4", 4, 0}, Save{"ep2_z2", 2, 2}}) {
+    TrainConfig first = ep_config(dir, corpus, save.name);
+    first.parallel.ep = save.ep;
+    first.zero.stage = save.zero_stage;
+    first.train.max_steps = 5;
+    train_ep(first, 4);
+    const auto saved = std::filesystem::path(dir) / save.name / "version_0" / "checkpoints" / "step_00000005";
+    ASSERT_TRUE(std::filesystem::exists(saved)) << saved;
+    for (const int64_t ep : {save.ep == 4 ? int64_t{2} : int64_t{4}, int64_t{1}}) {
+      TrainConfig c = ep_config(dir, corpus, fmt::format("{}_resumed_ep{}", save.name, ep));
+      c.parallel.ep = ep;
+      c.zero.stage = save.zero_stage;
+      c.train.resume = saved.string();
+      const int world = ep == 1 ? 1 : static_cast<int>(ep);
+      const Params resumed = world == 1 ? paratrain::testing::one_process(c) : train_ep(c, world).params;
+      const double diff = relative_diff(resumed, one);
+      std::printf("MoE GPT saved at dp 4 x ep %lld (zero.stage %lld) after 5 steps, resumed at %s to 10: %.3g vs "
+                  "one process (tolerance 1e-5)\n",
+                  static_cast<long long>(save.ep), static_cast<long long>(save.zero_stage),
+                  world == 1 ? "one process" : fmt::format("dp {} x ep {}", world, ep).c_str(), diff);
+      EXPECT_LE(diff, 1e-5);
+    }
+  }
+}
+
+TEST(MoeGptTrainer, ExpertParallelKeysAreChecked) {
+  const std::string gpt = "[model]\nkind = \"gpt\"\nmoe_experts = 8\n[data]\ndataset = \"text\"\npath = \"x\"\n";
+  EXPECT_NO_THROW(config_from_toml_string(gpt, {"parallel.ep=4"}));
+  for (const char* key : {"model.moe_experts=0", "model.moe_experts=6", "parallel.dp=2", "zero.stage=3",
+                          "parallel.tp=2", "elastic.in_job=true"}) {
+    EXPECT_THROW(config_from_toml_string(gpt, {"parallel.ep=4", key}), ConfigError) << key;
+  }
+  // ep must divide the data-parallel ranks, known when the world is.
+  const std::string dir = paratrain::testing::temp_dir("moe-ep-keys");
+  TrainConfig c = ep_config(dir, paratrain::testing::write_word_corpus(dir, 9), "ep4_on_2");
+  c.parallel.ep = 4;
+  paratrain::testing::run_ranks(2, [&](comm::ProcessGroup& g) { EXPECT_THROW(Trainer(c, g), ConfigError); });
 }
 
 // paratrain plan's Ψ of a MoE GPT: exactly the built model's parameters.

@@ -27,13 +27,19 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
                                                  comm::ProcessGroup& group, DdpOptions options)
     : module_(std::move(module)), group_(group), options_(std::move(options)) {
   TORCH_CHECK(module_ != nullptr, "DistributedDataParallel: module is null");
-  std::vector<NamedParameter> params = trainable_parameters(*module_);
+  std::unordered_set<const void*> local;
+  for (const auto& t : options_.local_parameters) local.insert(t.unsafeGetTensorImpl());
+  std::vector<NamedParameter> params;
+  for (auto& p : trainable_parameters(*module_)) {
+    if (!local.count(p.tensor.unsafeGetTensorImpl())) params.push_back(std::move(p));
+  }
   buffers_ = module_buffers(*module_);
 
   // Every parameter, frozen ones included (replicas must be identical, not
   // just their trainable part); the frozen flag is part of the checked name.
   std::vector<NamedTensor> all_params;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    if (local.count(item.value().unsafeGetTensorImpl())) continue;
     all_params.push_back({item.key() + (item.value().requires_grad() ? "" : " (frozen)"), item.value()});
   }
   const auto timeout = options_.reducer.timeout;

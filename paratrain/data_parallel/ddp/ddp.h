@@ -40,6 +40,11 @@ struct DdpOptions {
   /// prepare_forward(). Costs one small collective per step; without it each
   /// replica's running statistics drift apart, seeing only its own shard.
   bool broadcast_buffers = true;
+  /// Parameters each rank holds its own of, left alone: not checked against
+  /// the peers, not broadcast, not reduced (PyTorch's parameters to ignore).
+  /// Expert parallelism's experts (moe/expert_parallel.h), whose gradients
+  /// the caller reduces over their replicas.
+  std::vector<at::Tensor> local_parameters;
 };
 
 /// Data parallelism for a user module, as PyTorch's DistributedDataParallel:

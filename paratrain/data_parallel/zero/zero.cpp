@@ -3,6 +3,8 @@
 // of the full .grad (stage 1) or of a flat per-bucket shard buffer (stage 2).
 #include "paratrain/data_parallel/zero/zero.h"
 
+#include <unordered_set>
+
 #include <optional>
 
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -69,7 +71,11 @@ ZeroDataParallel::ZeroDataParallel(std::shared_ptr<torch::nn::Module> module, co
   TORCH_CHECK(module_ != nullptr, "ZeroDataParallel: module is null");
   const int rank = group_.rank();
   const int world = group_.size();
-  params_ = ddp::trainable_parameters(*module_);
+  std::unordered_set<const void*> local;
+  for (const auto& t : options_.local_parameters) local.insert(t.unsafeGetTensorImpl());
+  for (auto& p : ddp::trainable_parameters(*module_)) {
+    if (!local.count(p.tensor.unsafeGetTensorImpl())) params_.push_back(std::move(p));
+  }
   validate(params_, options_, rank);
   const std::vector<ddp::NamedTensor> buffers = ddp::module_buffers(*module_);
   for (const auto& b : buffers) buffers_.push_back(b.tensor);
@@ -79,6 +85,7 @@ ZeroDataParallel::ZeroDataParallel(std::shared_ptr<torch::nn::Module> module, co
   std::vector<ddp::NamedTensor> all_params;
   std::vector<at::Tensor> all_param_tensors;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    if (local.count(item.value().unsafeGetTensorImpl())) continue;
     all_params.push_back({item.key() + (item.value().requires_grad() ? "" : " (frozen)"), item.value()});
     all_param_tensors.push_back(item.value());
   }

@@ -78,6 +78,10 @@ struct ZeroOptions {
   /// the full parameters and gradients but no optimizer state. On CPU
   /// tensors it changes nothing but adds copies (tests).
   bool offload = false;
+  /// Parameters each rank holds its own of, left out of the replicas'
+  /// checks, the broadcast and the shards (as DdpOptions::local_parameters):
+  /// expert parallelism's experts, which the caller reduces and steps.
+  std::vector<at::Tensor> local_parameters;
 };
 
 /// ZeRO stages 1 and 2 (arXiv 1910.02054) for a user module: full replicas of

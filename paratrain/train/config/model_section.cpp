@@ -53,8 +53,8 @@ std::string gpt_problem(const TrainConfig& c) {
                          !c.data.batch_shares.empty(), c.ddp.mode, c.quant.qat);
     if (c.parallel.tp > 1 || c.parallel.cp > 1 || c.parallel.pp > 1 || c.ps.servers > 0)
       return fmt::format("model.moe_experts with parallel.tp = {}, cp = {}, pp = {} or ps.servers = {}: mixture-of-"
-                         "experts GPTs train under data parallelism (DDP, ZeRO-1/2/3) for now, every rank holding "
-                         "every expert; set those to 1 (and ps.servers = 0)",
+                         "experts GPTs train under data parallelism (DDP, ZeRO-1/2/3; experts split over parallel.ep) "
+                         "for now; set those to 1 (and ps.servers = 0)",
                          c.parallel.tp, c.parallel.cp, c.parallel.pp, c.ps.servers);
   }
   if (c.model.d_model % c.model.heads != 0)

@@ -124,6 +124,55 @@ std::string offload_problem(const TrainConfig& c) {
   return "";
 }
 
+// parallel.ep > 1: the data-parallel strategies split the experts
+// (moe/expert_parallel.h); what they do not combine with yet is refused.
+// ep dividing dp is checked where the world is known.
+std::string expert_parallel_problem(const TrainConfig& c) {
+  const auto& p = c.parallel;
+  if (p.ep == 1) return "";
+  if (builds_gpt(c) && c.model.moe_experts == 0)
+    return fmt::format("parallel.ep = {} splits the experts of mixture-of-experts layers, but model.moe_experts = 0 "
+                       "(a dense GPT): set model.moe_experts (e.g. 8), or parallel.ep = 1",
+                       p.ep);
+  if (builds_gpt(c) && c.model.moe_experts % p.ep != 0)
+    return fmt::format("parallel.ep = {} does not divide model.moe_experts = {}: each ep rank holds experts / ep "
+                       "experts; pick ep dividing the experts",
+                       p.ep, c.model.moe_experts);
+  if (p.dp > 0 && p.dp % p.ep != 0)
+    return fmt::format("parallel.ep = {} does not divide parallel.dp = {}: ep groups sit inside the data-parallel "
+                       "group; pick ep dividing dp",
+                       p.ep, p.dp);
+  if (c.model.kind == "mlp" || c.model.kind == "cnn")
+    return fmt::format("parallel.ep = {} splits the experts of mixture-of-experts layers, and model.kind = \"{}\" has "
+                       "none: set parallel.ep = 1 (or train the GPT with model.moe_experts)",
+                       p.ep, c.model.kind);
+  if (c.elastic.in_job)
+    return fmt::format("parallel.ep = {} with elastic.in_job = true: in-job recovery replaces the data-parallel group "
+                       "the experts were split over; set elastic.in_job = false (restarts resume from checkpoints "
+                       "at any ep)",
+                       p.ep);
+  if (p.tp > 1 || p.pp > 1 || p.cp > 1 || c.ps.servers > 0)
+    return fmt::format("parallel.ep = {} with parallel.tp = {}, pp = {}, cp = {} or ps.servers = {}: expert "
+                       "parallelism runs inside data parallelism (DDP, ZeRO-1/2) for now; set those to 1 (and "
+                       "ps.servers = 0)",
+                       p.ep, p.tp, p.pp, p.cp, c.ps.servers);
+  if (c.zero.stage == 3 || c.zero.offload != "none")
+    return fmt::format("parallel.ep = {} with zero.stage = {}, zero.offload = \"{}\": experts are whole tensors each "
+                       "ep rank steps itself, beside ZeRO-1/2's shards of the rest; use zero.stage 0, 1 or 2 without "
+                       "offload",
+                       p.ep, c.zero.stage, c.zero.offload);
+  if (c.zero.stage > 0 && (c.optimizer.kind == "lars" || c.optimizer.kind == "lamb"))
+    return fmt::format("parallel.ep = {} with optimizer.kind = \"{}\" and zero.stage = {}: the per-tensor norms of "
+                       "ZeRO's shards do not cover the whole experts beside them yet; use zero.stage = 0 or another "
+                       "optimizer",
+                       p.ep, c.optimizer.kind, c.zero.stage);
+  if (c.ddp.mode != "bucketed")
+    return fmt::format("parallel.ep = {} with ddp.mode = \"{}\": the dense part's gradients go through the bucketed "
+                       "reducer beside the experts'; set ddp.mode = \"bucketed\"",
+                       p.ep, c.ddp.mode);
+  return "";
+}
+
 }  // namespace
 
 std::vector<FieldSpec> ddp_fields() {
@@ -168,6 +217,7 @@ std::vector<FieldSpec> parallel_fields() {
       field("parallel.tp", &TC::parallel, &ParallelConfig::tp, "tensor-parallel size", in_range<int64_t>(1, kMaxRanks)),
       field("parallel.pp", &TC::parallel, &ParallelConfig::pp, "pipeline-parallel stages", in_range<int64_t>(1, kMaxRanks)),
       field("parallel.cp", &TC::parallel, &ParallelConfig::cp, "context (sequence) parallel size: ring self-attention over cp ranks (GPT)", in_range<int64_t>(1, kMaxRanks)),
+      field("parallel.ep", &TC::parallel, &ParallelConfig::ep, "expert-parallel size: the MoE layers' experts split over groups of ep data-parallel ranks, tokens routed by all-to-all (divides dp and model.moe_experts)", in_range<int64_t>(1, kMaxRanks)),
       field("parallel.megatron_sp", &TC::parallel, &ParallelConfig::megatron_sp, "Megatron sequence parallelism inside the tp group (needs parallel.tp > 1; the GPT, or a plan naming its norms sequence_parallel)"),
       table_of_strings(field("parallel.tp_plan", &TC::parallel, &ParallelConfig::tp_plan, "tensor-parallel plan of a model other than the GPT: \"PATTERN=STYLE\" entries or a [parallel.tp_plan] table; styles colwise, colwise[parts=N], colwise[gather], rowwise, vocab_embedding, sequence_parallel, replicate", tp_plan_entries())),
   };
@@ -215,6 +265,7 @@ std::string parallel_problem(const TrainConfig& c) {
   if (c.ddp.first_bucket_cap_mb > c.ddp.bucket_cap_mb)
     return fmt::format("ddp.first_bucket_cap_mb ({}) must be <= ddp.bucket_cap_mb ({})",
                        c.ddp.first_bucket_cap_mb, c.ddp.bucket_cap_mb);
+  if (auto problem = expert_parallel_problem(c); !problem.empty()) return problem;
   if (auto problem = megatron_problem(c); !problem.empty()) return problem;
   if (auto problem = offload_problem(c); !problem.empty()) return problem;
   // fp16/bf16 also compress ZeRO-1/2's all-reduce or reduce-scatter;

@@ -39,6 +39,11 @@ struct ParallelConfig {
   int64_t tp = 1;  ///< tensor parallel
   int64_t pp = 1;  ///< pipeline stages
   int64_t cp = 1;  ///< context (sequence) parallel: ring self-attention over cp ranks
+  /// Expert parallelism inside dp: every MoE layer's experts split over
+  /// groups of ep data-parallel ranks, tokens routed by all-to-all
+  /// (moe/expert_parallel.h); must divide dp and the experts. Not an axis of
+  /// the world: dp * tp * pp * cp == world as without it.
+  int64_t ep = 1;
   /// Megatron sequence parallelism inside the tp group: LayerNorm, dropout and
   /// residuals run on 1/tp of the sequence (needs tp > 1): the GPT, or a
   /// planned model whose plan names its norms sequence_parallel.

@@ -240,6 +240,31 @@ void TensorBoardLogger::on_fit_start(const FitInfo& fit) {
   if (fit.is_main) writer_ = std::make_unique<TensorBoardWriter>(fit.run_dir / "tensorboard");
 }
 
+namespace {
+
+// A record's numbers as scalars under `tag`: objects by key, arrays of
+// numbers by index, arrays of objects naming a "layer" by that name
+// (a {"kind": "moe"} record: moe/blocks.1.mlp/load/3).
+void add_numbers(TensorBoardWriter& writer, const std::string& tag, const nlohmann::json& value, int64_t step,
+                 double time) {
+  if (value.is_number()) {
+    writer.add_scalar(tag, value.get<double>(), step, time);
+  } else if (value.is_object()) {
+    for (const auto& [key, item] : value.items()) {
+      if (key != "layer") add_numbers(writer, tag + "/" + key, item, step, time);
+    }
+  } else if (value.is_array()) {
+    for (size_t i = 0; i < value.size(); ++i) {
+      const auto& item = value[i];
+      const bool named = item.is_object() && item.contains("layer") && item["layer"].is_string();
+      add_numbers(writer, tag + "/" + (named ? item["layer"].get<std::string>() : std::to_string(i)), item, step,
+                  time);
+    }
+  }
+}
+
+}  // namespace
+
 void TensorBoardLogger::on_log(const nlohmann::json& record) {
   if (!writer_) return;
   const std::string kind = record.value("kind", "metrics");
@@ -247,8 +272,12 @@ void TensorBoardLogger::on_log(const nlohmann::json& record) {
   const double time = record.value("time", 0.0);
   for (const auto& [key, value] : record.items()) {
     // The axes and the clock are the event's step and wall time already.
-    if (!value.is_number() || key == "step" || key == "time" || key == "epoch") continue;
-    writer_->add_scalar(kind + "/" + key, value.get<double>(), step, time);
+    if (key == "step" || key == "time" || key == "epoch") continue;
+    if (value.is_number()) {
+      writer_->add_scalar(kind + "/" + key, value.get<double>(), step, time);
+    } else if (kind == "moe" && key == "layers") {  // per layer: moe/blocks.1.mlp/load/3
+      add_numbers(*writer_, kind, value, step, time);
+    }
   }
 }
 

@@ -60,7 +60,8 @@ std::vector<std::filesystem::path> list_event_files(const std::filesystem::path&
 
 // log.tensorboard: every numeric field of every metrics.jsonl record as a
 // scalar "<kind>/<field>" (train/loss, train/lr, train/samples_per_s,
-// eval/test_accuracy, ...) at the record's step. Rank 0 writes; the files go
+// eval/test_accuracy, ...) at the record's step, and a {"kind": "moe"}
+// record's per-layer counts as moe/<layer>/<field>[/<expert>]. Rank 0 writes; the files go
 // to <run_dir>/tensorboard/ (point `tensorboard --logdir` at the run folder).
 class TensorBoardLogger : public Callback {
  public:

@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -154,10 +155,47 @@ DataParallelStrategy::DataParallelStrategy(const StrategyContext& context, const
 
 std::vector<TensorSlot> DataParallelStrategy::with_replicated_slots(std::vector<TensorSlot> params) const {
   auto frozen = frozen_parameter_slots(*model_, dp_.rank() == 0);
+  if (experts_) frozen = experts_->checkpoint_slots(std::move(frozen));  // a frozen expert: its holder writes it
   params.insert(params.end(), frozen.begin(), frozen.end());
   auto buffers = buffer_slots(*model_, dp_.rank() == 0);
   params.insert(params.end(), buffers.begin(), buffers.end());
   return params;
+}
+
+std::vector<at::Tensor> DataParallelStrategy::split_experts() {
+  if (config_.parallel.ep <= 1) return {};
+  experts_ = std::make_unique<moe::ExpertParallel>(*model_, dp_, static_cast<int>(config_.parallel.ep), timeout_);
+  if (dp_.rank() == 0) {
+    int64_t numel = 0;
+    for (const auto& p : experts_->local_parameters()) numel += p.numel();
+    spdlog::info("expert parallelism: {} ep groups of {} ranks; each rank holds 1/{} of every MoE layer's experts "
+                 "({} expert parameters here)",
+                 dp_.size() / experts_->ep(), experts_->ep(), experts_->ep(), numel);
+  }
+  return experts_->local_parameters();
+}
+
+void DataParallelStrategy::clip_with_experts(double dense_square_sum, double max_norm,
+                                             const std::function<void(double)>& scale_dense) {
+  const double total = std::sqrt(dense_square_sum + experts_->grad_square_sum());
+  // torch::nn::utils::clip_grad_norm_'s coefficient.
+  const double coef = max_norm / (total + 1e-6);
+  if (coef >= 1) return;
+  scale_dense(coef);
+  experts_->scale_gradients(coef);
+}
+
+std::vector<TensorSlot> DataParallelStrategy::expert_slots() const {
+  std::vector<TensorSlot> out;
+  if (!experts_) return out;
+  for (const auto& item : model_->named_parameters()) {
+    if (experts_->holds(item.value()) && item.value().requires_grad()) out.push_back(full_slot(item.key(), item.value(), experts_->writes()));
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> DataParallelStrategy::whole_parameters() {
+  return experts_ ? experts_->gather(clone_parameters(*model_)) : clone_parameters(*model_);
 }
 
 zero::ZeroOptions zero_options(const TrainConfig& config, std::chrono::milliseconds timeout) {

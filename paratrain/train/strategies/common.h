@@ -3,6 +3,7 @@
 // that no model-parallel axis is configured, and the cross-entropy step.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -11,6 +12,7 @@
 #include "paratrain/data_parallel/ddp/bucket_plan.h"
 #include "paratrain/data_parallel/ddp/step_stats.h"
 #include "paratrain/models/model.h"
+#include "paratrain/moe/expert_parallel.h"
 #include "paratrain/topology/device_mesh.h"
 #include "paratrain/train/config/config.h"
 #include "paratrain/train/strategies/strategy.h"
@@ -109,11 +111,27 @@ class DataParallelStrategy : public Strategy, public CheckpointSlots, public Tel
   // what every replica holds whole: frozen parameters and buffers.
   std::vector<TensorSlot> with_replicated_slots(std::vector<TensorSlot> params) const;
 
+  // parallel.ep > 1: splits the built model's experts over ep groups of dp
+  // (moe/expert_parallel.h) before DDP or ZeRO wrap the rest; returns the
+  // parameters the wrapper must leave alone (none at ep = 1).
+  std::vector<at::Tensor> split_experts();
+  // The gradients' global 2-norm clipped to max_norm (torch's
+  // clip_grad_norm_ formula), given the dense part's square sum over the
+  // whole model (the same on every rank) and the experts' (experts_).
+  void clip_with_experts(double dense_square_sum, double max_norm,
+                         const std::function<void(double)>& scale_dense);
+  // The experts' trainable parameters as full model slots (written in ep
+  // group 0); frozen ones are among with_replicated_slots().
+  std::vector<TensorSlot> expert_slots() const;
+  // full_parameters(): every expert gathered, in the one-process order.
+  std::vector<std::pair<std::string, at::Tensor>> whole_parameters();
+
   TrainConfig config_;
   at::ScalarType compute_;  // precision.compute: autocast dtype of forward and loss
   comm::ProcessGroup& dp_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<models::Model> model_;
+  std::unique_ptr<moe::ExpertParallel> experts_;  // parallel.ep > 1
 };
 
 }  // namespace paratrain::train::strategies

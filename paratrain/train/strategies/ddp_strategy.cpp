@@ -44,9 +44,11 @@ class DdpStrategy final : public DataParallelStrategy {
   void build_model(const ModelFactory& factory) override {
     model_ = factory();
     convert_batchnorm(config_, *model_, dp_, timeout_);
+    std::vector<at::Tensor> experts = split_experts();  // parallel.ep > 1 (bucketed only: the schema)
     const auto& d = config_.ddp;
     if (d.mode == "bucketed") {
       ddp::DdpOptions options = ddp_options(config_, timeout_);
+      options.local_parameters = std::move(experts);
       // ddp.compression "fp16"/"bf16" is the same wire as precision.comm_dtype
       // (the schema rejects the two disagreeing).
       const std::string wire_name = d.compression == "fp16" || d.compression == "bf16"
@@ -106,6 +108,7 @@ class DdpStrategy final : public DataParallelStrategy {
     PhaseScope phase(kPhaseBackward);
     loss.backward();
     if (ddp_ && sync) ddp_->finish_backward();
+    if (experts_ && sync) experts_->reduce_gradients();
     // The naive twin all-reduces whatever .grad holds: after unsynchronized
     // backwards, the accumulated sum (mode "none": nothing to reduce).
     if (naive_ && sync) naive_->sync_gradients();
@@ -120,8 +123,15 @@ class DdpStrategy final : public DataParallelStrategy {
     const bool skip = unscale_found_inf(scaler, grads_of(unique_parameters(*model_)), {&dp_}, timeout_);
     if (!skip) {
       // Gradients are the same on every rank after the reduction, so the
-      // local norm is the global one.
-      if (clip_grad_norm > 0) torch::nn::utils::clip_grad_norm_(unique_parameters(*model_), clip_grad_norm);
+      // local norm is the global one; experts' add their ep group's.
+      if (clip_grad_norm > 0 && experts_) {
+        clip_with_experts(dense_square_sum(), clip_grad_norm, [this](double coef) {
+          for (auto& p : unique_parameters(*model_))
+            if (!experts_->holds(p) && p.grad().defined()) p.mutable_grad().mul_(coef);
+        });
+      } else if (clip_grad_norm > 0) {
+        torch::nn::utils::clip_grad_norm_(unique_parameters(*model_), clip_grad_norm);
+      }
       optimizer.step();
     }
     optimizer.zero_grad();
@@ -137,11 +147,19 @@ class DdpStrategy final : public DataParallelStrategy {
     return model_->forward(inputs);
   }
 
-  std::vector<TensorSlot> model_slots() override { return replicated_slots(*model_, dp_.rank() == 0); }
-  std::vector<checkpoint::OptimizerSlot> optimizer_slots() override {
-    return replicated_optimizer_slots(*model_, dp_.rank() == 0);
+  // Experts (parallel.ep) are written by their holders in ep group 0.
+  std::vector<TensorSlot> model_slots() override {
+    auto slots = replicated_slots(*model_, dp_.rank() == 0);
+    return experts_ ? experts_->checkpoint_slots(std::move(slots)) : slots;
   }
-  std::vector<std::pair<std::string, at::Tensor>> full_parameters() override { return clone_parameters(*model_); }
+  std::vector<checkpoint::OptimizerSlot> optimizer_slots() override {
+    auto slots = replicated_optimizer_slots(*model_, dp_.rank() == 0);
+    if (experts_) {
+      for (auto& s : slots) s.slot = experts_->checkpoint_slots({s.slot}).front();
+    }
+    return slots;
+  }
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters() override { return whole_parameters(); }
 
   // PowerSGD's error feedback, Q and step count (Note [PowerSGD state in
   // checkpoints], data_parallel/ddp/powersgd_state.cpp); the int8 wire's
@@ -171,6 +189,16 @@ class DdpStrategy final : public DataParallelStrategy {
   }
 
  private:
+  // The dense gradients' square sum (the same on every rank after the
+  // reduction).
+  double dense_square_sum() const {
+    double sum = 0;
+    for (const auto& p : unique_parameters(*model_)) {
+      if (!experts_->holds(p) && p.grad().defined()) sum += p.grad().to(at::kDouble).square().sum().item<double>();
+    }
+    return sum;
+  }
+
   void log_powersgd() const {
     if (dp_.rank() != 0) return;
     const int64_t sent = powersgd_->floats_sent_per_step(), full = powersgd_->floats_uncompressed_per_step();

@@ -32,6 +32,9 @@ class ZeroStrategy final : public DataParallelStrategy {
     model_ = factory();
     convert_batchnorm(config_, *model_, dp_, timeout_);
     zero::ZeroOptions options = zero_options(config_, timeout_);
+    // parallel.ep > 1: the experts stay whole, each ep rank steps its own
+    // (Note [Experts in the data-parallel mesh], moe/expert_parallel.h).
+    options.local_parameters = split_experts();
     // ddp.compression "fp16"/"bf16" and precision.comm_dtype name the same
     // wire (the schema rejects the two disagreeing, and powersgd here).
     const std::string wire = wire_name();
@@ -46,7 +49,11 @@ class ZeroStrategy final : public DataParallelStrategy {
     if (int8_) log_int8_wire(*int8_, dp_);
   }
 
-  std::vector<at::Tensor> optimizer_params() override { return zero_->optimizer_params(); }
+  std::vector<at::Tensor> optimizer_params() override {
+    std::vector<at::Tensor> params = zero_->optimizer_params();
+    if (experts_) params.insert(params.end(), experts_->parameters().begin(), experts_->parameters().end());
+    return params;
+  }
   LayerwiseParams layerwise_params() override {
     return sharded_layerwise_params(dp_, *model_, zero_->optimizer_param_slots());
   }
@@ -64,6 +71,7 @@ class ZeroStrategy final : public DataParallelStrategy {
     PhaseScope phase(kPhaseBackward);
     loss.backward();
     if (sync) zero_->finish_backward();
+    if (sync && experts_) experts_->reduce_gradients();
     return {loss.detach()};
   }
 
@@ -72,10 +80,21 @@ class ZeroStrategy final : public DataParallelStrategy {
     // Each rank holds only its shard's gradients (stage 2; stage 1 reads its
     // slice of the full .grad), so the inf flag is agreed over dp.
     zero_->finish_backward();
-    const bool skip = unscale_found_inf(scaler, grads_of(zero_->optimizer_params()), {&dp_}, timeout_);
+    const bool skip = unscale_found_inf(scaler, grads_of(optimizer_params()), {&dp_}, timeout_);
     if (!skip) {
-      if (clip_grad_norm > 0) zero_->clip_grad_norm(clip_grad_norm);
-      zero_->step(optimizer);  // steps the shard, then all-gathers parameters
+      if (clip_grad_norm > 0 && experts_) {
+        at::Tensor dense = at::full({1}, zero_->local_grad_square_sum(), at::kDouble);
+        dp_.all_reduce(dense, comm::ReduceOp::kSum)->wait(timeout_);
+        clip_with_experts(dense.item<double>(), clip_grad_norm, [this](double coef) { zero_->scale_gradients(coef); });
+      } else if (clip_grad_norm > 0) {
+        zero_->clip_grad_norm(clip_grad_norm);
+      }
+      zero_->step(optimizer);  // steps the shard (and this rank's experts), then all-gathers parameters
+    }
+    // The experts' .grad are whole tensors outside ZeRO's buffers.
+    if (experts_) {
+      for (auto p : experts_->parameters())
+        if (p.grad().defined()) p.mutable_grad().zero_();
     }
     // A skipped step leaves parameters as they are (no all-gather needed);
     // the next prepare_forward() clears stage 1's full .grad and stage 2's
@@ -89,10 +108,15 @@ class ZeroStrategy final : public DataParallelStrategy {
     return model_->forward(inputs);
   }
 
-  std::vector<TensorSlot> model_slots() override { return with_replicated_slots(zero_->parameter_slots()); }
+  std::vector<TensorSlot> model_slots() override {
+    std::vector<TensorSlot> slots = zero_->parameter_slots();
+    for (auto& slot : expert_slots()) slots.push_back(std::move(slot));
+    return with_replicated_slots(std::move(slots));
+  }
   std::vector<checkpoint::OptimizerSlot> optimizer_slots() override {
     std::vector<checkpoint::OptimizerSlot> out;
     for (auto& [param, slot] : zero_->optimizer_param_slots()) out.push_back(checkpoint::OptimizerSlot{param, slot});
+    for (auto& slot : expert_slots()) out.push_back(checkpoint::OptimizerSlot{slot.local, slot});
     return out;
   }
   void after_load() override { zero_->after_load(); }
@@ -106,14 +130,19 @@ class ZeroStrategy final : public DataParallelStrategy {
   std::vector<std::pair<std::string, std::string>> checkpoint_metadata() const override {
     return {{"zero.stage", std::to_string(config_.zero.stage)}, {"dp", std::to_string(dp_.size())}};
   }
-  std::vector<std::pair<std::string, at::Tensor>> full_parameters() override { return clone_parameters(*model_); }
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters() override { return whole_parameters(); }
 
   SyncStats last_stats() const override {
     return sync_stats(zero_->reducer().last_step());
   }
 
   ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const override {
-    return zero_->model_state_bytes(&optimizer);
+    ModelStateBytes m = zero_->model_state_bytes(&optimizer);
+    if (experts_) {  // whole tensors beside the shards
+      m.params += tensor_bytes(experts_->local_parameters());
+      m.grads += tensor_bytes(grads_of(experts_->parameters()));
+    }
+    return m;
   }
 
  private:
