@@ -22,6 +22,7 @@
 #include "paratrain/data_parallel/zero/zero.h"
 #include "paratrain/models/model.h"
 #include "paratrain/models/recompute.h"
+#include "paratrain/moe/expert_parallel.h"
 #include "paratrain/moe/moe.h"
 #include "paratrain/optim/grad_scaler.h"
 #include "paratrain/parallelize/plan.h"

@@ -28,14 +28,13 @@ namespace tpl = tensor_parallel;
 // then act on a chunk, so their gradients are partial: the strategy sums
 // sequence_parallel_params() over tp after backward. The plan's sites
 // (parallelize/sites.cpp) implement both regions for any planned model.
-parallelize::TpPlan gpt_tp_plan(bool megatron_sp) {
+parallelize::TpPlan gpt_tp_plan(bool megatron_sp, bool dense_mlp) {
   parallelize::TpPlan plan;
   plan.add("wte", "vocab_embedding")
       .add("blocks.*.attn.qkv", "colwise[parts=3]")  // [q; k; v]: rank r keeps its heads' rows of each
-      .add("blocks.*.attn.proj", "rowwise")
-      .add("blocks.*.mlp.fc", "colwise")
-      .add("blocks.*.mlp.proj", "rowwise")
-      .add("blocks.*.ln1", "sequence_parallel")
+      .add("blocks.*.attn.proj", "rowwise");
+  if (dense_mlp) plan.add("blocks.*.mlp.fc", "colwise").add("blocks.*.mlp.proj", "rowwise");
+  plan.add("blocks.*.ln1", "sequence_parallel")
       .add("blocks.*.ln2", "sequence_parallel")
       .add("ln_f", "sequence_parallel");
   plan.sequence_parallel = megatron_sp;
@@ -65,7 +64,9 @@ ParallelGpt::ParallelGpt(std::shared_ptr<Model> gpt, ParallelGptOptions o)
   if (options_.megatron_sp && options_.tp.size() < 2) {
     throw Error("ParallelGpt: megatron_sp needs a tensor-parallel group of 2 or more ranks");
   }
-  applied_ = parallelize::parallelize_module(*gpt_, gpt_tp_plan(options_.megatron_sp),
+  // A MoE GPT with moe_every = 1 has no dense MLP for the mlp rules.
+  const bool dense_mlp = g.moe_experts == 0 || g.moe_every > 1;
+  applied_ = parallelize::parallelize_module(*gpt_, gpt_tp_plan(options_.megatron_sp, dense_mlp),
                                              {.tp = options_.tp, .cp = options_.cp, .seed = options_.seed});
   // The GPT's parameters under their own names (Note [Adopting a module]).
   for (const auto& child : gpt_->named_children()) register_module(child.key(), child.value());

@@ -53,8 +53,11 @@ struct ParallelGptOptions {
 // The GPT's tensor-parallel plan: wte vocab_embedding, qkv colwise in three
 // parts (q, k, v), attn.proj rowwise, mlp.fc colwise, mlp.proj rowwise, the
 // LayerNorms sequence_parallel; with `megatron_sp` the plan's
-// sequence_parallel switch on.
-parallelize::TpPlan gpt_tp_plan(bool megatron_sp);
+// sequence_parallel switch on. Without `dense_mlp` (a mixture-of-experts
+// GPT whose every block's MLP is a MoE layer) no mlp rules: MoE layers are
+// replicated over tp (every tp rank routes the same tokens through whole
+// experts).
+parallelize::TpPlan gpt_tp_plan(bool megatron_sp, bool dense_mlp = true);
 
 class ParallelGpt : public Model {
  public:

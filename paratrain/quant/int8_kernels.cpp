@@ -27,6 +27,14 @@ std::string int8_engine() {
   return "";
 }
 
+bool int8_reduces_range() {
+#if defined(__x86_64__) || defined(__i386__) || defined(_M_X64)
+  return true;
+#else
+  return false;
+#endif
+}
+
 Int8LinearKernels::Int8LinearKernels(torch::nn::Module& model, std::shared_ptr<ActivationObserver> inputs)
     : engine_(int8_engine()), inputs_(std::move(inputs)) {
   if (engine_.empty())
@@ -64,7 +72,7 @@ at::Tensor Int8LinearKernels::run_linear(const torch::nn::LinearImpl& layer, con
   const Packed& p = *it->second;
   auto sizes = x.sizes().vec();
   const at::Tensor flat = x.to(at::kFloat).reshape({-1, p.in_features}).contiguous();
-  at::Tensor y = p.params->apply_dynamic(flat, /*reduce_range=*/false);
+  at::Tensor y = p.params->apply_dynamic(flat, int8_reduces_range());  // Note [Int8 kernels]
   sizes.back() = y.size(1);
   return y.view(sizes);
 }

@@ -14,6 +14,14 @@
 // min), so its results are close to, not equal to, the simulated dynamic
 // quantization of Note [Activation sites]; Conv2d layers have no dynamic
 // kernel and stay simulated.
+// On x86 the input is quantized to 7 bits (0..127, PyTorch's reduce_range,
+// its x86 default): without VNNI (AVX-512 VNNI or AVX-VNNI) oneDNN
+// multiplies uint8 by int8 with vpmaddubsw, which adds pairs of products
+// in int16 and saturates when two large ones meet (255 x 127 x 2 > 32767).
+// Measured on an AMD EPYC with AVX2 only: full-range inputs came back up to
+// 2.8x past the quantization error bound; 7-bit inputs cannot saturate. The
+// same on every x86 machine, so results do not depend on which CPU ran
+// them.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -29,6 +37,10 @@ namespace paratrain::quant {
 /// The quantized engine int8 Linears run on: "onednn", else "qnnpack", else
 /// "" (none built into this LibTorch).
 std::string int8_engine();
+
+/// Whether the int8 kernels quantize their inputs to 7 bits (x86: see Note
+/// [Int8 kernels]) rather than 8.
+bool int8_reduces_range();
 
 /// Runs every Linear of `model` (its current float weights, quantized per
 /// output channel at 8 bits) on the int8 kernel of int8_engine(); every

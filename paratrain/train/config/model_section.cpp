@@ -51,11 +51,15 @@ std::string gpt_problem(const TrainConfig& c) {
                          "mixture-of-experts GPT does not train under these yet (docs/moe.md, Limits); turn them off",
                          c.model.moe_experts, c.train.activation_checkpointing, c.freeze.adaptive, c.elastic.in_job,
                          !c.data.batch_shares.empty(), c.ddp.mode, c.quant.qat);
-    if (c.parallel.tp > 1 || c.parallel.cp > 1 || c.parallel.pp > 1 || c.ps.servers > 0)
-      return fmt::format("model.moe_experts with parallel.tp = {}, cp = {}, pp = {} or ps.servers = {}: mixture-of-"
-                         "experts GPTs train under data parallelism (DDP, ZeRO-1/2/3; experts split over parallel.ep) "
-                         "for now; set those to 1 (and ps.servers = 0)",
-                         c.parallel.tp, c.parallel.cp, c.parallel.pp, c.ps.servers);
+    // Under tensor parallelism the MoE layers are replicated over tp (the
+    // plan splits the rest, models/parallel_gpt.h); Megatron-SP would hand
+    // them a sequence chunk, whose routing is not the whole batch's.
+    if (c.parallel.cp > 1 || c.parallel.pp > 1 || c.ps.servers > 0 || c.parallel.megatron_sp)
+      return fmt::format("model.moe_experts with parallel.cp = {}, pp = {}, megatron_sp = {} or ps.servers = {}: "
+                         "mixture-of-experts GPTs train under data parallelism (DDP, ZeRO-1/2/3; experts split over "
+                         "parallel.ep) and tensor parallelism (parallel.tp, MoE layers replicated over tp) for now; "
+                         "set those to 1 (megatron_sp = false, ps.servers = 0)",
+                         c.parallel.cp, c.parallel.pp, c.parallel.megatron_sp, c.ps.servers);
   }
   if (c.model.d_model % c.model.heads != 0)
     return fmt::format("model.d_model ({}) must be a multiple of model.heads ({}): each head gets d_model / heads "

@@ -150,7 +150,7 @@ void Teacher::split_over_tp(const TeacherPlacement& placement) {
                                     "split over parallel.tp = {}; pick a tp dividing both",
                                     t.model.heads, placement.tp->size()));
     }
-    plan = models::gpt_tp_plan(false);
+    plan = models::gpt_tp_plan(false, t.model.moe_experts == 0 || t.model.moe_every > 1);
     gather_vocabulary_ = true;
   } else if (!t.parallel.tp_plan.empty()) {
     plan = tp_plan_of(t);

@@ -132,7 +132,11 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
              .layers = config_.model.layers,
              .d_model = config_.model.d_model,
              .heads = config_.model.heads,
-             .dropout = config_.model.dropout};
+             .dropout = config_.model.dropout,
+             .moe_experts = config_.model.moe_experts,
+             .moe_top_k = config_.model.moe_top_k,
+             .moe_capacity_factor = config_.model.moe_capacity_factor,
+             .moe_every = config_.model.moe_every};
     o.tp = tp_context();
     o.cp = &cp_;
     o.megatron_sp = config_.parallel.megatron_sp;
@@ -189,15 +193,18 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
       // Before the loss: a layer run off its site leaves a split output.
       check_first_output(out);
       loss = loss_fn(out, batch.targets);
-    } else if (distilling()) {
+    } else if (whole_logits_loss()) {
       // Note [Distilling under tensor parallelism]
       // The LossFn (distillation.h) compares the student's whole logits
       // with the teacher's, which the teacher gives whole on every rank
       // (split over tp itself: teacher.h). The student's vocabulary columns
       // are gathered over tp with a backward that keeps this rank's columns:
       // every tp rank computes the same loss, and each shard gets its part of
-      // the one-process gradient. Without a teacher the vocabulary-parallel
-      // cross-entropy below needs no whole logits.
+      // the one-process gradient. A mixture-of-experts GPT's LossFn adds its
+      // MoE layers' load-balancing losses (train/loop/moe_routing.h) and
+      // counts their routing: it too runs on the whole logits, once per
+      // forward. Otherwise the vocabulary-parallel cross-entropy below needs
+      // no whole logits.
       PhaseScope phase(kPhaseForward);
       const at::Tensor logits = tpl::gather_from_region(model_->forward(batch.inputs).contiguous(), tp_context());
       loss = loss_fn(logits, batch.targets.to(at::kLong));
@@ -329,6 +336,9 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
   bool planned() const { return !config_.parallel.tp_plan.empty(); }
   // distill.teacher (at tp alone: the config refuses cp and pp with it).
   bool distilling() const { return !config_.distill.teacher.empty(); }
+  // The Trainer's LossFn on gathered logits (Note [Distilling under tensor
+  // parallelism]): it is more than the cross-entropy times a factor.
+  bool whole_logits_loss() const { return distilling() || config_.model.moe_experts > 0; }
 
   // Note [A planned model's output]
   // The Trainer's loss and evaluation take the model's output as the whole
