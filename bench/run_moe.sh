@@ -43,7 +43,8 @@ rank0 = json.load(open(f"{run}/profile/rank_0.json"))
 profiled = len(rank0["steps"])
 a2a = [c for c in rank0["collectives"] if c["op"] == "all_to_all"]
 tokens_per_step = 32 * 128
-rate = sum(r["samples_per_s"] for r in train[1:]) / max(len(train) - 1, 1)  # the first window pays warm-up
+windows = train[1:] if len(train) > 1 else train  # the first window pays warm-up
+rate = sum(r["samples_per_s"] for r in windows) / len(windows)
 out = {"run": name, "steps": train[-1]["step"], "tokens_per_s": round(rate * 128),
        "test_loss": round(evals[-1]["test_loss"], 4) if evals else None,
        "parameters_per_rank": plan["parameters"], "parameters": plan["whole_parameters"],
