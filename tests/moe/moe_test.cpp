@@ -2,7 +2,8 @@
 // tokens and experts written here (top-1 and top-2, the capacity's drops,
 // the aux loss), and with the experts over 2 and 4 ranks (ep = dp, and
 // ep = 2 inside dp = 4) against one process holding every expert: outputs
-// and gradients equal, with and without drops (the same tokens dropped).
+// and gradients equal, with and without drops (the same tokens dropped);
+// moe::ExpertParallel splitting a program's model built whole.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -11,6 +12,7 @@
 #include <mutex>
 
 #include "paratrain/core/error.h"
+#include "paratrain/moe/expert_parallel.h"
 #include "paratrain/moe/moe.h"
 #include "paratrain/topology/device_mesh.h"
 #include "tests/support/multi_rank.h"
@@ -219,6 +221,59 @@ TEST(MoeLayer, RoutingEachRanksTokensAloneDropsOtherTokensThanOneProcess) {
   std::printf("ranks routing alone: outputs vs one process %.3g (%lld pairs dropped)\n", worst,
               static_cast<long long>(dropped));
   EXPECT_GT(worst, 1e-2);
+}
+
+// moe::ExpertParallel on a program's own model (a module holding a Moe
+// built whole): at dp 4 x ep 2 each rank keeps its 2 experts, their
+// gradients reduced over the replicas equal one process's, only ep group 0
+// writes them, and gather() gives back the whole layer in one-process order.
+TEST(MoeLayer, ExpertParallelSplitsAProgramsModelAndReducesItsExperts) {
+  const Grads ref = reference(2, 8.0, 4);
+  double worst = 0;
+  std::mutex mu;
+  paratrain::testing::run_ranks(4, [&](comm::ProcessGroup& world) {
+    auto root = std::make_shared<torch::nn::Module>();
+    auto moe = root->register_module("moe", build(options(2, 8.0)));  // every expert, as one process
+    std::vector<std::pair<std::string, at::Tensor>> whole;
+    for (const auto& item : root->named_parameters()) whole.emplace_back(item.key(), item.value().detach().clone());
+    ExpertParallel experts(*root, world, /*ep=*/2, std::chrono::seconds(60));
+    EXPECT_EQ(moe->local_experts(), 2);
+    EXPECT_EQ(moe->first_expert(), (world.rank() % 2) * 2);
+    EXPECT_EQ(experts.writes(), world.rank() < 2);
+    // The whole layer back, in order, from the split ranks.
+    std::vector<std::pair<std::string, at::Tensor>> local;
+    for (const auto& item : root->named_parameters()) local.emplace_back(item.key(), item.value().detach());
+    const auto gathered = experts.gather(local);
+    ASSERT_EQ(gathered.size(), whole.size());
+    for (size_t i = 0; i < whole.size(); ++i) {
+      EXPECT_EQ(gathered[i].first, whole[i].first);
+      EXPECT_TRUE(gathered[i].second.equal(whole[i].second)) << whole[i].first;
+    }
+    const int64_t r = world.rank();
+    const at::Tensor x = tokens(kTokensPerRank * 4, 11).narrow(0, r * kTokensPerRank, kTokensPerRank);
+    const at::Tensor w = tokens(kTokensPerRank * 4, 12).narrow(0, r * kTokensPerRank, kTokensPerRank);
+    const at::Tensor y = moe->forward(x);  // before aux_loss(): the last forward's
+    ((y * w).sum() + 0.1 * moe->aux_loss()).backward();
+    experts.reduce_gradients();  // what DDP would do for the router is not this test's
+    double d = 0;
+    int64_t checked = 0;
+    for (const auto& p : moe->named_parameters()) {
+      if (p.key().rfind("experts.", 0) != 0) continue;
+      d = std::max(d, rel(p.value().grad(), ref.grads.at(p.key())));
+      ++checked;
+    }
+    EXPECT_EQ(checked, 2 * 4);  // two experts, fc and proj, weight and bias
+    // Each expert once in the checkpoint: written in ep group 0 only.
+    std::vector<TensorSlot> slots;
+    for (const auto& item : root->named_parameters()) slots.push_back({item.key(), item.value().sizes().vec(), 0, item.value(), true});
+    for (const auto& slot : experts.checkpoint_slots(slots)) {
+      if (slot.name.find(".experts.") != std::string::npos) EXPECT_EQ(slot.write, world.rank() < 2) << slot.name;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    worst = std::max(worst, d);
+  });
+  std::printf("ExpertParallel at dp 4 x ep 2: expert gradients after reduce_gradients vs one process %.3g\n", worst);
+  EXPECT_LE(worst, 1e-5);
 }
 
 TEST(MoeLayer, ExpertsAreNamedByTheirGlobalIndexOnEveryRank) {
