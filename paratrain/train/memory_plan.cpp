@@ -165,7 +165,8 @@ namespace {
 // one tensor-parallel rank's parameters. Megatron's layout: the vocabulary
 // rows of wte and the column-parallel qkv and mlp.fc (weights and biases)
 // split over tp; the row-parallel attn.proj and mlp.proj split their
-// weights' inputs and keep a whole bias; wpe and the LayerNorms whole.
+// weights' inputs and keep a whole bias; wpe and the LayerNorms whole. A
+// MoE block keeps its router and its E/ep experts whole (not split by tp).
 struct GptLayers {
   std::vector<double> costs;
   int64_t wte = 0;  // counted in both embed and head
@@ -176,10 +177,19 @@ GptLayers gpt_layers(const TrainConfig& c) {
   const int64_t d = c.model.d_model;
   const int64_t sharded_block = checked_add(checked_mul(12 * d, d), 7 * d);  // qkv, attn.proj w, fc, mlp.proj w
   const int64_t block = checked_add(sharded_block / t, 6 * d);              // + ln1, ln2, the two row biases
+  // qkv, attn.proj's weight split; ln1, ln2, attn.proj's bias whole; the
+  // router and this rank's experts (each the dense MLP's size) whole.
+  const int64_t experts = c.model.moe_experts / std::max<int64_t>(1, c.parallel.ep);
+  const int64_t moe_block = checked_add(checked_add(checked_mul(4 * d, d) + 3 * d, 0) / t + 5 * d,
+                                        checked_add(checked_mul(d, c.model.moe_experts),
+                                                    checked_mul(experts, checked_mul(8 * d, d) + 5 * d)));
   GptLayers g;
   g.wte = checked_mul(256, d) / t;
   g.costs.push_back(static_cast<double>(checked_add(g.wte, checked_mul(c.model.seq_len, d))));
-  for (int64_t i = 0; i < c.model.layers; ++i) g.costs.push_back(static_cast<double>(block));
+  for (int64_t i = 0; i < c.model.layers; ++i) {
+    const bool moe = c.model.moe_experts > 0 && (i + 1) % c.model.moe_every == 0;
+    g.costs.push_back(static_cast<double>(moe ? moe_block : block));
+  }
   g.costs.push_back(static_cast<double>(checked_add(2 * d, g.wte)));
   return g;
 }
@@ -189,7 +199,7 @@ GptLayers gpt_layers(const TrainConfig& c) {
 int64_t parameters_per_rank(const TrainConfig& c) {
   const int64_t pp = std::max<int64_t>(1, c.parallel.pp);
   if (!builds_gpt(c) && c.parallel.tp > 1 && !c.parallel.tp_plan.empty()) return planned_parameters_per_rank(c);
-  if (builds_gpt(c) && c.parallel.ep > 1) {  // a rank's experts: E / ep of each MoE layer (dp only)
+  if (builds_gpt(c) && c.parallel.ep > 1 && c.parallel.tp <= 1 && pp <= 1) {  // E / ep experts per MoE layer
     const int64_t experts = gpt_expert_parameters(c);
     return parameter_count(c) - experts + experts / c.parallel.ep;
   }

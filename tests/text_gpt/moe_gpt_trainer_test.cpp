@@ -151,6 +151,10 @@ TEST(MoeGptTrainer, ExpertParallelEqualsOneProcessOverEveryLayout) {
   const std::string dir = paratrain::testing::temp_dir("moe-ep");
   const auto corpus = paratrain::testing::write_word_corpus(dir, 6);
   const Params one = paratrain::testing::one_process(ep_config(dir, corpus, "one"));
+  // The clipping binds: without it one process trains elsewhere.
+  TrainConfig unclipped = ep_config(dir, corpus, "one_unclipped");
+  unclipped.optimizer.clip_grad_norm = 0;
+  EXPECT_GT(relative_diff(paratrain::testing::one_process(unclipped), one), 1e-3);
   // Accumulated micro-batches route and balance each micro-batch on its
   // own, so the aux loss (not additive over micro-batches) is off there.
   TrainConfig no_aux = ep_config(dir, corpus, "one_no_aux");
@@ -220,6 +224,7 @@ TEST(MoeGptTrainer, TensorParallelismReplicatesTheMoeLayers) {
       c.parallel.tp = 2;
       const EpRun run = train_ep(c, world);
       for (int64_t n : run.experts) EXPECT_EQ(n, 4) << "replicated: every expert on every rank";
+      for (int64_t n : run.parameters) EXPECT_EQ(n, parameters_per_rank(c)) << "paratrain plan's count of a rank";
       ASSERT_EQ(run.params.size(), one.size());
       for (size_t i = 0; i < one.size(); ++i) {
         ASSERT_EQ(run.params[i].first, one[i].first);
@@ -231,6 +236,29 @@ TEST(MoeGptTrainer, TensorParallelismReplicatesTheMoeLayers) {
                   static_cast<long long>(every), world / 2, diff);
       EXPECT_LE(diff, 1e-5);
     }
+    // tp 2 x dp 2 with the experts over ep 2 (inside dp, whole on each tp
+    // rank), clipped: the norm counts each expert once.
+    c.run.name = fmt::format("tp2_dp2_ep2_every{}", every);
+    c.parallel.ep = 2;
+    c.optimizer.clip_grad_norm = 0.5;
+    TrainConfig clipped = moe_config(dir, corpus, fmt::format("one_clipped_every{}", every));
+    clipped.model.moe_every = every;
+    clipped.optimizer.clip_grad_norm = 0.5;
+    const EpRun run = train_ep(c, 4);
+    for (int64_t n : run.experts) EXPECT_EQ(n, 2) << "ep 2: half the experts on each rank";
+    for (int64_t n : run.parameters) EXPECT_EQ(n, parameters_per_rank(c)) << "paratrain plan's count of a rank";
+    const double diff = relative_diff(run.params, paratrain::testing::one_process(clipped));
+    std::printf("MoE GPT (moe_every %lld), tp 2 x dp 2 x ep 2, clipped, vs one process after 6 steps: %.3g "
+                "(tolerance 1e-5)\n",
+                static_cast<long long>(every), diff);
+    EXPECT_LE(diff, 1e-5);
+    // Its checkpoint (tp shards, experts from ep group 0's tp rank 0) loads
+    // whole into one process.
+    TrainConfig resumed = clipped;
+    resumed.run.name = fmt::format("resumed_every{}", every);
+    resumed.train.resume =
+        (std::filesystem::path(dir) / c.run.name / "version_0" / "checkpoints" / "step_00000006").string();
+    EXPECT_LE(relative_diff(paratrain::testing::one_process(resumed), run.params), 1e-6);
   }
 }
 
@@ -302,9 +330,11 @@ TEST(MoeGptTrainer, ExpertParallelKeysAreChecked) {
   const std::string gpt = "[model]\nkind = \"gpt\"\nmoe_experts = 8\n[data]\ndataset = \"text\"\npath = \"x\"\n";
   EXPECT_NO_THROW(config_from_toml_string(gpt, {"parallel.ep=4"}));
   for (const char* key : {"model.moe_experts=0", "model.moe_experts=6", "parallel.dp=2", "zero.stage=3",
-                          "parallel.tp=2", "elastic.in_job=true"}) {
+                          "parallel.pp=2", "elastic.in_job=true"}) {
     EXPECT_THROW(config_from_toml_string(gpt, {"parallel.ep=4", key}), ConfigError) << key;
   }
+  EXPECT_NO_THROW(config_from_toml_string(gpt, {"parallel.ep=4", "parallel.tp=2"}));
+  EXPECT_THROW(config_from_toml_string(gpt, {"parallel.ep=4", "parallel.tp=2", "zero.stage=1"}), ConfigError);
   // ep must divide the data-parallel ranks, known when the world is.
   const std::string dir = paratrain::testing::temp_dir("moe-ep-keys");
   TrainConfig c = ep_config(dir, paratrain::testing::write_word_corpus(dir, 9), "ep4_on_2");

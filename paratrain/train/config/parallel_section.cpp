@@ -151,11 +151,15 @@ std::string expert_parallel_problem(const TrainConfig& c) {
                        "the experts were split over; set elastic.in_job = false (restarts resume from checkpoints "
                        "at any ep)",
                        p.ep);
-  if (p.tp > 1 || p.pp > 1 || p.cp > 1 || c.ps.servers > 0)
-    return fmt::format("parallel.ep = {} with parallel.tp = {}, pp = {}, cp = {} or ps.servers = {}: expert "
-                       "parallelism runs inside data parallelism (DDP, ZeRO-1/2) for now; set those to 1 (and "
-                       "ps.servers = 0)",
-                       p.ep, p.tp, p.pp, p.cp, c.ps.servers);
+  if (p.pp > 1 || p.cp > 1 || c.ps.servers > 0)
+    return fmt::format("parallel.ep = {} with parallel.pp = {}, cp = {} or ps.servers = {}: expert parallelism runs "
+                       "inside data parallelism (DDP, ZeRO-1/2) and beside tensor parallelism for now; set those to "
+                       "1 (and ps.servers = 0)",
+                       p.ep, p.pp, p.cp, c.ps.servers);
+  if (p.tp > 1 && c.zero.stage > 0)
+    return fmt::format("parallel.ep = {} with parallel.tp = {} and zero.stage = {}: under tensor parallelism the "
+                       "experts sit beside DDP's replicas, not yet beside ZeRO's shards; set zero.stage = 0",
+                       p.ep, p.tp, c.zero.stage);
   if (c.zero.stage == 3 || c.zero.offload != "none")
     return fmt::format("parallel.ep = {} with zero.stage = {}, zero.offload = \"{}\": experts are whole tensors each "
                        "ep rank steps itself, beside ZeRO-1/2's shards of the rest; use zero.stage 0, 1 or 2 without "

@@ -163,7 +163,18 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
       model_.reset();  // the other stages' layers go
       gpt_.reset();
     }
-    sync_ = std::make_unique<ReplicaSync>(config_, modules, *replicas_, timeout_);
+    // parallel.ep: the MoE layers (whole on every tp rank) split their
+    // experts over ep groups of dp (moe/expert_parallel.h); DDP leaves them
+    // to it.
+    std::vector<at::Tensor> experts;
+    if (config_.parallel.ep > 1) {
+      experts_ = std::make_unique<moe::ExpertParallel>(*model_, dp_, static_cast<int>(config_.parallel.ep), timeout_);
+      for (const auto& item : model_->named_parameters()) {
+        if (experts_->holds(item.value())) expert_names_.insert(item.key());
+      }
+      experts = experts_->local_parameters();
+    }
+    sync_ = std::make_unique<ReplicaSync>(config_, modules, *replicas_, timeout_, std::move(experts));
   }
 
   std::shared_ptr<torch::nn::Module> module() const override { return module_; }
@@ -219,6 +230,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     PhaseScope phase(kPhaseBackward);
     loss.backward();
     if (sync) sync_->finish_backward(0);
+    if (sync && experts_) experts_->reduce_gradients();
     sync_->set_sync(0, true);
     if (sync) sum_sequence_parallel_grads();
     return {mean_over_cp(loss)};
@@ -272,8 +284,10 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     const bool replica_writer = replicas_->rank() == 0;
     for (const auto& item : module_->named_parameters()) {
       const tpl::ShardSpec& spec = layout_[item.key()];
-      // A tied copy (the last stage's wte) is written by the first stage.
-      const bool writer = replica_writer && !is_tied_copy(item.key());
+      // A tied copy (the last stage's wte) is written by the first stage;
+      // an expert (parallel.ep) by its holder in ep group 0.
+      const bool writer = expert_names_.count(item.key()) ? experts_->writes()
+                                                          : replica_writer && !is_tied_copy(item.key());
       TensorSlot slot{item.key(), spec.full_shape, 0, item.value(), writer};
       if (spec.replicated()) {
         slot.write = writer && tp_.rank() == 0;
@@ -312,7 +326,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     const auto mine = tpl::gather_full_parameters(*module_, tp_context());
     if (pp_.size() == 1) {
       for (const auto& item : mine) out.emplace_back(item.key(), item.value());
-      return out;
+      return experts_ ? experts_->gather(out) : out;  // every expert, from the ep group
     }
     // In the single-process order, each from the first stage holding it.
     for (const auto& [name, owner] : stages_->stage_of()) {
@@ -414,13 +428,15 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     at::Tensor sums = torch::zeros({2}, torch::TensorOptions().dtype(torch::kDouble).device(
                                             pipeline::stage_device(*module_)));  // sharded, replicated
     for (const auto& [name, g] : sync_->named_grads()) {
-      if (!g.defined() || is_tied_copy(name)) continue;
+      if (!g.defined() || is_tied_copy(name) || expert_names_.count(name)) continue;
       sums[layout_[name].replicated() ? 1 : 0] += g.to(at::kDouble).pow(2).sum();
     }
     if (sync_->sharded() && replicas_->size() > 1) replicas_->all_reduce(sums, comm::ReduceOp::kSum)->wait(timeout_);
     at::Tensor total = sums.narrow(0, 0, 1).clone();
     if (tp_.size() > 1) tp_.all_reduce(total, comm::ReduceOp::kSum)->wait(timeout_);
     total += sums[1];
+    // Each expert once: summed over its ep group, the same on every tp rank.
+    if (experts_) total += experts_->grad_square_sum();
     if (pp_.size() > 1) pp_.all_reduce(total, comm::ReduceOp::kSum)->wait(timeout_);
     const double norm = std::sqrt(total.item<double>());
     // As torch::nn::utils::clip_grad_norm_: scale only when above the bound.
@@ -498,6 +514,8 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
   std::shared_ptr<torch::nn::Module> module_;  // the model, or this rank's stages (pp > 1)
   std::vector<at::Tensor> sp_params_;           // Megatron-SP: this rank's, summed over tp
   std::unique_ptr<ReplicaSync> sync_;          // DDP or ZeRO over replicas_
+  std::unique_ptr<moe::ExpertParallel> experts_;  // parallel.ep > 1
+  std::set<std::string> expert_names_;            // experts_'s parameters
   pipeline::ScheduleOptions shape_;             // pp > 1
   std::unique_ptr<MegatronStages> stages_;      // pp > 1
 };

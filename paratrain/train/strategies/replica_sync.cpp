@@ -10,13 +10,18 @@
 namespace paratrain::train::strategies {
 
 ReplicaSync::ReplicaSync(const TrainConfig& config, const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
-                         comm::ProcessGroup& replicas, std::chrono::milliseconds timeout)
+                         comm::ProcessGroup& replicas, std::chrono::milliseconds timeout,
+                         std::vector<at::Tensor> local_parameters)
     : modules_(modules) {
   for (const auto& m : modules) {
     if (config.zero.stage > 0) {
-      zero_.push_back(std::make_unique<zero::ZeroDataParallel>(m, replicas, zero_options(config, timeout)));
+      zero::ZeroOptions options = zero_options(config, timeout);
+      options.local_parameters = local_parameters;
+      zero_.push_back(std::make_unique<zero::ZeroDataParallel>(m, replicas, std::move(options)));
     } else if (replicas.size() > 1) {
-      ddp_.push_back(std::make_unique<ddp::DistributedDataParallel>(m, replicas, ddp_options(config, timeout)));
+      ddp::DdpOptions options = ddp_options(config, timeout);
+      options.local_parameters = local_parameters;
+      ddp_.push_back(std::make_unique<ddp::DistributedDataParallel>(m, replicas, std::move(options)));
     }
   }
 }

@@ -32,8 +32,11 @@ class ReplicaSync {
   // DDP is skipped when `replicas` has one rank; ZeRO is built even then, so
   // the optimizer state and checkpoint layout are the ZeRO ones (as the zero
   // strategy on one rank).
+  // `local_parameters` (parallel.ep's experts) are left out of the
+  // wrappers (DdpOptions::local_parameters).
   ReplicaSync(const TrainConfig& config, const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
-              comm::ProcessGroup& replicas, std::chrono::milliseconds timeout);
+              comm::ProcessGroup& replicas, std::chrono::milliseconds timeout,
+              std::vector<at::Tensor> local_parameters = {});
   ~ReplicaSync();
 
   bool sharded() const { return !zero_.empty(); }
