@@ -29,7 +29,7 @@ std::string int8_engine() {
 
 bool int8_reduces_range() {
 #if defined(__x86_64__) || defined(__i386__) || defined(_M_X64)
-  return true;
+  return int8_engine() == "onednn";  // QNNPACK ignores reduce_range
 #else
   return false;
 #endif

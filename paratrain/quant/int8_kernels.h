@@ -38,7 +38,7 @@ namespace paratrain::quant {
 /// "" (none built into this LibTorch).
 std::string int8_engine();
 
-/// Whether the int8 kernels quantize their inputs to 7 bits (x86: see Note
+/// Whether the int8 kernels quantize their inputs to 7 bits (x86 on oneDNN: see Note
 /// [Int8 kernels]) rather than 8.
 bool int8_reduces_range();
 

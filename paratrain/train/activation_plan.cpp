@@ -171,12 +171,16 @@ std::vector<LayerActivations> gpt_layers(const TrainConfig& c, int64_t rows) {
   const double held = experts / static_cast<double>(std::max<int64_t>(1, c.parallel.ep));
   for (int64_t i = 0; i < c.model.layers; ++i) {
     const bool moe = c.model.moe_experts > 0 && (i + 1) % c.model.moe_every == 0;
-    const double routed = moe ? kF * sbh * (11 * k - 8) + kF * s * b * experts : 0;
+    // In place of the dense MLP's GELU input and output (split over tp).
+    const double routed = moe ? kF * sbh * (11 * k - 8 / t) + kF * s * b * experts : 0;
     const double mlp = 8 * h * h + 5 * h;  // the dense MLP, or one expert
     out.push_back({.name = fmt::format("blocks.{}", i), .input_bytes = bytes(kF * local),
                    .saved_bytes = bytes(replicated + split + s * s + routed),
-                   .parameters = bytes((12 * h * h + 7 * h) / t + 6 * h + (moe ? (held - 1) * mlp + h * experts : 0)),
-                   .largest_tensor = bytes(4 * h * h / t),  // mlp.fc, mlp.proj
+                   // a MoE block: the router and its experts whole instead
+                   // of the dense MLP (weights and fc's bias split, proj's bias whole)
+                   .parameters = bytes((12 * h * h + 7 * h) / t + 6 * h +
+                                       (moe ? held * mlp + h * experts - (8 * h * h + 4 * h) / t - h : 0)),
+                   .largest_tensor = bytes(moe ? 4 * h * h : 4 * h * h / t),  // mlp.fc, mlp.proj (an expert's whole)
                    // the block's output gradient beside its widest one (GELU's
                    // or the scores'), whose forward twin backward has freed
                    .grad_bytes = bytes(kF * (std::max(scores / t, 4 * sbh / t) + local))});

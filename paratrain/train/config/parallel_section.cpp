@@ -156,6 +156,10 @@ std::string expert_parallel_problem(const TrainConfig& c) {
                        "inside data parallelism (DDP, ZeRO-1/2) and beside tensor parallelism for now; set those to "
                        "1 (and ps.servers = 0)",
                        p.ep, p.pp, p.cp, c.ps.servers);
+  if (p.tp > 1 && !builds_gpt(c))
+    return fmt::format("parallel.ep = {} with parallel.tp = {} for model.kind = \"{}\": beside tensor parallelism "
+                       "experts are split for the GPT's MoE layers only; set parallel.ep = 1 (or parallel.tp = 1)",
+                       p.ep, p.tp, c.model.kind);
   if (p.tp > 1 && c.zero.stage > 0)
     return fmt::format("parallel.ep = {} with parallel.tp = {} and zero.stage = {}: under tensor parallelism the "
                        "experts sit beside DDP's replicas, not yet beside ZeRO's shards; set zero.stage = 0",

@@ -265,7 +265,10 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
       check_first_output(out);
       return out;
     }
-    if (inputs.size(0) == 0) return at::zeros({0, inputs.size(1), kVocab}, at::TensorOptions().device(inputs.device()));
+    // A MoE layer's forward is collective over dp (its routing counts), so a
+    // MoE GPT runs even an empty share (moe.h takes an empty round).
+    if (inputs.size(0) == 0 && config_.model.moe_experts == 0)
+      return at::zeros({0, inputs.size(1), kVocab}, at::TensorOptions().device(inputs.device()));
     const at::Tensor chunk = sequence_parallel::sequence_chunk(inputs, 1, cp_);
     if (stages_) {
       // The last stage gathers the logits over its tp and cp groups, then
