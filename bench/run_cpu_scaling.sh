@@ -68,7 +68,7 @@ fi
 worlds=${WORLDS:-1 2 4 8}
 models=${MODELS:-mlp cnn}
 run_timeout=${RUN_TIMEOUT_S:-45}
-cpus=$(nproc)
+cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc alone obeys OMP_NUM_THREADS
 
 mkdir -p "$out/logs" "$out/runs"
 out=$(cd "$out" && pwd)

@@ -40,7 +40,8 @@
 # from the same seeded init and their per-step losses are compared, the twin
 # with --linear cpp; 0 = skip), PARATRAIN_ARGS (more --set flags for the
 # paratrain runs), TWIN_ARGS (more flags for the twin runs, e.g.
-# "--loss-sync-every 0": no loss.item() per step; paratrain syncs every step).
+# "--loss-sync-every 0": no loss.item() per step; paratrain syncs every step),
+# DDP_NONE (1: paratrain in fp32 once more with ddp.mode = "none"; 0 = skip).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 dir=${1:?usage: bench/run_pytorch_gpt.sh OUT_DIR}
@@ -198,6 +199,10 @@ for precision in fp32 bf16; do
   twin "pytorch_$precision" "$precision"
   paratrain "paratrain_$precision" "$precision"
 done
+# One process without DDP's reducer (ddp.mode = "none"): what the bucketed
+# reducer costs at world size 1 (gradients copied into buckets and back, an
+# all-reduce of one rank). DDP_NONE=0 skips it.
+[ "${DDP_NONE:-1}" = 1 ] && paratrain paratrain_fp32_ddp_none fp32 --set ddp.mode=none
 # fp16 with the dynamic loss scale (paratrain's GradScaler; no twin run):
 # its throughput against paratrain's fp32 and bf16 above.
 paratrain paratrain_fp16 fp16 --set precision.loss_scale=dynamic

@@ -76,7 +76,10 @@ Server::Server(comm::ProcessGroup& world, Roles roles, const KeyRangePlan& plan,
     const auto& p = params.at(r.tensor);
     TORCH_CHECK(p.scalar_type() == at::kFloat, "parameter servers carry float32 parameters; tensor ", r.tensor,
                 " is ", p.scalar_type());
-    pieces_.push_back(p.detach().reshape(-1).slice(0, r.begin, r.end).clone());
+    // In host memory whatever the model's device (Note [Parameter servers
+    // on the GPU]): a new tensor even when the model is on the CPU.
+    pieces_.push_back(p.detach().reshape(-1).slice(0, r.begin, r.end).to(at::kCPU, /*non_blocking=*/false,
+                                                                        /*copy=*/true));
     numel_ += r.numel();
   }
 }

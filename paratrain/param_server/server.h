@@ -44,6 +44,19 @@
 // equal one process and ssp ties each worker to within s clocks of the
 // slowest, where fixed shares lose at most s batches' time: both keep
 // fixed shares, as async does with ps.dynamic_batches = false.
+//
+// Note [Parameter servers on the GPU]
+// With world.device = "cuda" the workers' models, forward and backward are
+// on their GPUs and everything of the protocol stays in host memory: a
+// server's pieces and its optimizer state (its step runs on the host, like
+// ZeRO-Offload's), and every message. A worker copies each gradient range
+// into its host push bucket (a device-to-host copy ordered after the
+// backward that computed it) and copies pulled ranges into its parameters
+// (host-to-device, before the layer that reads them runs). The messages then
+// travel over the host group as on CPU runs; NCCL would carry nothing here.
+// A server's model replica is on its GPU too (the Trainer moves every rank's
+// model; refresh_parameters fills it for evaluation and full parameters), but
+// no computation runs on it.
 #pragma once
 
 #include <ATen/core/Tensor.h>

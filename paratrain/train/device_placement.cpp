@@ -1,27 +1,19 @@
 // training_device() and to_device(): see device_placement.h.
 #include "paratrain/train/device_placement.h"
 
-#include <fmt/format.h>
-
 #include "paratrain/core/device.h"
 #include "paratrain/core/env.h"
-#include "paratrain/core/error.h"
 
 namespace paratrain::train {
 
-c10::Device training_device(const TrainConfig& c, const std::string& strategy) {
+c10::Device training_device(const TrainConfig& c) {
   const c10::Device device = core::resolve_device(c.world.device, env::get_int_in_or("LOCAL_RANK", 0, (1L << 20) - 1, "this process's rank on its host", 0));
   if (device.is_cpu()) return device;
-  // Every strategy but parameter servers runs on GPUs: DDP, ZeRO-1/2, FSDP
-  // (ZeRO-3), pipelines and megatron (tp/cp/pp). Collectives go over NCCL
-  // (world.backend = "nccl": one GPU per rank) or through host memory
-  // (comm/host_staging_group.h, any backend; several ranks may share a GPU).
-  // Parameter servers keep their shards and messages in host memory.
-  if (strategy == "ps")
-    throw ConfigError(fmt::format("world.device = \"{}\" runs every strategy but parameter servers for now (their "
-                                  "shards and messages live in host memory): set world.device = \"cpu\" with "
-                                  "ps.servers > 0, or ps.servers = 0 on the GPU",
-                                  c.world.device));
+  // Every strategy runs on GPUs: DDP, ZeRO-1/2, FSDP (ZeRO-3), pipelines,
+  // megatron (tp/cp/pp) and parameter servers (Note [Parameter servers on
+  // the GPU]). Collectives go over NCCL (world.backend = "nccl": one GPU per
+  // rank) or through host memory (comm/host_staging_group.h, any backend;
+  // several ranks may share a GPU).
   return device;
 }
 

@@ -183,7 +183,7 @@ void build_run(Trainer::State& s, TrainerParts& parts) {
   const auto dims = topology::ParallelDims::resolve(c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.cp,
                                                     s.world->size());
   s.mesh = std::make_unique<topology::DeviceMesh>(*s.world, dims);
-  s.device = training_device(c, train::strategy_name(c));
+  s.device = training_device(c);
   s.datasets = parts.data ? parts.data(c) : load_datasets(c);  // first: a pipeline cuts at the examples' shape
   // `paratrain plan --measure`: the peak counts from here, the data excluded.
   if (core::memory_meter_installed()) core::begin_memory_window();
