@@ -83,7 +83,7 @@ std::vector<RankResult> train_fsdp(const FsdpRun& run, const Problem& problem) {
           micro();
         }
       }
-      if (run.clip > 0) result[rank].norms.push_back(fsdp.clip_grad_norm(run.clip));
+      if (run.clip > 0) result[rank].norms.push_back(fsdp.clip_grad_norm(run.clip).item<double>());
       fsdp.step(*opt);
     }
     if (run.inspect) run.inspect(fsdp, *opt, rank);

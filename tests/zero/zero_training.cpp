@@ -87,7 +87,7 @@ ZeroResult train_zero(const Training& t, const ZeroRun& run, const Problem& prob
       zero.prepare_forward();
       (loss_of(*model, x.narrow(0, last, micro), y.narrow(0, last, micro)) / run.accumulate).backward();
       if (t.clip > 0) {
-        const double norm = zero.clip_grad_norm(t.clip, t.norm_type);
+        const double norm = zero.clip_grad_norm(t.clip, t.norm_type).item<double>();
         if (rank == 0) result.norms.push_back(norm);
       }
       if (run.skip_gather) {

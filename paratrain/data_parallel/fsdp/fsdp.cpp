@@ -20,6 +20,7 @@
 #include "paratrain/data_parallel/ddp/module_sync.h"
 #include "paratrain/data_parallel/fsdp/engine.h"
 #include "paratrain/data_parallel/fsdp/unit_plan.h"
+#include "paratrain/optim/clip.h"
 
 namespace paratrain::fsdp {
 namespace {
@@ -168,7 +169,7 @@ void FullyShardedDataParallel::finish_backward() {
   if (offload_ && impl_->sync_enabled()) copy_grads_down();
 }
 
-double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
+at::Tensor FullyShardedDataParallel::clip_grad_norm(double max_norm) {
   impl_->rethrow_kept_error();
   if (offload_ && impl_->sync_enabled()) copy_grads_down();  // a loop without finish_backward()
   std::vector<at::Tensor> grads;
@@ -178,15 +179,13 @@ double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
   at::NoGradGuard no_grad;
   const auto options = impl_->units.front().shard().options();
   // Sum of squares over this rank's pieces, then over ranks: the square of
-  // the norm over the whole (unsharded) gradient.
+  // the norm over the whole (unsharded) gradient. Nothing is read on the
+  // host (Note [Clipping without a sync] in optim/clip.h).
   at::Tensor sum_sq = at::zeros({1}, options);
   for (const at::Tensor& g : grads) sum_sq.add_(g.pow(2).sum());
   impl_->group.all_reduce(sum_sq, comm::ReduceOp::kSum)->wait(impl_->options.timeout);
-  const double total = std::sqrt(sum_sq.item<double>());
-  const double coef = max_norm / (total + 1e-6);
-  if (coef < 1.0) {
-    for (at::Tensor& g : grads) g.mul_(coef);
-  }
+  const at::Tensor total = sum_sq.to(at::kDouble).sqrt().reshape({});
+  optim::scale_by_coefficient(grads, optim::clip_coefficient(total, max_norm));
   return total;
 }
 

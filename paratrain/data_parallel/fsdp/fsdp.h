@@ -162,8 +162,10 @@ class FullyShardedDataParallel {
   void finish_backward();
   /// Global L2 norm of the gradient (all shards, one all-reduce), and scales
   /// the shard gradients as torch::nn::utils::clip_grad_norm_ does on the
-  /// whole model. Collective. Returns the norm before clipping.
-  double clip_grad_norm(double max_norm);
+  /// whole model. Collective. Returns the norm before clipping, a 0-dim
+  /// double tensor on the shards' device (reading it is a GPU sync: Note
+  /// [Clipping without a sync] in optim/clip.h).
+  at::Tensor clip_grad_norm(double max_norm);
   /// optimizer.step() over the shard pieces. Units gathered for evaluation
   /// are freed (stale now); the next forward gathers the new values.
   void step(torch::optim::Optimizer& optimizer);

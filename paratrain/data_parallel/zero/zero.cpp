@@ -22,6 +22,7 @@
 #include "paratrain/data_parallel/ddp/compress_hook.h"
 #include "paratrain/data_parallel/ddp/module_sync.h"
 #include "paratrain/data_parallel/zero/reduce_scatter_sink.h"
+#include "paratrain/optim/clip.h"
 
 namespace paratrain::zero {
 namespace {
@@ -255,25 +256,27 @@ void ZeroDataParallel::clear_full_grads() {
 // squares (or taking the max) per rank and reducing over the group gives the
 // norm of the full gradient, in a different summation order than the
 // unsharded torch::nn::utils::clip_grad_norm_.
-double ZeroDataParallel::clip_grad_norm(double max_norm, double norm_type) {
+at::Tensor ZeroDataParallel::clip_grad_norm(double max_norm, double norm_type) {
   TORCH_CHECK(max_norm > 0, "clip_grad_norm: max_norm = ", max_norm, " must be > 0");
   const bool inf = std::isinf(norm_type) && norm_type > 0;
   TORCH_CHECK(inf || norm_type == 2.0, "clip_grad_norm: norm_type = ", norm_type, "; only 2 and infinity are supported");
   finish_backward();
   torch::NoGradGuard no_grad;
-  double local = 0;
-  for (const at::Tensor& g : shard_grads()) {
+  // Summed (or maxed) in double on the gradients' device, in shard order:
+  // no value is read on the host (Note [Clipping without a sync]).
+  const std::vector<at::Tensor>& grads = shard_grads();
+  at::Tensor local;
+  for (const at::Tensor& g : grads) {
     if (!g.defined() || g.numel() == 0) continue;
+    if (!local.defined()) local = at::zeros({1}, g.options().dtype(at::kDouble));
     const at::Tensor g64 = g.to(at::kDouble);
-    local = inf ? std::max(local, g64.abs().max().item<double>()) : local + g64.square().sum().item<double>();
+    local = inf ? at::maximum(local, g64.abs().max()) : local + g64.square().sum();
   }
-  at::Tensor total = at::full({1}, local, at::TensorOptions().dtype(at::kDouble));
-  if (!shard_options_.empty()) total = total.to(shard_options_.front().device());
+  if (!local.defined()) local = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor total = shard_options_.empty() ? local : local.to(shard_options_.front().device());
   group_.all_reduce(total, inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum)->wait(options_.timeout);
-  const double sum = total.cpu().item<double>();
-  const double norm = inf ? sum : std::sqrt(sum);
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) scale_gradients(coef);
+  const at::Tensor norm = (inf ? total : total.sqrt()).reshape({});
+  optim::scale_by_coefficient(grads, optim::clip_coefficient(norm, max_norm));
   return norm;
 }
 

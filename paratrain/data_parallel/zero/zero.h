@@ -138,8 +138,10 @@ class ZeroDataParallel {
   /// the norm of the full averaged gradient (padding is zero), then every shard
   /// scaled by min(1, max_norm / (norm + 1e-6)) as torch::nn::utils::
   /// clip_grad_norm_ does on unsharded gradients. norm_type: 2 or infinity.
-  /// Returns the total norm before clipping.
-  double clip_grad_norm(double max_norm, double norm_type = 2.0);
+  /// Returns the total norm before clipping, a 0-dim double tensor on the
+  /// shards' device: reading it (.item()) is the caller's choice, and on a
+  /// GPU a sync (Note [Clipping without a sync] in optim/clip.h).
+  at::Tensor clip_grad_norm(double max_norm, double norm_type = 2.0);
 
   /// Collective. optimizer.step() on the shard, zeroes stage 1's full .grad
   /// (the optimizer's zero_grad() reaches only this rank's slices), then

@@ -145,7 +145,12 @@ double FitLoop::take_step(const ScheduledStep& step, int64_t index) {
   if (profile.test_slow_rank == s_.world->rank() && profile.test_slow_ms > 0)  // a straggler on purpose
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(profile.test_slow_ms));
   shares_.begin_step();
-  double loss = 0;  // the micro-batch losses are divided by k: their sum is the step's mean
+  // The micro-batch losses are divided by k: their sum is the step's mean.
+  // Summed in double where they are and read after the optimizer step, so a
+  // GPU step is queued whole before the host waits for it (Note [Clipping
+  // without a sync] in optim/clip.h); 0 + l0 + l1 ... in double is what
+  // adding each read value on the host gave.
+  at::Tensor loss_sum;
   for (int64_t i = 0; i < k; ++i) {
     data::Batch batch;
     shares_.begin_micro_batch();
@@ -154,7 +159,8 @@ double FitLoop::take_step(const ScheduledStep& step, int64_t index) {
       batch = schedule_->micro_batch(step, i);
     }
     distill_.before_micro_batch(batch.inputs);
-    loss += s_.strategy->forward_backward(batch, micro_loss_, /*sync=*/i == k - 1).loss.item<double>();
+    const at::Tensor micro = s_.strategy->forward_backward(batch, micro_loss_, /*sync=*/i == k - 1).loss.to(at::kDouble);
+    loss_sum = loss_sum.defined() ? loss_sum + micro.to(loss_sum.device()) : micro;
     shares_.end_micro_batch(batch.inputs.defined() ? batch.inputs.size(0) : 0);
   }
   freezing_.observe_gradients();
@@ -173,6 +179,7 @@ double FitLoop::take_step(const ScheduledStep& step, int64_t index) {
         qat->update_activation_ranges(s_.dp(), s_.timeout(), stepped);
     }
   }
+  const double loss = loss_sum.item<double>();
   shares_.end_step();
   profiler_.end_step(index + 1);
   return loss / loss_scale / shares_.loss_weight();  // this rank's own mean

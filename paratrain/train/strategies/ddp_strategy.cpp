@@ -16,6 +16,7 @@
 #include "paratrain/data_parallel/ddp/powersgd.h"
 #include <spdlog/spdlog.h>
 #include "paratrain/models/model.h"
+#include "paratrain/optim/clip.h"
 #include "paratrain/optim/grad_scaler.h"
 #include "paratrain/train/strategies/builtin.h"
 #include "paratrain/train/strategies/common.h"
@@ -130,7 +131,7 @@ class DdpStrategy final : public DataParallelStrategy {
             if (!experts_->holds(p) && p.grad().defined()) p.mutable_grad().mul_(coef);
         });
       } else if (clip_grad_norm > 0) {
-        torch::nn::utils::clip_grad_norm_(unique_parameters(*model_), clip_grad_norm);
+        optim::clip_grad_norm(unique_parameters(*model_), clip_grad_norm);  // no device sync (optim/clip.h)
       }
       optimizer.step();
     }
