@@ -28,8 +28,9 @@ Loader::Loader(TensorDataset dataset, DistributedSampler sampler, LoaderOptions 
                                 sampler_.dataset_size(), dataset_.size()));
   }
   const auto& shares = sampler_.options().shares;
-  if (!shares.empty() && shares.at(static_cast<size_t>(sampler_.options().rank)) != options_.batch_size) {
-    throw DataError(fmt::format("Loader: batch_size {} is not this rank's share {} of the sampler's shares",
+  if (!shares.empty() && options_.batch_size % shares.at(static_cast<size_t>(sampler_.options().rank)) != 0) {
+    throw DataError(fmt::format("Loader: batch_size {} is not a multiple of this rank's share {} of the sampler's "
+                                "shares",
                                 options_.batch_size, shares.at(static_cast<size_t>(sampler_.options().rank))));
   }
   state_.epoch = sampler_.epoch();
@@ -50,7 +51,8 @@ int64_t Loader::positions_per_batch() const {
   if (shares.empty()) return options_.batch_size * sampler_.options().num_replicas;
   int64_t sum = 0;
   for (int64_t b : shares) sum += b;
-  return sum;
+  // A batch of k runs of this rank's (every rank's batch holds k).
+  return options_.batch_size / shares.at(static_cast<size_t>(sampler_.options().rank)) * sum;
 }
 
 void Loader::load_state(const LoaderState& state) {

@@ -19,7 +19,8 @@ class Prefetcher;
 /// How a Loader batches what its sampler chose.
 struct LoaderOptions {
   /// Per-rank batch size; the global batch is batch_size * num_replicas
-  /// (with the sampler's shares: this rank's share, and their sum).
+  /// (with the sampler's shares: this rank's share, and their sum; or k
+  /// shares, k runs of consecutive global batches, and k times their sum).
   int64_t batch_size = 32;
   /// Drop the epoch's last batch when it is smaller than batch_size. Ranks
   /// always get the same number of batches (the sampler evens out per-rank
@@ -87,7 +88,8 @@ class Loader {
   /// Batches per epoch for this rank (the same on every rank).
   int64_t num_batches() const;
   /// Positions of the epoch's permutation one batch of every rank covers:
-  /// batch_size x replicas, or the sum of the sampler's shares.
+  /// batch_size x replicas, or the sum of the sampler's shares (times the
+  /// runs a batch holds).
   int64_t positions_per_batch() const;
   const DistributedSampler& sampler() const { return sampler_; }  ///< its indices per epoch
   const TensorDataset& dataset() const { return dataset_; }       ///< the whole dataset

@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/core/loss_weight.h"
 #include "paratrain/quant/activations.h"
 
 namespace paratrain::moe {
@@ -75,6 +77,21 @@ struct SumOverTokens : torch::autograd::Function<SumOverTokens> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     return {grads[0] * static_cast<double>(group_at(ctx)->size()), at::Tensor(), at::Tensor()};
+  }
+};
+
+// Returns the layer's output unchanged; its backward passes the output's
+// gradient through and gives the aux loss the gradient `scale` (Note [Aux
+// losses in backward]).
+struct InjectAuxGradient : torch::autograd::Function<InjectAuxGradient> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& output, const at::Tensor& aux, double scale) {
+    ctx->saved_data["scale"] = scale;
+    ctx->save_for_backward({aux});
+    return output.clone();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor aux = ctx->get_saved_variables()[0];
+    return {grads[0], at::full_like(aux, ctx->saved_data["scale"].toDouble()), at::Tensor()};
   }
 };
 
@@ -368,7 +385,33 @@ at::Tensor Moe::forward(const at::Tensor& input) {
   const double denominator = static_cast<double>(std::max<int64_t>(t_total, 1));  // an empty round: zero
   const at::Tensor first_share = all_counts.select(1, 0).sum(0).to(at::kFloat).to(x.device()) / denominator;
   aux_loss_ = static_cast<double>(e_count) * (first_share * (prob_sums / denominator)).sum();
-  return y.to(input.scalar_type()).reshape(input.sizes());
+  if (is_training()) add_to_totals();  // the loop logs what training routed
+  at::Tensor out = y.to(input.scalar_type()).reshape(input.sizes());
+  // Note [Aux losses in backward]: the load-balancing loss's gradient comes
+  // with the output's, weighted as the micro-batch's loss is.
+  if (aux_loss_weight_ > 0 && is_training() && at::GradMode::is_enabled() && aux_loss_.requires_grad()) {
+    if (const std::optional<double> weight = core::loss_weight())
+      out = InjectAuxGradient::apply(out, aux_loss_, aux_loss_weight_ * *weight);
+  }
+  return out;
+}
+
+void Moe::add_to_totals() {
+  RoutingTotals& t = totals_;
+  if (t.load.size() != stats_.load.size()) t.load.assign(stats_.load.size(), 0);
+  for (size_t e = 0; e < t.load.size(); ++e) t.load[e] += stats_.load[e];
+  t.dropped += stats_.dropped;
+  t.tokens += stats_.tokens;
+  t.capacity = stats_.capacity;
+  ++t.forwards;
+  const at::Tensor aux = aux_loss_.detach().to(at::kDouble);
+  t.aux_loss_sum = t.aux_loss_sum.defined() ? t.aux_loss_sum + aux : aux;
+}
+
+RoutingTotals Moe::take_totals() {
+  RoutingTotals out = std::move(totals_);
+  totals_ = RoutingTotals{};
+  return out;
 }
 
 std::vector<int> Moe::ep_peers_in_tokens() const {

@@ -25,6 +25,20 @@
 // is kept gets a zero output: in a residual block it passes through
 // unchanged (GShard, Switch).
 //
+// Note [Aux losses in backward]
+// The load-balancing loss is a term of the training loss computed inside the
+// model. Added to the loss function's value, it only works where that value
+// is computed: not on a pipeline's earlier stages. With an aux loss weight
+// set (set_aux_loss_weight; the Trainer sets model.moe_aux_loss), the
+// forward instead returns its output through a node whose backward passes
+// the output's gradient on and gives the aux loss the gradient it would get
+// as a term of the loss: weight x the micro-batch's loss weight, read on
+// this thread while the forward runs (Note [The weight of a micro-batch's
+// loss] in core/loss_weight.h). The same gradient reaches the router as if
+// the term had been added, in the same backward (Megatron-Core's aux-loss
+// auto-scaler does this too). A forward run again in backward
+// (activation checkpointing) does not see the thread's weight: refused.
+//
 // Note [Expert parallelism by all-to-all]
 // Rank r of the ep group holds experts [r E/ep, (r+1) E/ep), registered
 // under their global index ("experts.5.fc.weight"), so a checkpoint names
@@ -107,6 +121,19 @@ struct RoutingStats {
   int64_t tokens_without_expert = 0; ///< this rank's tokens none of whose choices was kept
 };
 
+/// What the forwards since the last take_totals() routed, summed (the
+/// counts over the token group; the capacity of the last forward).
+struct RoutingTotals {
+  int64_t forwards = 0;       ///< training forwards summed
+  int64_t tokens = 0;         ///< the token group's tokens they routed
+  int64_t capacity = 0;       ///< slots per expert in the last forward
+  std::vector<int64_t> load;  ///< kept (token, choice) pairs per expert
+  int64_t dropped = 0;        ///< (token, choice) pairs dropped at capacity
+  /// The aux losses' sum (0-dim double, on the layer's device; undefined
+  /// before a forward): read it when logging, not every step.
+  at::Tensor aux_loss_sum;
+};
+
 /// The layer (see the notes above).
 class Moe : public torch::nn::Module {
  public:
@@ -139,8 +166,19 @@ class Moe : public torch::nn::Module {
   /// probability of e, both over the token group); differentiable in P.
   /// Scale it by the config's weight and add it to the loss.
   at::Tensor aux_loss() const { return aux_loss_; }
+  /// Makes the forward give the aux loss its gradient itself, `weight` times
+  /// the thread's micro-batch loss weight (core/loss_weight.h), whenever one
+  /// is set: the Trainer's way (model.moe_aux_loss), which a pipeline stage
+  /// without the loss function needs (Note [Aux losses in backward]). The
+  /// caller then must not add aux_loss() to its loss. 0 (the default): the
+  /// caller adds it.
+  void set_aux_loss_weight(double weight) { aux_loss_weight_ = weight; }
+  double aux_loss_weight() const { return aux_loss_weight_; }  ///< see set_aux_loss_weight()
   /// What the last forward routed.
   const RoutingStats& stats() const { return stats_; }
+  /// What the forwards since the last call routed, and their aux losses;
+  /// starts the next sums.
+  RoutingTotals take_totals();
   /// The options it was built with (the token group as last set).
   const MoeOptions& options() const { return options_; }
 
@@ -165,13 +203,17 @@ class Moe : public torch::nn::Module {
 
   // Checks ep against the token group and the expert count.
   void check_ep(const comm::ProcessGroup& tokens, const comm::ProcessGroup& ep) const;
+  // Adds the last forward's routing and aux loss to totals_.
+  void add_to_totals();
 
   MoeOptions options_;
   std::shared_ptr<torch::nn::Module> container_;  // "experts": this rank's, named by global index
   int64_t first_expert_ = 0, local_experts_ = 0;
   std::vector<std::shared_ptr<ExpertImpl>> experts_;  // this rank's, in index order
   at::Tensor aux_loss_;
+  double aux_loss_weight_ = 0;
   RoutingStats stats_;
+  RoutingTotals totals_;
 };
 
 }  // namespace paratrain::moe

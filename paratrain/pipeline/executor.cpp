@@ -16,6 +16,7 @@
 
 #include "paratrain/core/autocast.h"
 #include "paratrain/core/error.h"
+#include "paratrain/core/loss_weight.h"
 #include "paratrain/core/phase.h"
 #include "paratrain/models/recompute.h"
 
@@ -147,10 +148,17 @@ StepReport Executor::train_step(const at::Tensor& inputs, const at::Tensor& targ
   // the sum over micro-batches is the batch mean single-process training takes.
   std::vector<int64_t> mb_begin(static_cast<size_t>(m), 0);  // each micro-batch's first row in the batch
   for (int mb = 1; mb < m; ++mb) mb_begin[mb] = mb_begin[mb - 1] + target_mbs[mb - 1].size(0);
+  auto mb_weight = [&](int mb) { return static_cast<double>(target_mbs[mb].size(0)) / static_cast<double>(rows); };
   auto weighted_loss = [&](const at::Tensor& output, int mb) {
-    const double weight = static_cast<double>(target_mbs[mb].size(0)) / static_cast<double>(rows);
     LossRowsScope scope(mb_begin[mb], target_mbs[mb].size(0));
-    return loss_fn(output, target_mbs[mb]) * weight;
+    return loss_fn(output, target_mbs[mb]) * mb_weight(mb);
+  };
+  // While micro-batch mb's forward runs on any stage: its loss's weight in
+  // the step (Note [The weight of a micro-batch's loss]), for layers that
+  // add terms to the loss from inside the model; nothing when the caller
+  // set none.
+  auto open_weight = [&](std::optional<core::LossWeightScope>& scope, int mb) {
+    if (const std::optional<double> w = core::loss_weight()) scope.emplace(*w * mb_weight(mb));
   };
 
   for (size_t i = 0; i < actions.size(); ++i) {
@@ -182,6 +190,8 @@ StepReport Executor::train_step(const at::Tensor& inputs, const at::Tensor& targ
         Timeline::Scope s(rec, {EventKind::kForward, step, mb, a.chunk});
         PhaseScope phase(kPhaseForward);
         core::AutocastGuard autocast(options_.autocast);
+        std::optional<core::LossWeightScope> weight;
+        open_weight(weight, mb);
         if (options_.checkpoint_activations || frozen) {
           if (!frozen) h.random = models::RandomStates::capture(x.device(), c.module->generators());
           torch::NoGradGuard no_grad;
@@ -226,6 +236,8 @@ StepReport Executor::train_step(const at::Tensor& inputs, const at::Tensor& targ
       // The same dropout as the forward.
       keep.emplace(c.module->buffers());
       models::count_recompute();
+      std::optional<core::LossWeightScope> weight;
+      open_weight(weight, mb);
       h.random.replay([&] {
         at::Tensor out = boundary(c.module->forward(h.input), mc, last_model_chunk);
         if (mc == last_model_chunk) {

@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "paratrain/core/error.h"
+#include "paratrain/core/loss_weight.h"
 #include "paratrain/moe/expert_parallel.h"
 #include "paratrain/moe/moe.h"
 #include "paratrain/topology/device_mesh.h"
@@ -130,6 +131,49 @@ TEST(MoeLayer, EqualsALoopOverTokensAndExpertsForTop1AndTop2WithAndWithoutDrops)
       }
     }
   }
+}
+
+// Note [Aux losses in backward]: with an aux loss weight w set and the
+// thread's micro-batch loss weight f, backward of f * task gives every
+// parameter the gradient of f * (task + w * aux); without a loss weight (a
+// program's own loop) nothing is injected and aux_loss() is the caller's to
+// add. Bitwise is not expected: the gradients meet in another order.
+TEST(MoeLayer, TheAuxLossGradientComesFromInsideTheLayer) {
+  const double w = 0.05, f = 0.25;
+  const at::Tensor x = tokens(40, 3);
+  auto added = build(options(2, 0.5));
+  const at::Tensor task = added->forward(x).square().mean();  // before aux_loss(): it is the forward's
+  (f * (task + w * added->aux_loss())).backward();
+  auto injected = build(options(2, 0.5));
+  injected->set_aux_loss_weight(w);
+  {
+    core::LossWeightScope weight(f);
+    (f * injected->forward(x).square().mean()).backward();
+  }
+  const double router = rel(injected->router->weight.grad(), added->router->weight.grad());
+  std::printf("router gradient, injected vs added to the loss: %.3g\n", router);
+  EXPECT_LE(router, 1e-6);
+  auto a = added->parameters(), b = injected->parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(b[i].grad().defined(), a[i].grad().defined()) << i;  // an expert no token reached has none
+    if (a[i].grad().defined()) EXPECT_LE(rel(b[i].grad(), a[i].grad()), 1e-6) << i;
+  }
+  // Control: without the aux term the router's gradient is another.
+  auto task_only = build(options(2, 0.5));
+  (f * task_only->forward(x).square().mean()).backward();
+  EXPECT_GT(rel(task_only->router->weight.grad(), added->router->weight.grad()), 100 * std::max(router, 1e-9));
+  // No loss weight on the thread: nothing injected, the weight set or not.
+  auto no_scope = build(options(2, 0.5));
+  no_scope->set_aux_loss_weight(w);
+  (f * no_scope->forward(x).square().mean()).backward();
+  EXPECT_TRUE(torch::equal(no_scope->router->weight.grad(), task_only->router->weight.grad()));
+  // The totals: one training forward each, its aux loss summed.
+  const RoutingTotals totals = injected->take_totals();
+  EXPECT_EQ(totals.forwards, 1);
+  EXPECT_EQ(totals.tokens, 40);
+  EXPECT_DOUBLE_EQ(totals.aux_loss_sum.item<double>(), injected->aux_loss().item<double>());
+  EXPECT_EQ(injected->take_totals().forwards, 0);
 }
 
 // One step's objective as the data-parallel mean: rank r's loss is

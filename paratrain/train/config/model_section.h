@@ -28,7 +28,7 @@ struct ModelConfig {
   int64_t moe_top_k = 1;             ///< GPT: experts per token (1: Switch, 2: GShard)
   double moe_capacity_factor = 1.25; ///< GPT: slots per expert = ceil(factor * top_k * tokens / experts)
   int64_t moe_every = 2;             ///< GPT: every n-th block's MLP is a MoE layer (blocks n-1, 2n-1, ...)
-  double moe_aux_loss = 0.01;        ///< GPT: weight of Switch's load-balancing loss in the training loss
+  double moe_aux_loss = 0.01;        ///< GPT: weight of Switch's load-balancing loss in the training loss (moe/moe.h: Note [Aux losses in backward])
   bool batchnorm = false;                   ///< CNN: BatchNorm2d after each conv
   /// BatchNorm statistics over the whole dp batch (SyncBatchNorm); needs
   /// batchnorm = true. Costs two small all-reduces per BatchNorm layer.

@@ -55,9 +55,17 @@ std::unique_ptr<data::Loader> make_train_loader(const Trainer::State& s) {
   // batch (Note [Routing as one process would], moe/moe.h), which it reads
   // as the dp ranks' tokens in rank order: consecutive runs of each global
   // batch (Note [Shared global batches]) rather than the strided split. The
-  // global batches are the same either way.
+  // global batches are the same either way. In pipeline stages each of the
+  // pipeline's m micro-batches routes its own tokens, as one process's
+  // accumulated micro-batch does: read as global batches of their own, rank
+  // r's batch is its runs of m consecutive global micro-batches, so the dp
+  // ranks' micro-batch i is one process's micro-batch i (the loader's
+  // batch then holds m runs).
   if (sampler.shares.empty() && c.model.moe_experts > 0) {
-    sampler.shares.assign(static_cast<size_t>(shard.size), s.batch.per_rank);
+    const int64_t m = c.parallel.pp > 1 ? c.pipeline.microbatches : 1;
+    // The pipeline's shape check refused a batch m does not divide.
+    TORCH_CHECK(s.batch.per_rank % m == 0, "a batch of ", s.batch.per_rank, " rows in ", m, " micro-batches");
+    sampler.shares.assign(static_cast<size_t>(shard.size), s.batch.per_rank / m);
   }
   data::LoaderOptions loader;
   loader.batch_size = s.batch.shares.empty() ? s.batch.per_rank : s.batch.shares.at(static_cast<size_t>(shard.rank));

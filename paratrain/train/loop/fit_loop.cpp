@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -12,6 +13,7 @@
 
 #include "paratrain/core/error.h"
 #include "paratrain/core/gpu_memory.h"
+#include "paratrain/core/loss_weight.h"
 #include "paratrain/core/memory_meter.h"
 #include "paratrain/core/phase.h"
 #include "paratrain/optim/lr_schedule.h"
@@ -42,9 +44,9 @@ FitLoop::FitLoop(Trainer& trainer, Trainer::State& s)
   // sees the same number of examples and the loader stands at a multiple of
   // k at every step boundary, where checkpoints are taken. k may change in
   // an in-job recovery with elastic.keep_global_batch: read from the plan.
-  LossFn task_loss = moe_.wrap(distill_.wrap([task = s.task](const at::Tensor& output, const at::Tensor& targets) {
+  LossFn task_loss = distill_.wrap([task = s.task](const at::Tensor& output, const at::Tensor& targets) {
     return task->loss(output, targets);
-  }));
+  });
   // Unequal data.batch_shares weight each rank's loss (Note [Weighted shares]).
   micro_loss_ = [this, loss = scaled_loss(std::move(task_loss), s.scaler.get())](const at::Tensor& o,
                                                                               const at::Tensor& t) {
@@ -159,6 +161,10 @@ double FitLoop::take_step(const ScheduledStep& step, int64_t index) {
       batch = schedule_->micro_batch(step, i);
     }
     distill_.before_micro_batch(batch.inputs);
+    // What micro_loss_ multiplies the loss function's value by, for the MoE
+    // layers' aux losses (Note [The weight of a micro-batch's loss]).
+    std::optional<core::LossWeightScope> weight;
+    if (moe_.active()) weight.emplace(MoeRouting::micro_batch_weight(loss_scale, k, shares_.loss_weight()));
     const at::Tensor micro = s_.strategy->forward_backward(batch, micro_loss_, /*sync=*/i == k - 1).loss.to(at::kDouble);
     loss_sum = loss_sum.defined() ? loss_sum + micro.to(loss_sum.device()) : micro;
     shares_.end_micro_batch(batch.inputs.defined() ? batch.inputs.size(0) : 0);

@@ -53,7 +53,7 @@ class FitLoop {
   Trainer::State& s_;
   TrainResult result_;
   Distillation distill_;  // distill.teacher: wraps the task's loss, so before micro_loss_
-  MoeRouting moe_;        // model.moe_experts: the aux losses and the routing records, before micro_loss_ too
+  MoeRouting moe_;        // model.moe_experts: the aux losses' weight and the routing records
   LossFn micro_loss_;
   RunPlan plan_;
   LossWindow losses_;

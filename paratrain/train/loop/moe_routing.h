@@ -1,19 +1,24 @@
-// The loop's mixture-of-experts part (model.moe_experts; docs/moe.md): the
-// training loss gains model.moe_aux_loss times each MoE layer's
-// load-balancing loss of the forward just run, and at every log point a
-// "moe" record in metrics.jsonl gives each layer's routing since the last
-// one: the (token, choice) pairs each expert kept, the pairs dropped at
-// capacity, the tokens routed and the capacity. The counts are over the
-// data-parallel group already (every rank holds the same), so the main rank
-// writes them without a collective. Off (no cost) for a dense model.
-// Internal to paratrain/train.
+// The loop's mixture-of-experts part (model.moe_experts; docs/moe.md): each
+// MoE layer gives its load-balancing loss the gradient of
+// model.moe_aux_loss x that loss as a term of the training loss (Note [Aux
+// losses in backward] in moe/moe.h): the loop says, for each micro-batch,
+// what weight the micro-batch's loss has (micro_batch_weight(), opened as
+// a core::LossWeightScope), and a pipeline
+// scales it by its own micro-batches. At every log point a "moe" record in
+// metrics.jsonl gives each layer's routing since the last one: the
+// (token, choice) pairs each expert kept, the pairs dropped at capacity,
+// the tokens routed, the capacity and the mean aux loss. The counts are
+// over the data-parallel group already (every rank holds the same); under a
+// pipeline each stage holds its own layers, summed over the stages first.
+// Off (no cost) for a dense model. Internal to paratrain/train.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "paratrain/train/strategies/strategy.h"
+#include "paratrain/moe/moe.h"
 #include "paratrain/train/trainer.h"
 
 namespace paratrain::train {
@@ -22,20 +27,25 @@ class MoeRouting {
  public:
   explicit MoeRouting(Trainer::State& s);
 
-  /// `loss` plus the aux losses; `loss` itself for a dense model.
-  LossFn wrap(LossFn loss);
+  /// Whether the model has MoE layers whose aux loss the loop weights.
+  bool active() const { return !names_.empty(); }
+  /// The weight of a micro-batch's loss function value in the step's loss
+  /// (the loss scale, over the accumulated micro-batches, times this rank's
+  /// share weight): the value of the core::LossWeightScope the loop opens
+  /// around each micro-batch.
+  static double micro_batch_weight(double loss_scale, int64_t accumulate, double share_weight) {
+    return loss_scale / static_cast<double>(accumulate) * share_weight;
+  }
   /// At a log point of step `step`: the record of the routing since the
-  /// last one (main rank).
+  /// last one (written by the main rank). Collective over the pipeline's
+  /// stages.
   void log(int64_t step);
 
  private:
-  struct Totals {
-    std::vector<int64_t> load;
-    int64_t dropped = 0, tokens = 0, capacity = 0, forwards = 0;
-  };
   Trainer::State& s_;
-  std::vector<std::string> names_;  // the layers' module names, in model order
-  std::vector<Totals> totals_;
+  std::vector<std::string> names_;                 // the model's MoE layers, in model order
+  std::vector<std::shared_ptr<moe::Moe>> local_;   // per name: this rank's layer, or null (another stage's)
+  int64_t experts_ = 0;
 };
 
 }  // namespace paratrain::train

@@ -211,11 +211,10 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
       // (split over tp itself: teacher.h). The student's vocabulary columns
       // are gathered over tp with a backward that keeps this rank's columns:
       // every tp rank computes the same loss, and each shard gets its part of
-      // the one-process gradient. A mixture-of-experts GPT's LossFn adds its
-      // MoE layers' load-balancing losses (train/loop/moe_routing.h) and
-      // counts their routing: it too runs on the whole logits, once per
-      // forward. Otherwise the vocabulary-parallel cross-entropy below needs
-      // no whole logits.
+      // the one-process gradient. Otherwise the vocabulary-parallel
+      // cross-entropy below needs no whole logits (a mixture-of-experts
+      // GPT's load-balancing losses get their gradient inside its MoE
+      // layers: Note [Aux losses in backward] in moe/moe.h).
       PhaseScope phase(kPhaseForward);
       const at::Tensor logits = tpl::gather_from_region(model_->forward(batch.inputs).contiguous(), tp_context());
       loss = loss_fn(logits, batch.targets.to(at::kLong));
@@ -355,7 +354,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
   bool distilling() const { return !config_.distill.teacher.empty(); }
   // The Trainer's LossFn on gathered logits (Note [Distilling under tensor
   // parallelism]): it is more than the cross-entropy times a factor.
-  bool whole_logits_loss() const { return distilling() || config_.model.moe_experts > 0; }
+  bool whole_logits_loss() const { return distilling(); }
 
   // Note [A planned model's output]
   // The Trainer's loss and evaluation take the model's output as the whole
