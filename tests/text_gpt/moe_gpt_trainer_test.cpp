@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -368,9 +369,10 @@ TEST(MoeGptTrainer, ThePlannerCountsEveryExpert) {
 // MoE layers, the first stage's never sees the loss, so its aux loss gets
 // its gradient inside the layer (Note [Aux losses in backward]), weighted by
 // each pipeline micro-batch's share. A pipeline micro-batch routes its own
-// tokens, as one process's accumulated micro-batch does: pp 2 and pp 2 x
-// dp 2 with 2 micro-batches equal one process with train.accumulate = 2,
-// with drops and the aux loss on.
+// tokens, as one process's accumulated micro-batch does: pp 2, pp 2 x dp 2,
+// and the megatron strategy's stages (pp 2 x dp 2 with ZeRO-1, pp 2 x tp 2)
+// with 2 micro-batches equal one process with train.accumulate = 2, with
+// drops and the aux loss on.
 TEST(MoeGptTrainer, PipelineStagesEqualOneProcessOnTheSameMicroBatches) {
   const std::string dir = paratrain::testing::temp_dir("moe-gpt-pp");
   const auto corpus = paratrain::testing::write_word_corpus(dir, 5);
@@ -391,6 +393,14 @@ TEST(MoeGptTrainer, PipelineStagesEqualOneProcessOnTheSameMicroBatches) {
   const double pp2dp2 = relative_diff(paratrain::testing::train_ranks(config("pp2dp2", 2, 1), 4), one);
   std::printf("MoE GPT, pp 2 x dp 2 vs one process accumulating 2: %.3g\n", pp2dp2);
   EXPECT_LE(pp2dp2, 1e-5);
+  for (const auto& [name, zero, tp] : std::vector<std::tuple<std::string, int64_t, int64_t>>{{"pp2dp2z1", 1, 1}, {"pp2tp2", 0, 2}}) {
+    TrainConfig c = config(name, 2, 1);
+    c.zero.stage = zero;
+    c.parallel.tp = tp;
+    const double d = relative_diff(paratrain::testing::train_ranks(c, 4), one);
+    std::printf("MoE GPT, %s (megatron stages) vs one process accumulating 2: %.3g\n", name.c_str(), d);
+    EXPECT_LE(d, 1e-5);
+  }
   // Control: the first stage's aux gradient is in what was compared.
   TrainConfig no_aux = config("pp2_no_aux", 2, 1);
   no_aux.model.moe_aux_loss = 0;
@@ -419,7 +429,8 @@ TEST(MoeGptTrainer, MoeKeysAreCheckedAgainstTheModelAndLayout) {
                ConfigError);
   const std::string gpt = "[model]\nkind = \"gpt\"\nmoe_experts = 4\n[data]\ndataset = \"text\"\npath = \"x\"\n";
   EXPECT_NO_THROW(config_from_toml_string(gpt, {"parallel.pp=2"}));
-  EXPECT_THROW(config_from_toml_string(gpt, {"parallel.pp=2", "zero.stage=1"}), ConfigError);
+  EXPECT_NO_THROW(config_from_toml_string(gpt, {"parallel.pp=2", "zero.stage=1"}));
+  EXPECT_THROW(config_from_toml_string(gpt, {"parallel.pp=2", "pipeline.checkpoint_activations=true"}), ConfigError);
   EXPECT_THROW(config_from_toml_string(gpt, {"parallel.cp=2"}), ConfigError);
   // What the routing and the aux loss do not survive yet (docs/moe.md, Limits).
   for (const char* key : {"train.activation_checkpointing=blocks", "freeze.adaptive=true", "elastic.in_job=true",

@@ -56,9 +56,9 @@ std::string gpt_problem(const TrainConfig& c) {
     // Under tensor parallelism the MoE layers are replicated over tp (the
     // plan splits the rest, models/parallel_gpt.h); Megatron-SP and cp
     // would hand them a sequence chunk, whose routing is not the whole
-    // batch's. In pipeline stages (the pipeline strategy: pp x DDP) each MoE
-    // layer gives its aux loss its gradient itself (Note [Aux losses in
-    // backward]).
+    // batch's. In pipeline stages (the pipeline strategy, or the megatron
+    // strategy's stages with ZeRO or tp) each MoE layer gives its aux loss
+    // its gradient itself (Note [Aux losses in backward]).
     if (c.parallel.cp > 1 || c.ps.servers > 0 || c.parallel.megatron_sp)
       return fmt::format("model.moe_experts with parallel.cp = {}, megatron_sp = {} or ps.servers = {}: "
                          "mixture-of-experts GPTs train under data parallelism (DDP, ZeRO-1/2/3; experts split over "
@@ -66,15 +66,6 @@ std::string gpt_problem(const TrainConfig& c) {
                          "pipeline stages (parallel.pp) for now; set those to 1 (megatron_sp = false, "
                          "ps.servers = 0)",
                          c.parallel.cp, c.parallel.megatron_sp, c.ps.servers);
-    // pp with ZeRO or tp sends the GPT to the megatron strategy
-    // (strategy_registry.cpp), whose stages do not yet weight the aux
-    // gradient by each pipeline micro-batch nor lay the data out per
-    // micro-batch (train/loop/batch_shares.cpp): only the pipeline strategy.
-    if (c.parallel.pp > 1 && (c.parallel.tp > 1 || c.zero.stage > 0))
-      return fmt::format("model.moe_experts = {} with parallel.pp = {}, parallel.tp = {} and zero.stage = {}: a "
-                         "mixture-of-experts GPT trains in pipeline stages under DDP only for now; set "
-                         "zero.stage = 0 and parallel.tp = 1, or parallel.pp = 1",
-                         c.model.moe_experts, c.parallel.pp, c.parallel.tp, c.zero.stage);
   }
   if (c.model.d_model % c.model.heads != 0)
     return fmt::format("model.d_model ({}) must be a multiple of model.heads ({}): each head gets d_model / heads "
@@ -139,7 +130,7 @@ std::vector<FieldSpec> model_fields() {
       field("model.dropout", &TC::model, &ModelConfig::dropout, "GPT dropout on embeddings, attention and residuals", in_range_finite(0.0, 0.999)),
       field("model.moe_experts", &TC::model, &ModelConfig::moe_experts, "GPT: experts per mixture-of-experts MLP (0 = dense)", in_range<int64_t>(0, 4096)),
       field("model.moe_top_k", &TC::model, &ModelConfig::moe_top_k, "GPT: experts per token, 1 (Switch) or 2 (GShard)", in_range<int64_t>(1, 2)),
-      field("model.moe_capacity_factor", &TC::model, &ModelConfig::moe_capacity_factor, "GPT: each expert takes at most ceil(factor * top_k * tokens / experts) of a step's tokens; the rest are dropped (the residual carries them)", in_range_finite(1e-3, 1e3)),
+      field("model.moe_capacity_factor", &TC::model, &ModelConfig::moe_capacity_factor, "GPT: each expert takes at most ceil(factor * top_k * tokens / experts) of a micro-batch's tokens (over the dp group); the rest are dropped (the residual carries them)", in_range_finite(1e-3, 1e3)),
       field("model.moe_every", &TC::model, &ModelConfig::moe_every, "GPT: every n-th block's MLP is a MoE layer", in_range<int64_t>(1, 1024)),
       field("model.moe_aux_loss", &TC::model, &ModelConfig::moe_aux_loss, "GPT: weight of the load-balancing loss (Switch, GShard) in the training loss, its gradient given inside each MoE layer (the logged loss is the task's; the aux losses are in the moe records)", in_range_finite(0.0, 1e3)),
       field("model.batchnorm", &TC::model, &ModelConfig::batchnorm, "CNN: BatchNorm2d after each conv"),
