@@ -10,7 +10,8 @@
 #     the MLP at world size 1 over NCCL (DDP, ZeRO-1/2/3), 2 processes on the
 #     GPU over Gloo (FSDP), parameter servers (1 server, 2 GPU workers), two
 #     NCCL ranks on one GPU (must be a ConfigError); the GPT under FSDP on 2
-#     processes (its tied embedding); ZeRO-2 and FSDP with the optimizer
+#     processes (its tied embedding), a MoE GPT recomputed in backward
+#     against the same without; ZeRO-2 and FSDP with the optimizer
 #     offloaded to host memory (peak GPU memory, checkpoints after 3 steps);
 #  4. timing, nothing else running: DDP on 2 processes against 1 (staging
 #     overlapped and synchronous); the GPT in fp32, bf16 and fp16 with the
@@ -135,6 +136,15 @@ gpt_lane() {
   timeout $(cap 150) $cli launch --nproc-per-node 2 -- $cli train "${gpt[@]}" --set run.name=gpt_fsdp2 \
     --set data.global_batch_size=16 --set zero.stage=3 > "$out/gpt_fsdp2.log" 2>&1
   compare gpt_fsdp2 gpt_single 20 $? "GPT under FSDP, 2 processes on the GPU"
+  # A MoE GPT recomputed in backward: on the GPU the recompute runs on the
+  # autograd engine's thread, where only the segment's kept loss weight
+  # gives the aux loss its gradient (Note [Aux losses in backward]).
+  local moe=(--set model.moe_experts=4 --set model.moe_top_k=2 --set model.moe_every=1 --set world.backend=gloo)
+  timeout $(cap 150) $cli train "${gpt[@]}" "${moe[@]}" --set run.name=gpt_moe > "$out/gpt_moe.log" 2>&1
+  echo "gpt_moe: rc=$?" >> "$out/lane-gpt.txt"
+  timeout $(cap 150) $cli train "${gpt[@]}" "${moe[@]}" --set train.activation_checkpointing=blocks \
+    --set run.name=gpt_moe_recompute > "$out/gpt_moe_recompute.log" 2>&1
+  compare gpt_moe_recompute gpt_moe 20 $? "MoE GPT with activation checkpointing vs without, on the GPU"
 }
 offload_lane() {
   # ZeRO-Offload at world size 1 with AdamW, ZeRO-2 and FSDP, the optimizer

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -17,6 +18,7 @@
 
 #include "paratrain/core/autocast.h"
 #include "paratrain/core/error.h"
+#include "paratrain/core/loss_weight.h"
 
 namespace paratrain::models {
 namespace {
@@ -57,6 +59,10 @@ struct Segment : torch::CustomClassHolder {
   RandomStates random;
   at::ScalarType autocast = at::kFloat;
   bool input_requires_grad = false;
+  // The micro-batch's loss weight the forward saw (core/loss_weight.h): the
+  // recompute runs in backward, maybe on the autograd engine's thread, and
+  // a layer adding a loss term from inside (a MoE layer) must see it again.
+  std::optional<double> loss_weight;
 };
 
 struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
@@ -105,6 +111,8 @@ struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
     segment->random.replay([&] {
       torch::AutoGradMode grad(true);
       core::AutocastGuard autocast(segment->autocast);
+      std::optional<core::LossWeightScope> weight;
+      if (segment->loss_weight) weight.emplace(*segment->loss_weight);
       out = segment->fn(input);
     });
     g_recomputed.fetch_add(1, std::memory_order_relaxed);
@@ -246,6 +254,7 @@ at::Tensor recompute_in_backward(std::function<at::Tensor(const at::Tensor&)> fn
   segment->state = std::move(state);
   segment->autocast = autocast_now();
   segment->input_requires_grad = x.requires_grad();
+  segment->loss_weight = core::loss_weight();
   const std::vector<at::Tensor> params = segment->state.params;
   return RecomputeFunction::apply(x, at::TensorList(params), segment).at(0);
 }

@@ -385,7 +385,10 @@ at::Tensor Moe::forward(const at::Tensor& input) {
   const double denominator = static_cast<double>(std::max<int64_t>(t_total, 1));  // an empty round: zero
   const at::Tensor first_share = all_counts.select(1, 0).sum(0).to(at::kFloat).to(x.device()) / denominator;
   aux_loss_ = static_cast<double>(e_count) * (first_share * (prob_sums / denominator)).sum();
-  if (is_training()) add_to_totals();  // the loop logs what training routed
+  // The loop logs what training routed: forwards with gradients, so a
+  // recomputed layer (activation checkpointing: first without, then again
+  // in backward) counts once.
+  if (is_training() && at::GradMode::is_enabled()) add_to_totals();
   at::Tensor out = y.to(input.scalar_type()).reshape(input.sizes());
   // Note [Aux losses in backward]: the load-balancing loss's gradient comes
   // with the output's, weighted as the micro-batch's loss is.

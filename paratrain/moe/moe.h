@@ -36,8 +36,10 @@
 // this thread while the forward runs (Note [The weight of a micro-batch's
 // loss] in core/loss_weight.h). The same gradient reaches the router as if
 // the term had been added, in the same backward (Megatron-Core's aux-loss
-// auto-scaler does this too). A forward run again in backward
-// (activation checkpointing) does not see the thread's weight: refused.
+// auto-scaler does this too). A forward run again in backward (activation
+// checkpointing) gets the weight its first pass saw back from the segment
+// (models/recompute.cpp), and only forwards with gradients count in the
+// routing totals, so a recomputed layer counts once.
 //
 // Note [Expert parallelism by all-to-all]
 // Rank r of the ep group holds experts [r E/ep, (r+1) E/ep), registered

@@ -11,10 +11,12 @@
 
 #include "paratrain/core/autocast.h"
 #include "paratrain/core/error.h"
+#include "paratrain/core/loss_weight.h"
 #include "paratrain/models/cnn.h"
 #include "paratrain/models/gpt.h"
 #include "paratrain/models/mlp.h"
 #include "paratrain/models/recompute.h"
+#include "paratrain/moe/moe.h"
 
 namespace pm = paratrain::models;
 
@@ -276,4 +278,37 @@ TEST(Recompute, AWeightSharedWithAPlainLayerKeepsItsGradientUnderBf16Autocast) {
     return shared->weight.grad().clone();
   };
   EXPECT_TRUE(torch::equal(run(false), run(true)));
+}
+
+// A recomputed MoE layer (Note [Aux losses in backward]): the segment keeps
+// the micro-batch's loss weight its forward saw (core/loss_weight.h) and
+// opens it again for the recompute, which on a GPU runs on the autograd
+// engine's thread; here the scope is simply closed before backward. The
+// router's gradient then equals that of the aux loss added to the loss;
+// without the kept weight the recompute would inject nothing.
+TEST(Recompute, AMoeLayerRecomputedInBackwardStillGetsItsAuxGradient) {
+  namespace moe = paratrain::moe;
+  const double w = 0.05, f = 0.5;
+  auto build = [] {
+    torch::manual_seed(11);
+    auto layer = std::make_shared<moe::Moe>(moe::MoeOptions{.d_model = 8, .hidden = 16, .experts = 4, .top_k = 2});
+    return layer;
+  };
+  torch::manual_seed(12);
+  const at::Tensor x = torch::randn({24, 8});
+  auto added = build();
+  const at::Tensor task = added->forward(x).square().mean();  // before aux_loss(): it is the forward's
+  (f * (task + w * added->aux_loss())).backward();
+  auto recomputed = build();
+  recomputed->set_aux_loss_weight(w);
+  at::Tensor y;
+  {
+    paratrain::core::LossWeightScope weight(f);
+    y = pm::recompute_in_backward([&](const at::Tensor& in) { return recomputed->forward(in); }, x,
+                                  pm::SegmentState{.params = recomputed->parameters(), .name = "mlp"});
+  }
+  (f * y.square().mean()).backward();  // no weight on the thread now
+  const at::Tensor a = added->router->weight.grad(), b = recomputed->router->weight.grad();
+  EXPECT_LE((a - b).abs().max().item<double>(), 1e-6 * a.abs().max().item<double>());
+  EXPECT_EQ(recomputed->take_totals().forwards, 1);  // the recompute's, not the first pass's
 }

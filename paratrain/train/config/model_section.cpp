@@ -40,19 +40,18 @@ std::string gpt_problem(const TrainConfig& c) {
                          "model.moe_every <= model.layers",
                          c.model.moe_every, c.model.layers);
     // What the MoE blocks' routing over the dp group and their aux loss do
-    // not survive yet: a recompute (the forward run again in backward would
-    // count its routing twice, and the loop's does not see the micro-batch's
-    // loss weight), a model rebuilt mid-run (adaptive freezing) or a replaced
-    // dp group (in-job recovery), weighted shares and a reduction that does
-    // not average (the aux gradient assumes the dp mean), fake quantization.
-    if (c.train.activation_checkpointing != "none" || c.pipeline.checkpoint_activations || c.freeze.adaptive ||
-        c.elastic.in_job || !c.data.batch_shares.empty() || c.ddp.mode == "none" || c.quant.qat)
-      return fmt::format("model.moe_experts = {} with train.activation_checkpointing = \"{}\", "
-                         "pipeline.checkpoint_activations = {}, freeze.adaptive = {}, elastic.in_job = {}, "
-                         "data.batch_shares set = {}, ddp.mode = \"{}\" or quant.qat = {}: the mixture-of-experts GPT "
-                         "does not train under these yet (docs/moe.md, Limits); turn them off",
-                         c.model.moe_experts, c.train.activation_checkpointing, c.pipeline.checkpoint_activations,
-                         c.freeze.adaptive, c.elastic.in_job, !c.data.batch_shares.empty(), c.ddp.mode, c.quant.qat);
+    // not survive yet: a model rebuilt mid-run (adaptive freezing) or a
+    // replaced dp group (in-job recovery), weighted shares and a reduction
+    // that does not average (the aux gradient assumes the dp mean), fake
+    // quantization. (Activation checkpointing works: the recompute sees the
+    // micro-batch's loss weight again and counts its routing once.)
+    if (c.freeze.adaptive || c.elastic.in_job || !c.data.batch_shares.empty() || c.ddp.mode == "none" ||
+        c.quant.qat)
+      return fmt::format("model.moe_experts = {} with freeze.adaptive = {}, elastic.in_job = {}, data.batch_shares "
+                         "set = {}, ddp.mode = \"{}\" or quant.qat = {}: the mixture-of-experts GPT does not train "
+                         "under these yet (docs/moe.md, Limits); turn them off",
+                         c.model.moe_experts, c.freeze.adaptive, c.elastic.in_job, !c.data.batch_shares.empty(),
+                         c.ddp.mode, c.quant.qat);
     // Under tensor parallelism the MoE layers are replicated over tp (the
     // plan splits the rest, models/parallel_gpt.h); Megatron-SP and cp
     // would hand them a sequence chunk, whose routing is not the whole
