@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -161,10 +160,10 @@ double FitLoop::take_step(const ScheduledStep& step, int64_t index) {
       batch = schedule_->micro_batch(step, i);
     }
     distill_.before_micro_batch(batch.inputs);
-    // What micro_loss_ multiplies the loss function's value by, for the MoE
-    // layers' aux losses (Note [The weight of a micro-batch's loss]).
-    std::optional<core::LossWeightScope> weight;
-    if (moe_.active()) weight.emplace(MoeRouting::micro_batch_weight(loss_scale, k, shares_.loss_weight()));
+    // What micro_loss_ multiplies the loss function's value by (the loss
+    // scale, over k, times the share weight), for layers that add terms to
+    // the loss from inside (Note [The weight of a micro-batch's loss]).
+    const core::LossWeightScope weight(loss_scale / static_cast<double>(k) * shares_.loss_weight());
     const at::Tensor micro = s_.strategy->forward_backward(batch, micro_loss_, /*sync=*/i == k - 1).loss.to(at::kDouble);
     loss_sum = loss_sum.defined() ? loss_sum + micro.to(loss_sum.device()) : micro;
     shares_.end_micro_batch(batch.inputs.defined() ? batch.inputs.size(0) : 0);

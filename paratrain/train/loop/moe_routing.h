@@ -2,8 +2,8 @@
 // MoE layer gives its load-balancing loss the gradient of
 // model.moe_aux_loss x that loss as a term of the training loss (Note [Aux
 // losses in backward] in moe/moe.h): the loop says, for each micro-batch,
-// what weight the micro-batch's loss has (micro_batch_weight(), opened as
-// a core::LossWeightScope), and a pipeline
+// what weight the micro-batch's loss has (a core::LossWeightScope), and a
+// pipeline
 // scales it by its own micro-batches. At every log point a "moe" record in
 // metrics.jsonl gives each layer's routing since the last one: the
 // (token, choice) pairs each expert kept, the pairs dropped at capacity,
@@ -27,15 +27,6 @@ class MoeRouting {
  public:
   explicit MoeRouting(Trainer::State& s);
 
-  /// Whether the model has MoE layers whose aux loss the loop weights.
-  bool active() const { return !names_.empty(); }
-  /// The weight of a micro-batch's loss function value in the step's loss
-  /// (the loss scale, over the accumulated micro-batches, times this rank's
-  /// share weight): the value of the core::LossWeightScope the loop opens
-  /// around each micro-batch.
-  static double micro_batch_weight(double loss_scale, int64_t accumulate, double share_weight) {
-    return loss_scale / static_cast<double>(accumulate) * share_weight;
-  }
   /// At a log point of step `step`: the record of the routing since the
   /// last one (written by the main rank). Collective over the pipeline's
   /// stages.
