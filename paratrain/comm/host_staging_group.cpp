@@ -101,10 +101,10 @@ class StagedWork final : public Work {
 
   using Work::wait;
   void wait(std::chrono::milliseconds timeout) override {
-    const auto deadline = Clock::now() + timeout;
-    WorkHandle inner = inner_ ? inner_ : job_->await(deadline, timeout);
-    const auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    inner->wait(std::max(remaining, std::chrono::milliseconds(0)));
+    RunningDeadline deadline(timeout);  // Note [Deadlines that stop with the process]
+    WorkHandle inner = inner_ ? inner_ : job_->await(deadline);
+    deadline.passed();
+    inner->wait(deadline.left());
     // Two threads may wait on one Work: the copy runs once, and both return
     // after it (call_once blocks the second until the first finished).
     std::call_once(copied_, [&] {

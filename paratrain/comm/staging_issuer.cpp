@@ -20,12 +20,15 @@ void Job::settle(WorkHandle work, std::exception_ptr e) {
   cv.notify_all();
 }
 
-WorkHandle Job::await(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout) {
+WorkHandle Job::await(RunningDeadline& deadline) {
   std::unique_lock<std::mutex> lock(mu);
-  if (!cv.wait_until(lock, deadline, [&] { return issued; }))
-    throw TimeoutError(fmt::format("staged operation not started after {} ms: its device-to-host copy did not "
-                                   "finish (the GPU is stuck or gone)",
-                                   timeout.count()));
+  while (!issued) {
+    if (deadline.passed())
+      throw TimeoutError(fmt::format("staged operation not started after {} ms: its device-to-host copy did not "
+                                     "finish (the GPU is stuck or gone)",
+                                     deadline.timeout().count()));
+    cv.wait_until(lock, deadline.next_look());
+  }
   if (error) std::rethrow_exception(error);
   return inner;
 }

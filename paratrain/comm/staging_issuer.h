@@ -18,6 +18,7 @@
 #include <variant>
 
 #include "paratrain/comm/process_group.h"
+#include "paratrain/core/running_deadline.h"
 
 namespace paratrain::comm::staging_detail {
 
@@ -33,7 +34,7 @@ struct Job {
 
   void settle(WorkHandle work, std::exception_ptr e);
   // The inner work once issued; rethrows an issue failure; TimeoutError at `deadline`.
-  WorkHandle await(std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds timeout);
+  WorkHandle await(RunningDeadline& deadline);
 };
 
 // Starts inner operations in issue order.

@@ -14,6 +14,7 @@
 
 #include "paratrain/comm/process_group.h"
 #include "paratrain/core/error.h"
+#include "paratrain/core/running_deadline.h"
 
 namespace paratrain::comm {
 
@@ -26,10 +27,14 @@ class WorkerWork final : public Work {
   using Work::wait;
   void wait(std::chrono::milliseconds timeout) override {
     std::unique_lock lock(mu_);
-    if (!cv_.wait_for(lock, timeout, [&] { return done_ || error_; }))
-      throw TimeoutError(fmt::format("{} did not complete within {} ms: a peer rank may be slow, stopped, or "
-                                     "skipped this operation",
-                                     what_, timeout.count()));
+    RunningDeadline deadline(timeout);  // Note [Deadlines that stop with the process]
+    while (!done_ && !error_) {
+      if (deadline.passed())
+        throw TimeoutError(fmt::format("{} did not complete within {} ms: a peer rank may be slow, stopped, or "
+                                       "skipped this operation",
+                                       what_, timeout.count()));
+      cv_.wait_until(lock, deadline.next_look());
+    }
     if (error_) std::rethrow_exception(error_);
   }
   bool is_completed() override {

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/core/running_deadline.h"
 #include "tests/support/multi_rank.h"
 
 using paratrain::CommError;
@@ -255,3 +256,52 @@ TEST(Work, AbortReachesSubgroups) {
 }
 
 }  // namespace
+
+// A receive whose peer never sends fails at the wait's timeout, counted in
+// running time, and the group torn down afterwards ends the receive still
+// in flight in Gloo (Note [Gloo's deadline is ours]): with Gloo's own
+// deadline now a week, a teardown that left it there would hang, and ctest
+// would kill the test.
+TEST(Work, ARecvThatTimedOutIsEndedWhenTheGroupGoes) {
+  std::atomic<bool> rank0_done{false};
+  run_ranks(2, [&](ProcessGroup& pg) {
+    if (pg.rank() == 1) {
+      spin_until(rank0_done);  // alive, never sends
+      return;
+    }
+    auto in = torch::zeros({4});
+    auto work = pg.recv(in, 1);
+    try {
+      work->wait(std::chrono::milliseconds(300));
+      ADD_FAILURE() << "recv returned without a sender";
+    } catch (const TimeoutError& e) {
+      EXPECT_TRUE(contains(e, "recv")) << e.what();
+    }
+    EXPECT_FALSE(work->is_completed());  // still in flight: nothing closed the connections
+    rank0_done = true;
+  }, kLongerThanCtest);
+}
+
+// Note [Deadlines that stop with the process], on a clock given by hand: a
+// gap between two looks longer than kPause moves the deadline by the gap;
+// looks at least every kSlice never do.
+TEST(RunningDeadline, AGapBetweenLooksIsTimeTheProcessDidNotRun) {
+  using paratrain::RunningDeadline;
+  using namespace std::chrono_literals;
+  const RunningDeadline::Clock::time_point t0{};
+  RunningDeadline steady(1000ms, t0);
+  for (auto t = 0ms; t < 1000ms; t += RunningDeadline::kSlice) {
+    EXPECT_FALSE(steady.passed(t0 + t));
+    EXPECT_LE(steady.next_look(t0 + t), t0 + t + RunningDeadline::kSlice);
+  }
+  EXPECT_TRUE(steady.passed(t0 + 1000ms));
+  EXPECT_EQ(steady.stopped(), 0ms);
+
+  RunningDeadline stopped(1000ms, t0);
+  EXPECT_FALSE(stopped.passed(t0 + 400ms));
+  EXPECT_FALSE(stopped.passed(t0 + 60400ms));  // a minute stopped, woke 59 s past the deadline
+  EXPECT_EQ(stopped.stopped(), 60000ms);
+  EXPECT_EQ(stopped.left(t0 + 60400ms), 600ms);  // the 600 ms it had not yet waited
+  EXPECT_FALSE(stopped.passed(t0 + 60900ms));
+  EXPECT_TRUE(stopped.passed(t0 + 61000ms));
+}

@@ -249,20 +249,25 @@ TEST(Preemption, SignalNamesAreChecked) {
   EXPECT_THROW(paratrain::train::validate_config(c), paratrain::ConfigError);
 }
 
+namespace {
+
 // Gang scheduling (Slurm's PreemptMode=SUSPEND,GANG) or Ctrl-Z: the whole
 // job, launcher included, stopped for longer than world.heartbeat_timeout_s
-// and continued goes on training (Note [A suspended job] in
-// launch/supervisor.cpp) and ends equal to a run never stopped. A single
-// stopped rank is still caught (Launch.* and ShmProcesses.* tests).
-TEST(Suspension, TheWholeJobStoppedAndContinuedFinishesAsIfNeverStopped) {
-  const auto dir = paratrain::testing::temp_dir("suspend");
-  // 1024 steps paced to at least 3 ms each (rank 0 sleeps before each
+// and world.timeout_s, then continued, goes on training (Note [A suspended
+// job] in launch/supervisor.cpp, Note [Deadlines that stop with the
+// process] in core/running_deadline.h) and ends equal to a run never
+// stopped. A single stopped rank is still caught (Launch.* and
+// ShmProcesses.* tests). `extra`: the layout and backend under test.
+void stop_the_whole_job_and_compare(const std::string& dir, const std::vector<std::string>& extra, int steps) {
+  // 1024 (or 512) steps paced to at least 3 ms each (rank 0 sleeps before each
   // step): still training a second after it started on any machine.
-  const std::vector<std::string> beats{"--set", "world.heartbeat_s=0.2", "--set", "world.heartbeat_timeout_s=2",
-                                       "--set", "profile.test_slow_rank=0", "--set", "profile.test_slow_ms=3"};
+  std::vector<std::string> settings{"--set", "world.heartbeat_s=0.2", "--set", "world.heartbeat_timeout_s=2",
+                                    "--set", "world.timeout_s=3",     "--set", "profile.test_slow_rank=0",
+                                    "--set", "profile.test_slow_ms=3"};
+  settings.insert(settings.end(), extra.begin(), extra.end());
   std::vector<std::string> args{PARATRAIN_CLI, "launch", "--nproc-per-node", "2", "--", PARATRAIN_CLI, "train",
                                 "--config", job(dir)};
-  args.insert(args.end(), beats.begin(), beats.end());
+  args.insert(args.end(), settings.begin(), settings.end());
   const std::string log = dir + "/launch.log";
   const pid_t launcher = paratrain::testing::spawn_logged(args, log);
   ASSERT_GT(launcher, 0);
@@ -280,12 +285,19 @@ TEST(Suspension, TheWholeJobStoppedAndContinuedFinishesAsIfNeverStopped) {
   for (pid_t r : ranks) kill(-r, SIGSTOP);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   kill(launcher, SIGSTOP);
-  std::this_thread::sleep_for(std::chrono::seconds(6));  // three heartbeat timeouts
+  // More than twice the heartbeat timeout and the collective timeout: every
+  // collective in flight passed its wall-clock deadline while stopped.
+  std::this_thread::sleep_for(std::chrono::seconds(7));
   // The launcher wakes first, as any process of a job may: for a moment it
-  // sees only beats as old as the pause.
+  // sees only beats as old as the pause. Then the ranks, one after the
+  // other: rank 1 first, which was most likely waiting in a collective for
+  // the slower rank 0, and now waits 300 ms more, past its wall-clock
+  // deadline.
   kill(launcher, SIGCONT);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  for (pid_t r : ranks) kill(-r, SIGCONT);
+  kill(-ranks[1], SIGCONT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  kill(-ranks[0], SIGCONT);
   const auto exit = paratrain::testing::wait_exit(launcher, std::chrono::seconds(120));
   ASSERT_TRUE(exit) << read_file(log);
   EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << read_file(log);
@@ -293,13 +305,30 @@ TEST(Suspension, TheWholeJobStoppedAndContinuedFinishesAsIfNeverStopped) {
 
   std::vector<std::string> whole{"launch", "--nproc-per-node", "2", "--", PARATRAIN_CLI, "train", "--config",
                                  job(dir), "--set", "run.name=whole"};
-  whole.insert(whole.end(), beats.begin(), beats.end());
+  whole.insert(whole.end(), settings.begin(), settings.end());
   const auto never_stopped = run_cli(whole);
   ASSERT_EQ(never_stopped.exit_code, 0) << never_stopped.output;
-  const std::string last = "checkpoints/step_00001024";
+  const auto last = fmt::format("checkpoints/step_{:08d}", steps);
   const auto compare =
-      run_cli({"checkpoint", "compare", "--all", (run / last).string(), dir + "/runs/whole/version_0/" + last});
-  EXPECT_EQ(compare.exit_code, 0) << compare.output;
+      run_cli({"checkpoint", "compare", "--all", "--rtol", "0", (run / last).string(),
+               dir + "/runs/whole/version_0/" + last});
+  EXPECT_EQ(compare.exit_code, 0) << compare.output;  // bitwise: the same ranks, backend and order
+}
+
+}  // namespace
+
+// Data parallel over the default backend (shared memory on one host).
+TEST(Suspension, TheWholeJobStoppedAndContinuedFinishesAsIfNeverStopped) {
+  stop_the_whole_job_and_compare(paratrain::testing::temp_dir("suspend"), {}, 1024);
+}
+
+// Two pipeline stages over Gloo: its collectives and its sends and receives
+// (Note [Gloo's deadline is ours] in comm/gloo/gloo_work.h). Before, the
+// rank that woke first failed its receive at Gloo's own deadline.
+TEST(Suspension, PipelineStagesOverGlooStoppedLongerThanTheTimeoutGoOn) {
+  stop_the_whole_job_and_compare(paratrain::testing::temp_dir("suspend-gloo"),
+                                 {"--set", "world.backend=gloo", "--set", "parallel.pp=2", "--set", "train.epochs=16"},
+                                 512);
 }
 
 // A second signal ends the process at once (the user or the scheduler

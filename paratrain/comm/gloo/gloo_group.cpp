@@ -57,7 +57,14 @@ struct GlooContextAccess : ::gloo::Context {
   static ::gloo::transport::Context& transport(::gloo::Context& context) {
     return *(context.*(&GlooContextAccess::transportContext_));
   }
+  // gloo::Context::setTimeout lives in libgloo, which we do not link.
+  static void set_timeout(::gloo::Context& context, std::chrono::milliseconds timeout) {
+    context.*(&GlooContextAccess::timeout_) = timeout;
+    if (context.*(&GlooContextAccess::transportContext_)) transport(context).setTimeout(timeout);
+  }
 };
+
+constexpr auto kBackstop = std::chrono::duration_cast<std::chrono::milliseconds>(gloo_detail::kGlooBackstop);
 
 // c10d's ProcessGroupGloo with access to its Gloo contexts, which abort()
 // needs and c10d 1.13 keeps protected.
@@ -74,6 +81,13 @@ class AbortableGloo final : public c10d::ProcessGroupGloo {
   // a slot nobody sends to and wait for it 1 ms. Best effort: if that fails,
   // the pairs are closed plainly and this rank's in-flight operations end at
   // the group timeout instead.
+  // Connected within world.timeout_s, Gloo's own timeout becomes the
+  // backstop for the operations (Note [Gloo's deadline is ours]).
+  void use_backstop_timeout() {
+    for (auto& context : contexts_)
+      if (context) GlooContextAccess::set_timeout(*context, kBackstop);
+  }
+
   void fail_connections() noexcept {
     // Far above the slots c10d derives from its collective counter.
     constexpr uint64_t kAbortSlot = uint64_t{0x7AB0} << 48;
@@ -124,6 +138,18 @@ class GlooProcessGroup final : public ProcessGroup {
     } catch (...) {
       rethrow_as_comm_error(fmt::format("rank {}: connecting the Gloo group of {} ranks", rank_, size_));
     }
+    pg_->use_backstop_timeout();
+  }
+
+  // Operations nobody waited for (an error is on its way up) would hold
+  // Gloo's threads, which c10d joins here, until the backstop: end them.
+  ~GlooProcessGroup() override {
+    bool in_flight = false;
+    {
+      std::lock_guard<std::mutex> lock(signal_->mu);
+      in_flight = signal_->in_flight > 0;
+    }
+    if (in_flight) pg_->fail_connections();
   }
 
   int rank() const override { return rank_; }
@@ -137,7 +163,7 @@ class GlooProcessGroup final : public ProcessGroup {
     std::vector<at::Tensor> tensors{tensor};
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
-    opts.timeout = options_.timeout;
+    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
     std::function<void()> finish;
     if (op == ReduceOp::kAvg) finish = [tensor, n = size_]() mutable { tensor.div_(n); };
     return issue(describe("all_reduce", op, tensor), std::move(finish),
@@ -155,7 +181,7 @@ class GlooProcessGroup final : public ProcessGroup {
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (auto& slice : output.view({-1}).chunk(size_)) outputs[0].push_back(slice.view(input.sizes()));
     c10d::AllgatherOptions opts;
-    opts.timeout = options_.timeout;
+    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
     return issue(describe("all_gather", std::nullopt, input), {},
                  [&] { return pg_->allgather(outputs, inputs, opts); });
   }
@@ -173,7 +199,7 @@ class GlooProcessGroup final : public ProcessGroup {
     auto send = input.view({size_, output.numel()});
     std::vector<int64_t> equal_split;  // empty = equal split
     c10d::AllToAllOptions opts;
-    opts.timeout = options_.timeout;
+    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
     auto finish = [output, received, op, n = size_]() mutable {
       at::Tensor r;
       switch (op) {
@@ -196,7 +222,7 @@ class GlooProcessGroup final : public ProcessGroup {
   // keeps the operation a collective (same order, same failure modes).
   WorkHandle empty_exchange(const std::string& what) {
     c10d::BarrierOptions opts;
-    opts.timeout = options_.timeout;
+    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
     return issue(what, {}, [&] { return pg_->barrier(opts); });
   }
 
@@ -206,7 +232,7 @@ class GlooProcessGroup final : public ProcessGroup {
     std::vector<at::Tensor> tensors{tensor};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
-    opts.timeout = options_.timeout;
+    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
     return issue(fmt::format("rank {}: broadcast(root {}, {} elements)", rank_, root, tensor.numel()),
                  {}, [&] { return pg_->broadcast(tensors, opts); });
   }
@@ -229,7 +255,7 @@ class GlooProcessGroup final : public ProcessGroup {
 
   WorkHandle barrier() override {
     c10d::BarrierOptions opts;
-    opts.timeout = options_.timeout;
+    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
     return issue(fmt::format("rank {}: barrier", rank_), {}, [&] { return pg_->barrier(opts); });
   }
 
@@ -246,7 +272,7 @@ class GlooProcessGroup final : public ProcessGroup {
     check_splits(output_split_sizes, output.size(0), "all_to_all output");
     check_splits(input_split_sizes, input.size(0), "all_to_all input");
     c10d::AllToAllOptions opts;
-    opts.timeout = options_.timeout;
+    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
     at::Tensor in = input;  // c10d takes it by non-const reference
     return issue(describe("all_to_all", std::nullopt, input), {}, [&] {
       return pg_->alltoall_base(output, in, output_split_sizes, input_split_sizes, opts);
@@ -261,7 +287,7 @@ class GlooProcessGroup final : public ProcessGroup {
     c10d::ReduceOptions opts;
     opts.reduceOp = to_c10d(op);
     opts.rootRank = root;
-    opts.timeout = options_.timeout;
+    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
     std::function<void()> finish;
     if (op == ReduceOp::kAvg && rank_ == root) finish = [tensor, n = size_]() mutable { tensor.div_(n); };
     return issue(fmt::format("{} to root {}", describe("reduce", op, tensor), root), std::move(finish),
@@ -281,7 +307,7 @@ class GlooProcessGroup final : public ProcessGroup {
     }
     c10d::GatherOptions opts;
     opts.rootRank = root;
-    opts.timeout = options_.timeout;
+    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
     return issue(fmt::format("{} to root {}", describe("gather", std::nullopt, input), root), {},
                  [&] { return pg_->gather(outputs, inputs, opts); });
   }
@@ -299,7 +325,7 @@ class GlooProcessGroup final : public ProcessGroup {
     }
     c10d::ScatterOptions opts;
     opts.rootRank = root;
-    opts.timeout = options_.timeout;
+    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
     return issue(fmt::format("{} from root {}", describe("scatter", std::nullopt, output), root), {},
                  [&] { return pg_->scatter(outputs, inputs, opts); });
   }
@@ -341,7 +367,7 @@ class GlooProcessGroup final : public ProcessGroup {
       }
     };
     c10d::AllgatherOptions opts;
-    opts.timeout = options_.timeout;
+    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
     return issue(std::move(what), std::move(finish), [&] { return pg_->allgather(outputs, inputs, opts); });
   }
 

@@ -3,11 +3,13 @@
 #include "paratrain/comm/gloo/gloo_work.h"
 
 #include <algorithm>
+#include <thread>
 
 #include <ATen/core/ivalue.h>
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/core/running_deadline.h"
 
 namespace paratrain::comm::gloo_detail {
 
@@ -20,15 +22,22 @@ GlooWork::GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string what, std::f
     backend_->at = Clock::now();
     return;
   }
-  if (!has_future) return;
   c10::intrusive_ptr<c10::ivalue::Future> future;
-  try {
-    future = work_->getFuture();
-  } catch (...) {
-    // c10d 1.13's SendWork/RecvWork have no future; wait() waits in c10d.
+  if (has_future) {
+    try {
+      future = work_->getFuture();
+    } catch (...) {
+      // No future after all: waited for on a thread below.
+    }
   }
-  if (!future) return;
-  has_future_ = true;
+  {
+    std::lock_guard<std::mutex> lock(signal_->mu);
+    ++signal_->in_flight;
+  }
+  if (!future) {
+    wait_in_backend_thread();
+    return;
+  }
   // Runs on the Gloo worker thread the moment the operation ends (or at once
   // if it already has). Holds the shared state, not `this`: a Work dropped
   // without wait() must not be touched afterwards.
@@ -39,13 +48,40 @@ GlooWork::GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string what, std::f
       backend->done = true;
       backend->at = at;
       if (f.hasError()) backend->error = f.exception_ptr();
+      --signal->in_flight;
     }
     signal->cv.notify_all();
   });
 }
 
+// Detached: it holds what it touches, and ends when the operation does, when
+// the group's connections are failed (abort, or the group's end with
+// operations in flight), or at Gloo's backstop.
+void GlooWork::wait_in_backend_thread() {
+  std::thread([work = work_, backend = backend_, signal = signal_] {
+    bool ok = false;
+    std::exception_ptr error;
+    try {
+      ok = work->wait(std::chrono::duration_cast<std::chrono::milliseconds>(kGlooBackstop));
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (!ok && !error)
+      error = std::make_exception_ptr(CommError("the operation ended in Gloo without completing"));
+    const auto at = Clock::now();
+    {
+      std::lock_guard<std::mutex> lock(signal->mu);
+      backend->done = true;
+      backend->at = at;
+      backend->error = error;
+      --signal->in_flight;
+    }
+    signal->cv.notify_all();
+  }).detach();
+}
+
 void GlooWork::wait(std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
+  RunningDeadline deadline(timeout);  // Note [Gloo's deadline is ours]
   std::unique_lock<std::mutex> lock(signal_->mu);
   while (!finished_) {
     if (finishing_) {
@@ -78,44 +114,10 @@ void GlooWork::wait(std::chrono::milliseconds timeout) {
       break;
     }
     if (signal_->aborted) throw_aborted();
-    if (!has_future_ && !backend_waiter_) {
-      wait_in_backend(lock, deadline);
-      continue;
-    }
-    if (signal_->cv.wait_until(lock, deadline) == std::cv_status::timeout && !backend_->done &&
-        !finishing_ && !finished_ && !signal_->aborted) {
-      throw_timeout(timeout);
-    }
+    if (deadline.passed()) throw_timeout(timeout);
+    signal_->cv.wait_until(lock, deadline.next_look());
   }
   if (outcome_) std::rethrow_exception(outcome_);
-}
-
-void GlooWork::wait_in_backend(std::unique_lock<std::mutex>& lock, Clock::time_point deadline) {
-  backend_waiter_ = true;
-  lock.unlock();
-  // c10d reads 0 ms as "no timeout"; an expired deadline still gets a poll.
-  const auto left = std::max(std::chrono::milliseconds(1),
-                             std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-  bool ok = false;
-  std::exception_ptr error;
-  try {
-    ok = work_->wait(left);
-  } catch (...) {
-    error = std::current_exception();
-  }
-  const auto at = Clock::now();
-  lock.lock();
-  backend_waiter_ = false;
-  if (ok || error) {
-    backend_->done = true;
-    backend_->at = at;
-    backend_->error = error;
-  }
-  signal_->cv.notify_all();
-  if (!backend_->done) {
-    if (signal_->aborted) throw_aborted();
-    throw_timeout(left);
-  }
 }
 
 void GlooWork::settle_backend_error(std::exception_ptr error) {
@@ -135,8 +137,7 @@ void GlooWork::settle_backend_error(std::exception_ptr error) {
 
 bool GlooWork::is_completed() {
   std::lock_guard<std::mutex> lock(signal_->mu);
-  if (finished_ || backend_->done || signal_->aborted) return true;
-  return !has_future_ && work_->isCompleted();
+  return finished_ || backend_->done || signal_->aborted;
 }
 
 std::optional<Work::Clock::time_point> GlooWork::completed_at() {

@@ -26,7 +26,26 @@ struct GroupSignal {
   std::condition_variable cv;
   bool aborted = false;  // guarded by mu
   int rank = 0;
+  int in_flight = 0;     // guarded by mu: operations whose backend has not ended
 };
+
+// Note [Gloo's deadline is ours]
+// Gloo enforces a timeout of its own on every wait inside an operation,
+// measured on the monotonic clock, which runs on while the process is
+// stopped: a job suspended for longer than world.timeout_s (gang
+// scheduling, Ctrl-Z) would fail every operation in flight on waking,
+// whichever rank continued first. So Gloo's own timeout is a backstop
+// (kGlooBackstop, a week) and world.timeout_s is kept here, in time the
+// process ran (Note [Deadlines that stop with the process]). Gloo closed
+// every connection of the group at its timeout; ours leaves them be, so
+// each rank of a hung collective times out on its own deadline and says so
+// (the hang doctor's dumps need that), and the operation stays in flight.
+// A group destroyed with operations in flight puts its connections into
+// Gloo's error state first (as abort() does), which ends them instead of
+// holding c10d's threads, which its destructor joins, for the backstop.
+// c10d's send and receive have no future to be told of completion: a
+// thread waits in c10d for each of them.
+inline constexpr std::chrono::hours kGlooBackstop{24 * 7};
 
 class GlooWork final : public Work {
  public:
@@ -35,7 +54,8 @@ class GlooWork final : public Work {
   // division or copying the local shard out of a scratch buffer).
   // `has_future` false: c10d's work has no future (send/recv in 1.13). Asking
   // such a work for one throws a c10::Error, whose backtrace capture costs
-  // about a millisecond: more than sending a pipeline activation.
+  // about a millisecond: more than sending a pipeline activation. A thread
+  // waits in c10d for it instead (Note [Gloo's deadline is ours]).
   GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string what, std::function<void()> finish,
            std::shared_ptr<GroupSignal> signal, std::chrono::milliseconds default_timeout, bool has_future = true);
 
@@ -43,16 +63,16 @@ class GlooWork final : public Work {
   void wait(std::chrono::milliseconds timeout) override;
   bool is_completed() override;
   // Exact (stamped by a callback on the c10d future) for every collective;
-  // send/recv have no future in c10d 1.13, so theirs is when a wait() saw
-  // the operation finish.
+  // send/recv have no future in c10d 1.13, so theirs is when the thread
+  // waiting in c10d saw the operation finish.
   std::optional<Clock::time_point> completed_at() override;
 
  protected:
   std::chrono::milliseconds default_timeout() const override { return default_timeout_; }
 
  private:
-  // Waits in c10d itself (send/recv); called with the lock released.
-  void wait_in_backend(std::unique_lock<std::mutex>& lock, Clock::time_point deadline);
+  // A thread that waits in c10d itself (send/recv have no future).
+  void wait_in_backend_thread();
   void settle_backend_error(std::exception_ptr error);  // lock held
   [[noreturn]] void throw_aborted() const;
   [[noreturn]] void throw_timeout(std::chrono::milliseconds timeout) const;
@@ -62,7 +82,6 @@ class GlooWork final : public Work {
   std::function<void()> finish_;
   std::shared_ptr<GroupSignal> signal_;
   std::chrono::milliseconds default_timeout_;
-  bool has_future_ = false;
 
   // Guarded by signal_->mu. The state shared with the future's callback lives
   // in `backend_`, which the callback holds on its own (it may outlive us).
@@ -72,7 +91,6 @@ class GlooWork final : public Work {
     std::optional<Clock::time_point> at;
   };
   std::shared_ptr<Backend> backend_ = std::make_shared<Backend>();
-  bool backend_waiter_ = false;  // a thread is inside c10d's wait (send/recv)
   bool finishing_ = false;       // a thread is running finish_
   bool finished_ = false;        // wait() has its final outcome
   std::exception_ptr outcome_;   // the error every wait() rethrows, if any

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/core/running_deadline.h"
 
 #ifdef PARATRAIN_HAVE_MPI
 #include <mpi.h>
@@ -72,7 +73,7 @@ class MpiWork final : public Work {
     std::lock_guard lock(mu_);
     if (!done_ && !signal_->aborted.load()) {
       try {
-        poll_until_locked(Clock::now() + timeout_);
+        poll_until_locked(RunningDeadline(timeout_));
       } catch (...) {
       }
     }
@@ -84,7 +85,7 @@ class MpiWork final : public Work {
     if (error_) std::rethrow_exception(error_);
     if (done_) return;
     try {
-      poll_until_locked(Clock::now() + timeout);
+      poll_until_locked(RunningDeadline(timeout));
     } catch (const TimeoutError&) {
       throw;  // a later wait may still succeed
     } catch (...) {
@@ -117,7 +118,8 @@ class MpiWork final : public Work {
   // waiter must keep calling it. Sleeping between calls (tried: up to
   // 500 us) made a 64 MiB all-reduce 10x slower; yielding keeps it moving
   // while still letting the other ranks of an oversubscribed node run.
-  void poll_until_locked(Clock::time_point deadline) {
+  // The deadline counts running time (Note [Deadlines that stop with the process]).
+  void poll_until_locked(RunningDeadline deadline) {
     while (true) {
       if (signal_->aborted.load())
         throw CommError(fmt::format("{}: the group was aborted while this operation was in flight", what_));
@@ -127,7 +129,7 @@ class MpiWork final : public Work {
         complete_locked();
         return;
       }
-      if (Clock::now() >= deadline)
+      if (deadline.passed())
         throw TimeoutError(fmt::format("{} did not complete within the timeout: a peer rank may have died, hung, "
                                        "or skipped this operation",
                                        what_));

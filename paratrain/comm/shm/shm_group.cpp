@@ -294,7 +294,7 @@ class ShmProcessGroup final : public ProcessGroup {
       }
       WaitContext ctx;
       ctx.aborted = [this] { return aborted_.load() || stop_flag(); };
-      ctx.deadline = std::chrono::steady_clock::now() + options_.timeout;
+      ctx.deadline = RunningDeadline(options_.timeout);
       ctx.what = &job.work->what();
       try {
         job.run(Channel{*segment_, chunk_, ctx});

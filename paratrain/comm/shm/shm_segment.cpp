@@ -219,7 +219,7 @@ void Segment::wait_for(int peer, uint32_t target, const WaitContext& ctx) {
                                     *ctx.what, peer, pid));
       next_pid_check = now + std::chrono::milliseconds(100);
     }
-    if (now >= ctx.deadline)
+    if (ctx.deadline.passed(now))
       throw TimeoutError(fmt::format("{} did not complete within the timeout: rank {} (pid {}) never arrived at "
                                      "phase {}; it may be stopped, hung, or skipped this operation",
                                      *ctx.what, peer, c.pid.load(), target));

@@ -16,6 +16,8 @@
 #include <functional>
 #include <string>
 
+#include "paratrain/core/running_deadline.h"
+
 namespace c10d {
 class Store;
 }
@@ -25,7 +27,9 @@ namespace paratrain::comm::shm_detail {
 // Why a wait for peers stopped early.
 struct WaitContext {
   std::function<bool()> aborted;  // this rank aborted the group
-  std::chrono::steady_clock::time_point deadline;
+  // world.timeout_s of running time (Note [Deadlines that stop with the
+  // process]): every wait of the operation looks at it and moves it on.
+  mutable RunningDeadline deadline{std::chrono::milliseconds(0)};
   const std::string* what = nullptr;  // "rank 0: all_reduce(1000 Float)", for errors
 };
 
