@@ -62,17 +62,20 @@ class FaultKill : public train::Callback {
 };
 
 // The step at which this rank kills (PARATRAIN_FAULT_KILL) or stops
-// (PARATRAIN_FAULT_STOP) itself, if the variable says so.
+// (PARATRAIN_FAULT_STOP) itself, if the variable says so. Step 0 (kill
+// only): once every rank checked in, before the world is built.
 std::optional<int64_t> fault_step(const comm::WorldInfo& world, const char* variable, const char* verb) {
+  const int64_t first = std::string(variable) == "PARATRAIN_FAULT_KILL" ? 0 : 1;
   const auto spec = env::get(variable);
   if (!spec || world.restart_count > 0) return std::nullopt;
   int rank = -1;
   long long step = -1;
   char tail = 0;
-  if (std::sscanf(spec->c_str(), "%d:%lld%c", &rank, &step, &tail) != 2 || rank < 0 || step < 1) {
+  if (std::sscanf(spec->c_str(), "%d:%lld%c", &rank, &step, &tail) != 2 || rank < 0 || step < first) {
     throw ConfigError(fmt::format("environment variable {}='{}' must be RANK:STEP (e.g. 1:5: "
-                                  "rank 1 {} itself after step 5); unset it to train normally",
-                                  variable, *spec, verb));
+                                  "rank 1 {} itself after step 5{}); unset it to train normally",
+                                  variable, *spec, verb,
+                                  first == 0 ? "; 1:0: after its check-in, before the world is built" : ""));
   }
   if (rank != world.rank) return std::nullopt;
   return step;
@@ -245,6 +248,12 @@ Command add_train_command(CLI::App& app) {
     // "auto" must not pick shared memory for GPU tensors.
     init.cpu_tensors = core::resolve_device(config.world.device, world.local_rank).is_cpu();
     init.doctor_records = static_cast<std::size_t>(config.world.doctor_records);
+    if (kill_step == 0)
+      init.after_check_in = [] {
+        spdlog::warn("PARATRAIN_FAULT_KILL: killing this rank with SIGKILL after its check-in");
+        spdlog::default_logger()->flush();
+        std::raise(SIGKILL);
+      };
     // elastic.in_job: the store stays in use after the rendezvous, for the
     // survivors' membership rounds; a rank that has not arrived within
     // world.heartbeat_timeout_s counts as dead (docs/elastic.md).
@@ -270,12 +279,14 @@ Command add_train_command(CLI::App& app) {
     train::Trainer trainer(config, *group);
     if (rejoiner) trainer.enable_in_job_recovery(rejoiner);
     // Lets a later generation of this launch find the version (run.json).
-    if (world.rank == 0) train::record_launch_id(trainer.run_dir(), launch_id, world.world_size);
+    // The group's rank and size: elastic.in_job may have started without a
+    // rank that died at start-up (Note [Shrinking at start-up]).
+    if (group->rank() == 0) train::record_launch_id(trainer.run_dir(), launch_id, group->size());
     // SIGTERM / SIGINT / SIGHUP: run.json says "stopped", not "running"
     // (which `paratrain runs` would call "died"); rank 0 owns run.json.
     std::optional<StopStatusRecorder> stop_status;
-    if (world.rank == 0) stop_status.emplace(trainer.run_dir(), train::parse_preempt_signals(config.train.preempt_signals));
-    if (kill_step) trainer.add_callback(std::make_shared<FaultKill>(*kill_step));
+    if (group->rank() == 0) stop_status.emplace(trainer.run_dir(), train::preempt_signals_of(config));
+    if (kill_step > 0) trainer.add_callback(std::make_shared<FaultKill>(*kill_step));
     if (stop_step) trainer.add_callback(std::make_shared<FaultStop>(*stop_step, watchdog.get(), peer_watch.get()));
     train::TrainResult result;
     try {

@@ -10,14 +10,11 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "paratrain/comm/auth_store/handshake.h"
-#include "paratrain/comm/auth_store/server.h"
-#include "paratrain/comm/auth_store/store.h"
 #include "paratrain/comm/gloo/gloo_group.h"
 #include "paratrain/comm/mpi/mpi_group.h"
 #include "paratrain/comm/nccl/nccl_group.h"
@@ -28,202 +25,12 @@
 #include "paratrain/comm/hierarchical_group.h"
 #include "paratrain/comm/shm/shm_group.h"
 #include "paratrain/comm/store_checkin.h"
+#include "paratrain/comm/store_connect.h"
 #include "paratrain/core/env.h"
 #include "paratrain/core/error.h"
 
 namespace paratrain::comm {
 namespace {
-
-bool is_local_address(const std::string& addr) {
-  if (addr == "127.0.0.1" || addr == "localhost" || addr == "::1") return true;
-  char host[256] = {0};
-  return gethostname(host, sizeof host - 1) == 0 && addr == host;
-}
-
-// Note [Authenticated rendezvous]
-// c10d's TCPStore admits anyone who reaches its port, listens on every
-// interface, and has no notion of a job: another user's process could join a
-// job as a rank, and a second job on the same port attached to the first.
-// With PARATRAIN_JOB_TOKEN set (`paratrain launch` sets a fresh one per job)
-// rank 0 serves comm/auth_store instead: a client is admitted only after
-// proving with an HMAC over a fresh challenge that it knows the token and
-// names the same job id (TORCHELASTIC_RUN_ID), and the server proves the
-// same back. It listens on loopback when the whole job runs on this machine,
-// else on MASTER_ADDR's address, or where PARATRAIN_STORE_BIND says.
-// Under `paratrain launch` the launcher (the agent) serves that store for the
-// whole launch (launch/agent_store.h) and sets TORCHELASTIC_USE_AGENT_STORE=True
-// with PARATRAIN_AGENT_STORE=auth: then every rank, rank 0 included, is an
-// AuthStore client, and a worker's death never takes the store down.
-// Without a token (hand-started or torchrun jobs), under torchrun's agent
-// store (a TCPStore: no PARATRAIN_AGENT_STORE), or without libsodium, the
-// TCPStore path below stays as it was. docs/launchers.md says what the
-// token does not protect (Gloo's own connections).
-
-// PARATRAIN_JOB_TOKEN, when set. An empty token would be a secret everyone
-// knows: refused rather than silently unauthenticated.
-std::optional<std::string> job_token() {
-  const char* token = std::getenv("PARATRAIN_JOB_TOKEN");  // env::get would read "" as unset
-  if (token == nullptr) return std::nullopt;
-  if (*token == '\0') {
-    throw ConfigError("environment variable PARATRAIN_JOB_TOKEN is set but empty; unset it (no authentication) or "
-                      "set the job's secret on every rank (paratrain launch generates one when it is unset)");
-  }
-  return std::string(token);
-}
-
-struct StoreEndpoint {
-  std::string bind;     // where rank 0 listens
-  std::string connect;  // where every rank (rank 0 too) connects
-};
-
-StoreEndpoint store_endpoint(const WorldInfo& world) {
-  const bool one_host = world.local_world_size == world.world_size && is_local_address(world.master_addr);
-  if (auto chosen = env::get("PARATRAIN_STORE_BIND")) {
-    const bool wildcard = *chosen == "0.0.0.0" || *chosen == "::";
-    return {*chosen, one_host && !wildcard ? *chosen : world.master_addr};
-  }
-  // A one-host job never needs the network, whatever MASTER_ADDR names (this
-  // host's name may resolve to 127.0.1.1 or to a public address).
-  if (one_host) return {"127.0.0.1", "127.0.0.1"};
-  return {world.master_addr, world.master_addr};
-}
-
-c10::intrusive_ptr<c10d::Store> connect_auth_store(const WorldInfo& world, const InitOptions& options,
-                                                   const std::string& token, std::string& where) {
-  const StoreEndpoint ep = store_endpoint(world);
-  where = fmt::format("authenticated store at {}:{}", ep.connect, world.master_port);
-  auto with_rank = [&](const std::exception& e) { return fmt::format("rank {}: {}", world.rank, e.what()); };
-  try {
-    std::shared_ptr<auth::StoreServer> server;
-    // Under an agent store the launcher serves it (launch/agent_store.h), for
-    // every generation: rank 0 is a client like the others.
-    if (world.rank == 0 && !world.use_agent_store) {
-      auth::StoreServerOptions so;
-      so.bind_address = ep.bind;
-      so.port = world.master_port;
-      so.token = token;
-      so.job_id = world.run_id;
-      server = std::make_shared<auth::StoreServer>(std::move(so));
-      spdlog::info("rendezvous: store on {} admits only processes that know this job's token "
-                   "(PARATRAIN_JOB_TOKEN, job id '{}')",
-                   server->where(), world.run_id);
-    }
-    auth::AuthStoreOptions co;
-    co.host = ep.connect;
-    co.port = world.master_port;
-    co.token = token;
-    co.job_id = world.run_id;
-    co.timeout = options.timeout;
-    auto store = c10::make_intrusive<auth::AuthStore>(std::move(co));
-    store->hold(server);
-    return store;
-  } catch (const TimeoutError& e) {
-    throw TimeoutError(with_rank(e));
-  } catch (const ConfigError& e) {
-    throw ConfigError(with_rank(e));
-  } catch (const CommError& e) {
-    throw CommError(with_rank(e));
-  }
-}
-
-// Note [Whose store is this]
-// Two jobs that happen to share MASTER_PORT on one host (hand-started, or
-// Slurm jobs given the same port) meet in one plain TCPStore: the second
-// job's rank 0 cannot serve it, and its other ranks would check in with the
-// first job's ranks and fail far from the cause. Rank 0 writes its job's id
-// (TORCHELASTIC_RUN_ID, or "slurm-<SLURM_JOB_ID>") into the store; every
-// other rank reads it before writing anything and refuses a store of
-// another job by name. Jobs without any id ("none") cannot be told apart.
-void check_store_owner(c10d::Store& store, const WorldInfo& world, bool serving, const std::string& where) {
-  static const std::string kOwner = "paratrain/store_owner";
-  if (serving) {
-    const std::string id = world.run_id;
-    store.set(kOwner, std::vector<uint8_t>(id.begin(), id.end()));
-    return;
-  }
-  const auto got = store.get(kOwner);
-  const std::string owner(got.begin(), got.end());
-  if (owner != world.run_id)
-    throw ConfigError(fmt::format("rank {} of job '{}' reached the {}, which is job '{}''s: two jobs share "
-                                  "MASTER_PORT {} on this host. Give each job its own MASTER_PORT (under Slurm, "
-                                  "leave it unset: each job then takes 15000 + its id's last four digits)",
-                                  world.rank, world.run_id, where, owner, world.master_port));
-}
-
-c10::intrusive_ptr<c10d::Store> connect_store(const WorldInfo& world, const InitOptions& options,
-                                              std::string& where) {
-  if (auto token = job_token()) {
-    const bool ours = !world.use_agent_store || world.agent_store_authenticated;
-    if (ours && auth::available()) return connect_auth_store(world, options, *token, where);
-    if (world.rank == 0) {
-      spdlog::warn("rendezvous: PARATRAIN_JOB_TOKEN is set but {}: using c10d's unauthenticated TCPStore",
-                   world.use_agent_store ? "the agent serves a TCPStore (TORCHELASTIC_USE_AGENT_STORE)"
-                                         : "this paratrain was built without libsodium (install libsodium-dev "
-                                           "and rebuild for the authenticated store)");
-    }
-  } else if (world.rank == 0 && !world.use_agent_store) {
-    spdlog::info("rendezvous: no PARATRAIN_JOB_TOKEN: c10d's TCPStore on *:{} admits any process that reaches "
-                 "the port (paratrain launch sets a token; see docs/launchers.md)",
-                 world.master_port);
-  }
-  c10d::TCPStoreOptions store_opts;
-  store_opts.port = static_cast<std::uint16_t>(world.master_port);
-  store_opts.isServer = world.rank == 0 && !world.use_agent_store;
-  store_opts.numWorkers = world.world_size;
-  // We check arrival ourselves (check_in) so the error can name the missing
-  // ranks; the store's own wait would only say "timed out".
-  store_opts.waitWorkers = false;
-  store_opts.timeout = options.timeout;
-  // A hand-started rank without the token may be meeting a job's
-  // authenticated store: ask before c10d's client reads its greeting (Note
-  // [Probing for the greeting] in auth_store/store.cpp). Agent stores are
-  // known: ours says PARATRAIN_AGENT_STORE, torchrun's is a TCPStore.
-  if (!store_opts.isServer && !world.use_agent_store) {
-    constexpr auto kGreetWithin = std::chrono::seconds(1);
-    std::string why;
-    const auto greeting = auth::probe_greeting(world.master_addr, world.master_port, options.timeout,
-                                               std::min<std::chrono::milliseconds>(options.timeout, kGreetWithin), why);
-    if (greeting == auth::Greeting::authenticated) {
-      throw CommError(fmt::format(
-          "rank {}: the store at {}:{} refused this process: it is a paratrain job's authenticated store, which "
-          "admits only processes that know the job's token, and PARATRAIN_JOB_TOKEN is not set here. Start the "
-          "ranks with `paratrain launch` (it hands them the token), export that job's PARATRAIN_JOB_TOKEN, or "
-          "launch the job with --plain-store to admit processes without a token",
-          world.rank, world.master_addr, world.master_port));
-    }
-    if (greeting == auth::Greeting::unreachable) {
-      throw TimeoutError(fmt::format("rank {}: could not reach the {} within {} s: {}. Rank 0 (which serves the "
-                                     "store) never arrived or the address is wrong",
-                                     world.rank, where, std::chrono::duration<double>(options.timeout).count(),
-                                     why));
-    }
-  }
-  try {
-    auto store = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_opts);
-    if (!world.use_agent_store) check_store_owner(*store, world, store_opts.isServer, where);
-    return store;
-  } catch (const ConfigError&) {
-    throw;
-  } catch (const std::exception& e) {
-    std::string msg = e.what();
-    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
-    if (world.use_agent_store) {
-      throw TimeoutError(fmt::format("rank {}: could not reach torchrun's agent store ({}; "
-                                     "TORCHELASTIC_USE_AGENT_STORE is set) within {} s: {}. Is this process "
-                                     "running under torchrun, with its MASTER_ADDR/MASTER_PORT?",
-                                     world.rank, where, std::chrono::duration<double>(options.timeout).count(),
-                                     msg));
-    }
-    if (world.rank == 0) {
-      throw CommError(fmt::format("rank 0: could not serve the {}: {}. Is the port already in use? "
-                                  "Pick another MASTER_PORT", where, msg));
-    }
-    throw TimeoutError(fmt::format("rank {}: could not reach the {} within {} s: {}. Rank 0 (which "
-                                   "serves the store) never arrived or the address is wrong",
-                                   world.rank, where,
-                                   std::chrono::duration<double>(options.timeout).count(), msg));
-  }
-}
 
 // The address this rank's Gloo device binds to and advertises. Loopback only
 // when the whole job runs on this machine: on a multi-node job even the
@@ -348,11 +155,45 @@ ElasticWorld init_elastic_process_group(const WorldInfo& world, const InitOption
   gloo_only.backend = "gloo";
   ElasticParts parts;
   ElasticWorld out;
-  out.group = with_recorder(backend_group(world, gloo_only, &parts), world, options);
+  std::shared_ptr<ProcessGroup> group;
+  std::string ended;
+  try {
+    group = backend_group(world, gloo_only, &parts);
+  } catch (const CheckInEnded& e) {
+    if (!parts.job_store) throw;
+    ended = e.what();
+  }
   RejoinOptions rejoin;
   rejoin.window = rejoin_window;
   rejoin.gloo = parts.gloo;
   out.rejoiner = std::make_shared<Rejoiner>(parts.job_store, "elastic", rejoin);
+  if (ended.empty()) {
+    out.group = with_recorder(std::move(group), world, options);
+    return out;
+  }
+  // Note [Shrinking at start-up]
+  // Under elastic.in_job the user chose to go on without a rank that dies.
+  // One that dies before the world is built (before its check-in, or after
+  // it but before it published its address) makes the launcher end the
+  // check-in (Note [Ending a check-in] in comm/store_checkin.cpp); the
+  // survivors then meet in in-job recovery's membership round (rejoin.h)
+  // and build the world among themselves, renumbered in the old order.
+  // Nothing was trained yet, so this is a start at the smaller size: the
+  // config is read at that size (the per-rank batch, or
+  // data.global_batch_size over the survivors), and it is the size the run
+  // started with for elastic.keep_global_batch later.
+  const Membership m = out.rejoiner->rejoin(world.rank, world.world_size);
+  WorldInfo shrunk = world;
+  shrunk.rank = m.rank;
+  shrunk.world_size = static_cast<int>(m.survivors.size());
+  if (m.rank == 0) {
+    const auto dead = m.dead();
+    spdlog::warn("elastic.in_job: rank(s) {} of {} died before the world was built ({}); the {} survivors start "
+                 "without them as ranks 0-{} (old ranks {})",
+                 fmt::join(dead, ","), world.world_size, ended, m.survivors.size(), m.survivors.size() - 1,
+                 fmt::join(m.survivors, ","));
+  }
+  out.group = with_recorder(m.group, shrunk, options);
   return out;
 }
 
@@ -434,6 +275,13 @@ std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOp
   // store outlives generations, so without the generation a restarted rank
   // would find the old check-ins and go on before its peers arrived.
   auto job_store = c10::make_intrusive<c10d::PrefixStore>(rendezvous_prefix(world), store);
+  // Known before the check-in: elastic.in_job's survivors need them even when
+  // the world is never built (Note [Shrinking at start-up]).
+  if (elastic != nullptr) {
+    elastic->job_store = job_store;
+    elastic->gloo.timeout = options.timeout;
+    elastic->gloo.bind_address = bind_address_for(world, options);
+  }
   try {
     check_in(*job_store, world.rank, world.world_size, options.timeout, where);
   } catch (const c10::Error& e) {
@@ -448,7 +296,11 @@ std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOp
                                 world.rank, where, msg));
   }
 
-  auto world_store = c10::make_intrusive<c10d::PrefixStore>("world", job_store);
+  if (options.after_check_in) options.after_check_in();
+  // Connection setup ends when the launcher ends the check-in (a rank that
+  // died before publishing its address): Note [Ending a check-in].
+  const auto connect_store = ending_with_check_in(job_store, world.rank, where);
+  auto world_store = c10::make_intrusive<c10d::PrefixStore>("world", connect_store);
   if (backend == "shm") {
     check_one_host(*job_store, world);
     ShmOptions shm;
@@ -461,7 +313,6 @@ std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOp
   gloo.timeout = options.timeout;
   gloo.bind_address = bind_address_for(world, options);
   auto flat = make_gloo_group(world_store, world.rank, world.world_size, gloo);
-  if (elastic != nullptr) *elastic = ElasticParts{job_store, gloo};
   if (backend == "nccl") {
     // The host group carries CPU tensors, barriers and tagged send/recv
     // (Note [NCCL beside a host group], comm/nccl/nccl_group.cpp).
@@ -471,7 +322,7 @@ std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOp
     NcclOptions nccl;
     nccl.timeout = options.timeout;
     nccl.device_index = world.local_rank % std::max(1, gpus_on_this_host());
-    return make_nccl_group(c10::make_intrusive<c10d::PrefixStore>("nccl", job_store), world.rank, world.world_size,
+    return make_nccl_group(c10::make_intrusive<c10d::PrefixStore>("nccl", connect_store), world.rank, world.world_size,
                            stage_through_host(std::move(flat), staging), nccl);
   }
   if (backend != "hierarchical") return flat;
@@ -488,7 +339,7 @@ std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOp
       shm.job = fmt::format("{}.gen{}", world.run_id, world.restart_count);
       shm.group = fmt::format("node{}", layout.node);
       shm.chunk_bytes = shm_chunk_bytes_from_env(shm.chunk_bytes);
-      auto node_store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("node{}", layout.node), job_store);
+      auto node_store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("node{}", layout.node), connect_store);
       return make_shm_group(node_store, layout.local_rank, static_cast<int>(layout.local_ranks.size()), shm);
     };
   }

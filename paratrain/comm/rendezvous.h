@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -92,6 +93,9 @@ struct InitOptions {
   // its last `doctor_records` collectives in a ring buffer
   // (comm/doctor/recording_group.h); 0 returns the backend's group unwrapped.
   std::size_t doctor_records = 256;
+  // Runs once this rank's check-in completed, before any group is built
+  // (tests: a rank that dies between the two).
+  std::function<void()> after_check_in;
 };
 
 // The address this rank's Gloo device binds to and advertises to its peers

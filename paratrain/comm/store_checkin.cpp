@@ -1,6 +1,7 @@
 // Rank check-in on a c10d store: see store_checkin.h.
 #include "paratrain/comm/store_checkin.h"
 
+#include <algorithm>
 #include <thread>
 #include <vector>
 
@@ -35,6 +36,15 @@ std::string abort_key(const std::string& key_prefix) { return key_prefix + "/abo
 // generation's check-in never sees it; a check-in that completed never reads
 // it again (in-job recovery's rounds use comm/rejoin.h, not this).
 //
+// A rank may also die after it checked in but before it published what its
+// peers connect to (its Gloo address, its shared-memory segment's name):
+// they then block in the backend's connection setup, in a store get() or
+// wait() for its key. The backends see the job's store through
+// ending_with_check_in(), whose blocking calls poll for the key and for the
+// abort key alike, so that death ends their wait the same way. Sub-groups
+// made later on that store would end too: a rank the launcher saw die
+// cannot join them either.
+//
 // Arrival is polled in rank order with check() (non-blocking) rather than
 // wait(), so that at the deadline we still know which ranks are missing; a
 // rank known to have arrived is not asked about again, so a poll costs one
@@ -49,7 +59,7 @@ void check_in(c10d::Store& store, int rank, int world_size, std::chrono::millise
   while (true) {
     if (store.check({abort_key(key_prefix)})) {
       const auto why = store.get(abort_key(key_prefix));
-      throw CommError(fmt::format("rank {}: the rendezvous ({}) was ended before every rank arrived: {}; this "
+      throw CheckInEnded(fmt::format("rank {}: the rendezvous ({}) was ended before every rank arrived: {}; this "
                                   "rank stops instead of waiting world.timeout_s for it",
                                   rank, where, std::string(why.begin(), why.end())));
     }
@@ -72,6 +82,65 @@ void check_in(c10d::Store& store, int rank, int world_size, std::chrono::millise
       "or raise world.timeout_s",
       rank, core::capped_rank_list(named, missing), world_size, where,
       std::chrono::duration<double>(timeout).count()));
+}
+
+namespace {
+
+// The job's store with get() and wait() that end on the check-in's abort key.
+class EndingStore final : public c10d::Store {
+ public:
+  EndingStore(c10::intrusive_ptr<c10d::Store> inner, int rank, std::string where, std::string abort)
+      : Store(inner->getTimeout()), inner_(std::move(inner)), rank_(rank), where_(std::move(where)),
+        abort_(std::move(abort)) {}
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override { inner_->set(key, value); }
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override {
+    return inner_->compareSet(key, expected, desired);
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    wait({key}, timeout_);
+    return inner_->get(key);
+  }
+  int64_t add(const std::string& key, int64_t value) override { return inner_->add(key, value); }
+  bool deleteKey(const std::string& key) override { return inner_->deleteKey(key); }
+  bool check(const std::vector<std::string>& keys) override { return inner_->check(keys); }
+  int64_t getNumKeys() override { return inner_->getNumKeys(); }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  // Polls: at once, then every 1, 2, 4 ... up to kPoll ms, so keys that are
+  // already there (the usual case) cost one round trip.
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto pause = std::chrono::milliseconds(1);
+    while (!inner_->check(keys)) {
+      if (inner_->check({abort_})) {
+        const auto why = inner_->get(abort_);
+        throw CheckInEnded(fmt::format("rank {}: the rendezvous ({}) was ended while this rank was connecting to "
+                                    "its peers: {}; this rank stops instead of waiting world.timeout_s for it",
+                                    rank_, where_, std::string(why.begin(), why.end())));
+      }
+      if (timeout.count() > 0 && std::chrono::steady_clock::now() >= deadline)
+        throw TimeoutError(fmt::format("rank {}: waited {} s on the rendezvous ({}) for {} while connecting to "
+                                       "its peers; a peer may have died or be stuck starting",
+                                       rank_, std::chrono::duration<double>(timeout).count(), where_,
+                                       keys.empty() ? std::string("nothing") : keys.front()));
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, kPoll);
+    }
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> inner_;
+  int rank_;
+  std::string where_;
+  std::string abort_;
+};
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Store> ending_with_check_in(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                                     std::string where, const std::string& key_prefix) {
+  return c10::make_intrusive<EndingStore>(std::move(store), rank, std::move(where), abort_key(key_prefix));
 }
 
 void abort_check_in(c10d::Store& store, const std::string& reason, const std::string& key_prefix) {

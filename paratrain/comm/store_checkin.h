@@ -9,11 +9,21 @@
 
 #include <c10/util/intrusive_ptr.h>
 
+#include "paratrain/core/error.h"
+
 namespace c10d {
 class Store;
 }
 
 namespace paratrain::comm {
+
+/// The launcher ended the rendezvous (abort_check_in) because a rank died
+/// before the world was built: thrown by check_in() and by the blocking
+/// calls of a store from ending_with_check_in().
+class CheckInEnded : public CommError {
+ public:
+  using CommError::CommError;
+};
 
 // Throws TimeoutError listing the ranks that did not check in within
 // `timeout` (the first few, then how many more), and CommError with the
@@ -25,10 +35,21 @@ void check_in(c10d::Store& store, int rank, int world_size, std::chrono::millise
 
 // Ends the check-in under `key_prefix` on `store`: every rank waiting in it,
 // and every rank that arrives later, throws CommError saying `reason` (e.g.
-// "the launcher saw rank 1 (pid 42) killed by SIGKILL"). Inert once a
-// check-in completed. See Note [Ending a check-in] in store_checkin.cpp.
+// "the launcher saw rank 1 (pid 42) killed by SIGKILL"), and so does every
+// rank still setting up its connections on a store from
+// ending_with_check_in(). Inert once the world is built. See Note [Ending a
+// check-in] in store_checkin.cpp.
 void abort_check_in(c10d::Store& store, const std::string& reason,
                     const std::string& key_prefix = "paratrain/checkin");
+
+// `store` (the job's, where check_in ran) as the backends' connection setup
+// should see it: a blocking get() or wait() also ends, with CommError saying
+// the reason, once abort_check_in() ended the check-in, so a rank that died
+// after checking in but before publishing its address does not hold the
+// others for `timeout` (Note [Ending a check-in]). Other calls pass through.
+c10::intrusive_ptr<c10d::Store> ending_with_check_in(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                                     std::string where,
+                                                     const std::string& key_prefix = "paratrain/checkin");
 
 // abort_check_in() for the launcher, which knows the job and generation but
 // not the rendezvous's keys: ends the check-in of generation `restart_count`

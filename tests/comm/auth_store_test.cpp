@@ -24,6 +24,7 @@
 #include "paratrain/comm/rendezvous.h"
 #include "paratrain/core/error.h"
 #include "paratrain/launch/free_port.h"
+#include "tests/support/spawn.h"
 
 namespace {
 
@@ -277,12 +278,7 @@ TEST(AuthStore, RefusesAPlainTcpStoreClient) {
       "print('read:', s.get('secret'))\n",
       served.port());
   const std::string cmd = "/usr/bin/python3 -c \"" + script + "\" 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string output;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p) != nullptr) output += buf;
-  const int status = pclose(p);
+  const auto [status, output] = paratrain::testing::run_shell(cmd);
   EXPECT_NE(status, 0) << output;
   EXPECT_EQ(output.find("the-secret-value"), std::string::npos) << "a client without the token read a key";
   EXPECT_NE(served.refusals(1)[0].find("not a paratrain store client"), std::string::npos);

@@ -13,9 +13,11 @@
 #             stop at one step boundary with a checkpoint and exit 75, the
 #             script runs `scontrol requeue`, the job starts again and
 #             continues from the checkpoint (train.resume = "auto").
-#   suspend   `scontrol suspend` at step >= 30 for 3 s (longer than
-#             world.heartbeat_timeout_s = 1), then `scontrol resume`: the run
-#             finishes (Note [A suspended job] in launch/supervisor.cpp).
+#   suspend   `scontrol suspend` at step >= 30 for 5 s (longer than
+#             world.heartbeat_timeout_s = 1 and world.timeout_s = 2), then
+#             `scontrol resume`: the run finishes (Note [A suspended job] in
+#             launch/supervisor.cpp, Note [Deadlines that stop with the
+#             process] in core/running_deadline.h).
 #   packing   two jobs at once on the node, neither with MASTER_PORT: each
 #             serves its store on its own port (15000 + the job id's last
 #             four digits) and both finish.
@@ -126,12 +128,14 @@ exit "\$code"
 EOF
 chmod +x "$dir/job.sh"
 
-# submit NAME [sbatch flags...]: the job id.
+# submit NAME [sbatch flags...]: the job id. $script_args: more for job.sh.
+script_args=()
 submit() {
   local name=$1
   shift
   # --open-mode=append: a requeued start adds to the first start's log.
-  sbatch --parsable -n 2 -J "$name" -o "$dir/$name.%j.log" --open-mode=append "$@" "$dir/job.sh" --set run.name="$name"
+  sbatch --parsable -n 2 -J "$name" -o "$dir/$name.%j.log" --open-mode=append "$@" "$dir/job.sh" \
+    --set run.name="$name" "${script_args[@]}"
 }
 state_of() { scontrol show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2; }
 # wait_done JOB: until the job has ended (false after 240 s).
@@ -216,13 +220,18 @@ else
 fi
 
 case=suspend
+# world.timeout_s = 2: the collectives in flight pass their wall-clock
+# deadline while suspended (Note [Deadlines that stop with the process]).
+script_args=(--set world.timeout_s=2)
 job=$(submit suspend)
+script_args=()
 if wait_step suspend 30; then
   scontrol suspend "$job" || fail "scontrol suspend failed"
-  sleep 3
+  sleep 5
   scontrol resume "$job" || fail "scontrol resume failed"
   wait_done "$job"
-  same_as_whole suspend && echo "suspend: suspended 3 s at step >= 30, resumed, equal to the uninterrupted run"
+  same_as_whole suspend &&
+    echo "suspend: suspended 5 s at step >= 30 (world.timeout_s = 2), resumed, equal to the uninterrupted run"
 else
   fail "the job did not reach step 30"
 fi

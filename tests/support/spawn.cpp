@@ -6,6 +6,7 @@
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -75,6 +76,16 @@ std::string read_file(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+ShellRun run_shell(const std::string& command) {
+  ShellRun out;
+  FILE* p = popen(command.c_str(), "r");
+  if (p == nullptr) return out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p) != nullptr) out.output += buf;
+  out.status = pclose(p);
+  return out;
 }
 
 }  // namespace paratrain::testing

@@ -32,4 +32,13 @@ std::optional<int> wait_exit(pid_t pid, std::chrono::milliseconds timeout);
 // The whole text of `path` (a child's log); "" when it cannot be read.
 std::string read_file(const std::string& path);
 
+// `command` run by /bin/sh (bound it with `timeout N` inside): its wait
+// status and what it wrote to stdout (add 2>&1 for stderr too). A status
+// of -1: it could not be started.
+struct ShellRun {
+  int status = -1;
+  std::string output;
+};
+ShellRun run_shell(const std::string& command);
+
 }  // namespace paratrain::testing

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -19,6 +20,7 @@
 #include <zlib.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/core/exit_codes.h"
 #include "paratrain/data/idx.h"
 #include "tests/support/multi_rank.h"
 #include "tests/support/spawn.h"
@@ -62,25 +64,39 @@ nlohmann::json run_status(const std::string& run_dir) {
   return j.is_object() ? j : nlohmann::json::object();
 }
 
+// Starts the long job (`extra` added to its command line), waits until it is
+// training, sends `sig`, and returns its wait status; a run that never
+// starts or never ends fails the test (bounded waits).
+std::optional<int> signal_long_job(const std::string& dir, const std::vector<std::string>& extra, int sig) {
+  const std::string log = dir + "/log", run_dir = dir + "/runs/long/version_0";
+  std::vector<std::string> args{PARATRAIN_CLI, "train", "--config", long_job(dir)};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const pid_t pid = paratrain::testing::spawn_logged(args, log);
+  EXPECT_GT(pid, 0);
+  if (pid <= 0) return std::nullopt;
+  const bool running = paratrain::testing::wait_until(
+      pid, [&] { return run_status(run_dir).value("status", "") == "running"; }, std::chrono::seconds(120));
+  EXPECT_TRUE(running) << read_file(log);
+  if (!running) return std::nullopt;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // into the training loop
+  kill(pid, sig);
+  const auto exit = paratrain::testing::wait_exit(pid, std::chrono::seconds(60));
+  EXPECT_TRUE(exit) << "train still running 60 s after signal " << sig << ":\n" << read_file(log);
+  return exit;
+}
+
 // Issue 23: after SIGTERM or SIGINT run.json still said "running", so
-// `paratrain runs` called the run "died". The process must still end by the
-// signal (what launchers and shells look at).
+// `paratrain runs` called the run "died". With preemption off (it is on by
+// default: the next test), the process must still end by the signal (what
+// launchers and shells look at).
 TEST(CliInput, ASignalledTrainRecordsStoppedInRunJson) {
   for (int sig : {SIGTERM, SIGINT}) {
     const auto dir = paratrain::testing::temp_dir("cli-signal");
-    const std::string log = dir + "/log", run_dir = dir + "/runs/long/version_0";
-    const pid_t pid = paratrain::testing::spawn_logged({PARATRAIN_CLI, "train", "--config", long_job(dir)}, log);
-    ASSERT_GT(pid, 0);
-    // Bounded waits: a run that never starts or never ends fails the test.
-    const bool running = paratrain::testing::wait_until(
-        pid, [&] { return run_status(run_dir).value("status", "") == "running"; }, std::chrono::seconds(120));
-    ASSERT_TRUE(running) << read_file(log);
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // into the training loop
-    kill(pid, sig);
-    const auto exit = paratrain::testing::wait_exit(pid, std::chrono::seconds(60));
-    ASSERT_TRUE(exit) << "train still running 60 s after signal " << sig << ":\n" << read_file(log);
+    const std::string run_dir = dir + "/runs/long/version_0";
+    const auto exit = signal_long_job(dir, {"--set", "train.preempt_signals="}, sig);
+    ASSERT_TRUE(exit);
     const int status = *exit;
-    ASSERT_TRUE(WIFSIGNALED(status)) << read_file(log);
+    ASSERT_TRUE(WIFSIGNALED(status)) << read_file(dir + "/log");
     EXPECT_EQ(WTERMSIG(status), sig);
     const auto j = run_status(run_dir);
     EXPECT_EQ(j.value("status", ""), "stopped") << j.dump();
@@ -90,6 +106,31 @@ TEST(CliInput, ASignalledTrainRecordsStoppedInRunJson) {
     EXPECT_EQ(runs.exit_code, 0) << runs.output;
     EXPECT_TRUE(contains(runs.output, "stopped")) << runs.output;
     EXPECT_FALSE(contains(runs.output, "died")) << runs.output;
+  }
+}
+
+// Issue 28: by default (train.preempt_signals = "auto") Ctrl-C or a
+// scheduler's SIGTERM preempts: one process stops at a step boundary,
+// writes a checkpoint, records "preempted" and exits 75. SIGHUP is not in
+// the default and still stops the run as before.
+TEST(CliInput, ByDefaultCtrlCPreemptsWithACheckpointAndSigHupStops) {
+  for (int sig : {SIGINT, SIGHUP}) {
+    const auto dir = paratrain::testing::temp_dir("cli-preempt");
+    const std::string log = dir + "/log", run_dir = dir + "/runs/long/version_0";
+    const auto exit = signal_long_job(dir, {}, sig);
+    ASSERT_TRUE(exit);
+    const auto j = run_status(run_dir);
+    if (sig == SIGHUP) {
+      EXPECT_TRUE(WIFSIGNALED(*exit) && WTERMSIG(*exit) == SIGHUP) << read_file(log);
+      EXPECT_EQ(j.value("status", ""), "stopped") << j.dump();
+      continue;
+    }
+    ASSERT_TRUE(WIFEXITED(*exit)) << read_file(log);
+    EXPECT_EQ(WEXITSTATUS(*exit), paratrain::kPreemptedExitCode) << read_file(log);
+    EXPECT_EQ(j.value("status", ""), "preempted") << j.dump();
+    EXPECT_EQ(j.value("signal", ""), "SIGINT") << j.dump();
+    const std::string checkpoint = j.value("checkpoint", "");
+    EXPECT_TRUE(std::filesystem::exists(checkpoint + "/index.json")) << j.dump();
   }
 }
 

@@ -47,6 +47,9 @@ TEST(Config, EmptyFileGivesTheDocumentedDefaults) {
   EXPECT_DOUBLE_EQ(c.ddp.bucket_cap_mb, 25.0);
   EXPECT_FALSE(c.ddp.find_unused_parameters);
   EXPECT_TRUE(c.ddp.broadcast_buffers);
+  EXPECT_EQ(c.world.backend, "auto");          // issue 23: the fastest backend that fits, logged
+  EXPECT_EQ(c.train.preempt_signals, "auto");  // issue 28: SIGTERM and SIGINT checkpoint and exit 75
+  EXPECT_TRUE(c.ps.staleness_aware_lr);        // issue 23: async and ssp at lr / staleness
   EXPECT_NO_THROW(pt::validate_config(c));
 }
 

@@ -63,7 +63,7 @@ TEST(SlurmJobs, TwoJobsOnOneNodeWithoutMasterPortBothFinish) {
 
 // Two jobs given the same MASTER_PORT: a rank of the second that reaches the
 // first job's store is refused by name (Note [Whose store is this] in
-// comm/rendezvous.cpp), and the first job is unharmed.
+// comm/store_connect.cpp), and the first job is unharmed.
 TEST(SlurmJobs, ARankThatReachesAnotherJobsStoreIsRefusedByName) {
   const auto dir = paratrain::testing::temp_dir("slurm-stray");
   const auto config = write_job(dir);

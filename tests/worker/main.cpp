@@ -20,6 +20,13 @@
 //                            (world_from_env, init_process_group over Gloo with
 //                            that timeout); on an error print it on stderr
 //                            and exit 1
+//   die-after-check-in <seconds>
+//                            the same, but SIGKILL itself once every rank
+//                            checked in, before any group is built
+//   elastic-rendezvous <seconds>
+//                            the same as elastic.in_job does
+//                            (init_elastic_process_group): a rank that died
+//                            at start-up is left out
 // RANK is read from the environment (0 when unset). Bad usage exits 64.
 // To add a mode, add a row to steps() below.
 #include <fcntl.h>
@@ -95,6 +102,28 @@ void start_grandchild(const std::string& pidfile) {
   append_line(pidfile, std::to_string(pid));
 }
 
+
+void rendezvous(const std::string& seconds, bool die_after_check_in, bool elastic = false) {
+  try {
+    paratrain::comm::InitOptions init;
+    init.timeout = std::chrono::milliseconds(static_cast<long>(std::atof(seconds.c_str()) * 1000));
+    if (die_after_check_in)
+      init.after_check_in = [] {
+        std::fflush(nullptr);
+        raise(SIGKILL);
+      };
+    auto world = elastic ? paratrain::comm::init_elastic_process_group(paratrain::comm::world_from_env(), init,
+                                                                       std::chrono::seconds(5))
+                               .group
+                         : paratrain::comm::init_process_group(paratrain::comm::world_from_env(), init);
+    std::printf("rendezvous done: rank %d of %d\n", world->rank(), world->size());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fflush(nullptr);
+    std::exit(1);
+  }
+}
+
 const std::map<std::string, Step>& steps() {
   static const std::map<std::string, Step> table = {
       {"exit", {1, [](const Args& a) {
@@ -136,18 +165,9 @@ const std::map<std::string, Step>& steps() {
          signal(sig, SIG_DFL);
          raise(sig);
        }}},
-      {"rendezvous", {1, [](const Args& a) {
-         try {
-           paratrain::comm::InitOptions init;
-           init.timeout = std::chrono::milliseconds(static_cast<long>(std::atof(a[0].c_str()) * 1000));
-           auto world = paratrain::comm::init_process_group(paratrain::comm::world_from_env(), init);
-           std::printf("rendezvous done: rank %d of %d\n", world->rank(), world->size());
-         } catch (const std::exception& e) {
-           std::fprintf(stderr, "error: %s\n", e.what());
-           std::fflush(nullptr);
-           std::exit(1);
-         }
-       }}},
+      {"rendezvous", {1, [](const Args& a) { rendezvous(a[0], false); }}},
+      {"die-after-check-in", {1, [](const Args& a) { rendezvous(a[0], true); }}},
+      {"elastic-rendezvous", {1, [](const Args& a) { rendezvous(a[0], false, true); }}},
       {"pidfile", {1, [](const Args& a) { append_line(a[0], std::to_string(getpid())); }}},
       {"grandchild", {1, [](const Args& a) { start_grandchild(a[0]); }}},
       {"wait-lines", {2, [](const Args& a) {

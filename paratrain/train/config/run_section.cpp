@@ -51,7 +51,7 @@ std::vector<FieldSpec> train_fields() {
       field("train.mode", &TC::train, &TrainLoopConfig::mode, "\"min\", \"max\" or \"auto\" (max for accuracies): which way train.monitor improves", one_of({"auto", "min", "max"})),
       field("train.patience", &TC::train, &TrainLoopConfig::patience, "early stopping: evaluations without improvement of train.monitor before stopping (0 = never stop early)", in_range<int64_t>(0, kMaxCount)),
       field("train.min_delta", &TC::train, &TrainLoopConfig::min_delta, "smallest change of train.monitor that counts as an improvement", in_range_finite(0.0, 1e30, "a non-negative number")),
-      field("train.preempt_signals", &TC::train, &TrainLoopConfig::preempt_signals, "signals that preempt, e.g. \"SIGTERM,SIGUSR2\" (SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2): every rank stops at the same step boundary, writes a checkpoint, marks run.json \"preempted\" and exits 75; a second signal exits at once; \"\" = off", preempt_signal_list()),
+      field("train.preempt_signals", &TC::train, &TrainLoopConfig::preempt_signals, "signals that preempt: every rank stops at the same step boundary, writes a checkpoint, marks run.json \"preempted\" and exits 75; a second signal exits at once. \"auto\" (the default) = SIGTERM and SIGINT (off under elastic.in_job and asynchronous parameter servers with dynamic batches), or a list, e.g. \"SIGTERM,SIGUSR2\" (SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2; SIGUSR1 is otherwise the hang doctor's); \"\" = off (a signal ends the run at once)", preempt_signal_list()),
       field("train.activation_checkpointing", &TC::train, &TrainLoopConfig::activation_checkpointing, "\"none\", \"blocks\" (recompute each chosen layer of the model in backward, keeping only its input) or \"every_k\" (runs of train.checkpoint_every_k chosen layers); gradients equal those without it, dropout replays; every strategy; one more forward of the chosen layers", one_of({"none", "blocks", "every_k"})),
       field("train.checkpoint_every_k", &TC::train, &TrainLoopConfig::checkpoint_every_k, "layers per recomputed segment with train.activation_checkpointing = \"every_k\"", in_range<int64_t>(1, kMaxCount)),
       field("train.checkpoint_layers", &TC::train, &TrainLoopConfig::checkpoint_layers, "glob patterns over the model's layer names (\"blocks.*\", \"fc1\", a Sequential's \"3\") that activation checkpointing may recompute; [] = every layer but the last"),
@@ -67,16 +67,15 @@ std::vector<FieldSpec> log_fields() {
 }
 
 std::string run_problem(const TrainConfig& c) {
-  if (!c.train.preempt_signals.empty() && c.ps.servers > 0 && c.ps.mode == "async" && c.ps.dynamic_batches)
-    return fmt::format("train.preempt_signals = \"{}\" with asynchronous parameter servers taking dynamic batches "
-                       "(ps.mode = \"async\", ps.dynamic_batches = true): their ranks meet only at epoch ends and "
-                       "checkpoints, too late to stop before the scheduler's kill; set ps.dynamic_batches = false",
-                       c.train.preempt_signals);
-  if (!c.train.preempt_signals.empty() && c.elastic.in_job)
-    return fmt::format("train.preempt_signals = \"{}\" with elastic.in_job = true: in-job recovery re-forms the "
-                       "world the preemption agreement runs on; use one of them (restart-based recovery, "
-                       "`paratrain launch --max-restarts`, works with preemption)",
-                       c.train.preempt_signals);
+  // "auto" turns itself off there (preempt_signals_of); a list is refused.
+  if (!c.train.preempt_signals.empty() && c.train.preempt_signals != "auto") {
+    if (const auto why = preemption_unavailable(c); !why.empty())
+      return fmt::format("train.preempt_signals = \"{}\" with {}; use one of them ({})", c.train.preempt_signals,
+                         why,
+                         c.elastic.in_job ? "restart-based recovery, `paratrain launch --max-restarts`, works with "
+                                            "preemption"
+                                          : "set ps.dynamic_batches = false");
+  }
   if (c.train.activation_checkpointing != "none" && c.quant.qat)
     return fmt::format("train.activation_checkpointing = \"{}\" with quant.qat = true: quantization-aware training "
                        "swaps fake-quantized weights in for its forward only, so a recompute in backward would see "

@@ -2,14 +2,23 @@
 #include "paratrain/train/loop/preemption_check.h"
 
 #include <ATen/ATen.h>
+#include <spdlog/spdlog.h>
 
 #include "paratrain/train/trainer_state.h"
 
 namespace paratrain::train {
 
 PreemptionCheck::PreemptionCheck(Trainer::State& s) : s_(s) {
-  const auto signals = parse_preempt_signals(s.config.train.preempt_signals);
+  const auto signals = preempt_signals_of(s.config);
   if (!signals.empty()) signals_.emplace(signals);
+  if (s.config.train.preempt_signals == "auto" && s.is_main()) {
+    if (signals.empty())
+      spdlog::info("train.preempt_signals = \"auto\": off with {}; SIGTERM and SIGINT end the run at once",
+                   preemption_unavailable(s.config));
+    else
+      spdlog::debug("train.preempt_signals = \"auto\": SIGTERM and SIGINT stop every rank at one step boundary "
+                    "with a checkpoint (exit 75)");
+  }
 }
 
 bool PreemptionCheck::agreed() {

@@ -4,7 +4,8 @@
 // (max) of one number, started at one meeting and waited for at the next, so
 // it rides along a step instead of adding a round trip to it: a signal is
 // acted on at the second meeting after it arrives, the same one on every
-// rank. Off (no collective at all) when train.preempt_signals is "".
+// rank. Off (no collective at all) when train.preempt_signals is "" (or
+// "auto" where the ranks cannot agree: run/preemption.h).
 // Internal to paratrain/train.
 #pragma once
 

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/train/config/config.h"
 
 namespace paratrain::train {
 namespace {
@@ -81,6 +82,7 @@ pid_t signal_forwarder() {
 }  // namespace
 
 std::vector<int> parse_preempt_signals(const std::string& text) {
+  if (text == "auto") return {SIGTERM, SIGINT};
   std::vector<int> out;
   size_t begin = 0;
   while (begin < text.size()) {
@@ -99,6 +101,20 @@ std::vector<int> parse_preempt_signals(const std::string& text) {
     begin = end + 1;
   }
   return out;
+}
+
+std::string preemption_unavailable(const TrainConfig& c) {
+  if (c.elastic.in_job)
+    return "elastic.in_job = true: in-job recovery re-forms the world the preemption agreement runs on";
+  if (c.ps.servers > 0 && c.ps.mode == "async" && c.ps.dynamic_batches)
+    return "asynchronous parameter servers taking dynamic batches (ps.mode = \"async\", ps.dynamic_batches = "
+           "true): their ranks meet only at epoch ends and checkpoints, too late to stop before the scheduler's kill";
+  return "";
+}
+
+std::vector<int> preempt_signals_of(const TrainConfig& c) {
+  if (c.train.preempt_signals == "auto" && !preemption_unavailable(c).empty()) return {};
+  return parse_preempt_signals(c.train.preempt_signals);
 }
 
 std::string preempt_signal_name(int signal) {

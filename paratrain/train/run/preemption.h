@@ -12,12 +12,25 @@
 
 namespace paratrain::train {
 
-/// "SIGTERM,SIGUSR2" (names with or without "SIG", spaces allowed; "" = none)
-/// -> signal numbers. ConfigError naming the one it does not know.
+struct TrainConfig;
+
+/// "SIGTERM,SIGUSR2" (names with or without "SIG", spaces allowed; "" = none;
+/// "auto" = SIGTERM,SIGINT) -> signal numbers. ConfigError naming the one it
+/// does not know.
 std::vector<int> parse_preempt_signals(const std::string& text);
 
 /// "SIGTERM", "SIGUSR2", ...
 std::string preempt_signal_name(int signal);
+
+/// The signals that preempt a run of `config`: train.preempt_signals, where
+/// "auto" (the default) is SIGTERM and SIGINT, or none when the run's ranks
+/// cannot agree on a step to stop at (preemption_unavailable says why).
+std::vector<int> preempt_signals_of(const TrainConfig& config);
+
+/// Why a run of `config` cannot be preempted at a step boundary ("" when it
+/// can): elastic.in_job re-forms the world the agreement runs on, and
+/// asynchronous parameter servers taking dynamic batches meet too rarely.
+std::string preemption_unavailable(const TrainConfig& config);
 
 /// While alive, `signals` preempt this process. Several may live at once
 /// (ranks as threads of one process): the handlers stay until the last ends.
