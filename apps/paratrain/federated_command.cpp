@@ -58,7 +58,7 @@ Command add_federated_command(CLI::App& app) {
     // train` (stop_status.h); rank 0 owns run.json.
     std::optional<StopStatusRecorder> stop_status;
     const auto result = federated::run_federated(config, *group, [&](const std::filesystem::path& dir) {
-      if (world.rank == 0) stop_status.emplace(dir, std::vector<int>{});  // federated rounds do not preempt yet
+      if (world.rank == 0) stop_status.emplace(dir);  // federated rounds do not preempt yet
     });
     if (world.rank == 0)
       spdlog::info("done: {} rounds ({} applied), test accuracy {:.2f}% (loss {:.4f}); run dir {}", result.rounds,

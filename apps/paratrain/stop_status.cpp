@@ -44,8 +44,7 @@ void on_signal(int sig) {
 
 }  // namespace
 
-StopStatusRecorder::StopStatusRecorder(std::filesystem::path run_dir, const std::vector<int>& preempting)
-    : run_dir_(std::move(run_dir)) {
+StopStatusRecorder::StopStatusRecorder(std::filesystem::path run_dir) : run_dir_(std::move(run_dir)) {
   if (::pipe2(g_pipe, O_CLOEXEC) != 0) {
     spdlog::warn("cannot watch for SIGTERM/SIGINT (pipe: {}): a stopped run will show as \"died\" in "
                  "`paratrain runs`",
@@ -61,8 +60,7 @@ StopStatusRecorder::StopStatusRecorder(std::filesystem::path run_dir, const std:
     ::sigaction(kSignals[i], nullptr, &g_previous[i]);
     // A signal the parent ignores (nohup's SIGHUP, SIGINT in a background
     // job) stays ignored: it never stopped the run before either.
-    const bool preempts = std::find(preempting.begin(), preempting.end(), kSignals[i]) != preempting.end();
-    if (g_previous[i].sa_handler != SIG_IGN && !preempts) ::sigaction(kSignals[i], &action, nullptr);
+    if (g_previous[i].sa_handler != SIG_IGN) ::sigaction(kSignals[i], &action, nullptr);
   }
 }
 

@@ -13,12 +13,14 @@ namespace paratrain::cli {
 // "signal": "SIGTERM", "ended": <time>} into <run_dir>/run.json, then end
 // the process by the same signal, as if there were no handler (the launcher
 // and shells still see "killed by SIGTERM"). Rank 0 only: it owns run.json.
-// The destructor restores the previous handlers.
+// The destructor restores the previous handlers. While the training loop
+// runs, train.preempt_signals' handlers sit above these: the first signal
+// preempts (the run records "preempted" itself), and one that insists is
+// handed down to these, which record "stopped" and end the process
+// (train/run/preemption.cpp).
 class StopStatusRecorder {
  public:
-  // `preempting`: signals train.preempt_signals owns (the run checkpoints
-  // and records "preempted" itself); they are left alone here.
-  StopStatusRecorder(std::filesystem::path run_dir, const std::vector<int>& preempting);
+  explicit StopStatusRecorder(std::filesystem::path run_dir);
   ~StopStatusRecorder();
   StopStatusRecorder(const StopStatusRecorder&) = delete;
   StopStatusRecorder& operator=(const StopStatusRecorder&) = delete;

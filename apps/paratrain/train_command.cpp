@@ -115,12 +115,16 @@ class FaultStop : public train::Callback {
 
 // The hang doctor's watchdog for this rank: SIGUSR1 dumps, and heartbeats
 // when `paratrain launch` asked for them (PARATRAIN_HEARTBEAT_DIR).
-std::unique_ptr<comm::DoctorWatchdog> start_watchdog(comm::ProcessGroup& group, const train::TrainConfig& config) {
+// The file is named by the launch rank (RANK), which the launcher watches:
+// after a start without a dead rank (Note [Shrinking at start-up]) the
+// group's ranks are renumbered.
+std::unique_ptr<comm::DoctorWatchdog> start_watchdog(comm::ProcessGroup& group, int launch_rank,
+                                                     const train::TrainConfig& config) {
   auto recorder = comm::recorder_of(group);
   if (!recorder) return nullptr;
   comm::WatchdogOptions options;
   if (auto dir = env::get("PARATRAIN_HEARTBEAT_DIR"); dir && config.world.heartbeat_s > 0) {
-    options.heartbeat_file = std::filesystem::path(*dir) / fmt::format("rank-{}.json", group.rank());
+    options.heartbeat_file = std::filesystem::path(*dir) / fmt::format("rank-{}.json", launch_rank);
     options.interval = std::chrono::milliseconds(std::max<int64_t>(1, std::llround(config.world.heartbeat_s * 1000)));
     options.timeout = std::chrono::milliseconds(std::llround(config.world.heartbeat_timeout_s * 1000));
   }
@@ -273,7 +277,7 @@ Command add_train_command(CLI::App& app) {
     } else {
       group = comm::init_process_group(world, init);
     }
-    auto watchdog = start_watchdog(*group, config);
+    auto watchdog = start_watchdog(*group, world.rank, config);
     auto peer_watch = start_peer_watch(*group, world, init, config);
 
     train::Trainer trainer(config, *group);
@@ -285,7 +289,7 @@ Command add_train_command(CLI::App& app) {
     // SIGTERM / SIGINT / SIGHUP: run.json says "stopped", not "running"
     // (which `paratrain runs` would call "died"); rank 0 owns run.json.
     std::optional<StopStatusRecorder> stop_status;
-    if (group->rank() == 0) stop_status.emplace(trainer.run_dir(), train::preempt_signals_of(config));
+    if (group->rank() == 0) stop_status.emplace(trainer.run_dir());
     if (kill_step > 0) trainer.add_callback(std::make_shared<FaultKill>(*kill_step));
     if (stop_step) trainer.add_callback(std::make_shared<FaultStop>(*stop_step, watchdog.get(), peer_watch.get()));
     train::TrainResult result;

@@ -159,8 +159,10 @@ ElasticWorld init_elastic_process_group(const WorldInfo& world, const InitOption
   std::string ended;
   try {
     group = backend_group(world, gloo_only, &parts);
-  } catch (const CheckInEnded& e) {
-    if (!parts.job_store) throw;
+  } catch (const CommError& e) {
+    // CheckInEnded, or a connection to a peer that already saw it and
+    // dropped its half-built group: either way the check-in was ended.
+    if (!parts.job_store || !check_in_ended(*parts.job_store)) throw;
     ended = e.what();
   }
   RejoinOptions rejoin;
@@ -302,7 +304,7 @@ std::shared_ptr<ProcessGroup> backend_group(const WorldInfo& world, const InitOp
   const auto connect_store = ending_with_check_in(job_store, world.rank, where);
   auto world_store = c10::make_intrusive<c10d::PrefixStore>("world", connect_store);
   if (backend == "shm") {
-    check_one_host(*job_store, world);
+    check_one_host(*connect_store, world);
     ShmOptions shm;
     shm.timeout = options.timeout;
     shm.job = fmt::format("{}.gen{}", world.run_id, world.restart_count);

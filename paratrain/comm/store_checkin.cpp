@@ -143,6 +143,10 @@ c10::intrusive_ptr<c10d::Store> ending_with_check_in(c10::intrusive_ptr<c10d::St
   return c10::make_intrusive<EndingStore>(std::move(store), rank, std::move(where), abort_key(key_prefix));
 }
 
+bool check_in_ended(c10d::Store& store, const std::string& key_prefix) {
+  return store.check({abort_key(key_prefix)});
+}
+
 void abort_check_in(c10d::Store& store, const std::string& reason, const std::string& key_prefix) {
   store.set(abort_key(key_prefix), std::vector<uint8_t>(reason.begin(), reason.end()));
 }

@@ -42,6 +42,9 @@ void check_in(c10d::Store& store, int rank, int world_size, std::chrono::millise
 void abort_check_in(c10d::Store& store, const std::string& reason,
                     const std::string& key_prefix = "paratrain/checkin");
 
+// Whether abort_check_in() ended the check-in under `key_prefix` on `store`.
+bool check_in_ended(c10d::Store& store, const std::string& key_prefix = "paratrain/checkin");
+
 // `store` (the job's, where check_in ran) as the backends' connection setup
 // should see it: a blocking get() or wait() also ends, with CommError saying
 // the reason, once abort_check_in() ended the check-in, so a rank that died

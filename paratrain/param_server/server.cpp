@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/core/running_deadline.h"
 
 namespace paratrain::param_server {
 
@@ -206,11 +207,14 @@ void Server::serve_unordered(torch::optim::Optimizer& optimizer) {
         return !ready.empty();
       };
       // Each waiter gives up at the timeout itself; the margin only covers
-      // its wake-up.
-      if (!arrived_.wait_for(lock, options_.timeout + std::chrono::seconds(5), collect)) {
-        throw TimeoutError(fmt::format("parameter server {} (rank {}): no worker pushed for {} ms (clocks {}); a "
-                                       "worker process may have died: check the workers' logs",
-                                       index_, world_.rank(), options_.timeout.count(), fmt::join(clocks_, ", ")));
+      // its wake-up. Running time (Note [Deadlines that stop with the process]).
+      RunningDeadline deadline(options_.timeout + std::chrono::seconds(5));
+      while (!collect()) {
+        if (deadline.passed())
+          throw TimeoutError(fmt::format("parameter server {} (rank {}): no worker pushed for {} ms (clocks {}); a "
+                                         "worker process may have died: check the workers' logs",
+                                         index_, world_.rank(), options_.timeout.count(), fmt::join(clocks_, ", ")));
+        arrived_.wait_until(lock, deadline.next_look());
       }
     }
     for (int w : ready) {

@@ -103,7 +103,11 @@ class Trainer {
   /// Trains for train.epochs (or train.max_steps), evaluating and
   /// checkpointing as configured; resumes first when train.resume is set.
   /// Records the run's status in `<run_dir>/run.json` (running, finished, or
-  /// failed with the error).
+  /// failed with the error). While its loop runs it handles the signals of
+  /// train.preempt_signals (by default SIGTERM and SIGINT): the first one
+  /// makes every rank stop at one step boundary with a checkpoint and
+  /// return with `preempted` set; set the key to "" to keep the program's
+  /// own handlers.
   TrainResult fit();
 
   /// elastic.in_job = true: when a peer dies, this rank re-forms the world

@@ -116,6 +116,9 @@ void rendezvous(const std::string& seconds, bool die_after_check_in, bool elasti
                                                                        std::chrono::seconds(5))
                                .group
                          : paratrain::comm::init_process_group(paratrain::comm::world_from_env(), init);
+    // Every rank has finished connecting before any leaves (a rank that
+    // exits at once could close a connection a slower peer still sets up).
+    world->barrier()->wait();
     std::printf("rendezvous done: rank %d of %d\n", world->rank(), world->size());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -72,15 +72,6 @@ class AbortableGloo final : public c10d::ProcessGroupGloo {
  public:
   using c10d::ProcessGroupGloo::ProcessGroupGloo;
 
-  // Puts every connection of this group into Gloo's error state: pending
-  // sends/receives fail at once (waking the Gloo worker threads), later ones
-  // fail when posted, and the sockets close, so peers' device threads see EOF.
-  // Gloo has a public way to do exactly that, but only as the reaction to an
-  // application-side timeout (the tcp transport's Context::signalException,
-  // whose header the Debian package cannot compile): so we post a receive on
-  // a slot nobody sends to and wait for it 1 ms. Best effort: if that fails,
-  // the pairs are closed plainly and this rank's in-flight operations end at
-  // the group timeout instead.
   // Connected within world.timeout_s, Gloo's own timeout becomes the
   // backstop for the operations (Note [Gloo's deadline is ours]).
   void use_backstop_timeout() {
@@ -88,6 +79,15 @@ class AbortableGloo final : public c10d::ProcessGroupGloo {
       if (context) GlooContextAccess::set_timeout(*context, kBackstop);
   }
 
+  // Puts every connection of this group into Gloo's error state: pending
+  // sends/receives fail at once (waking the Gloo worker threads), later ones
+  // fail when posted, and the sockets close, so peers' device threads see EOF.
+  // Gloo has a public way to do exactly that, but only as the reaction to an
+  // application-side timeout (the tcp transport's Context::signalException,
+  // whose header the Debian package cannot compile): so we post a receive on
+  // a slot nobody sends to and wait for it 1 ms. Best effort: if that fails
+  // (every pair already broken), the pairs are closed plainly, which ends
+  // the operations still waiting on them too.
   void fail_connections() noexcept {
     // Far above the slots c10d derives from its collective counter.
     constexpr uint64_t kAbortSlot = uint64_t{0x7AB0} << 48;
@@ -142,14 +142,16 @@ class GlooProcessGroup final : public ProcessGroup {
   }
 
   // Operations nobody waited for (an error is on its way up) would hold
-  // Gloo's threads, which c10d joins here, until the backstop: end them.
+  // Gloo's threads, which c10d joins here, until the backstop: end them,
+  // and wait (bounded) until the threads waiting for sends and receives
+  // have let go of Gloo (Note [Gloo's deadline is ours]).
   ~GlooProcessGroup() override {
-    bool in_flight = false;
-    {
-      std::lock_guard<std::mutex> lock(signal_->mu);
-      in_flight = signal_->in_flight > 0;
-    }
-    if (in_flight) pg_->fail_connections();
+    std::unique_lock<std::mutex> lock(signal_->mu);
+    if (signal_->in_flight == 0) return;
+    lock.unlock();
+    pg_->fail_connections();
+    lock.lock();
+    signal_->cv.wait_for(lock, std::chrono::seconds(10), [&] { return signal_->in_flight == 0; });
   }
 
   int rank() const override { return rank_; }

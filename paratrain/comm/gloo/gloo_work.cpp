@@ -56,28 +56,39 @@ GlooWork::GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string what, std::f
 
 // Detached: it holds what it touches, and ends when the operation does, when
 // the group's connections are failed (abort, or the group's end with
-// operations in flight), or at Gloo's backstop.
+// operations in flight), or at Gloo's backstop. It lets go of the c10d work
+// before it counts the operation as ended: the group's destructor waits for
+// that count, so Gloo's context never outlives the group on this thread.
 void GlooWork::wait_in_backend_thread() {
-  std::thread([work = work_, backend = backend_, signal = signal_] {
-    bool ok = false;
-    std::exception_ptr error;
-    try {
-      ok = work->wait(std::chrono::duration_cast<std::chrono::milliseconds>(kGlooBackstop));
-    } catch (...) {
-      error = std::current_exception();
-    }
-    if (!ok && !error)
-      error = std::make_exception_ptr(CommError("the operation ended in Gloo without completing"));
-    const auto at = Clock::now();
-    {
-      std::lock_guard<std::mutex> lock(signal->mu);
-      backend->done = true;
-      backend->at = at;
-      backend->error = error;
-      --signal->in_flight;
-    }
-    signal->cv.notify_all();
-  }).detach();
+  try {
+    std::thread([work = work_, backend = backend_, signal = signal_]() mutable {
+      bool ok = false;
+      std::exception_ptr error;
+      try {
+        ok = work->wait(std::chrono::duration_cast<std::chrono::milliseconds>(kGlooBackstop));
+      } catch (...) {
+        error = std::current_exception();
+      }
+      if (!ok && !error)
+        error = std::make_exception_ptr(CommError("the operation ended in Gloo without completing"));
+      work.reset();
+      const auto at = Clock::now();
+      {
+        std::lock_guard<std::mutex> lock(signal->mu);
+        backend->done = true;
+        backend->at = at;
+        backend->error = error;
+        --signal->in_flight;
+      }
+      signal->cv.notify_all();
+    }).detach();
+  } catch (...) {  // no thread: the operation fails now
+    std::lock_guard<std::mutex> lock(signal_->mu);
+    backend_->done = true;
+    backend_->at = Clock::now();
+    backend_->error = std::current_exception();
+    --signal_->in_flight;
+  }
 }
 
 void GlooWork::wait(std::chrono::milliseconds timeout) {

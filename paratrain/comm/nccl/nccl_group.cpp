@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/core/running_deadline.h"
 
 #include <torch/cuda.h>
 
@@ -70,10 +71,10 @@ class NcclWork final : public Work {
 
   using Work::wait;
   void wait(std::chrono::milliseconds timeout) override {
-    const auto deadline = Clock::now() + timeout;
+    RunningDeadline deadline(timeout);  // Note [Deadlines that stop with the process]
     while (!poll()) {
       if (aborted_->load()) throw CommError(fmt::format("{}: the NCCL group was aborted", what_));
-      if (Clock::now() >= deadline)
+      if (deadline.passed())
         throw TimeoutError(fmt::format("{}: not complete after {} ms (NCCL); a peer is probably gone or stuck "
                                        "(world.timeout_s)",
                                        what_, timeout.count()));
@@ -267,7 +268,8 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
     auto o = c10d::ProcessGroupNCCL::Options::create();
     // c10d's watchdog tears the process down when a collective exceeds its
     // timeout; a minute later than ours, so NcclWork::wait's TimeoutError
-    // (and the hang doctor behind it) come first.
+    // (and the hang doctor behind it) come first. It counts wall time: a
+    // job suspended for longer than this still ends on waking (docs/launchers.md).
     o->timeout = options.timeout + std::chrono::minutes(1);
     auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, o);
     const at::Device device(at::kCUDA, static_cast<c10::DeviceIndex>(options.device_index));

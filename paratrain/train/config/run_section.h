@@ -58,9 +58,9 @@ struct TrainLoopConfig {
   /// e.g. "SIGTERM,SIGUSR2", after which every rank stops at the same step
   /// boundary, writes a checkpoint, marks run.json "preempted" and exits
   /// with code 75 (kPreemptedExitCode); "auto" (the default) = SIGTERM and
-  /// SIGINT where the ranks can agree on a step (run/preemption.h,
-  /// preempt_signals_of); "" = off (a signal ends the run at once). One of
-  /// them reaching one rank is enough.
+  /// SIGINT except under elastic.in_job and parameter servers
+  /// (run/preemption.h, preempt_signals_of); "" = off (a signal ends the
+  /// run at once). One of them reaching one rank is enough.
   std::string preempt_signals = "auto";
   /// Activation checkpointing (docs/activation-checkpointing.md;
   /// models/recompute.h): "none" keeps every activation; "blocks" recomputes

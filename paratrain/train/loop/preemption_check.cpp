@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <spdlog/spdlog.h>
 
+#include "paratrain/comm/doctor/recording_group.h"
 #include "paratrain/train/trainer_state.h"
 
 namespace paratrain::train {
@@ -14,15 +15,35 @@ PreemptionCheck::PreemptionCheck(Trainer::State& s) : s_(s) {
   if (s.config.train.preempt_signals == "auto" && s.is_main()) {
     if (signals.empty())
       spdlog::info("train.preempt_signals = \"auto\": off with {}; SIGTERM and SIGINT end the run at once",
-                   preemption_unavailable(s.config));
+                   preemption_auto_off(s.config));
     else
       spdlog::debug("train.preempt_signals = \"auto\": SIGTERM and SIGINT stop every rank at one step boundary "
                     "with a checkpoint (exit 75)");
   }
 }
 
+namespace {
+
+// Note [The agreement is bookkeeping]
+// The agreement rides along every step, started at one meeting and read at
+// the next, so its record in the flight recorder would span a whole step
+// and a profile would count that step as communication (a straggler's own
+// sleep read as waiting for its peers). It goes to the backend's group
+// under the recorder: timeouts still bound it, and the job's collectives
+// keep the same sequence numbers on every rank for the hang doctor.
+comm::ProcessGroup& agreement_group(comm::ProcessGroup& world) {
+  if (auto* recorded = dynamic_cast<comm::RecordingGroup*>(&world)) return recorded->inner();
+  return world;
+}
+
+}  // namespace
+
 bool PreemptionCheck::agreed() {
   if (!signals_) return false;
+  if (s_.world->size() == 1) {  // nobody to agree with
+    signal_ = PreemptionSignals::received();
+    return signal_ != 0;
+  }
   if (pending_) {
     pending_->wait(s_.timeout());
     pending_.reset();
@@ -32,7 +53,7 @@ bool PreemptionCheck::agreed() {
     }
   }
   flag_ = at::tensor({static_cast<int64_t>(PreemptionSignals::received())}, at::kLong);
-  pending_ = s_.world->all_reduce(flag_, comm::ReduceOp::kMax);
+  pending_ = agreement_group(*s_.world).all_reduce(flag_, comm::ReduceOp::kMax);
   return false;
 }
 

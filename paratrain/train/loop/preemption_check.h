@@ -5,7 +5,9 @@
 // it rides along a step instead of adding a round trip to it: a signal is
 // acted on at the second meeting after it arrives, the same one on every
 // rank. Off (no collective at all) when train.preempt_signals is "" (or
-// "auto" where the ranks cannot agree: run/preemption.h).
+// "auto" where it is off: run/preemption.h), and no collective at world
+// size 1. The all-reduce goes under the flight recorder (Note [The
+// agreement is bookkeeping]).
 // Internal to paratrain/train.
 #pragma once
 

@@ -29,6 +29,9 @@ std::atomic<int> g_received{0};
 std::mutex g_mutex;
 std::map<int, int> g_installed;                   // signal -> how many PreemptionSignals want it
 std::map<int, struct sigaction> g_previous;       // the handler before the first of them
+// The same, readable in a signal handler (a map lookup is not
+// async-signal-safe); written under g_mutex before the handler is installed.
+struct sigaction g_before[NSIG];
 
 std::atomic<int64_t> g_received_at_ms{0};
 constexpr int64_t kRepeatWindowMs = 2000;
@@ -54,7 +57,7 @@ int64_t monotonic_ms() {
 // else (slurmstepd, a shell, a container runtime: si_pid 0) still insist.
 std::atomic<pid_t> g_forwarder{0};
 
-void on_signal(int sig, siginfo_t* info, void*) {
+void on_signal(int sig, siginfo_t* info, void* context) {
   int first = 0;
   if (g_received.compare_exchange_strong(first, sig)) {
     g_received_at_ms.store(monotonic_ms());
@@ -64,6 +67,22 @@ void on_signal(int sig, siginfo_t* info, void*) {
   if (sig == first && info != nullptr && info->si_code == SI_USER && forwarder > 0 && info->si_pid == forwarder)
     return;
   if (sig == first && monotonic_ms() - g_received_at_ms.load() < kRepeatWindowMs) return;
+  // It insists. A handler that was there before (`paratrain train`'s, which
+  // records "stopped" in run.json and then ends the process by the signal:
+  // apps/paratrain/stop_status.h) ends it; without one, end it here. Only
+  // for the stopping signals: SIGUSR1's earlier handler is the hang
+  // doctor's, which would not end anything.
+  if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) {
+    const struct sigaction& before = g_before[sig];
+    if ((before.sa_flags & SA_SIGINFO) != 0 && before.sa_sigaction != nullptr) {
+      before.sa_sigaction(sig, info, context);
+      return;
+    }
+    if ((before.sa_flags & SA_SIGINFO) == 0 && before.sa_handler != SIG_DFL && before.sa_handler != SIG_IGN) {
+      before.sa_handler(sig);
+      return;
+    }
+  }
   ::_exit(128 + sig);
 }
 
@@ -112,8 +131,19 @@ std::string preemption_unavailable(const TrainConfig& c) {
   return "";
 }
 
+std::string preemption_auto_off(const TrainConfig& c) {
+  if (auto why = preemption_unavailable(c); !why.empty()) return why;
+  // Their ranks meet only through pushes and pulls: a world all-reduce each
+  // step would hold every worker to the slowest (ssp, async) and change how
+  // a server's death is seen. A list of signals still asks for it.
+  if (c.ps.servers > 0)
+    return "parameter servers (ps.servers > 0): their ranks meet only through pushes and pulls, and the "
+           "agreement would add a world all-reduce to every step; name the signals to have it";
+  return "";
+}
+
 std::vector<int> preempt_signals_of(const TrainConfig& c) {
-  if (c.train.preempt_signals == "auto" && !preemption_unavailable(c).empty()) return {};
+  if (c.train.preempt_signals == "auto" && !preemption_auto_off(c).empty()) return {};
   return parse_preempt_signals(c.train.preempt_signals);
 }
 
@@ -133,6 +163,7 @@ PreemptionSignals::PreemptionSignals(const std::vector<int>& signals) : signals_
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART | SA_SIGINFO;
     ::sigaction(sig, &action, &g_previous[sig]);
+    g_before[sig] = g_previous[sig];
   }
 }
 

@@ -23,14 +23,18 @@ std::vector<int> parse_preempt_signals(const std::string& text);
 std::string preempt_signal_name(int signal);
 
 /// The signals that preempt a run of `config`: train.preempt_signals, where
-/// "auto" (the default) is SIGTERM and SIGINT, or none when the run's ranks
-/// cannot agree on a step to stop at (preemption_unavailable says why).
+/// "auto" (the default) is SIGTERM and SIGINT, or none where
+/// preemption_auto_off says why.
 std::vector<int> preempt_signals_of(const TrainConfig& config);
 
 /// Why a run of `config` cannot be preempted at a step boundary ("" when it
 /// can): elastic.in_job re-forms the world the agreement runs on, and
 /// asynchronous parameter servers taking dynamic batches meet too rarely.
 std::string preemption_unavailable(const TrainConfig& config);
+
+/// Why "auto" is off for `config` ("" when it is on): preemption_unavailable,
+/// or parameter servers, which would pay a world all-reduce per step for it.
+std::string preemption_auto_off(const TrainConfig& config);
 
 /// While alive, `signals` preempt this process. Several may live at once
 /// (ranks as threads of one process): the handlers stay until the last ends.
