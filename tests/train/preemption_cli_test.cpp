@@ -259,7 +259,7 @@ namespace {
 // stopped. A single stopped rank is still caught (Launch.* and
 // ShmProcesses.* tests). `extra`: the layout and backend under test.
 void stop_the_whole_job_and_compare(const std::string& dir, const std::vector<std::string>& extra, int steps) {
-  // 1024 (or 512) steps paced to at least 3 ms each (rank 0 sleeps before each
+  // 1024 (or 256) steps paced to at least 3 ms each (rank 0 sleeps before each
   // step): still training a second after it started on any machine.
   std::vector<std::string> settings{"--set", "world.heartbeat_s=0.2", "--set", "world.heartbeat_timeout_s=2",
                                     "--set", "world.timeout_s=3",     "--set", "profile.test_slow_rank=0",
@@ -327,8 +327,8 @@ TEST(Suspension, TheWholeJobStoppedAndContinuedFinishesAsIfNeverStopped) {
 // rank that woke first failed its receive at Gloo's own deadline.
 TEST(Suspension, PipelineStagesOverGlooStoppedLongerThanTheTimeoutGoOn) {
   stop_the_whole_job_and_compare(paratrain::testing::temp_dir("suspend-gloo"),
-                                 {"--set", "world.backend=gloo", "--set", "parallel.pp=2", "--set", "train.epochs=16"},
-                                 512);
+                                 {"--set", "world.backend=gloo", "--set", "parallel.pp=2", "--set", "train.epochs=8"},
+                                 256);
 }
 
 // A second signal ends the process at once (the user or the scheduler
