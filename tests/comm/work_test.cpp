@@ -3,9 +3,13 @@
 // argument uses the group's timeout, and abort() wakes waiters on this rank
 // and fails peers' operations. Ranks are threads; no wall-clock bounds.
 #include <atomic>
+#include <csignal>
+#include <sstream>
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include "paratrain/core/error.h"
@@ -304,4 +308,44 @@ TEST(RunningDeadline, AGapBetweenLooksIsTimeTheProcessDidNotRun) {
   EXPECT_EQ(stopped.left(t0 + 60400ms), 600ms);  // the 600 ms it had not yet waited
   EXPECT_FALSE(stopped.passed(t0 + 60900ms));
   EXPECT_TRUE(stopped.passed(t0 + 61000ms));
+}
+
+// Note [Gloo's deadline is ours], its one exception: Gloo's error path
+// (tcp Pair::signalException) wakes the buffers waiting for a message and
+// those sending, not the one whose payload is being read. A rank that
+// aborts while a message comes in (what its heartbeats do when the link is
+// cut mid-message) leaves that receive waiting for Gloo's own deadline, a
+// week, in one of c10d's worker threads, which c10d's destructor joins: the
+// group's teardown would hang. The same for a send cut mid-message by the
+// peer's close. Rank 1 receives a 256 MiB broadcast (a leaf only receives,
+// so nothing else wakes it) and aborts once the message has begun to
+// arrive; both teardowns must return, and say what they left behind.
+TEST(Work, AnAbortInTheMiddleOfAMessageDoesNotHoldTheTeardown) {
+  std::signal(SIGPIPE, SIG_IGN);  // Gloo writes with writev: a closed peer raises it
+  std::ostringstream log;
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(log)));
+  constexpr int64_t kFloats = int64_t{64} << 20;  // 256 MiB
+  bool cut_mid_message = false;
+  run_ranks(2, [&](ProcessGroup& pg) {
+    auto sub = pg.new_subgroup({0, 1});
+    sub->barrier()->wait();
+    auto t = pg.rank() == 0 ? torch::ones({kFloats}) : torch::zeros({kFloats});
+    auto work = sub->broadcast(t, 0);
+    if (pg.rank() == 1) {
+      const auto* first = reinterpret_cast<const volatile float*>(t.data_ptr<float>());
+      while (first[0] == 0.0f && !work->is_completed()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      sub->abort();
+      // Once closed nothing more is read: the last float never came.
+      cut_mid_message = t[kFloats - 1].item<float>() == 0.0f;
+    }
+    // Rank 0's send, cut mid-message by rank 1's close, is not woken by
+    // Gloo either: it fails at its timeout.
+    EXPECT_THROW(work->wait(std::chrono::seconds(2)), paratrain::Error);
+    sub.reset();  // the teardown: must return
+  }, kLongerThanCtest);
+  spdlog::set_default_logger(previous);
+  ASSERT_TRUE(cut_mid_message) << "the whole message had arrived before the abort: the case was not made";
+  EXPECT_NE(log.str().find("did not end when its connections were closed"), std::string::npos) << log.str();
 }

@@ -14,4 +14,7 @@ show() {
   echo "---- $1"
   grep -a "error" "$1" | grep -v "^\[[0-9]*\]: \[.*\] \[info\]" | head -n 5 | cut -c1-600 | sed 's/^/  error line: /'
   tail -n "${2:-25}" "$1"
+  # Where a hung command hung (hang_guard.sh).
+  [[ -s $1.stacks ]] && { echo "---- $1.stacks"; cat "$1.stacks"; }
+  return 0
 }

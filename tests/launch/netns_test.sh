@@ -96,6 +96,7 @@ export PARATRAIN_JOB_TOKEN
 master=10.77.0.1
 timeout_s=15    # world.timeout_s: how long a survivor waits in a collective
 guard=240       # `timeout` on every launch: a hang fails the case
+guard_cmd=$src/tests/launch/hang_guard.sh  # the same for the 2-node launches, with the stacks of a hang
 # One epoch (468 steps of global batch 128), a checkpoint every 50 steps,
 # every step logged so the harness can act at a chosen step.
 common=(--set train.epochs=1 --set train.checkpoint_every_steps=50 --set run.log_every=1
@@ -111,7 +112,7 @@ launch() {
   while (($#)) && [[ $1 != -- ]]; do flags+=("$1"); shift; done
   (($#)) && shift
   sets=("$@")
-  timeout "$guard" "$netns" exec "$node" "$exe" launch --nnodes 2 --node-rank "$node" --nproc-per-node 1 \
+  "$guard_cmd" "$guard" "$log.stacks" "$netns" exec "$node" "$exe" launch --nnodes 2 --node-rank "$node" --nproc-per-node 1 \
     --master-addr "$master" --master-port 29500 --rdzv-id "netns-$$" --kill-grace 2 "${flags[@]}" -- \
     "$exe" train -c "$config" --set run.output_dir="$out" "${common[@]}" "${sets[@]}" >"$log" 2>&1 &
   pid[$node]=$!

@@ -25,6 +25,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
@@ -51,6 +52,9 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 }
 
 constexpr auto kBackstop = std::chrono::duration_cast<std::chrono::milliseconds>(gloo_detail::kGlooBackstop);
+// How long a group torn down with operations in flight waits for them to end
+// once its connections failed: those that can end do so within milliseconds.
+constexpr auto kTeardownWait = std::chrono::seconds(5);
 
 class GlooProcessGroup final : public ProcessGroup {
  public:
@@ -74,14 +78,23 @@ class GlooProcessGroup final : public ProcessGroup {
   // Operations nobody waited for (an error is on its way up) would hold
   // Gloo's threads, which c10d joins here, until the backstop: end them,
   // and wait (bounded) until the threads waiting for sends and receives
-  // have let go of Gloo (Note [Gloo's deadline is ours]).
+  // have let go of Gloo. One that does not end is left behind with c10d's
+  // group (Note [Gloo's deadline is ours]).
   ~GlooProcessGroup() override {
     std::unique_lock<std::mutex> lock(signal_->mu);
     if (signal_->in_flight == 0) return;
     lock.unlock();
     pg_->fail_connections();
     lock.lock();
-    signal_->cv.wait_for(lock, std::chrono::seconds(10), [&] { return signal_->in_flight == 0; });
+    if (signal_->cv.wait_for(lock, kTeardownWait, [&] { return signal_->in_flight == 0; })) return;
+    const int stuck = signal_->in_flight;
+    lock.unlock();
+    spdlog::warn("rank {}: {} Gloo operation(s) of a group of {} ranks did not end when its connections were "
+                 "closed (Gloo does not wake a transfer cut in the middle of a message); their "
+                 "threads and buffers are left behind rather than joined",
+                 rank_, stuck, size_);
+    // Never destroyed: its destructor would join the stuck thread.
+    (void)pg_.release();
   }
 
   int rank() const override { return rank_; }

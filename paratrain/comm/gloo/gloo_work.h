@@ -43,6 +43,16 @@ struct GroupSignal {
 // A group destroyed with operations in flight puts its connections into
 // Gloo's error state first (as abort() does), which ends them instead of
 // holding c10d's threads, which its destructor joins, for the backstop.
+// All but one kind: Gloo's error path (tcp Pair::signalException) wakes
+// the buffers waiting for a message to begin and the bound buffers being
+// sent, not an unbound buffer whose payload is being read or written when
+// the connection ends (a link cut mid-message, a peer that closed while
+// sending to us or receiving from us), so that operation waits out the
+// backstop. Its wait here still ends at world.timeout_s or on abort, but
+// the group's teardown would join the stuck thread: a group whose
+// operations have not ended a few seconds after its connections failed is
+// left behind, c10d's group with it, and says so. A leak of a broken
+// group's buffers, once, on the way to an error (or to a rebuilt world).
 // c10d's send and receive have no future to be told of completion: a
 // thread waits in c10d for each of them.
 inline constexpr std::chrono::hours kGlooBackstop{24 * 7};
