@@ -26,8 +26,11 @@
 // Checkpoints name each expert by its global index (experts.5.fc.weight),
 // written by its holder in ep group 0; a run at another ep, or one
 // process, loads the experts it holds by name, so checkpoints reshard.
-// Not here: tp, pp or cp with experts (ConfigError), ZeRO-3/FSDP sharding
-// the experts.
+// Users: the ddp and zero strategies (the whole model), the megatron
+// strategy beside tensor parallelism (at pp = 1) and the
+// pipeline strategy (each stage's chunks, Note [Experts in pipeline stages]
+// in train/strategies/pipeline_strategy.cpp). Not here: cp with experts,
+// ZeRO-3/FSDP sharding the experts (ConfigError).
 #pragma once
 
 #include <ATen/core/Tensor.h>

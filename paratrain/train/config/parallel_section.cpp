@@ -151,11 +151,16 @@ std::string expert_parallel_problem(const TrainConfig& c) {
                        "the experts were split over; set elastic.in_job = false (restarts resume from checkpoints "
                        "at any ep)",
                        p.ep);
-  if (p.pp > 1 || p.cp > 1 || c.ps.servers > 0)
-    return fmt::format("parallel.ep = {} with parallel.pp = {}, cp = {} or ps.servers = {}: expert parallelism runs "
-                       "inside data parallelism (DDP, ZeRO-1/2) and beside tensor parallelism for now; set those to "
-                       "1 (and ps.servers = 0)",
-                       p.ep, p.pp, p.cp, c.ps.servers);
+  if (p.cp > 1 || c.ps.servers > 0)
+    return fmt::format("parallel.ep = {} with parallel.cp = {} or ps.servers = {}: expert parallelism runs inside "
+                       "data parallelism (DDP, ZeRO-1/2), in pipeline stages and beside tensor parallelism for now; "
+                       "set parallel.cp = 1 (and ps.servers = 0)",
+                       p.ep, p.cp, c.ps.servers);
+  if (p.pp > 1 && (p.tp > 1 || c.zero.stage > 0))
+    return fmt::format("parallel.ep = {} with parallel.pp = {}, tp = {} and zero.stage = {}: in pipeline stages the "
+                       "experts split over each stage's DDP replicas (the pipeline strategy), not yet beside tensor "
+                       "parallelism or ZeRO's shards (the megatron strategy); set parallel.tp = 1 and zero.stage = 0",
+                       p.ep, p.pp, p.tp, c.zero.stage);
   if (p.tp > 1 && !builds_gpt(c))
     return fmt::format("parallel.ep = {} with parallel.tp = {} for model.kind = \"{}\": beside tensor parallelism "
                        "experts are split for the GPT's MoE layers only; set parallel.ep = 1 (or parallel.tp = 1)",
@@ -225,7 +230,7 @@ std::vector<FieldSpec> parallel_fields() {
       field("parallel.tp", &TC::parallel, &ParallelConfig::tp, "tensor-parallel size", in_range<int64_t>(1, kMaxRanks)),
       field("parallel.pp", &TC::parallel, &ParallelConfig::pp, "pipeline-parallel stages", in_range<int64_t>(1, kMaxRanks)),
       field("parallel.cp", &TC::parallel, &ParallelConfig::cp, "context (sequence) parallel size: ring self-attention over cp ranks (GPT)", in_range<int64_t>(1, kMaxRanks)),
-      field("parallel.ep", &TC::parallel, &ParallelConfig::ep, "expert-parallel size: the MoE layers' experts split over groups of ep data-parallel ranks, tokens routed by all-to-all (divides dp and model.moe_experts)", in_range<int64_t>(1, kMaxRanks)),
+      field("parallel.ep", &TC::parallel, &ParallelConfig::ep, "expert-parallel size: the MoE layers' experts split over groups of ep data-parallel ranks (of each pipeline stage's replicas with parallel.pp), tokens routed by all-to-all (divides dp and model.moe_experts)", in_range<int64_t>(1, kMaxRanks)),
       field("parallel.megatron_sp", &TC::parallel, &ParallelConfig::megatron_sp, "Megatron sequence parallelism inside the tp group (needs parallel.tp > 1; the GPT, or a plan naming its norms sequence_parallel)"),
       table_of_strings(field("parallel.tp_plan", &TC::parallel, &ParallelConfig::tp_plan, "tensor-parallel plan of a model other than the GPT: \"PATTERN=STYLE\" entries or a [parallel.tp_plan] table; styles colwise, colwise[parts=N], colwise[gather], rowwise, vocab_embedding, sequence_parallel, replicate", tp_plan_entries())),
   };

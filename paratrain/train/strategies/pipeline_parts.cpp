@@ -8,14 +8,17 @@
 #include <string>
 
 #include <map>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "paratrain/core/error.h"
+#include "paratrain/pipeline/partition.h"
 #include "paratrain/train/batch_size.h"
 #include "paratrain/train/strategies/common.h"
+#include "paratrain/train/task.h"
 
 namespace paratrain::train::strategies {
 
@@ -144,6 +147,69 @@ std::vector<double> rank_speed_scales(double own_seconds, int chunks, comm::Proc
                  fmt::join(shown, ", "));
   }
   return scales;
+}
+
+std::vector<double> measured_layer_costs(const TrainConfig& config, const std::vector<models::Layer>& layers,
+                                         const pipeline::BoundaryShapes& shapes, int dp, comm::ProcessGroup& world,
+                                         std::chrono::milliseconds timeout, double* own_seconds) {
+  const int64_t rows = resolve_batch_sizes(config, dp).per_rank / config.pipeline.microbatches;
+  // The last layer's time includes the objective's loss (cross-entropy over
+  // the last dimension; which targets does not change its cost).
+  const auto task = task_for_config(config);
+  const auto mine = pipeline::measure_layer_times(layers, shapes, rows, [&task](const at::Tensor& out) {
+    const auto lead = out.sizes().slice(0, out.dim() - 1);
+    return task->loss(out, torch::zeros(lead, torch::TensorOptions().dtype(torch::kLong).device(out.device())));
+  });
+  *own_seconds = 0;
+  for (double t : mine) *own_seconds += t;
+  at::Tensor t = torch::tensor(mine, torch::kDouble);
+  world.all_reduce(t, comm::ReduceOp::kMin)->wait(timeout);
+  return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+}
+
+int frozen_prefix_chunks(const std::vector<models::Layer>& layers, const std::vector<int>& bounds) {
+  const int chunks = static_cast<int>(bounds.size()) - 1;
+  for (int mc = 0; mc < chunks; ++mc) {
+    for (int j = bounds[mc]; j < bounds[mc + 1]; ++j)
+      for (const auto& [name, module] : layers[j].modules)
+        for (const auto& p : module->parameters())
+          if (p.requires_grad()) return mc;
+  }
+  return chunks;
+}
+
+std::vector<StageParam> stage_layout(const std::vector<models::Layer>& layers, const std::vector<int>& bounds,
+                                     int stages) {
+  std::vector<StageParam> out;
+  std::set<std::string> listed;
+  const int chunks = static_cast<int>(bounds.size()) - 1;
+  for (int mc = 0; mc < chunks; ++mc) {
+    for (int j = bounds[mc]; j < bounds[mc + 1]; ++j) {
+      for (const auto& [prefix, module] : layers[j].modules) {
+        for (const auto& p : module->named_parameters()) {
+          if (!listed.insert(prefix + "." + p.key()).second) continue;
+          out.push_back({prefix + "." + p.key(), p.value().sizes().vec(), mc % stages});
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> broadcast_stage_parameters(
+    const std::vector<StageParam>& layout, const std::map<std::string, at::Tensor>& held, comm::ProcessGroup& pp,
+    std::chrono::milliseconds timeout) {
+  torch::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& info : layout) {
+    // On the host on every rank: the broadcast's members must agree on the
+    // device, and checkpoints are written from host memory anyway.
+    at::Tensor t = info.owner == pp.rank() ? held.at(info.name).detach().to(at::kCPU).clone().contiguous()
+                                           : torch::empty(info.shape);
+    pp.broadcast(t, info.owner)->wait(timeout);
+    out.emplace_back(info.name, t);
+  }
+  return out;
 }
 
 }  // namespace paratrain::train::strategies

@@ -7,7 +7,10 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "paratrain/data_parallel/ddp/ddp.h"
@@ -58,6 +61,37 @@ void refuse_tensors_shared_by_chunks(const TrainConfig& config, const std::vecto
 // (earlier micro-batches accumulate locally) and only when `sync`.
 pipeline::ExecutorHooks ddp_chunk_hooks(const std::vector<std::unique_ptr<ddp::DistributedDataParallel>>& ddp,
                                         bool sync);
+
+// pipeline.balance = "time" and "rank_speed": each layer's forward and
+// backward time on `rows` = one micro-batch of a replica (the last layer's
+// with the task's loss). Every rank times the layers (it holds the whole
+// model until the cut) and all take the per-layer minimum over `world`:
+// one cut everywhere, and a probe that another process disturbed on one
+// rank is corrected by the others. `own_seconds`: this rank's own sum.
+std::vector<double> measured_layer_costs(const TrainConfig& config, const std::vector<models::Layer>& layers,
+                                         const pipeline::BoundaryShapes& shapes, int dp, comm::ProcessGroup& world,
+                                         std::chrono::milliseconds timeout, double* own_seconds);
+
+// The leading model chunks of `bounds` that train nothing and feed nothing
+// that trains (Note [What freezing saves] in train/freeze/freezing.cpp):
+// the same count on every rank, from the whole model each rank drew.
+int frozen_prefix_chunks(const std::vector<models::Layer>& layers, const std::vector<int>& bounds);
+
+// A parameter of the whole model and the stage (pp rank) that holds it.
+struct StageParam {
+  std::string name;
+  std::vector<int64_t> shape;
+  int owner = 0;
+};
+// Each parameter once, in model order, owned by the first stage holding it
+// (model chunk mc of `bounds` runs on stage mc % stages).
+std::vector<StageParam> stage_layout(const std::vector<models::Layer>& layers, const std::vector<int>& bounds,
+                                     int stages);
+// The whole model's parameters on every stage, on the host: each broadcast
+// over `pp` from its owner's `held` (by name). Collective over pp.
+std::vector<std::pair<std::string, at::Tensor>> broadcast_stage_parameters(
+    const std::vector<StageParam>& layout, const std::map<std::string, at::Tensor>& held, comm::ProcessGroup& pp,
+    std::chrono::milliseconds timeout);
 
 // A value only the last stage holds (`t`, undefined elsewhere: the loss, the
 // evaluation logits) on every stage: broadcast over `pp` into a tensor of

@@ -6,12 +6,16 @@
 // last stage, so the Trainer's logging and evaluation see them on every rank.
 // A tensor two stages share (the GPT's tied embedding) has a copy on each,
 // their gradients summed over the mesh's stage group (pipeline/tied.h).
+// With parallel.ep the MoE layers of a stage split their experts over ep
+// groups of the stage's dp replicas (moe/expert_parallel.h, Note [Experts
+// in pipeline stages]).
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include <fmt/format.h>
@@ -23,6 +27,7 @@
 #include "paratrain/data_parallel/ddp/module_sync.h"
 #include "paratrain/data_parallel/ddp/naive.h"
 #include "paratrain/data_parallel/zero/zero.h"
+#include "paratrain/moe/expert_parallel.h"
 #include "paratrain/optim/grad_scaler.h"
 #include "paratrain/pipeline/executor.h"
 #include "paratrain/pipeline/partition.h"
@@ -41,12 +46,6 @@ namespace paratrain::train::strategies {
 namespace {
 
 using topology::Axis;
-
-struct ParamInfo {
-  std::string name;
-  std::vector<int64_t> shape;
-  int owner = 0;  // pp rank
-};
 
 class PipelineStrategy final : public Strategy, public CheckpointSlots, public Telemetry {
  public:
@@ -122,7 +121,10 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     const auto shapes = pipeline::infer_boundary_shapes(layers, from_data ? *input_shape_ : model_input_shape(config_),
                                                         builds_gpt(config_) ? at::kLong : from_data ? input_dtype_ : at::kFloat);
     if (config_.pipeline.split.empty()) {
-      const auto costs = layer_costs(layers, shapes);
+      const auto costs = config_.pipeline.balance == "parameters"
+                             ? pipeline::layer_parameter_counts(layers)
+                             : measured_layer_costs(config_, layers, shapes, dp_.size(), mesh_.world(), timeout_,
+                                                    &own_model_seconds_);
       const double slow = config_.profile.test_slow_rank == mesh_.world().rank() ? config_.profile.test_slow_factor : 1.0;
       const auto scales = config_.pipeline.balance == "rank_speed"
                               ? rank_speed_scales(own_model_seconds_ * slow, chunks, dp_, pp_, timeout_,
@@ -132,7 +134,7 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     } else {
       bounds_ = pipeline::explicit_partition(config_.pipeline.split, static_cast<int>(layers.size()), chunks);
     }
-    record_layout(layers);
+    layout_ = stage_layout(layers, bounds_, shape_.stages);
     refuse_tensors_shared_by_chunks(config_, layers, bounds_, shape_.stages, dp_.size());
     const auto tied = pipeline::find_tied_parameters(layers, bounds_, shape_.stages);
     if (!tied.empty() && config_.zero.stage > 0) {
@@ -151,13 +153,14 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     // Collective over the world (the mesh builds the stage groups).
     tied_ = std::make_unique<pipeline::TiedGradients>(mesh_, tied, *module_, timeout_);
     tied_->broadcast_from_first();
+    split_experts();  // before the wrappers, which leave the experts alone
     wrap_replicas();
 
     pipeline::ExecutorOptions options = executor_options(config_, shape_, timeout_);
     const ProfileConfig& slow = config_.profile;
     if (slow.test_slow_factor > 1 && slow.test_slow_rank == mesh_.world().rank())
       options.compute_slowdown = slow.test_slow_factor;  // inside the schedule (the loop leaves pipelines alone)
-    options.frozen_chunks = frozen_prefix_chunks(layers);
+    options.frozen_chunks = frozen_prefix_chunks(layers, bounds_);
     executor_ = std::make_unique<pipeline::Executor>(pp_, std::move(local), options);
     if (config_.pipeline.trace_steps > 0) {
       const int rank = mesh_.world().rank();
@@ -211,6 +214,7 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     // The copies of a tied tensor each hold their stage's part of its
     // gradient (already averaged over dp): the sum is the whole gradient.
     if (sync) tied_->all_reduce_gradients();
+    if (sync && experts_) experts_->reduce_gradients();
     peak_in_flight_ = report.peak_in_flight;
     peak_activation_bytes_ = report.peak_activation_bytes;
     // The loss lives on the last stage; every rank logs and checks it.
@@ -263,7 +267,10 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
   // ZeRO: each dp rank writes its shard pieces of this stage's parameters
   // (disjoint), dp rank 0 the buffers; otherwise dp rank 0 writes all.
   std::vector<TensorSlot> model_slots() override {
-    if (zero_.empty()) return without_tied_copies(replicated_slots(*module_, dp_.rank() == 0));
+    if (zero_.empty()) {
+      auto slots = without_tied_copies(replicated_slots(*module_, dp_.rank() == 0));
+      return experts_ ? experts_->checkpoint_slots(std::move(slots)) : slots;  // written by their holders
+    }
     std::vector<TensorSlot> out;
     for (const auto& z : zero_) {
       if (!z) continue;
@@ -284,6 +291,7 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
       for (auto& o : out) {
         o.slot.write = o.slot.write && tied_->writes_optimizer_state(o.slot.name);
         o.slot.name = tied_->optimizer_name(o.slot.name);
+        if (experts_) o.slot = experts_->checkpoint_slots({o.slot}).front();
       }
       return out;
     }
@@ -306,20 +314,17 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
             {"pipeline.layer_bounds", fmt::format("{}", fmt::join(bounds_, ","))}};
   }
 
-  // Each parameter broadcast over pp from the stage that holds it.
+  // Each parameter broadcast over pp from the stage that holds it (a
+  // stage's experts first gathered over its ep group).
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
     torch::NoGradGuard no_grad;
-    const auto mine = module_->named_parameters();
-    std::vector<std::pair<std::string, at::Tensor>> out;
-    for (const auto& info : layout_) {
-      // On the host on every rank: the broadcast's members must agree on
-      // the device, and checkpoints are written from host memory anyway.
-      at::Tensor t = info.owner == pp_.rank() ? mine[info.name].detach().to(at::kCPU).clone().contiguous()
-                                              : torch::empty(info.shape);
-      pp_.broadcast(t, info.owner)->wait(timeout_);
-      out.emplace_back(info.name, t);
+    std::map<std::string, at::Tensor> mine;
+    for (const auto& item : module_->named_parameters()) mine[item.key()] = item.value();
+    if (experts_) {
+      std::vector<std::pair<std::string, at::Tensor>> local(mine.begin(), mine.end());
+      for (auto& [name, t] : experts_->gather(local)) mine[name] = t;
     }
-    return out;
+    return broadcast_stage_parameters(layout_, mine, pp_, timeout_);
   }
 
   SyncStats last_stats() const override {
@@ -343,61 +348,10 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
   }
 
  private:
-  std::vector<double> layer_costs(const std::vector<models::Layer>& layers, const pipeline::BoundaryShapes& shapes) {
-    if (config_.pipeline.balance == "parameters") return pipeline::layer_parameter_counts(layers);
-    // Every rank times the layers (it holds the whole model until the cut)
-    // and all take the per-layer minimum: one cut everywhere, and a probe that
-    // another process disturbed on one rank is corrected by the others.
-    auto& world = mesh_.world();
-    const int64_t rows = resolve_batch_sizes(config_, dp_.size()).per_rank / config_.pipeline.microbatches;
-    // The last layer's time includes the objective's loss (cross-entropy over
-    // the last dimension; which targets does not change its cost).
-    const auto task = task_for_config(config_);
-    const auto mine = pipeline::measure_layer_times(layers, shapes, rows, [&task](const at::Tensor& out) {
-      const auto lead = out.sizes().slice(0, out.dim() - 1);
-      return task->loss(out, torch::zeros(lead, torch::TensorOptions().dtype(torch::kLong).device(out.device())));
-    });
-    own_model_seconds_ = 0;
-    for (double t : mine) own_model_seconds_ += t;
-    at::Tensor t = torch::tensor(mine, torch::kDouble);
-    world.all_reduce(t, comm::ReduceOp::kMin)->wait(timeout_);
-    return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
-  }
-
   // A tied copy is loaded like every slot but written by the first stage only.
   std::vector<TensorSlot> without_tied_copies(std::vector<TensorSlot> slots) const {
     for (auto& slot : slots) slot.write = slot.write && !tied_->is_copy(slot.name);
     return slots;
-  }
-
-  // Each parameter once, owned by the first stage that holds it.
-  void record_layout(const std::vector<models::Layer>& layers) {
-    std::set<std::string> listed;
-    const int chunks = static_cast<int>(bounds_.size()) - 1;
-    for (int mc = 0; mc < chunks; ++mc) {
-      for (int j = bounds_[mc]; j < bounds_[mc + 1]; ++j) {
-        for (const auto& [prefix, module] : layers[j].modules) {
-          for (const auto& p : module->named_parameters()) {
-            if (!listed.insert(prefix + "." + p.key()).second) continue;
-            layout_.push_back({prefix + "." + p.key(), p.value().sizes().vec(), mc % shape_.stages});
-          }
-        }
-      }
-    }
-  }
-
-  // The leading model chunks that train nothing and feed nothing that
-  // trains (Note [What freezing saves] in train/freeze/freezing.cpp): the
-  // same count on every rank, from the whole model each rank drew.
-  int frozen_prefix_chunks(const std::vector<models::Layer>& layers) const {
-    const int chunks = static_cast<int>(bounds_.size()) - 1;
-    for (int mc = 0; mc < chunks; ++mc) {
-      for (int j = bounds_[mc]; j < bounds_[mc + 1]; ++j)
-        for (const auto& [name, module] : layers[j].modules)
-          for (const auto& p : module->parameters())
-            if (p.requires_grad()) return mc;
-    }
-    return chunks;
   }
 
   // A frozen chunk has no wrapper to bring its buffers (BatchNorm's running
@@ -409,6 +363,25 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     if (wrapped || dp_.size() == 1 || !config_.ddp.broadcast_buffers || config_.ddp.mode == "none") return;
     std::vector<at::Tensor> buffers = modules_[chunk]->buffers();
     if (!buffers.empty()) ddp::broadcast_coalesced(dp_, buffers, /*root=*/0, timeout_);
+  }
+
+  // Note [Experts in pipeline stages]
+  // The MoE layers of this rank's chunks split their experts over ep groups
+  // of the stage's dp replicas and route over all of them (Note [Experts in
+  // the data-parallel mesh]): the replicas of a stage run the same schedule,
+  // so each micro-batch's all-to-alls meet in the same order on every ep
+  // rank, recomputed forwards included. A stage without MoE layers splits
+  // nothing. Each chunk's DDP leaves the experts alone; they are reduced
+  // over their replicas once the step's backward is done, counted once in
+  // the clipping norm, and written by their holders in ep group 0.
+  void split_experts() {
+    if (config_.parallel.ep <= 1 || moe::find_moe_layers(*module_).empty()) return;
+    experts_ = std::make_unique<moe::ExpertParallel>(*module_, dp_, static_cast<int>(config_.parallel.ep), timeout_);
+    if (dp_.rank() == 0) {
+      spdlog::info("expert parallelism on stage {}: its {} replicas in {} ep group(s) of {}; each holds 1/{} of "
+                   "every MoE layer's experts on the stage",
+                   pp_.rank(), dp_.size(), dp_.size() / experts_->ep(), experts_->ep(), experts_->ep());
+    }
   }
 
   static bool trains_anything(torch::nn::Module& chunk) {
@@ -439,7 +412,9 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
         continue;
       }
       if (config_.ddp.mode == "bucketed") {
-        ddp_.push_back(std::make_unique<ddp::DistributedDataParallel>(chunk, dp_, ddp_options(config_, timeout_)));
+        ddp::DdpOptions options = ddp_options(config_, timeout_);
+        if (experts_) options.local_parameters = experts_->local_parameters();
+        ddp_.push_back(std::make_unique<ddp::DistributedDataParallel>(chunk, dp_, options));
       } else {
         ddp::NaiveOptions options;
         options.broadcast_buffers = config_.ddp.broadcast_buffers;
@@ -474,8 +449,10 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     at::Tensor sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble).device(pipeline::stage_device(*module_)));
     for (const auto& p : params) {
       if (tied_->counted_on_an_earlier_stage(p)) continue;  // counted on the first stage
+      if (experts_ && experts_->holds(p)) continue;         // each expert once, below
       if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum();
     }
+    if (experts_) sq += experts_->grad_square_sum();
     pp_.all_reduce(sq, comm::ReduceOp::kSum)->wait(timeout_);
     const double norm = std::sqrt(sq.item<double>());
     const double coef = max_norm / (norm + 1e-6);
@@ -496,7 +473,7 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
   pipeline::ScheduleKind kind_;
   pipeline::ScheduleOptions shape_;
   std::vector<int> bounds_;
-  std::vector<ParamInfo> layout_;
+  std::vector<StageParam> layout_;
   std::vector<std::shared_ptr<pipeline::StageModule>> modules_;
   std::shared_ptr<torch::nn::Module> module_;
   std::vector<int64_t> output_shape_;
@@ -504,6 +481,7 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
   std::vector<std::unique_ptr<ddp::NaiveDataParallel>> naive_;
   std::vector<std::unique_ptr<zero::ZeroDataParallel>> zero_;
   std::unique_ptr<pipeline::TiedGradients> tied_;
+  std::unique_ptr<moe::ExpertParallel> experts_;  // parallel.ep > 1 on a stage with MoE layers
   std::unique_ptr<pipeline::Executor> executor_;
   std::unique_ptr<pipeline::Timeline> timeline_;
   int64_t steps_ = 0;
