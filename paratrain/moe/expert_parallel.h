@@ -27,10 +27,10 @@
 // written by its holder in ep group 0; a run at another ep, or one
 // process, loads the experts it holds by name, so checkpoints reshard.
 // Users: the ddp and zero strategies (the whole model), the megatron
-// strategy beside tensor parallelism (at pp = 1) and the
-// pipeline strategy (each stage's chunks, Note [Experts in pipeline stages]
-// in train/strategies/pipeline_strategy.cpp). Not here: cp with experts,
-// ZeRO-3/FSDP sharding the experts (ConfigError).
+// strategy beside tensor parallelism, and the pipeline and megatron
+// strategies' stages (each stage's chunks, Note [Experts in pipeline
+// stages] in train/strategies/pipeline_strategy.cpp). Not here: cp with
+// experts, ZeRO-3/FSDP sharding the experts, ZeRO in stages (ConfigError).
 #pragma once
 
 #include <ATen/core/Tensor.h>

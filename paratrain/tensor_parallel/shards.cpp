@@ -48,6 +48,22 @@ std::vector<ShardPiece> pieces(const ShardSpec& spec, int rank, int tp) {
   return out;
 }
 
+std::vector<SlotSegment> slot_segments(const ShardSpec& spec, int rank, int tp) {
+  const auto& shape = spec.full_shape;
+  int64_t outer = 1, inner = 1;
+  for (int64_t i = 0; i < spec.dim; ++i) outer *= shape[i];
+  for (size_t i = spec.dim + 1; i < shape.size(); ++i) inner *= shape[i];
+  const int64_t full_dim = shape[spec.dim], local_dim = full_dim / tp;
+  std::vector<SlotSegment> out;
+  for (int64_t o = 0; o < outer; ++o) {
+    for (const ShardPiece& p : pieces(spec, rank, tp)) {
+      out.push_back({(o * local_dim + p.local_offset) * inner, (o * full_dim + p.full_offset) * inner,
+                     p.length * inner});
+    }
+  }
+  return out;
+}
+
 at::Tensor shard_of(const at::Tensor& full, const ShardSpec& spec, int rank, int tp) {
   TORCH_CHECK(full.sizes() == at::IntArrayRef(spec.full_shape), "shard_of: tensor of shape ", full.sizes(),
               " where the layout expects ", at::IntArrayRef(spec.full_shape));

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "paratrain/core/tensor_slot.h"
 #include "paratrain/tensor_parallel/context.h"
 
 namespace paratrain::tensor_parallel {
@@ -45,6 +46,11 @@ struct ShardPiece {
   int64_t length = 0;
 };
 std::vector<ShardPiece> pieces(const ShardSpec& spec, int rank, int tp);
+
+/// The runs of the global tensor's row-major flattening that `rank`'s shard
+/// holds, in local order (a checkpoint slot's segments: for each index of
+/// the dimensions before the split one, the shard's pieces along it).
+std::vector<SlotSegment> slot_segments(const ShardSpec& spec, int rank, int tp);
 
 // This rank's shard of `full` (a copy, contiguous).
 at::Tensor shard_of(const at::Tensor& full, const ShardSpec& spec, int rank, int tp);

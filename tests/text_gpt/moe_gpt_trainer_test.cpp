@@ -343,11 +343,11 @@ TEST(MoeGptTrainer, ExpertParallelKeysAreChecked) {
                           "parallel.cp=2", "elastic.in_job=true"}) {
     EXPECT_THROW(config_from_toml_string(gpt, {"parallel.ep=4", key}), ConfigError) << key;
   }
-  // In pipeline stages: beside DDP (the pipeline strategy), not yet beside
-  // tensor parallelism or ZeRO (the megatron strategy's stages).
+  // In pipeline stages: beside DDP, with tensor parallelism too, not yet
+  // beside ZeRO.
   EXPECT_NO_THROW(config_from_toml_string(gpt, {"parallel.ep=4", "parallel.pp=2"}));
+  EXPECT_NO_THROW(config_from_toml_string(gpt, {"parallel.ep=4", "parallel.pp=2", "parallel.tp=2"}));
   EXPECT_THROW(config_from_toml_string(gpt, {"parallel.ep=4", "parallel.pp=2", "zero.stage=1"}), ConfigError);
-  EXPECT_THROW(config_from_toml_string(gpt, {"parallel.ep=4", "parallel.pp=2", "parallel.tp=2"}), ConfigError);
   EXPECT_NO_THROW(config_from_toml_string(gpt, {"parallel.ep=4", "parallel.tp=2"}));
   EXPECT_THROW(config_from_toml_string(gpt, {"parallel.ep=4", "parallel.tp=2", "zero.stage=1"}), ConfigError);
   // ep must divide the data-parallel ranks, known when the world is.
@@ -445,10 +445,12 @@ TEST(MoeGptTrainer, PipelineStagesEqualOneProcessOnTheSameMicroBatches) {
 
 // Expert parallelism in pipeline stages (Note [Experts in pipeline stages]):
 // at pp 2 x dp 2 x ep 2 each stage's MoE layer keeps 2 of its 4 experts on
-// each replica and routes over both, as pp 2 x dp 2 does at ep 1: equal to
+// each replica and routes over both, as pp 2 x dp 2 does at ep 1 (with tp 2
+// inside each stage too, the megatron strategy's stages): equal to
 // one process accumulating 2, with drops and the aux loss on, and clipped
-// (the dense and the expert norms both count). A checkpoint saved there
-// after 3 steps resumes on one process, equal to the uninterrupted run.
+// (the dense and the expert norms both count). A checkpoint saved in
+// either after 3 steps resumes on one process, equal to the uninterrupted
+// run.
 TEST(MoeGptTrainer, ExpertParallelInPipelineStagesEqualsOneProcess) {
   const std::string dir = paratrain::testing::temp_dir("moe-ep-pp");
   const auto corpus = paratrain::testing::write_word_corpus(dir, 5);
@@ -466,35 +468,44 @@ TEST(MoeGptTrainer, ExpertParallelInPipelineStagesEqualsOneProcess) {
   TrainConfig unclipped = config("one_unclipped", 1, 1, 2);
   unclipped.optimizer.clip_grad_norm = 0;
   EXPECT_GT(relative_diff(paratrain::testing::one_process(unclipped), one), 1e-3) << "the clipping binds";
-  const TrainConfig c = config("pp2dp2ep2", 2, 2, 1);
-  const auto [params, held, numel] = train_ep(c, 4);
-  for (int64_t n : held) EXPECT_EQ(n, 2) << "each rank holds 2 of its stage's 4 experts";
-  ASSERT_EQ(params.size(), one.size());
-  for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(params[i].first, one[i].first);
-  const double diff = relative_diff(params, one);
-  std::printf("MoE GPT, pp 2 x dp 2 x ep 2 vs one process accumulating 2 (clipped, drops, aux loss) after 6 steps: "
-              "%.3g (tolerance 1e-5)\n",
-              diff);
-  EXPECT_LE(diff, 1e-5);
+  // The pipeline strategy (pp 2 x dp 2), and the megatron strategy's
+  // stages with tensor parallelism inside (pp 2 x tp 2 x dp 2).
+  for (const int64_t tp : {1, 2}) {
+    TrainConfig c = config(fmt::format("pp2tp{}dp2ep2", tp), 2, 2, 1);
+    c.parallel.tp = tp;
+    const auto [params, held, numel] = train_ep(c, static_cast<int>(4 * tp));
+    for (int64_t n : held) EXPECT_EQ(n, 2) << "each rank holds 2 of its stage's 4 experts";
+    ASSERT_EQ(params.size(), one.size());
+    for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(params[i].first, one[i].first);
+    const double diff = relative_diff(params, one);
+    std::printf("MoE GPT, pp 2 x tp %lld x dp 2 x ep 2 vs one process accumulating 2 (clipped, drops, aux loss) "
+                "after 6 steps: %.3g (tolerance 1e-5)\n",
+                static_cast<long long>(tp), diff);
+    EXPECT_LE(diff, 1e-5);
+  }
 
-  TrainConfig first = config("pp2dp2ep2_saved", 2, 2, 1);
-  first.train.max_steps = 3;
-  train_ep(first, 4);
-  const auto saved = std::filesystem::path(dir) / "pp2dp2ep2_saved" / "version_0" / "checkpoints" / "step_00000003";
-  ASSERT_TRUE(std::filesystem::exists(saved)) << saved;
-  TrainConfig resumed = config("resumed_one", 1, 1, 2);
-  resumed.train.resume = saved.string();
-  Params continued;
-  paratrain::testing::run_ranks(1, [&](comm::ProcessGroup& g) {
-    Trainer t(resumed, g);
-    EXPECT_EQ(t.fit().start_step, 3) << "it resumed (a fresh run would equal one process too)";
-    continued = t.full_parameters();
-  });
-  const double after = relative_diff(continued, one);
-  std::printf("MoE GPT saved at pp 2 x dp 2 x ep 2 after 3 steps, resumed by one process to 6: %.3g (tolerance "
-              "1e-5)\n",
-              after);
-  EXPECT_LE(after, 1e-5);
+  for (const int64_t tp : {1, 2}) {
+    const std::string name = fmt::format("pp2tp{}dp2ep2_saved", tp);
+    TrainConfig first = config(name, 2, 2, 1);
+    first.parallel.tp = tp;
+    first.train.max_steps = 3;
+    train_ep(first, static_cast<int>(4 * tp));
+    const auto saved = std::filesystem::path(dir) / name / "version_0" / "checkpoints" / "step_00000003";
+    ASSERT_TRUE(std::filesystem::exists(saved)) << saved;
+    TrainConfig resumed = config(name + "_resumed_one", 1, 1, 2);
+    resumed.train.resume = saved.string();
+    Params continued;
+    paratrain::testing::run_ranks(1, [&](comm::ProcessGroup& g) {
+      Trainer t(resumed, g);
+      EXPECT_EQ(t.fit().start_step, 3) << "it resumed (a fresh run would equal one process too)";
+      continued = t.full_parameters();
+    });
+    const double after = relative_diff(continued, one);
+    std::printf("MoE GPT saved at pp 2 x tp %lld x dp 2 x ep 2 after 3 steps, resumed by one process to 6: %.3g "
+                "(tolerance 1e-5)\n",
+                static_cast<long long>(tp), after);
+    EXPECT_LE(after, 1e-5);
+  }
 }
 
 TEST(MoeGptTrainer, MoeKeysAreCheckedAgainstTheModelAndLayout) {

@@ -156,11 +156,10 @@ std::string expert_parallel_problem(const TrainConfig& c) {
                        "data parallelism (DDP, ZeRO-1/2), in pipeline stages and beside tensor parallelism for now; "
                        "set parallel.cp = 1 (and ps.servers = 0)",
                        p.ep, p.cp, c.ps.servers);
-  if (p.pp > 1 && (p.tp > 1 || c.zero.stage > 0))
-    return fmt::format("parallel.ep = {} with parallel.pp = {}, tp = {} and zero.stage = {}: in pipeline stages the "
-                       "experts split over each stage's DDP replicas (the pipeline strategy), not yet beside tensor "
-                       "parallelism or ZeRO's shards (the megatron strategy); set parallel.tp = 1 and zero.stage = 0",
-                       p.ep, p.pp, p.tp, c.zero.stage);
+  if (p.pp > 1 && c.zero.stage > 0)
+    return fmt::format("parallel.ep = {} with parallel.pp = {} and zero.stage = {}: in pipeline stages the experts "
+                       "split over each stage's DDP replicas, not yet beside ZeRO's shards; set zero.stage = 0",
+                       p.ep, p.pp, c.zero.stage);
   if (p.tp > 1 && !builds_gpt(c))
     return fmt::format("parallel.ep = {} with parallel.tp = {} for model.kind = \"{}\": beside tensor parallelism "
                        "experts are split for the GPT's MoE layers only; set parallel.ep = 1 (or parallel.tp = 1)",

@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <optional>
+#include <map>
 #include <set>
 
 #include <fmt/format.h>
@@ -45,25 +46,6 @@ namespace tpl = tensor_parallel;
 using topology::Axis;
 
 constexpr int64_t kVocab = 256;  // byte tokens, as make_model builds the GPT
-
-// The runs of the global tensor's row-major flattening that a shard holds
-// (TensorSlot::segments), in local order: for each index of the dimensions
-// before the split one, the shard's pieces along it.
-std::vector<SlotSegment> shard_segments(const tpl::ShardSpec& spec, int rank, int tp) {
-  const auto& shape = spec.full_shape;
-  int64_t outer = 1, inner = 1;
-  for (int64_t i = 0; i < spec.dim; ++i) outer *= shape[i];
-  for (size_t i = spec.dim + 1; i < shape.size(); ++i) inner *= shape[i];
-  const int64_t full_dim = shape[spec.dim], local_dim = full_dim / tp;
-  std::vector<SlotSegment> out;
-  for (int64_t o = 0; o < outer; ++o) {
-    for (const tpl::ShardPiece& p : tpl::pieces(spec, rank, tp)) {
-      out.push_back({(o * local_dim + p.local_offset) * inner, (o * full_dim + p.full_offset) * inner,
-                     p.length * inner});
-    }
-  }
-  return out;
-}
 
 // Note [The Trainer's loss under tensor parallelism]
 // The Trainer hands every strategy a LossFn of (full logits, targets): the
@@ -165,11 +147,12 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     }
     // parallel.ep: the MoE layers (whole on every tp rank) split their
     // experts over ep groups of dp (moe/expert_parallel.h); DDP leaves them
-    // to it.
+    // to it. In stages, those of this stage (Note [Experts in pipeline
+    // stages] in pipeline_strategy.cpp); a stage without any splits nothing.
     std::vector<at::Tensor> experts;
-    if (config_.parallel.ep > 1) {
-      experts_ = std::make_unique<moe::ExpertParallel>(*model_, dp_, static_cast<int>(config_.parallel.ep), timeout_);
-      for (const auto& item : model_->named_parameters()) {
+    if (config_.parallel.ep > 1 && (pp_.size() == 1 || !moe::find_moe_layers(*module_).empty())) {
+      experts_ = std::make_unique<moe::ExpertParallel>(*module_, dp_, static_cast<int>(config_.parallel.ep), timeout_);
+      for (const auto& item : module_->named_parameters()) {
         if (experts_->holds(item.value())) expert_names_.insert(item.key());
       }
       experts = experts_->local_parameters();
@@ -294,7 +277,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
       if (spec.replicated()) {
         slot.write = writer && tp_.rank() == 0;
       } else {
-        slot.segments = shard_segments(spec, tp_.rank(), tp_.size());
+        slot.segments = tpl::slot_segments(spec, tp_.rank(), tp_.size());
       }
       out.push_back(std::move(slot));
     }
@@ -330,14 +313,17 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
       for (const auto& item : mine) out.emplace_back(item.key(), item.value());
       return experts_ ? experts_->gather(out) : out;  // every expert, from the ep group
     }
-    // In the single-process order, each from the first stage holding it.
-    for (const auto& [name, owner] : stages_->stage_of()) {
-      // On the host on every rank: a broadcast's members agree on the device.
-      at::Tensor t = owner == pp_.rank() ? mine[name].to(at::kCPU).contiguous() : torch::empty(layout_[name].full_shape);
-      pp_.broadcast(t, owner)->wait(timeout_);
-      out.emplace_back(name, t);
+    // In the single-process order, each from the first stage holding it
+    // (this stage's experts first gathered over the ep group).
+    std::map<std::string, at::Tensor> held;
+    for (const auto& item : mine) held[item.key()] = item.value();
+    if (experts_) {
+      for (auto& [name, t] : experts_->gather(std::vector<std::pair<std::string, at::Tensor>>(held.begin(), held.end())))
+        held[name] = t;
     }
-    return out;
+    std::vector<StageParam> layout;
+    for (const auto& [name, owner] : stages_->stage_of()) layout.push_back({name, layout_[name].full_shape, owner});
+    return broadcast_stage_parameters(layout, held, pp_, timeout_);
   }
 
   SyncStats last_stats() const override { return sync_->stats(); }
@@ -496,6 +482,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     if (sync) {
       stages_->sum_tied_gradients();
       sum_sequence_parallel_grads();
+      if (experts_) experts_->reduce_gradients();
     }
     // Reported with the factor, as without pp.
     return {mean_over_cp(from_last_stage(report.loss, {1}, pp_, timeout_, pipeline::stage_device(*module_)))};

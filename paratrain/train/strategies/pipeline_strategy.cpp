@@ -373,7 +373,8 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
   // rank, recomputed forwards included. A stage without MoE layers splits
   // nothing. Each chunk's DDP leaves the experts alone; they are reduced
   // over their replicas once the step's backward is done, counted once in
-  // the clipping norm, and written by their holders in ep group 0.
+  // the clipping norm, and written by their holders in ep group 0. The
+  // megatron strategy's stages do the same, tensor parallelism inside.
   void split_experts() {
     if (config_.parallel.ep <= 1 || moe::find_moe_layers(*module_).empty()) return;
     experts_ = std::make_unique<moe::ExpertParallel>(*module_, dp_, static_cast<int>(config_.parallel.ep), timeout_);
