@@ -3,7 +3,11 @@
 #include "paratrain/comm/gloo/gloo_work.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include <ATen/core/ivalue.h>
 #include <fmt/format.h>
@@ -12,6 +16,67 @@
 #include "paratrain/core/running_deadline.h"
 
 namespace paratrain::comm::gloo_detail {
+namespace {
+
+// Note [Threads that wait in c10d]
+// c10d's send and receive can only be waited for (no future, Note [Gloo's
+// deadline is ours]), so each waits on a thread of its own. Starting a
+// thread per message doubled a small message's round trip against c10d's
+// (bench/sendrecv_latency); a pool keeps them: an operation takes an idle
+// thread, or a new one starts when none is idle (never a queue: a receive
+// that waits for its peer must not hold up a send behind it), and a thread
+// idle for kIdle ends. The pool is never destroyed: its idle threads wait
+// on it at process exit.
+class WaiterPool {
+ public:
+  static WaiterPool& instance() {
+    static auto* pool = new WaiterPool;
+    return *pool;
+  }
+
+  // Runs `job` on a thread now; throws std::system_error when none can start.
+  void run(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!idle_.empty()) {
+        Waiter* w = idle_.back();
+        idle_.pop_back();
+        w->job = std::move(job);
+        w->cv.notify_one();
+        return;
+      }
+    }
+    std::thread([this, job = std::move(job)]() mutable { serve(std::move(job)); }).detach();
+  }
+
+ private:
+  static constexpr auto kIdle = std::chrono::seconds(30);
+  struct Waiter {
+    std::function<void()> job;  // guarded by mu_
+    std::condition_variable cv;
+  };
+
+  void serve(std::function<void()> job) {
+    Waiter self;
+    while (true) {
+      job();
+      job = nullptr;  // what it held goes now, not when the thread is next used
+      std::unique_lock<std::mutex> lock(mu_);
+      idle_.push_back(&self);
+      if (!self.cv.wait_for(lock, kIdle, [&] { return static_cast<bool>(self.job); })) {
+        std::erase(idle_, &self);  // nobody handed it a job
+        return;
+      }
+      job = std::move(self.job);
+      self.job = nullptr;
+    }
+  }
+
+  std::mutex mu_;
+  std::vector<Waiter*> idle_;  // guarded by mu_
+};
+
+}  // namespace
 
 GlooWork::GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string what, std::function<void()> finish,
                    std::shared_ptr<GroupSignal> signal, std::chrono::milliseconds default_timeout, bool has_future)
@@ -54,14 +119,15 @@ GlooWork::GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string what, std::f
   });
 }
 
-// Detached: it holds what it touches, and ends when the operation does, when
-// the group's connections are failed (abort, or the group's end with
-// operations in flight), or at Gloo's backstop. It lets go of the c10d work
-// before it counts the operation as ended: the group's destructor waits for
-// that count, so Gloo's context never outlives the group on this thread.
+// On a thread of the pool (Note [Threads that wait in c10d]): the job holds
+// what it touches, and ends when the operation does, when the group's
+// connections are failed (abort, or the group's end with operations in
+// flight), or at Gloo's backstop. It lets go of the c10d work before it
+// counts the operation as ended: the group's destructor waits for that
+// count, so Gloo's context never outlives the group on this thread.
 void GlooWork::wait_in_backend_thread() {
   try {
-    std::thread([work = work_, backend = backend_, signal = signal_]() mutable {
+    WaiterPool::instance().run([work = work_, backend = backend_, signal = signal_]() mutable {
       bool ok = false;
       std::exception_ptr error;
       try {
@@ -81,7 +147,7 @@ void GlooWork::wait_in_backend_thread() {
         --signal->in_flight;
       }
       signal->cv.notify_all();
-    }).detach();
+    });
   } catch (...) {  // no thread: the operation fails now
     std::lock_guard<std::mutex> lock(signal_->mu);
     backend_->done = true;

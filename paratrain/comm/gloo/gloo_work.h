@@ -54,7 +54,8 @@ struct GroupSignal {
 // left behind, c10d's group with it, and says so. A leak of a broken
 // group's buffers, once, on the way to an error (or to a rebuilt world).
 // c10d's send and receive have no future to be told of completion: a
-// thread waits in c10d for each of them.
+// thread waits in c10d for each of them, a pool's (Note [Threads that wait
+// in c10d] in gloo_work.cpp).
 inline constexpr std::chrono::hours kGlooBackstop{24 * 7};
 
 class GlooWork final : public Work {
