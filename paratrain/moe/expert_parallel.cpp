@@ -69,22 +69,32 @@ std::vector<std::pair<std::string, std::shared_ptr<Moe>>> find_moe_layers(torch:
   return out;
 }
 
-ExpertParallel::ExpertParallel(torch::nn::Module& model, comm::ProcessGroup& dp, int ep,
-                               std::chrono::milliseconds timeout)
-    : ep_(ep), dp_size_(dp.size()), timeout_(timeout), layers_(find_moe_layers(model)) {
-  if (layers_.empty()) {
+void check_expert_parallel(torch::nn::Module& model, int dp_size, int ep) {
+  const auto layers = find_moe_layers(model);
+  if (layers.empty()) {
     throw ConfigError(fmt::format("parallel.ep = {} splits the experts of mixture-of-experts layers, but the model "
                                   "has none: set model.moe_experts (the GPT), build the model with moe::Moe layers, "
                                   "or set parallel.ep = 1",
                                   ep));
   }
-  for (const auto& [name, layer] : layers_) {
+  for (const auto& [name, layer] : layers) {
     if (layer->options().experts % ep != 0) {
       throw ConfigError(fmt::format("parallel.ep = {} does not divide the {} experts of MoE layer '{}'; pick ep "
                                     "dividing model.moe_experts",
                                     ep, layer->options().experts, name));
     }
   }
+  if (ep < 1 || dp_size % ep != 0) {
+    throw ConfigError(fmt::format("parallel.ep = {} does not divide the data-parallel group's {} ranks; pick ep "
+                                  "dividing dp (ep groups sit inside dp)",
+                                  ep, dp_size));
+  }
+}
+
+ExpertParallel::ExpertParallel(torch::nn::Module& model, comm::ProcessGroup& dp, int ep,
+                               std::chrono::milliseconds timeout)
+    : ep_(ep), dp_size_(dp.size()), timeout_(timeout), layers_(find_moe_layers(model)) {
+  check_expert_parallel(model, dp.size(), ep);
   groups_ = make_expert_groups(dp, ep);
   for (const auto& [name, layer] : layers_) {
     layer->split_experts(dp, *groups_.ep, timeout);

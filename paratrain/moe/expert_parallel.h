@@ -63,6 +63,13 @@ ExpertGroups make_expert_groups(comm::ProcessGroup& dp, int ep);
 /// module names.
 std::vector<std::pair<std::string, std::shared_ptr<Moe>>> find_moe_layers(torch::nn::Module& model);
 
+/// What ExpertParallel requires of `model` at `ep` over `dp_size` ranks:
+/// MoE layers whose experts ep divides, and ep dividing dp. Not collective:
+/// judged on the whole model, it is the same on every rank (the pipeline
+/// strategies check it before any stage splits its own layers). Throws
+/// ConfigError saying what to change.
+void check_expert_parallel(torch::nn::Module& model, int dp_size, int ep);
+
 /// A model's experts split over ep groups of dp (see the note above).
 class ExpertParallel {
  public:

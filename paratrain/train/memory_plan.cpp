@@ -172,14 +172,16 @@ struct GptLayers {
   int64_t wte = 0;  // counted in both embed and head
 };
 
-GptLayers gpt_layers(const TrainConfig& c) {
+// `held`: a MoE block counts this rank's E/ep experts; otherwise all E, as
+// the stages are cut (before the experts are split).
+GptLayers gpt_layers(const TrainConfig& c, bool held = true) {
   const int64_t t = std::max<int64_t>(1, c.parallel.tp);
   const int64_t d = c.model.d_model;
   const int64_t sharded_block = checked_add(checked_mul(12 * d, d), 7 * d);  // qkv, attn.proj w, fc, mlp.proj w
   const int64_t block = checked_add(sharded_block / t, 6 * d);              // + ln1, ln2, the two row biases
   // qkv, attn.proj's weight split; ln1, ln2, attn.proj's bias whole; the
   // router and this rank's experts (each the dense MLP's size) whole.
-  const int64_t experts = c.model.moe_experts / std::max<int64_t>(1, c.parallel.ep);
+  const int64_t experts = held ? c.model.moe_experts / std::max<int64_t>(1, c.parallel.ep) : c.model.moe_experts;
   const int64_t moe_block = checked_add(checked_add(checked_mul(4 * d, d) + 3 * d, 0) / t + 5 * d,
                                         checked_add(checked_mul(d, c.model.moe_experts),
                                                     checked_mul(experts, checked_mul(8 * d, d) + 5 * d)));
@@ -215,7 +217,7 @@ int64_t parameters_per_rank(const TrainConfig& c) {
   // balanced by these counts (or pipeline.split); rank r holds chunks r,
   // r + pp, ...; a rank holding both embed and head keeps one wte.
   const int chunks = static_cast<int>(pp * std::max<int64_t>(1, c.pipeline.virtual_stages));
-  const auto bounds = c.pipeline.split.empty() ? pipeline::balanced_partition(g.costs, chunks)
+  const auto bounds = c.pipeline.split.empty() ? pipeline::balanced_partition(gpt_layers(c, false).costs, chunks)
                                                : pipeline::explicit_partition(c.pipeline.split, layers, chunks);
   int64_t most = 0;
   for (int64_t r = 0; r < pp; ++r) {

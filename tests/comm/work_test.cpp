@@ -323,7 +323,12 @@ TEST(RunningDeadline, AGapBetweenLooksIsTimeTheProcessDidNotRun) {
 TEST(Work, AnAbortInTheMiddleOfAMessageDoesNotHoldTheTeardown) {
   std::signal(SIGPIPE, SIG_IGN);  // Gloo writes with writev: a closed peer raises it
   std::ostringstream log;
-  auto previous = spdlog::default_logger();
+  // The previous logger comes back however the test ends (the captured
+  // stream dies with it).
+  struct RestoreLogger {
+    std::shared_ptr<spdlog::logger> previous = spdlog::default_logger();
+    ~RestoreLogger() { spdlog::set_default_logger(previous); }
+  } restore;
   spdlog::set_default_logger(std::make_shared<spdlog::logger>(
       "capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(log)));
   constexpr int64_t kFloats = int64_t{64} << 20;  // 256 MiB
@@ -345,7 +350,6 @@ TEST(Work, AnAbortInTheMiddleOfAMessageDoesNotHoldTheTeardown) {
     EXPECT_THROW(work->wait(std::chrono::seconds(2)), paratrain::Error);
     sub.reset();  // the teardown: must return
   }, kLongerThanCtest);
-  spdlog::set_default_logger(previous);
   ASSERT_TRUE(cut_mid_message) << "the whole message had arrived before the abort: the case was not made";
   EXPECT_NE(log.str().find("did not end when its connections were closed"), std::string::npos) << log.str();
 }

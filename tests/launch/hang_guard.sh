@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # hang_guard.sh SECONDS STACKS COMMAND...: runs COMMAND like `timeout
-# SECONDS` (SIGTERM, exit 124 when it had to be stopped), but first writes
+# SECONDS` (SIGTERM to it and what it started, SIGKILL 10 s later, exit
+# 124 when it had to be stopped), but first writes
 # the stacks of the paratrain processes under it to the file STACKS (gdb,
 # where installed): a hang in a CI run then says where it hung, not only
 # that it did. check_report.sh's `show LOG` prints LOG.stacks.
@@ -41,6 +42,15 @@ done
     fi
   done
 } >"$log" 2>&1
-kill -TERM "$child" 2>/dev/null
+# As `timeout` signals its whole process group: the command and everything
+# under it, then SIGKILL to what is left after 10 s (a wedged launcher
+# would otherwise hold the case, and its stacks would never be shown).
+tree=("$child" $(descendants "$child"))
+kill -TERM "${tree[@]}" 2>/dev/null
+for ((waited = 0; waited < 10; ++waited)); do
+  kill -0 "$child" 2>/dev/null || break
+  sleep 1
+done
+kill -KILL "${tree[@]}" 2>/dev/null
 wait "$child" 2>/dev/null
 exit 124

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -475,6 +477,9 @@ TEST(MoeGptTrainer, ExpertParallelInPipelineStagesEqualsOneProcess) {
     c.parallel.tp = tp;
     const auto [params, held, numel] = train_ep(c, static_cast<int>(4 * tp));
     for (int64_t n : held) EXPECT_EQ(n, 2) << "each rank holds 2 of its stage's 4 experts";
+    // paratrain plan cuts the stages as the strategy does (all experts
+    // counted) and counts a rank's E/ep.
+    EXPECT_EQ(*std::max_element(numel.begin(), numel.end()), parameters_per_rank(c)) << "the plan's count, tp " << tp;
     ASSERT_EQ(params.size(), one.size());
     for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(params[i].first, one[i].first);
     const double diff = relative_diff(params, one);
@@ -506,6 +511,31 @@ TEST(MoeGptTrainer, ExpertParallelInPipelineStagesEqualsOneProcess) {
                 static_cast<long long>(tp), after);
     EXPECT_LE(after, 1e-5);
   }
+}
+
+// An ep the stages cannot split is refused by every rank at once, also by
+// a stage with no MoE layer (block 0 here): judged on the whole model
+// before the cut. A stage's own check would fail stage 1 and leave stage 0
+// waiting in its first step.
+TEST(MoeGptTrainer, AnEpThatDoesNotDivideDpFailsEveryStage) {
+  const std::string dir = paratrain::testing::temp_dir("moe-ep-pp-bad");
+  const auto corpus = paratrain::testing::write_word_corpus(dir, 5);
+  TrainConfig c = moe_config(dir, corpus, "bad");  // block 1's MLP only
+  c.parallel.pp = 2;  // dp = 2 of the 4 ranks, not set: only the build sees it
+  c.parallel.ep = 4;
+  c.pipeline.microbatches = 2;
+  std::atomic<int> refused{0};
+  paratrain::testing::run_ranks(4, [&](comm::ProcessGroup& g) {
+    try {
+      Trainer t(c, g);
+      t.fit();
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("does not divide the data-parallel group's 2 ranks"), std::string::npos)
+          << e.what();
+      ++refused;
+    }
+  });
+  EXPECT_EQ(refused.load(), 4);
 }
 
 TEST(MoeGptTrainer, MoeKeysAreCheckedAgainstTheModelAndLayout) {

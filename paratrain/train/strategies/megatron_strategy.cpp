@@ -134,6 +134,9 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     module_ = model_;
     sp_params_ = gpt_->sequence_parallel_params();
     std::vector<std::shared_ptr<torch::nn::Module>> modules{model_};
+    // parallel.ep on the whole model, the same on every rank (below, a stage
+    // splits only its own layers).
+    if (config_.parallel.ep > 1) moe::check_expert_parallel(*model_, dp_.size(), static_cast<int>(config_.parallel.ep));
     if (pp_.size() > 1) {
       stages_ = std::make_unique<MegatronStages>(config_, *gpt_, mesh_, shape_, timeout_);
       module_ = stages_->module();

@@ -114,6 +114,9 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
                                       config_.model.kind, layer.name, layer.reads.front().first));
       }
     }
+    // parallel.ep: judged on the whole model, the same on every rank (a
+    // stage's own check would fail some ranks and leave the others waiting).
+    if (config_.parallel.ep > 1) moe::check_expert_parallel(*full, dp_.size(), static_cast<int>(config_.parallel.ep));
     const int chunks = shape_.stages * shape_.virtual_stages;
     // A GPT reads token ids (model_input_shape: one window); other models
     // the loaded data's examples (a program's own data and module).
@@ -153,14 +156,19 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     // Collective over the world (the mesh builds the stage groups).
     tied_ = std::make_unique<pipeline::TiedGradients>(mesh_, tied, *module_, timeout_);
     tied_->broadcast_from_first();
+    // What trains is judged before the experts are split: a replica holding
+    // only frozen experts of a chunk must still wrap it as its peers do.
+    const int frozen_chunks = frozen_prefix_chunks(layers, bounds_);
+    std::vector<bool> trains;
+    for (const auto& chunk : modules_) trains.push_back(trains_anything(*chunk));
     split_experts();  // before the wrappers, which leave the experts alone
-    wrap_replicas();
+    wrap_replicas(trains);
 
     pipeline::ExecutorOptions options = executor_options(config_, shape_, timeout_);
     const ProfileConfig& slow = config_.profile;
     if (slow.test_slow_factor > 1 && slow.test_slow_rank == mesh_.world().rank())
       options.compute_slowdown = slow.test_slow_factor;  // inside the schedule (the loop leaves pipelines alone)
-    options.frozen_chunks = frozen_prefix_chunks(layers, bounds_);
+    options.frozen_chunks = frozen_chunks;
     executor_ = std::make_unique<pipeline::Executor>(pp_, std::move(local), options);
     if (config_.pipeline.trace_steps > 0) {
       const int rank = mesh_.world().rank();
@@ -394,20 +402,22 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
   // A chunk with nothing to train (frozen) gets no wrapper: a null entry,
   // so the vectors stay indexed by local chunk. Its values need no
   // broadcast: every rank drew the same model from run.seed.
-  void wrap_replicas() {
+  void wrap_replicas(const std::vector<bool>& trains) {
     if (config_.zero.stage > 0) {
       // Even at dp = 1: the optimizer state and checkpoint layout are the
       // ZeRO ones, as for the zero strategy on one rank.
-      for (auto& chunk : modules_) {
-        zero_.push_back(trains_anything(*chunk) ? std::make_unique<zero::ZeroDataParallel>(
+      for (size_t i = 0; i < modules_.size(); ++i) {
+        auto& chunk = modules_[i];
+        zero_.push_back(trains[i] ? std::make_unique<zero::ZeroDataParallel>(
                                                       chunk, dp_, zero_options(config_, timeout_))
                                                 : nullptr);
       }
       return;
     }
     if (dp_.size() == 1 || config_.ddp.mode == "none") return;
-    for (auto& chunk : modules_) {
-      if (!trains_anything(*chunk)) {
+    for (size_t i = 0; i < modules_.size(); ++i) {
+      auto& chunk = modules_[i];
+      if (!trains[i]) {
         if (config_.ddp.mode == "bucketed") ddp_.push_back(nullptr);
         else naive_.push_back(nullptr);
         continue;
