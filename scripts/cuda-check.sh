@@ -18,7 +18,7 @@
 #     dynamic loss scale, paratrain next to PyTorch eager on the same GPU
 #     (bench/run_pytorch_gpt.sh), both sides' profiles of the fp32 step, then
 #     DDP scaling on CPU ranks (bench/run_cpu_scaling.sh) with what time is
-#     left.
+#     left; what offloading costs per step (offload_time).
 # PARTS picks the parts after the build (default "tests correctness staging
 # vs profile scaling"); the build is a no-op on a machine that built already,
 # so a second call on the same warm machine can run what the first skipped.
@@ -52,7 +52,7 @@ export PARATRAIN_FAST_BUILD="${PARATRAIN_FAST_BUILD:-1}"  # -O1 -DNDEBUG: minute
 # A LibTorch error names the C++ frames that raised it: the one run of a
 # failure here is all there is to learn from.
 export TORCH_SHOW_CPP_STACKTRACES=1
-parts=" ${PARTS:-tests correctness staging vs profile scaling} "
+parts=" ${PARTS:-tests correctness staging vs profile offload_time scaling} "
 want() { [[ $parts == *" $1 "* ]]; }
 nvidia-smi -L 2>&1 | head -2 | tee -a "$out/summary.txt"
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' \
@@ -145,6 +145,14 @@ gpt_lane() {
   timeout $(cap 150) $cli train "${gpt[@]}" "${moe[@]}" --set train.activation_checkpointing=blocks \
     --set run.name=gpt_moe_recompute > "$out/gpt_moe_recompute.log" 2>&1
   compare gpt_moe_recompute gpt_moe 20 $? "MoE GPT with activation checkpointing vs without, on the GPU"
+  # Expert parallelism on the GPU: 2 processes (Gloo, staged all-to-all),
+  # each holding 2 of the 4 experts, against one process holding all 4.
+  timeout $(cap 150) $cli train "${gpt[@]}" "${moe[@]}" --set data.global_batch_size=16 \
+    --set run.name=gpt_moe_b16 > "$out/gpt_moe_b16.log" 2>&1
+  echo "gpt_moe_b16: rc=$?" >> "$out/lane-gpt.txt"
+  timeout $(cap 150) $cli launch --nproc-per-node 2 -- $cli train "${gpt[@]}" "${moe[@]}" --set data.global_batch_size=16 \
+    --set parallel.ep=2 --set run.name=gpt_moe_ep2 > "$out/gpt_moe_ep2.log" 2>&1
+  compare gpt_moe_ep2 gpt_moe_b16 20 $? "MoE GPT, ep=2 on 2 processes on the GPU vs one process"
 }
 offload_lane() {
   # ZeRO-Offload at world size 1 with AdamW, ZeRO-2 and FSDP, the optimizer
@@ -168,6 +176,14 @@ offload_lane() {
       fig "{\"check\":\"offload${stage}_$o\",\"rc\":$rc,\"peak\":\"$peak\"}"
     done
     compare offload${stage}_cpu offload${stage}_none 3 0 "zero.stage=$stage + AdamW, zero.offload = cpu vs none"
+    # SGD with momentum: no division by a gradient's own magnitude, so the
+    # host step's rounding stays at the float level over 10 steps.
+    for o in none cpu; do
+      timeout $(cap 150) $cli train "${off[@]}" --set zero.stage=$stage --set zero.offload=$o --set train.max_steps=10 \
+        --set optimizer.kind=sgd --set optimizer.lr=0.05 --set optimizer.momentum=0.9 --set optimizer.weight_decay=0 \
+        --set run.name=offsgd${stage}_$o > "$out/offsgd${stage}_$o.log" 2>&1
+    done
+    compare offsgd${stage}_cpu offsgd${stage}_none 10 0 "zero.stage=$stage + SGD momentum, zero.offload = cpu vs none"
   done
 }
 if want correctness && enough 150 "correctness"; then
@@ -236,6 +252,36 @@ if want profile && enough 60 "profiles of the GPT step"; then
     --profile-out "$out/profile-pytorch.txt" > "$out/prof-pytorch.log" 2>&1
   head -30 "$out/profile-paratrain.txt" >> "$out/summary.txt"
   head -30 "$out/profile-pytorch.txt" >> "$out/summary.txt"
+fi
+# What offloading costs per step today (its copies and host step are not yet
+# overlapped with the backward): the GPT of the offload lane, ZeRO-2 and
+# FSDP, AdamW, samples/s between steps 20 and 60, offloaded and not.
+rate_between() {  # run name, first step, last step -> samples/s
+  python3 - "$out/runs/$1" "$2" "$3" <<'PY'
+import glob, json, sys
+recs = {}
+for f in glob.glob(sys.argv[1] + "/version_*/metrics.jsonl"):
+    for line in open(f):
+        r = json.loads(line)
+        if r.get("kind") == "train": recs[r["step"]] = r
+a, b = recs.get(int(sys.argv[2])), recs.get(int(sys.argv[3]))
+print("null" if not (a and b) else round((b["samples"] - a["samples"]) / (b["time"] - a["time"]), 1))
+PY
+}
+if want offload_time && enough 90 "offload timing"; then
+  step "offload timing: ZeRO-2 and FSDP, AdamW, offloaded and not"
+  for stage in 2 3; do
+    for o in none cpu; do
+      timeout $(cap 60) $cli train -c configs/gpt_fortunes.toml --set data.path="$out/corpus.txt" --set model.dropout=0 \
+        --set model.d_model=512 --set model.layers=6 --set model.heads=8 --set train.max_steps=60 --set run.log_every=20 \
+        --set train.eval_every_epochs=0 --set run.output_dir="$out/runs" --set log.progress=off --set world.device=cuda \
+        --set optimizer.kind=adamw --set zero.stage=$stage --set zero.offload=$o --set run.name=toff${stage}_$o \
+        > "$out/toff${stage}_$o.log" 2>&1
+    done
+    a=$(rate_between toff${stage}_none 20 60) b=$(rate_between toff${stage}_cpu 20 60)
+    say "zero.stage=$stage samples/s: optimizer on the GPU $a, offloaded $b"
+    fig "{\"check\":\"offload_time\",\"stage\":$stage,\"none\":$a,\"cpu\":$b}"
+  done
 fi
 if want scaling && [ -x bench/run_cpu_scaling.sh ] && enough 70 "CPU scaling"; then
   step "DDP scaling on CPU ranks (shm) next to PyTorch DDP (Gloo)"

@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "paratrain/comm/rendezvous.h"
+#include "paratrain/core/compat.h"
 #include "paratrain/core/error.h"
 #include "paratrain/core/rank_list.h"
 
@@ -92,6 +93,16 @@ class EndingStore final : public c10d::Store {
   EndingStore(c10::intrusive_ptr<c10d::Store> inner, int rank, std::string where, std::string abort)
       : Store(inner->getTimeout()), inner_(std::move(inner)), rank_(rank), where_(std::move(where)),
         abort_(std::move(abort)) {}
+
+  // LibTorch 2.11's Store declares clone() pure (a copy for another thread);
+  // Debian's older one has none, hence no `override`.
+  c10::intrusive_ptr<c10d::Store> clone() {  // NOLINT(modernize-use-override)
+#if PARATRAIN_TORCH_AT_LEAST(2, 0)
+    return c10::make_intrusive<EndingStore>(inner_->clone(), rank_, where_, abort_);
+#else
+    return c10::make_intrusive<EndingStore>(inner_, rank_, where_, abort_);
+#endif
+  }
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override { inner_->set(key, value); }
   std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,

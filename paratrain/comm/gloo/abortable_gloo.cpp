@@ -1,11 +1,39 @@
 // AbortableGloo: see abortable_gloo.h.
 #include "paratrain/comm/gloo/abortable_gloo.h"
 
+// Note [Gloo's internals on LibTorch 2.x]
+// Reaching a connection means reading gloo::Context's protected members and
+// calling gloo::transport::Context's virtuals, compiled from the gloo
+// headers at hand. Debian's LibTorch 1.13 links Debian's libgloo, whose
+// headers those are. A PyTorch 2.x wheel links a newer Gloo into
+// libtorch_cpu and ships no gloo headers, so a CUDA build compiles against
+// Debian's (third_party/vendor): its gloo::Context has no vtable and an
+// extra member, so every offset and virtual slot read here would be another
+// field's (the H200 run of 2026-11-28: heap corruption in every process
+// that made a Gloo group). There, neither call below touches Gloo: its
+// timeout stays world.timeout_s on the wall clock (a job suspended for
+// longer fails its Gloo operations on waking), each operation's Gloo
+// timeout is world.timeout_s too, so one whose peer died ends there and
+// frees c10d's thread, and abort() marks the group without failing its
+// connections (peers see it when this process exits).
+#if !PARATRAIN_TORCH_AT_LEAST(2, 0)
 #include <gloo/context.h>
 #include <gloo/transport/pair.h>
 #include <gloo/transport/unbound_buffer.h>
+#endif
 
 namespace paratrain::comm::gloo_detail {
+
+#if PARATRAIN_TORCH_AT_LEAST(2, 0)
+
+const bool AbortableGloo::kReachesConnections = false;
+void AbortableGloo::use_backstop_timeout() {}
+void AbortableGloo::fail_connections() noexcept {}
+
+#else
+
+const bool AbortableGloo::kReachesConnections = true;
+
 namespace {
 
 // The transport context behind a gloo::Context (a protected member). Only
@@ -71,5 +99,7 @@ void AbortableGloo::fail_connections() noexcept {
     }
   }
 }
+
+#endif
 
 }  // namespace paratrain::comm::gloo_detail

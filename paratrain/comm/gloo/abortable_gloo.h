@@ -9,12 +9,18 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "paratrain/comm/gloo/gloo_work.h"
+#include "paratrain/core/compat.h"
 
 namespace paratrain::comm::gloo_detail {
 
 class AbortableGloo final : public c10d::ProcessGroupGloo {
  public:
   using c10d::ProcessGroupGloo::ProcessGroupGloo;
+
+  // Whether this build can reach Gloo's connections at all (Note [Gloo's
+  // internals on LibTorch 2.x] in abortable_gloo.cpp): when it cannot, the
+  // two calls below do nothing, and Gloo's own timeout stays world.timeout_s.
+  static const bool kReachesConnections;
 
   // Connected within world.timeout_s, Gloo's own timeout becomes the
   // backstop for the operations (Note [Gloo's deadline is ours]).

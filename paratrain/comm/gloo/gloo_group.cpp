@@ -86,7 +86,9 @@ class GlooProcessGroup final : public ProcessGroup {
     lock.unlock();
     pg_->fail_connections();
     lock.lock();
-    if (signal_->cv.wait_for(lock, kTeardownWait, [&] { return signal_->in_flight == 0; })) return;
+    // Without reach into Gloo nothing was failed: no use waiting for it.
+    const auto wait = AbortableGloo::kReachesConnections ? kTeardownWait : std::chrono::seconds(0);
+    if (signal_->cv.wait_for(lock, wait, [&] { return signal_->in_flight == 0; })) return;
     const int stuck = signal_->in_flight;
     lock.unlock();
     spdlog::warn("rank {}: {} Gloo operation(s) of a group of {} ranks did not end when its connections were "
@@ -95,6 +97,13 @@ class GlooProcessGroup final : public ProcessGroup {
                  rank_, stuck, size_);
     // Never destroyed: its destructor would join the stuck thread.
     (void)pg_.release();
+  }
+
+  // Gloo's own timeout for each operation: a backstop where abort and
+  // teardown can fail the connections (Note [Gloo's deadline is ours]),
+  // else world.timeout_s (Note [Gloo's internals on LibTorch 2.x]).
+  std::chrono::milliseconds op_timeout() const {
+    return AbortableGloo::kReachesConnections ? kBackstop : options_.timeout;
   }
 
   int rank() const override { return rank_; }
@@ -108,7 +117,7 @@ class GlooProcessGroup final : public ProcessGroup {
     std::vector<at::Tensor> tensors{tensor};
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
-    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
+    opts.timeout = op_timeout();
     std::function<void()> finish;
     if (op == ReduceOp::kAvg) finish = [tensor, n = size_]() mutable { tensor.div_(n); };
     return issue(describe("all_reduce", op, tensor), std::move(finish),
@@ -126,7 +135,7 @@ class GlooProcessGroup final : public ProcessGroup {
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (auto& slice : output.view({-1}).chunk(size_)) outputs[0].push_back(slice.view(input.sizes()));
     c10d::AllgatherOptions opts;
-    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
+    opts.timeout = op_timeout();
     return issue(describe("all_gather", std::nullopt, input), {},
                  [&] { return pg_->allgather(outputs, inputs, opts); });
   }
@@ -144,7 +153,7 @@ class GlooProcessGroup final : public ProcessGroup {
     auto send = input.view({size_, output.numel()});
     std::vector<int64_t> equal_split;  // empty = equal split
     c10d::AllToAllOptions opts;
-    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
+    opts.timeout = op_timeout();
     auto finish = [output, received, op, n = size_]() mutable {
       at::Tensor r;
       switch (op) {
@@ -167,7 +176,7 @@ class GlooProcessGroup final : public ProcessGroup {
   // keeps the operation a collective (same order, same failure modes).
   WorkHandle empty_exchange(const std::string& what) {
     c10d::BarrierOptions opts;
-    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
+    opts.timeout = op_timeout();
     return issue(what, {}, [&] { return pg_->barrier(opts); });
   }
 
@@ -177,7 +186,7 @@ class GlooProcessGroup final : public ProcessGroup {
     std::vector<at::Tensor> tensors{tensor};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
-    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
+    opts.timeout = op_timeout();
     return issue(fmt::format("rank {}: broadcast(root {}, {} elements)", rank_, root, tensor.numel()),
                  {}, [&] { return pg_->broadcast(tensors, opts); });
   }
@@ -200,7 +209,7 @@ class GlooProcessGroup final : public ProcessGroup {
 
   WorkHandle barrier() override {
     c10d::BarrierOptions opts;
-    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
+    opts.timeout = op_timeout();
     return issue(fmt::format("rank {}: barrier", rank_), {}, [&] { return pg_->barrier(opts); });
   }
 
@@ -217,7 +226,7 @@ class GlooProcessGroup final : public ProcessGroup {
     check_splits(output_split_sizes, output.size(0), "all_to_all output");
     check_splits(input_split_sizes, input.size(0), "all_to_all input");
     c10d::AllToAllOptions opts;
-    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
+    opts.timeout = op_timeout();
     at::Tensor in = input;  // c10d takes it by non-const reference
     return issue(describe("all_to_all", std::nullopt, input), {}, [&] {
       return pg_->alltoall_base(output, in, output_split_sizes, input_split_sizes, opts);
@@ -232,7 +241,7 @@ class GlooProcessGroup final : public ProcessGroup {
     c10d::ReduceOptions opts;
     opts.reduceOp = to_c10d(op);
     opts.rootRank = root;
-    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
+    opts.timeout = op_timeout();
     std::function<void()> finish;
     if (op == ReduceOp::kAvg && rank_ == root) finish = [tensor, n = size_]() mutable { tensor.div_(n); };
     return issue(fmt::format("{} to root {}", describe("reduce", op, tensor), root), std::move(finish),
@@ -252,7 +261,7 @@ class GlooProcessGroup final : public ProcessGroup {
     }
     c10d::GatherOptions opts;
     opts.rootRank = root;
-    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
+    opts.timeout = op_timeout();
     return issue(fmt::format("{} to root {}", describe("gather", std::nullopt, input), root), {},
                  [&] { return pg_->gather(outputs, inputs, opts); });
   }
@@ -270,7 +279,7 @@ class GlooProcessGroup final : public ProcessGroup {
     }
     c10d::ScatterOptions opts;
     opts.rootRank = root;
-    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
+    opts.timeout = op_timeout();
     return issue(fmt::format("{} from root {}", describe("scatter", std::nullopt, output), root), {},
                  [&] { return pg_->scatter(outputs, inputs, opts); });
   }
@@ -312,7 +321,7 @@ class GlooProcessGroup final : public ProcessGroup {
       }
     };
     c10d::AllgatherOptions opts;
-    opts.timeout = kBackstop;  // Note [Gloo's deadline is ours]
+    opts.timeout = op_timeout();
     return issue(std::move(what), std::move(finish), [&] { return pg_->allgather(outputs, inputs, opts); });
   }
 
