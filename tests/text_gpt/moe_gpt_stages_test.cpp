@@ -103,7 +103,8 @@ TEST(MoeGptTrainer, PipelineStagesEqualOneProcessOnTheSameMicroBatches) {
 // Expert parallelism in pipeline stages (Note [Experts in pipeline stages]):
 // at pp 2 x dp 2 x ep 2 each stage's MoE layer keeps 2 of its 4 experts on
 // each replica and routes over both, as pp 2 x dp 2 does at ep 1 (with tp 2
-// inside each stage too, the megatron strategy's stages): equal to
+// inside each stage, ZeRO-1 over the replicas, or both: the megatron
+// strategy's stages, the experts whole beside ZeRO's pieces): equal to
 // one process accumulating 2, with drops and the aux loss on, and clipped
 // (the dense and the expert norms both count). A checkpoint saved in
 // either after 3 steps resumes on one process, equal to the uninterrupted
@@ -126,10 +127,14 @@ TEST(MoeGptTrainer, ExpertParallelInPipelineStagesEqualsOneProcess) {
   unclipped.optimizer.clip_grad_norm = 0;
   EXPECT_GT(relative_diff(paratrain::testing::one_process(unclipped), one), 1e-3) << "the clipping binds";
   // The pipeline strategy (pp 2 x dp 2), and the megatron strategy's
-  // stages with tensor parallelism inside (pp 2 x tp 2 x dp 2).
-  for (const int64_t tp : {1, 2}) {
-    TrainConfig c = config(fmt::format("pp2tp{}dp2ep2", tp), 2, 2, 1);
+  // stages: with tensor parallelism inside (pp 2 x tp 2 x dp 2), with
+  // ZeRO-1's pieces beside the experts (ZeRO-2 is refused with pp: the tied
+  // embedding), and with both.
+  const std::vector<std::pair<int64_t, int64_t>> layouts{{1, 0}, {2, 0}, {1, 1}, {2, 1}};  // tp, zero.stage
+  for (const auto& [tp, zero] : layouts) {
+    TrainConfig c = config(fmt::format("pp2tp{}dp2ep2z{}", tp, zero), 2, 2, 1);
     c.parallel.tp = tp;
+    c.zero.stage = zero;
     const auto [params, held, numel] = train_ep(c, static_cast<int>(4 * tp));
     for (int64_t n : held) EXPECT_EQ(n, 2) << "each rank holds 2 of its stage's 4 experts";
     // paratrain plan cuts the stages as the strategy does (all experts
@@ -138,16 +143,18 @@ TEST(MoeGptTrainer, ExpertParallelInPipelineStagesEqualsOneProcess) {
     ASSERT_EQ(params.size(), one.size());
     for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(params[i].first, one[i].first);
     const double diff = relative_diff(params, one);
-    std::printf("MoE GPT, pp 2 x tp %lld x dp 2 x ep 2 vs one process accumulating 2 (clipped, drops, aux loss) "
-                "after 6 steps: %.3g (tolerance 1e-5)\n",
-                static_cast<long long>(tp), diff);
+    std::printf("MoE GPT, pp 2 x tp %lld x dp 2 x ep 2, zero.stage %lld vs one process accumulating 2 (clipped, "
+                "drops, aux loss) after 6 steps: %.3g (tolerance 1e-5)\n",
+                static_cast<long long>(tp), static_cast<long long>(zero), diff);
     EXPECT_LE(diff, 1e-5);
   }
 
-  for (const int64_t tp : {1, 2}) {
-    const std::string name = fmt::format("pp2tp{}dp2ep2_saved", tp);
+  // Saved with the experts' momentum beside ZeRO's pieces too.
+  for (const auto& [tp, zero] : layouts) {
+    const std::string name = fmt::format("pp2tp{}dp2ep2z{}_saved", tp, zero);
     TrainConfig first = config(name, 2, 2, 1);
     first.parallel.tp = tp;
+    first.zero.stage = zero;
     first.train.max_steps = 3;
     train_ep(first, static_cast<int>(4 * tp));
     const auto saved = std::filesystem::path(dir) / name / "version_0" / "checkpoints" / "step_00000003";
@@ -161,9 +168,9 @@ TEST(MoeGptTrainer, ExpertParallelInPipelineStagesEqualsOneProcess) {
       continued = t.full_parameters();
     });
     const double after = relative_diff(continued, one);
-    std::printf("MoE GPT saved at pp 2 x tp %lld x dp 2 x ep 2 after 3 steps, resumed by one process to 6: %.3g "
-                "(tolerance 1e-5)\n",
-                static_cast<long long>(tp), after);
+    std::printf("MoE GPT saved at pp 2 x tp %lld x dp 2 x ep 2, zero.stage %lld after 3 steps, resumed by one "
+                "process to 6: %.3g (tolerance 1e-5)\n",
+                static_cast<long long>(tp), static_cast<long long>(zero), after);
     EXPECT_LE(after, 1e-5);
   }
 }

@@ -156,18 +156,10 @@ std::string expert_parallel_problem(const TrainConfig& c) {
                        "data parallelism (DDP, ZeRO-1/2), in pipeline stages and beside tensor parallelism for now; "
                        "set parallel.cp = 1 (and ps.servers = 0)",
                        p.ep, p.cp, c.ps.servers);
-  if (p.pp > 1 && c.zero.stage > 0)
-    return fmt::format("parallel.ep = {} with parallel.pp = {} and zero.stage = {}: in pipeline stages the experts "
-                       "split over each stage's DDP replicas, not yet beside ZeRO's shards; set zero.stage = 0",
-                       p.ep, p.pp, c.zero.stage);
   if (p.tp > 1 && !builds_gpt(c))
     return fmt::format("parallel.ep = {} with parallel.tp = {} for model.kind = \"{}\": beside tensor parallelism "
                        "experts are split for the GPT's MoE layers only; set parallel.ep = 1 (or parallel.tp = 1)",
                        p.ep, p.tp, c.model.kind);
-  if (p.tp > 1 && c.zero.stage > 0)
-    return fmt::format("parallel.ep = {} with parallel.tp = {} and zero.stage = {}: under tensor parallelism the "
-                       "experts sit beside DDP's replicas, not yet beside ZeRO's shards; set zero.stage = 0",
-                       p.ep, p.tp, c.zero.stage);
   if (c.zero.stage == 3 || c.zero.offload != "none")
     return fmt::format("parallel.ep = {} with zero.stage = {}, zero.offload = \"{}\": experts are whole tensors each "
                        "ep rank steps itself, beside ZeRO-1/2's shards of the rest; use zero.stage 0, 1 or 2 without "

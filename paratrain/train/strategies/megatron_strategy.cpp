@@ -152,15 +152,13 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     // experts over ep groups of dp (moe/expert_parallel.h); DDP leaves them
     // to it. In stages, those of this stage (Note [Experts in pipeline
     // stages] in pipeline_strategy.cpp); a stage without any splits nothing.
-    std::vector<at::Tensor> experts;
     if (config_.parallel.ep > 1 && (pp_.size() == 1 || !moe::find_moe_layers(*module_).empty())) {
       experts_ = std::make_unique<moe::ExpertParallel>(*module_, dp_, static_cast<int>(config_.parallel.ep), timeout_);
       for (const auto& item : module_->named_parameters()) {
         if (experts_->holds(item.value())) expert_names_.insert(item.key());
       }
-      experts = experts_->local_parameters();
     }
-    sync_ = std::make_unique<ReplicaSync>(config_, modules, *replicas_, timeout_, std::move(experts));
+    sync_ = std::make_unique<ReplicaSync>(config_, modules, *replicas_, timeout_, experts_.get());
   }
 
   std::shared_ptr<torch::nn::Module> module() const override { return module_; }
@@ -234,7 +232,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     }
     // ZeRO clears its full gradients itself; a skipped ZeRO step is cleared
     // by the next prepare_forward().
-    if (!sync_->sharded()) optimizer.zero_grad();
+    sync_->clear_gradients(optimizer);
     if (scaler) scaler->update();
     return !skip;
   }

@@ -11,8 +11,9 @@ namespace paratrain::train::strategies {
 
 ReplicaSync::ReplicaSync(const TrainConfig& config, const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
                          comm::ProcessGroup& replicas, std::chrono::milliseconds timeout,
-                         std::vector<at::Tensor> local_parameters)
-    : modules_(modules) {
+                         moe::ExpertParallel* experts)
+    : modules_(modules), experts_(experts) {
+  const std::vector<at::Tensor> local_parameters = experts ? experts->local_parameters() : std::vector<at::Tensor>{};
   for (const auto& m : modules) {
     if (config.zero.stage > 0) {
       zero::ZeroOptions options = zero_options(config, timeout);
@@ -38,6 +39,7 @@ std::vector<at::Tensor> ReplicaSync::optimizer_params() const {
     return out;
   }
   for (const auto& z : zero_) out.insert(out.end(), z->optimizer_params().begin(), z->optimizer_params().end());
+  if (experts_) out.insert(out.end(), experts_->parameters().begin(), experts_->parameters().end());
   return out;
 }
 
@@ -89,6 +91,7 @@ void ReplicaSync::scale_gradients(double coef) {
   at::NoGradGuard no_grad;
   if (!zero_.empty()) {
     for (auto& z : zero_) z->scale_gradients(coef);
+    if (experts_) experts_->scale_gradients(coef);
     return;
   }
   for (const auto& m : modules_) {
@@ -110,6 +113,16 @@ void ReplicaSync::step(torch::optim::Optimizer& optimizer) {
   for (auto& z : zero_) z->end_step();
 }
 
+void ReplicaSync::clear_gradients(torch::optim::Optimizer& optimizer) {
+  if (zero_.empty()) {
+    optimizer.zero_grad();
+    return;
+  }
+  if (!experts_) return;
+  for (auto p : experts_->parameters())
+    if (p.grad().defined()) p.mutable_grad().zero_();
+}
+
 std::vector<checkpoint::OptimizerSlot> ReplicaSync::optimizer_slots(const std::vector<TensorSlot>& model,
                                                         const std::function<bool(const std::string&)>& writes) const {
   std::vector<checkpoint::OptimizerSlot> out;
@@ -129,6 +142,14 @@ std::vector<checkpoint::OptimizerSlot> ReplicaSync::optimizer_slots(const std::v
       out.push_back(checkpoint::OptimizerSlot{param, std::move(slot)});
     }
   }
+  // The experts, whole beside the pieces: their model slots (written by
+  // their holders in ep group 0).
+  if (experts_) {
+    for (const auto& slot : model) {
+      if (experts_->holds(slot.local) && slot.local.requires_grad())
+        out.push_back(checkpoint::OptimizerSlot{slot.local, slot});
+    }
+  }
   return out;
 }
 
@@ -144,7 +165,14 @@ SyncStats ReplicaSync::stats() const {
 
 ModelStateBytes ReplicaSync::memory(const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
                                     const torch::optim::Optimizer& optimizer) const {
-  if (!zero_.empty()) return zero_chunks_memory(zero_, optimizer);
+  if (!zero_.empty()) {
+    ModelStateBytes m = zero_chunks_memory(zero_, optimizer);
+    if (experts_) {  // whole tensors beside the pieces
+      m.params += tensor_bytes(experts_->local_parameters());
+      m.grads += tensor_bytes(grads_of(experts_->parameters()));
+    }
+    return m;
+  }
   ModelStateBytes m;
   for (const auto& mod : modules) {
     m.params += tensor_bytes(mod->parameters());

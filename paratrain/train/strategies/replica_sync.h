@@ -3,8 +3,11 @@
 // their gradients with DDP (zero.stage = 0) or with ZeroDataParallel
 // (zero.stage = 1 or 2: the optimizer steps only this rank's pieces, so its
 // state is sharded over the replicas). One wrapper per module: the whole
-// tensor-parallel GPT, or each local pipeline chunk. Not here: the model,
-// the tp / pp reductions (megatron_strategy.cpp, megatron_stages.cpp).
+// tensor-parallel GPT, or each local pipeline chunk. parallel.ep's experts
+// stay whole beside both (their reduction is the ExpertParallel's): under
+// ZeRO this also steps, scales, clears and checkpoints them beside the
+// pieces. Not here: the model, the tp / pp reductions (megatron_strategy.cpp,
+// megatron_stages.cpp).
 #pragma once
 
 #include <chrono>
@@ -20,6 +23,7 @@
 #include "paratrain/core/tensor_slot.h"
 #include "paratrain/data_parallel/ddp/ddp.h"
 #include "paratrain/data_parallel/zero/zero.h"
+#include "paratrain/moe/expert_parallel.h"
 #include "paratrain/pipeline/executor.h"
 #include "paratrain/train/config/config.h"
 #include "paratrain/train/strategies/strategy.h"
@@ -32,15 +36,16 @@ class ReplicaSync {
   // DDP is skipped when `replicas` has one rank; ZeRO is built even then, so
   // the optimizer state and checkpoint layout are the ZeRO ones (as the zero
   // strategy on one rank).
-  // `local_parameters` (parallel.ep's experts) are left out of the
+  // `experts` (parallel.ep; not owned, may be null) are left out of the
   // wrappers (DdpOptions::local_parameters).
   ReplicaSync(const TrainConfig& config, const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
               comm::ProcessGroup& replicas, std::chrono::milliseconds timeout,
-              std::vector<at::Tensor> local_parameters = {});
+              moe::ExpertParallel* experts = nullptr);
   ~ReplicaSync();
 
   bool sharded() const { return !zero_.empty(); }
-  // What the optimizer steps: every module's parameters, or the ZeRO pieces.
+  // What the optimizer steps: every module's parameters, or the ZeRO pieces
+  // and this rank's experts.
   std::vector<at::Tensor> optimizer_params() const;
 
   // Around module i's forward and backward. `sync` false: accumulate only.
@@ -63,6 +68,10 @@ class ReplicaSync {
   // parameters and clear the full gradients; otherwise the caller clears
   // them with optimizer.zero_grad()).
   void step(torch::optim::Optimizer& optimizer);
+  // After the step, taken or skipped: without ZeRO optimizer.zero_grad();
+  // with it the experts' whole gradients (ZeRO's own were cleared by the
+  // step, or are overwritten by the next backward).
+  void clear_gradients(torch::optim::Optimizer& optimizer);
 
   // Optimizer slots: without ZeRO each model slot with write as given; with
   // ZeRO each piece placed inside its parameter's model slot (`model`, by
@@ -82,6 +91,7 @@ class ReplicaSync {
   std::vector<std::unique_ptr<ddp::DistributedDataParallel>> ddp_;
   std::vector<std::unique_ptr<zero::ZeroDataParallel>> zero_;
   std::vector<std::shared_ptr<torch::nn::Module>> modules_;
+  moe::ExpertParallel* experts_ = nullptr;
 };
 
 // The runs of `model` (a tp shard's slot: its segments, or one run) that its
