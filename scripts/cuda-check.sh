@@ -253,9 +253,13 @@ if want profile && enough 60 "profiles of the GPT step"; then
   head -30 "$out/profile-paratrain.txt" >> "$out/summary.txt"
   head -30 "$out/profile-pytorch.txt" >> "$out/summary.txt"
 fi
-# What offloading costs per step today (its copies and host step are not yet
+# What offloading costs per step (its copies and host step are not yet
 # overlapped with the backward): the GPT of the offload lane, ZeRO-2 and
-# FSDP, AdamW, samples/s between steps 20 and 60, offloaded and not.
+# FSDP, AdamW, samples/s between steps 20 and 60, offloaded and not. The
+# host step runs on LibTorch's intra-op threads: these runs get the
+# machine's cores (OMP_NUM_THREADS unset; the rest of the check pins 1),
+# and ZeRO-2's offloaded run once more on 1 thread (2026-11-28's 0.12x),
+# then its step profiled (where the offloaded step's time goes).
 rate_between() {  # run name, first step, last step -> samples/s
   python3 - "$out/runs/$1" "$2" "$3" <<'PY'
 import glob, json, sys
@@ -270,18 +274,32 @@ PY
 }
 if want offload_time && enough 90 "offload timing"; then
   step "offload timing: ZeRO-2 and FSDP, AdamW, offloaded and not"
+  toff() {  # name, more flags
+    local name=$1; shift
+    timeout $(cap 60) $cli train -c configs/gpt_fortunes.toml --set data.path="$out/corpus.txt" --set model.dropout=0 \
+      --set model.d_model=512 --set model.layers=6 --set model.heads=8 --set train.max_steps=60 --set run.log_every=20 \
+      --set train.eval_every_epochs=0 --set run.output_dir="$out/runs" --set log.progress=off --set world.device=cuda \
+      --set optimizer.kind=adamw --set run.name=$name "$@" > "$out/$name.log" 2>&1
+  }
   for stage in 2 3; do
     for o in none cpu; do
-      timeout $(cap 60) $cli train -c configs/gpt_fortunes.toml --set data.path="$out/corpus.txt" --set model.dropout=0 \
-        --set model.d_model=512 --set model.layers=6 --set model.heads=8 --set train.max_steps=60 --set run.log_every=20 \
-        --set train.eval_every_epochs=0 --set run.output_dir="$out/runs" --set log.progress=off --set world.device=cuda \
-        --set optimizer.kind=adamw --set zero.stage=$stage --set zero.offload=$o --set run.name=toff${stage}_$o \
-        > "$out/toff${stage}_$o.log" 2>&1
+      env -u OMP_NUM_THREADS bash -c "$(declare -f toff cap left); out='$out' cli='$cli' t0=$t0 budget=$budget; \
+        toff toff${stage}_$o --set zero.stage=$stage --set zero.offload=$o"
     done
     a=$(rate_between toff${stage}_none 20 60) b=$(rate_between toff${stage}_cpu 20 60)
-    say "zero.stage=$stage samples/s: optimizer on the GPU $a, offloaded $b"
-    fig "{\"check\":\"offload_time\",\"stage\":$stage,\"none\":$a,\"cpu\":$b}"
+    say "zero.stage=$stage samples/s ($(nproc) host threads): optimizer on the GPU $a, offloaded $b"
+    fig "{\"check\":\"offload_time\",\"stage\":$stage,\"threads\":$(nproc),\"none\":$a,\"cpu\":$b}"
   done
+  toff toff2_cpu_1thread --set zero.stage=2 --set zero.offload=cpu
+  c=$(rate_between toff2_cpu_1thread 20 60)
+  say "zero.stage=2 offloaded, 1 host thread: $c samples/s"
+  fig "{\"check\":\"offload_time\",\"stage\":2,\"threads\":1,\"cpu\":$c}"
+  if enough 40 "the offloaded step's profile"; then
+    env -u OMP_NUM_THREADS bash -c "$(declare -f toff cap left); out='$out' cli='$cli' t0=$t0 budget=$budget; \
+      toff toff2_cpu_prof --set zero.stage=2 --set zero.offload=cpu --set profile.steps=31-35"
+    $cli profile "$out/runs/toff2_cpu_prof" --top 15 > "$out/profile-offload.txt" 2>&1
+    head -40 "$out/profile-offload.txt" >> "$out/summary.txt"
+  fi
 fi
 if want scaling && [ -x bench/run_cpu_scaling.sh ] && enough 70 "CPU scaling"; then
   step "DDP scaling on CPU ranks (shm) next to PyTorch DDP (Gloo)"
