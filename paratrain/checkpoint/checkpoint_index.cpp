@@ -196,14 +196,14 @@ ShardedReader::ShardedReader(const std::filesystem::path& checkpoint) : where_(c
   dir_ = checkpoint.parent_path();
   const std::string name = checkpoint.filename().string();
   check_checkpoint_readable(checkpoint);
-  SafetensorsContents contents = read_safetensors(checkpoint);
+  auto file = std::make_unique<SafetensorsFile>(checkpoint);
   index_.world_size = 1;
-  index_.files.push_back({0, name, std::filesystem::file_size(checkpoint), std::nullopt});
-  for (const auto& [key, t] : contents.tensors)
-    index_.tensors.emplace(key, IndexTensor{t.scalar_type(), t.sizes().vec(), {{name, key, 0, t.numel()}}});
-  index_.metadata = contents.metadata;
+  index_.files.push_back({0, name, file->size(), std::nullopt});
+  for (const auto& [key, e] : file->tensors())
+    index_.tensors.emplace(key, IndexTensor{e.dtype, e.shape, {{name, key, 0, numel_of(e.shape)}}});
+  index_.metadata = file->metadata();
   index_.metadata.erase(kDataChecksumKey);
-  files_.emplace(name, std::move(contents));
+  files_.emplace(name, std::move(file));
 }
 
 const IndexTensor& ShardedReader::tensor(const std::string& name) const {
@@ -223,10 +223,10 @@ at::Tensor ShardedReader::read_range(const std::string& name, int64_t begin, int
   for (const ChunkRef& c : t.chunks) {
     const int64_t lo = std::max(begin, c.offset), hi = std::min(end, c.offset + c.numel);
     if (lo >= hi) continue;
-    pieces.push_back(chunk_data(name, c).narrow(0, lo - c.offset, hi - lo));
+    pieces.push_back(chunk_data(name, c, lo - c.offset, hi - lo));
   }
   if (pieces.empty()) return at::empty({0}, at::TensorOptions().dtype(t.dtype));
-  return pieces.size() == 1 ? pieces[0].clone() : at::cat(pieces);
+  return pieces.size() == 1 ? pieces[0] : at::cat(pieces);
 }
 
 at::Tensor ShardedReader::read_whole(const std::string& name) {
@@ -234,44 +234,44 @@ at::Tensor ShardedReader::read_whole(const std::string& name) {
   return read_range(name, 0, numel_of(t.shape)).reshape(t.shape);
 }
 
-const SafetensorsContents& ShardedReader::open(const std::string& file) {
-  if (auto it = files_.find(file); it != files_.end()) return it->second;
+const SafetensorsFile& ShardedReader::open(const std::string& file) {
+  if (auto it = files_.find(file); it != files_.end()) return *it->second;
   const IndexFile* entry = index_.find_file(file);
   TORCH_INTERNAL_ASSERT(entry != nullptr, "index_from_json checks that chunk files are listed");
   const auto path = dir_ / file;
   check_checkpoint_readable(path);
-  std::ifstream in(path, std::ios::binary);
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad() || bytes.size() != entry->bytes)
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  if (ec || size != entry->bytes)
     throw CheckpointError(fmt::format("checkpoint '{}': cannot read shard '{}' ({} of {} bytes)", where_,
-                                      path.string(), bytes.size(), entry->bytes));
-  if (entry->crc32) {
-    const uint32_t crc = crc32_update(0, bytes);
-    if (crc != *entry->crc32)
+                                      path.string(), ec ? 0 : size, entry->bytes));
+  auto check = [&](uint32_t crc) {
+    if (entry->crc32 && crc != *entry->crc32)
       throw CheckpointError(fmt::format("checkpoint '{}': shard '{}' fails its checksum ({} {} in the index, {} "
                                         "computed): the file is corrupt; resume from another checkpoint",
                                         where_, path.string(), kChecksumAlgorithm, crc32_hex(*entry->crc32),
                                         crc32_hex(crc)));
-  }
-  return files_.emplace(file, parse_safetensors(bytes, path.string())).first->second;
+  };
+  return *files_.emplace(file, std::make_unique<SafetensorsFile>(path, check)).first->second;
 }
 
-at::Tensor ShardedReader::chunk_data(const std::string& tensor_name, const ChunkRef& chunk) {
-  const SafetensorsContents& contents = open(chunk.file);
+at::Tensor ShardedReader::chunk_data(const std::string& tensor_name, const ChunkRef& chunk, int64_t lo,
+                                     int64_t numel) {
+  const SafetensorsFile& contents = open(chunk.file);
   const std::string file = (dir_ / chunk.file).string();
-  auto it = contents.tensors.find(chunk.key);
-  if (it == contents.tensors.end())
+  auto it = contents.tensors().find(chunk.key);
+  if (it == contents.tensors().end())
     throw CheckpointError(fmt::format("checkpoint '{}': the index says shard '{}' holds '{}' (part of tensor '{}') "
                                       "but the file has no such tensor: index and shard do not match",
                                       where_, file, chunk.key, tensor_name));
-  const at::Tensor& t = it->second;
+  const SafetensorsEntry& t = it->second;
   const IndexTensor& entry = index_.tensors.at(tensor_name);
-  if (t.numel() != chunk.numel || t.scalar_type() != entry.dtype)
+  if (numel_of(t.shape) != chunk.numel || t.dtype != entry.dtype)
     throw CheckpointError(fmt::format("checkpoint '{}': '{}' in shard '{}' is {} with {} elements but the index "
                                       "says {} with {}: index and shard do not match",
-                                      where_, chunk.key, file, c10::toString(t.scalar_type()), t.numel(),
+                                      where_, chunk.key, file, c10::toString(t.dtype), numel_of(t.shape),
                                       c10::toString(entry.dtype), chunk.numel));
-  return t.reshape(-1);
+  return contents.read(chunk.key, lo, numel);
 }
 
 }  // namespace paratrain::checkpoint

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "paratrain/checkpoint/safetensors.h"
+#include "paratrain/checkpoint/safetensors_file.h"
 
 namespace paratrain::checkpoint {
 
@@ -73,8 +75,10 @@ void check_shard_files(const std::filesystem::path& dir, const CheckpointIndex& 
 
 // Reads global tensors out of a checkpoint directory, or out of a single-file
 // checkpoint seen as a one-rank directory. Construction checks that every
-// listed file exists with its size; each file is read whole once when first
-// needed, its checksum checked against the index before any tensor is used.
+// listed file exists with its size; each file is checked once when first
+// needed (its checksum against the index, in one pass that keeps nothing:
+// safetensors_file.h), and each range is read from the file when asked, so
+// a reader holds what it was asked for, not the files.
 class ShardedReader {
  public:
   explicit ShardedReader(const std::filesystem::path& checkpoint);
@@ -90,13 +94,14 @@ class ShardedReader {
   at::Tensor read_whole(const std::string& name);
 
  private:
-  const SafetensorsContents& open(const std::string& file);
-  at::Tensor chunk_data(const std::string& tensor, const ChunkRef& chunk);
+  const SafetensorsFile& open(const std::string& file);
+  // Elements [lo, lo + numel) of `chunk` (relative to the chunk's start).
+  at::Tensor chunk_data(const std::string& tensor, const ChunkRef& chunk, int64_t lo, int64_t numel);
 
   std::filesystem::path dir_;
   std::string where_;
   CheckpointIndex index_;
-  std::map<std::string, SafetensorsContents> files_;  // verified files by name
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;  // verified files by name
 };
 
 }  // namespace paratrain::checkpoint

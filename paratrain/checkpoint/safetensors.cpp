@@ -63,6 +63,19 @@ void sync_folder(const std::filesystem::path& path);
   throw CheckpointError(fmt::format("checkpoint '{}' is invalid: {}", file, what));
 }
 
+// Removes the temporary file unless the rename went through.
+struct TempFile {
+  std::string path;
+  int fd = -1;
+  bool renamed = false;
+  ~TempFile() {
+    if (fd >= 0) ::close(fd);
+    if (!renamed) ::unlink(path.c_str());
+  }
+};
+
+}  // namespace
+
 // A checkpoint file has a size known in advance; reading a device, a FIFO
 // or /dev/zero "to its end" never ends (issue 23: `checkpoint inspect
 // /dev/zero` hung growing memory), so anything but a regular file is refused
@@ -83,19 +96,6 @@ void require_regular_file(const std::filesystem::path& path) {
                                     "step_N checkpoint directory or a .safetensors file",
                                     path.string(), kind));
 }
-
-// Removes the temporary file unless the rename went through.
-struct TempFile {
-  std::string path;
-  int fd = -1;
-  bool renamed = false;
-  ~TempFile() {
-    if (fd >= 0) ::close(fd);
-    if (!renamed) ::unlink(path.c_str());
-  }
-};
-
-}  // namespace
 
 void write_safetensors(const std::filesystem::path& path, const SafetensorsContents& contents,
                        const SafetensorsWriteOptions& options) {
@@ -254,6 +254,22 @@ std::map<std::string, std::string> read_safetensors_metadata(const std::filesyst
   std::string json(n, '\0');
   if (!in.read(json.data(), static_cast<std::streamsize>(n))) fail(name, "could not read the header");
   return parse_header(json, size - 8 - n, name).metadata;
+}
+
+SafetensorsHeader parse_safetensors_header(uint64_t json_length, std::string_view json, uint64_t file_size,
+                                           std::string_view name) {
+  if (file_size < 8)
+    fail(name, fmt::format("truncated: the file has {} bytes, fewer than the 8-byte header length", file_size));
+  if (json_length > kMaxHeaderBytes || json_length > file_size - 8 || json.size() != json_length)
+    fail(name, fmt::format("truncated or corrupt header length: it says {} bytes of JSON, the file has {} "
+                           "bytes after the length field",
+                           json_length, file_size - 8));
+  Header h = parse_header(json, file_size - 8 - json_length, name);
+  SafetensorsHeader out;
+  out.metadata = std::move(h.metadata);
+  out.data_offset = 8 + json_length;
+  for (Entry& e : h.entries) out.tensors.emplace(e.name, SafetensorsEntry{e.type, std::move(e.shape), e.begin, e.end});
+  return out;
 }
 
 namespace {

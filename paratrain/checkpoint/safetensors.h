@@ -13,6 +13,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -62,6 +63,28 @@ SafetensorsContents read_safetensors(const std::filesystem::path& path);
 // The same on bytes in memory; `name` stands for the file in errors. For
 // fuzzers and tests; tensors are copies, not views of `bytes`.
 SafetensorsContents parse_safetensors(std::span<const uint8_t> bytes, std::string_view name);
+
+// One tensor's place in a file: its bytes [begin, end) of the data section.
+struct SafetensorsEntry {
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;
+};
+
+// A file's header: its tensors, its metadata, where the data section starts.
+struct SafetensorsHeader {
+  std::map<std::string, SafetensorsEntry> tensors;
+  std::map<std::string, std::string> metadata;
+  uint64_t data_offset = 0;  ///< 8 + the JSON's length
+};
+
+// Validates a header as read_safetensors does (the JSON, dtypes, shapes,
+// the tensors tiling the data section of a file of `file_size` bytes)
+// without the data: `json_length` is the file's first 8 bytes read as a
+// length, `json` the bytes after them (at most that many). `name` stands
+// for the file in errors.
+SafetensorsHeader parse_safetensors_header(uint64_t json_length, std::string_view json, uint64_t file_size,
+                                           std::string_view name);
 
 // Only the metadata, after checking the header and the file size: cheap, for
 // picking a checkpoint without reading its tensors.

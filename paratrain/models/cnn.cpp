@@ -2,6 +2,7 @@
 // two fully connected layers. Registered as conv0.., fc0, fc1.
 #include "paratrain/models/cnn.h"
 #include "paratrain/models/linear_site.h"
+#include "paratrain/models/skeleton.h"
 #include "paratrain/quant/activations.h"
 
 #include <string>
@@ -25,9 +26,11 @@ class Cnn final : public Model {
       convs_.push_back(register_module(
           "conv" + std::to_string(i),
           torch::nn::Conv2d(torch::nn::Conv2dOptions(c, o.channels[i], 3).padding(1))));
+      skeletonize(*convs_.back());  // Note [Skeleton models]
       if (o.batchnorm) {
         norms_.push_back(register_module("bn" + std::to_string(i),
                                          torch::nn::Sequential(torch::nn::BatchNorm2d(o.channels[i]))));
+        skeletonize(*norms_.back());
       }
       c = o.channels[i];
       side /= 2;  // max_pool2d(2) floors odd sizes
@@ -36,7 +39,9 @@ class Cnn final : public Model {
                 o.channels.size(), " pooling steps (need >= ", 1 << o.channels.size(), ")");
     flat_ = c * side * side;
     fc0_ = register_module("fc0", torch::nn::Linear(flat_, o.hidden));
+    skeletonize(*fc0_);
     fc1_ = register_module("fc1", torch::nn::Linear(o.hidden, o.num_classes));
+    skeletonize(*fc1_);
   }
 
   at::Tensor forward(const at::Tensor& x) override {

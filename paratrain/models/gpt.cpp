@@ -5,6 +5,7 @@
 // at the sites of parallelize/sites.h, so the tensor-parallel GPT is this
 // model under gpt_tp_plan() (parallel_gpt.h), not a second implementation.
 #include "paratrain/models/gpt.h"
+#include "paratrain/models/skeleton.h"
 
 #include "paratrain/moe/expert_parallel.h"
 
@@ -122,8 +123,12 @@ class Gpt final : public Model {
     TORCH_CHECK(o.heads > 0 && o.d_model > 0 && o.d_model % o.heads == 0, "GptOptions.d_model (", o.d_model,
                 ") must be a positive multiple of heads (", o.heads, ")");
     TORCH_CHECK(o.dropout >= 0 && o.dropout < 1, "GptOptions.dropout must be in [0, 1), got ", o.dropout);
+    // Each layer given up as soon as it exists when building a skeleton
+    // (Note [Skeleton models]); otherwise skeletonize() does nothing.
     wte = register_module("wte", torch::nn::Embedding(o.vocab, o.d_model));
+    skeletonize(*wte);
     wpe = register_module("wpe", torch::nn::Embedding(o.seq_len, o.d_model));
+    skeletonize(*wpe);
     drop = register_module("drop", torch::nn::Dropout(o.dropout));
     blocks = register_module("blocks", torch::nn::ModuleList());
     TORCH_CHECK(o.moe_experts >= 0 && o.moe_every >= 1, "GptOptions: moe_experts must be >= 0 and moe_every >= 1");
@@ -136,10 +141,13 @@ class Gpt final : public Model {
                                                              .top_k = o.moe_top_k,
                                                              .capacity_factor = o.moe_capacity_factor});
       }
-      blocks->push_back(std::make_shared<Block>(o.d_model, o.heads, o.dropout, std::move(experts)));
+      auto block = std::make_shared<Block>(o.d_model, o.heads, o.dropout, std::move(experts));
+      skeletonize(*block);
+      blocks->push_back(std::move(block));
     }
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
-    init_weights();
+    skeletonize(*ln_f);
+    if (!building_skeleton()) init_weights();
   }
 
   at::Tensor forward(const at::Tensor& tokens) override {

@@ -2,6 +2,7 @@
 // as fc0..fcN so parameter names are stable across runs and checkpoints.
 #include "paratrain/models/mlp.h"
 #include "paratrain/models/linear_site.h"
+#include "paratrain/models/skeleton.h"
 #include "paratrain/quant/activations.h"
 
 #include <string>
@@ -21,6 +22,7 @@ class Mlp final : public Model {
       const int64_t next = i < o.hidden.size() ? o.hidden[i] : o.out_features;
       TORCH_CHECK(next > 0, "MlpOptions.hidden[", i, "] must be > 0, got ", next);
       layers_.push_back(register_module("fc" + std::to_string(i), torch::nn::Linear(width, next)));
+      skeletonize(*layers_.back());  // Note [Skeleton models]
       width = next;
     }
     in_features_ = o.in_features;

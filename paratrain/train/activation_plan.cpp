@@ -261,8 +261,9 @@ int64_t backward_peak(const std::vector<LayerActivations>& layers, const std::ve
 //     the averaged buckets into .grad, stage 2 reduce-scatters from them);
 //   stage 3 (FSDP): the unit being computed, gathered whole, and its full
 //     gradient before the reduce-scatter: 8 bytes per element of the largest
-//     unit (units group the model's top-level modules until one holds
-//     zero.unit_min_params elements, or one per zero.unit_modules name).
+//     unit (units group the model's top-level modules, a ModuleList's
+//     entries each counting as one, until one holds zero.unit_min_params
+//     elements, or one per zero.unit_modules name).
 // ZeRO-1/2's parameter all-gather after the step (4Ψ + 4Ψ/N) comes when the
 // activations are gone, below the peak of a step.
 std::array<int64_t, 4> communication_buffer_bytes(const TrainConfig& c, int64_t psi) {
@@ -272,10 +273,10 @@ std::array<int64_t, 4> communication_buffer_bytes(const TrainConfig& c, int64_t 
   auto linear = [](int64_t i, int64_t o) { return static_cast<double>(i) * static_cast<double>(o) + static_cast<double>(o); };
   if (builds_gpt(c)) {
     const double d = static_cast<double>(c.model.d_model);
-    children = {{"wte", 256 * d},
-                {"wpe", static_cast<double>(c.model.seq_len) * d},
-                {"blocks", static_cast<double>(c.model.layers) * (12 * d * d + 13 * d)},
-                {"ln_f", 2 * d}};
+    // The blocks' ModuleList counts as its blocks (unit_plan.cpp).
+    children = {{"wte", 256 * d}, {"wpe", static_cast<double>(c.model.seq_len) * d}};
+    for (int64_t i = 0; i < c.model.layers; ++i) children.emplace_back(fmt::format("blocks.{}", i), 12 * d * d + 13 * d);
+    children.emplace_back("ln_f", 2 * d);
   } else if (c.model.kind == "mlp") {
     int64_t width = in.channels * in.side * in.side;
     for (size_t i = 0; i < c.model.hidden.size(); ++i) {

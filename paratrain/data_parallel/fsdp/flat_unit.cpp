@@ -46,7 +46,11 @@ FlatUnit::FlatUnit(std::string name, std::vector<UnitParam> params, int rank, in
   {
     at::NoGradGuard no_grad;
     for (auto& p : params_) {
-      full_.narrow(0, p.offset, p.numel).copy_(p.tensor.detach().reshape({-1}));
+      // A skeleton's placeholder (one element broadcast: Note [Skeleton
+      // models]) leaves its zeros: reshaping it would make it whole.
+      const bool placeholder =
+          p.tensor.numel() > 1 && p.tensor.storage().nbytes() <= static_cast<size_t>(p.tensor.element_size());
+      if (!placeholder) full_.narrow(0, p.offset, p.numel).copy_(p.tensor.detach().reshape({-1}));
       // set_data keeps the TensorImpl (leaf, grad accumulator, hooks) and
       // makes its data a view of the full buffer.
       p.tensor.set_data(full_.narrow(0, p.offset, p.numel).view(p.tensor.sizes()));

@@ -31,6 +31,8 @@ std::vector<FlatUnit> build_units(torch::nn::Module& model, comm::ProcessGroup& 
     std::vector<UnitParam> params;
     for (auto& [name, tensor] : planned.params) params.push_back({name, tensor});
     units.emplace_back(std::move(planned.name), std::move(params), group.rank(), group.size());
+    // A skeleton's units are freed as they come: one unit's memory at a time.
+    if (options.skeleton) units.back().free(options.timeout);
   }
   return units;
 }
@@ -61,13 +63,17 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<torch::nn::Mo
   TORCH_CHECK(!params.empty(), "FullyShardedDataParallel: the model has no parameters");
   TORCH_CHECK(any_trainable, "FullyShardedDataParallel: every parameter of the model is frozen (requires_grad "
               "false): there is nothing to shard or train");
-  ddp::verify_same_tensors(dp, params, "parameters", options.timeout);
-  std::vector<at::Tensor> values;
-  for (const auto& p : params) values.push_back(p.tensor);
-  for (const auto& b : ddp::module_buffers(*model)) values.push_back(b.tensor);
-  // Buffers (BatchNorm statistics) stay replicated: taken from rank 0 here,
-  // then each rank keeps its own (not sharded, not re-broadcast).
-  ddp::broadcast_coalesced(dp, values, /*root=*/0, options.timeout);
+  // A skeleton's placeholders hold nothing to compare or send, and the
+  // broadcast would make them whole (Note [Skeleton models]).
+  if (!options.skeleton) {
+    ddp::verify_same_tensors(dp, params, "parameters", options.timeout);
+    std::vector<at::Tensor> values;
+    for (const auto& p : params) values.push_back(p.tensor);
+    for (const auto& b : ddp::module_buffers(*model)) values.push_back(b.tensor);
+    // Buffers (BatchNorm statistics) stay replicated: taken from rank 0 here,
+    // then each rank keeps its own (not sharded, not re-broadcast).
+    ddp::broadcast_coalesced(dp, values, /*root=*/0, options.timeout);
+  }
 
   std::vector<FlatUnit> units = build_units(*model, dp, options);
   const bool offload = options.offload;

@@ -86,6 +86,13 @@ struct FsdpOptions {
   /// checkpoint into the shards) refreshes the copies. On CPU tensors: the
   /// same, copied.
   bool offload = false;
+  /// The model is a skeleton (models/skeleton.h, Note [Skeleton models]):
+  /// its parameters are placeholders. The units are laid out and sharded
+  /// without reading them and each unit's full buffer is freed as soon as it
+  /// is made, so building costs one unit of memory; the ranks' parameters
+  /// are neither compared nor broadcast. The shards hold zeros until the
+  /// caller writes them (parameter_slots()); buffers stay the caller's.
+  bool skeleton = false;
 };
 
 /// Bytes of model state alive on this rank (core/model_state.h): params =

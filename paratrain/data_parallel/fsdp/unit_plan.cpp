@@ -24,6 +24,26 @@ Named take_new(torch::nn::Module& module, const std::string& prefix, bool recurs
   return out;
 }
 
+// The modules the size rule groups: the root's children, with a container
+// (ModuleList, Sequential: no parameters of its own) replaced by its
+// children, so a transformer's blocks are units of their own and not one
+// unit holding the whole stack.
+std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> size_candidates(torch::nn::Module& root) {
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> out;
+  for (const auto& child : root.named_children()) {
+    torch::nn::Module* m = child.value().get();
+    const bool container = (dynamic_cast<torch::nn::ModuleListImpl*>(m) != nullptr ||
+                            dynamic_cast<torch::nn::SequentialImpl*>(m) != nullptr) &&
+                           m->named_parameters(/*recurse=*/false).is_empty();
+    if (!container) {
+      out.emplace_back(child.key(), child.value());
+      continue;
+    }
+    for (const auto& inner : m->named_children()) out.emplace_back(child.key() + "." + inner.key(), inner.value());
+  }
+  return out;
+}
+
 int64_t numel_of(const Named& params) {
   int64_t n = 0;
   for (const auto& p : params) n += p.second.numel();
@@ -57,10 +77,10 @@ std::vector<PlannedUnit> plan_units(torch::nn::Module& root, const UnitPlanOptio
     }
   } else {
     PlannedUnit open;
-    for (const auto& child : children) {
-      Named params = take_new(*child.value(), child.key() + ".", /*recurse=*/true, seen);
+    for (const auto& [name, module] : size_candidates(root)) {
+      Named params = take_new(*module, name + ".", /*recurse=*/true, seen);
       if (params.empty()) continue;
-      open.name += (open.name.empty() ? "" : "+") + child.key();
+      open.name += (open.name.empty() ? "" : "+") + name;
       for (auto& p : params) open.params.push_back(std::move(p));
       if (numel_of(open.params) >= options.min_params) units.push_back(std::exchange(open, {}));
     }

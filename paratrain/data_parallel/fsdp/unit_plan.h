@@ -22,9 +22,11 @@ inline constexpr int64_t kDefaultUnitMinParams = 50000;
 
 struct UnitPlanOptions {
   // Threshold mode: walk the root's children in registration order and close
-  // a unit once it holds >= min_params elements. Small values: more units,
-  // less memory gathered at once, more (smaller) collectives. <= 0: every
-  // child with parameters is its own unit.
+  // a unit once it holds >= min_params elements; a child that is a
+  // container (ModuleList, Sequential) counts as its children ("blocks.0",
+  // "blocks.1", ...). Small values: more units, less memory gathered at
+  // once, more (smaller) collectives. <= 0: every child with parameters is
+  // its own unit.
   int64_t min_params = kDefaultUnitMinParams;
   // Explicit mode (when not empty): each named child of the root is its own
   // unit; every other parameter goes to one root unit. Names must exist.

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -15,6 +16,7 @@
 #include "paratrain/data_parallel/fsdp/fsdp.h"
 #include "paratrain/models/model.h"
 #include "paratrain/models/parallel_gpt.h"
+#include "paratrain/models/skeleton.h"
 #include "paratrain/parallelize/plan.h"
 #include "paratrain/tensor_parallel/mappings.h"
 #include "paratrain/tensor_parallel/shards.h"
@@ -88,9 +90,17 @@ Teacher::Teacher(const TeacherSource& source, const TeacherPlacement& placement)
   config.freeze = FreezeConfig{};  // the teacher's own frozen set does not matter here
   {
     CpuRngGuard keep_rng;
+    // Sharded: a skeleton, each layer given up as it is made, so no rank
+    // ever holds the teacher whole (Note [Skeleton models]).
+    std::optional<models::SkeletonScope> skeleton;
+    if (placement.shard) skeleton.emplace(device);
     model_ = seeded_model_factory(config, c10::Device(c10::kCPU))();
   }
   checkpoint::ShardedReader reader(source.checkpoint);
+  if (placement.shard) {
+    load_sharded(reader, placement);
+    return;
+  }
   const auto& tensors = reader.index().tensors;
   torch::NoGradGuard no_grad;
   auto load = [&](const std::string& name, at::Tensor& t) {
@@ -126,15 +136,50 @@ Teacher::Teacher(const TeacherSource& source, const TeacherPlacement& placement)
     split_over_tp(placement);
     return;
   }
-  if (placement.shard) {
-    fsdp::FsdpOptions options;
-    options.timeout = placement.timeout;
-    // Its parameters keep requires_grad (FSDP shards trainable ones) but no
-    // backward ever runs through them: logits() runs without grad mode.
-    fsdp_ = std::make_unique<fsdp::FullyShardedDataParallel>(model_, *placement.dp, std::move(options));
-    return;
-  }
   for (auto& p : model_->parameters()) p.set_requires_grad(false);
+}
+
+// Sharded over dp like a ZeRO-3 student: FSDP lays the skeleton's units out
+// and shards them without reading them, then each rank reads only its
+// pieces' ranges from the checkpoint (and the buffers whole). A program's
+// own model is built whole (no skeleton) and goes the same way.
+void Teacher::load_sharded(checkpoint::ShardedReader& reader, const TeacherPlacement& placement) {
+  torch::NoGradGuard no_grad;
+  const auto& tensors = reader.index().tensors;
+  auto entry = [&](const std::string& name, at::IntArrayRef shape) {
+    const std::string key = "model/" + name;
+    if (!tensors.count(key)) {
+      throw CheckpointError(fmt::format("distill.teacher: checkpoint {} has no tensor '{}' that the teacher model "
+                                        "({}) needs",
+                                        source_.checkpoint.string(), key, source_.config.model.kind));
+    }
+    const auto& saved = reader.tensor(key).shape;
+    if (!std::equal(saved.begin(), saved.end(), shape.begin(), shape.end())) {
+      throw CheckpointError(fmt::format("distill.teacher: '{}' is [{}] in checkpoint {} but [{}] in the teacher "
+                                        "built from its config",
+                                        key, fmt::join(saved, ", "), source_.checkpoint.string(),
+                                        fmt::join(shape, ", ")));
+    }
+    return key;
+  };
+  for (const auto& item : model_->named_parameters()) {
+    entry(item.key(), item.value().sizes());
+    parameter_count_ += item.value().numel();
+  }
+  for (auto& item : model_->named_buffers()) {
+    item.value().set_data(reader.read_whole(entry(item.key(), item.value().sizes())).to(placement.device));
+  }
+  model_->eval();
+  fsdp::FsdpOptions options;
+  options.timeout = placement.timeout;
+  options.skeleton = true;
+  // Its parameters keep requires_grad (FSDP shards trainable ones) but no
+  // backward ever runs through them: logits() runs without grad mode.
+  fsdp_ = std::make_unique<fsdp::FullyShardedDataParallel>(model_, *placement.dp, std::move(options));
+  for (const TensorSlot& slot : fsdp_->parameter_slots()) {
+    at::Tensor local = slot.local;
+    local.copy_(reader.read_range("model/" + slot.name, slot.flat_offset, local.numel()).view(local.sizes()));
+  }
 }
 
 // The teacher split as a student of its kind would be (it was read whole to

@@ -23,6 +23,9 @@
 namespace paratrain::models {
 class Model;
 }
+namespace paratrain::checkpoint {
+class ShardedReader;
+}
 namespace paratrain::fsdp {
 class FullyShardedDataParallel;
 }
@@ -93,6 +96,7 @@ class Teacher {
   int tp_split() const { return tp_split_; }
 
  private:
+  void load_sharded(checkpoint::ShardedReader& reader, const TeacherPlacement& placement);
   void cut_into_stages(const TeacherPlacement& placement);
   void split_over_tp(const TeacherPlacement& placement);
 
