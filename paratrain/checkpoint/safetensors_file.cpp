@@ -24,6 +24,9 @@ void require_regular_file(const std::filesystem::path& path);
 namespace {
 
 constexpr size_t kBlock = size_t{4} << 20;  // what one pass holds at a time
+// Past safetensors.cpp's cap on the JSON's length the header is refused
+// anyway: keep no more of a corrupt one than that.
+constexpr uint64_t kHeaderCap = 100'000'001;
 
 CheckpointError read_error(const std::filesystem::path& path, const std::string& what) {
   return CheckpointError(fmt::format("cannot read checkpoint '{}': {}", path.string(), what));
@@ -73,7 +76,7 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path, const std::f
       }
       // The header's bytes (a corrupt length is refused when parsed: keep
       // no more than the file has).
-      const uint64_t json_end = 8 + std::min<uint64_t>(json_length, size_ >= 8 ? size_ - 8 : 0);
+      const uint64_t json_end = 8 + std::min({json_length, kHeaderCap, size_ >= 8 ? size_ - 8 : uint64_t{0}});
       if (at + n > 8 && at < json_end) {
         const uint64_t lo = std::max<uint64_t>(at, 8), hi = std::min<uint64_t>(at + n, json_end);
         json.append(reinterpret_cast<const char*>(block.data() + (lo - at)), static_cast<size_t>(hi - lo));

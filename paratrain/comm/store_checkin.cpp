@@ -98,10 +98,12 @@ class EndingStore final : public c10d::Store {
   // Debian's older one has none, hence no `override`.
   c10::intrusive_ptr<c10d::Store> clone() {  // NOLINT(modernize-use-override)
 #if PARATRAIN_TORCH_AT_LEAST(2, 0)
-    return c10::make_intrusive<EndingStore>(inner_->clone(), rank_, where_, abort_);
+    auto copy = c10::make_intrusive<EndingStore>(inner_->clone(), rank_, where_, abort_);
 #else
-    return c10::make_intrusive<EndingStore>(inner_, rank_, where_, abort_);
+    auto copy = c10::make_intrusive<EndingStore>(inner_, rank_, where_, abort_);
 #endif
+    copy->setTimeout(timeout_);
+    return copy;
   }
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override { inner_->set(key, value); }

@@ -273,9 +273,15 @@ std::array<int64_t, 4> communication_buffer_bytes(const TrainConfig& c, int64_t 
   auto linear = [](int64_t i, int64_t o) { return static_cast<double>(i) * static_cast<double>(o) + static_cast<double>(o); };
   if (builds_gpt(c)) {
     const double d = static_cast<double>(c.model.d_model);
-    // The blocks' ModuleList counts as its blocks (unit_plan.cpp).
+    // The size rule counts the blocks' ModuleList as its blocks; units by
+    // name see the root's children (unit_plan.cpp).
     children = {{"wte", 256 * d}, {"wpe", static_cast<double>(c.model.seq_len) * d}};
-    for (int64_t i = 0; i < c.model.layers; ++i) children.emplace_back(fmt::format("blocks.{}", i), 12 * d * d + 13 * d);
+    const double block = 12 * d * d + 13 * d;
+    if (c.zero.unit_modules.empty()) {
+      for (int64_t i = 0; i < c.model.layers; ++i) children.emplace_back(fmt::format("blocks.{}", i), block);
+    } else {
+      children.emplace_back("blocks", static_cast<double>(c.model.layers) * block);
+    }
     children.emplace_back("ln_f", 2 * d);
   } else if (c.model.kind == "mlp") {
     int64_t width = in.channels * in.side * in.side;

@@ -86,15 +86,19 @@ class GlooProcessGroup final : public ProcessGroup {
     lock.unlock();
     pg_->fail_connections();
     lock.lock();
-    // Without reach into Gloo nothing was failed: no use waiting for it.
-    const auto wait = AbortableGloo::kReachesConnections ? kTeardownWait : std::chrono::seconds(0);
+    // Without reach into Gloo nothing was failed: only a moment for an
+    // operation that was finishing anyway.
+    const std::chrono::milliseconds wait =
+        AbortableGloo::kReachesConnections ? std::chrono::milliseconds(kTeardownWait) : std::chrono::milliseconds(100);
     if (signal_->cv.wait_for(lock, wait, [&] { return signal_->in_flight == 0; })) return;
     const int stuck = signal_->in_flight;
     lock.unlock();
-    spdlog::warn("rank {}: {} Gloo operation(s) of a group of {} ranks did not end when its connections were "
-                 "closed (Gloo does not wake a transfer cut in the middle of a message); their "
-                 "threads and buffers are left behind rather than joined",
-                 rank_, stuck, size_);
+    spdlog::warn("rank {}: {} Gloo operation(s) of a group of {} ranks did not end when the group was torn down "
+                 "({}); their threads and buffers are left behind rather than joined",
+                 rank_, stuck, size_,
+                 AbortableGloo::kReachesConnections
+                     ? "its connections were closed, but Gloo does not wake a transfer cut in the middle of a message"
+                     : "this build cannot close Gloo's connections: Note [Gloo's internals on LibTorch 2.x]");
     // Never destroyed: its destructor would join the stuck thread.
     (void)pg_.release();
   }

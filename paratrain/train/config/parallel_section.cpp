@@ -156,6 +156,14 @@ std::string expert_parallel_problem(const TrainConfig& c) {
                        "data parallelism (DDP, ZeRO-1/2), in pipeline stages and beside tensor parallelism for now; "
                        "set parallel.cp = 1 (and ps.servers = 0)",
                        p.ep, p.cp, c.ps.servers);
+  // The GPT's stages with ZeRO are the megatron strategy's, which keeps the
+  // experts beside ZeRO's pieces; a program's model in stages is the
+  // pipeline strategy's, whose ZeRO would shard them as dense tensors.
+  if (p.pp > 1 && c.zero.stage > 0 && !builds_gpt(c))
+    return fmt::format("parallel.ep = {} with parallel.pp = {} and zero.stage = {} for model.kind = \"{}\": in "
+                       "pipeline stages the experts sit beside ZeRO's shards for the GPT only; set zero.stage = 0 "
+                       "(DDP over each stage's replicas)",
+                       p.ep, p.pp, c.zero.stage, c.model.kind);
   if (p.tp > 1 && !builds_gpt(c))
     return fmt::format("parallel.ep = {} with parallel.tp = {} for model.kind = \"{}\": beside tensor parallelism "
                        "experts are split for the GPT's MoE layers only; set parallel.ep = 1 (or parallel.tp = 1)",

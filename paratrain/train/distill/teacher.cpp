@@ -167,9 +167,14 @@ void Teacher::load_sharded(checkpoint::ShardedReader& reader, const TeacherPlace
     parameter_count_ += item.value().numel();
   }
   for (auto& item : model_->named_buffers()) {
-    item.value().set_data(reader.read_whole(entry(item.key(), item.value().sizes())).to(placement.device));
+    const at::Tensor value = reader.read_whole(entry(item.key(), item.value().sizes()));
+    item.value().set_data(value.to(placement.device, item.value().scalar_type()));
   }
   model_->eval();
+  // A program's own model is built whole, on the CPU: it moves as before.
+  bool skeleton = false;
+  for (const auto& p : model_->parameters()) skeleton = skeleton || models::is_placeholder(p);
+  if (!skeleton && !placement.device.is_cpu()) model_->to(placement.device);
   fsdp::FsdpOptions options;
   options.timeout = placement.timeout;
   options.skeleton = true;
@@ -179,6 +184,12 @@ void Teacher::load_sharded(checkpoint::ShardedReader& reader, const TeacherPlace
   for (const TensorSlot& slot : fsdp_->parameter_slots()) {
     at::Tensor local = slot.local;
     local.copy_(reader.read_range("model/" + slot.name, slot.flat_offset, local.numel()).view(local.sizes()));
+  }
+  // Parameters that do not train (a program's model may have some) stay
+  // whole outside FSDP's units: read whole.
+  for (auto& item : model_->named_parameters()) {
+    if (item.value().requires_grad()) continue;
+    item.value().set_data(reader.read_whole("model/" + item.key()).to(placement.device, item.value().scalar_type()));
   }
 }
 
