@@ -148,9 +148,10 @@ void check_store_owner(c10d::Store& store, const WorldInfo& world, bool serving,
 // a second for the authenticated store's greeting. A server thread starved
 // for longer makes the store read as c10d's TCPStore, and c10d's client
 // then takes the late greeting for a reply: a length of ~5.7e18,
-// std::bad_alloc or std::length_error, either in this thread (caught below)
-// or in the client's callback thread, where it ends in std::terminate with
-// no word of why. While the client connects, a terminate handler says why
+// std::bad_alloc or std::length_error, or a reply of the wrong kind ("...
+// response is expected", when the greeting answers a wait), either in this
+// thread (caught below) or in the client's callback thread, where it ends
+// in std::terminate with no word of why. While the client connects, a terminate handler says why
 // first; its text is fixed before any thread can need it.
 std::mutex g_late_mutex;
 int g_late_users = 0;
@@ -255,6 +256,9 @@ c10::intrusive_ptr<c10d::Store> connect_store(const WorldInfo& world, const Init
   } catch (const std::exception& e) {
     std::string msg = e.what();
     if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+    // A reply of the wrong kind: the greeting read as one (the Note above).
+    if (explain && msg.find("response is expected") != std::string::npos)
+      throw CommError(fmt::format("{} (c10d: {})", late_greeting_text(world), msg));
     if (world.use_agent_store) {
       throw TimeoutError(fmt::format("rank {}: could not reach torchrun's agent store ({}; "
                                      "TORCHELASTIC_USE_AGENT_STORE is set) within {} s: {}. Is this process "
