@@ -48,6 +48,26 @@ std::filesystem::path newest_checkpoint(const std::string& spec) {
                                 spec, (run / "checkpoints").string()));
 }
 
+// The checkpoint's key of the teacher's tensor `name`, checked to be there
+// with the shape the teacher built from its config has.
+std::string checked_key(const checkpoint::ShardedReader& reader, const TeacherSource& source,
+                        const std::string& name, at::IntArrayRef shape) {
+  const std::string key = "model/" + name;
+  if (!reader.index().tensors.count(key)) {
+    throw CheckpointError(fmt::format("distill.teacher: checkpoint {} has no tensor '{}' that the teacher model "
+                                      "({}) needs",
+                                      source.checkpoint.string(), key, source.config.model.kind));
+  }
+  const auto& saved = reader.tensor(key).shape;
+  if (!std::equal(saved.begin(), saved.end(), shape.begin(), shape.end())) {
+    throw CheckpointError(fmt::format("distill.teacher: '{}' is [{}] in checkpoint {} but [{}] in the teacher "
+                                      "built from its config",
+                                      key, fmt::join(saved, ", "), source.checkpoint.string(),
+                                      fmt::join(shape, ", ")));
+  }
+  return key;
+}
+
 }  // namespace
 
 TeacherSource find_teacher(const std::string& spec, const TrainConfig& student) {
@@ -101,23 +121,9 @@ Teacher::Teacher(const TeacherSource& source, const TeacherPlacement& placement)
     load_sharded(reader, placement);
     return;
   }
-  const auto& tensors = reader.index().tensors;
   torch::NoGradGuard no_grad;
   auto load = [&](const std::string& name, at::Tensor& t) {
-    const std::string key = "model/" + name;
-    if (!tensors.count(key)) {
-      throw CheckpointError(fmt::format("distill.teacher: checkpoint {} has no tensor '{}' that the teacher model "
-                                        "({}) needs",
-                                        source.checkpoint.string(), key, source.config.model.kind));
-    }
-    at::Tensor value = reader.read_whole(key);
-    if (value.sizes() != t.sizes()) {
-      throw CheckpointError(fmt::format("distill.teacher: '{}' is [{}] in checkpoint {} but [{}] in the teacher "
-                                        "built from its config",
-                                        key, fmt::join(value.sizes(), ", "), source.checkpoint.string(),
-                                        fmt::join(t.sizes(), ", ")));
-    }
-    t.copy_(value);
+    t.copy_(reader.read_whole(checked_key(reader, source, name, t.sizes())));
   };
   for (auto& item : model_->named_parameters()) {
     load(item.key(), item.value());
@@ -145,22 +151,8 @@ Teacher::Teacher(const TeacherSource& source, const TeacherPlacement& placement)
 // own model is built whole (no skeleton) and goes the same way.
 void Teacher::load_sharded(checkpoint::ShardedReader& reader, const TeacherPlacement& placement) {
   torch::NoGradGuard no_grad;
-  const auto& tensors = reader.index().tensors;
   auto entry = [&](const std::string& name, at::IntArrayRef shape) {
-    const std::string key = "model/" + name;
-    if (!tensors.count(key)) {
-      throw CheckpointError(fmt::format("distill.teacher: checkpoint {} has no tensor '{}' that the teacher model "
-                                        "({}) needs",
-                                        source_.checkpoint.string(), key, source_.config.model.kind));
-    }
-    const auto& saved = reader.tensor(key).shape;
-    if (!std::equal(saved.begin(), saved.end(), shape.begin(), shape.end())) {
-      throw CheckpointError(fmt::format("distill.teacher: '{}' is [{}] in checkpoint {} but [{}] in the teacher "
-                                        "built from its config",
-                                        key, fmt::join(saved, ", "), source_.checkpoint.string(),
-                                        fmt::join(shape, ", ")));
-    }
-    return key;
+    return checked_key(reader, source_, name, shape);
   };
   for (const auto& item : model_->named_parameters()) {
     entry(item.key(), item.value().sizes());
