@@ -2,14 +2,15 @@
 # `paratrain plan --measure` over a grid (issue 30's benchmark): the MLP, the
 # CNN and the GPT of the shipped configs under DDP, ZeRO-1/2/3, tp=2 and
 # pp=2 (GPT), with activation checkpointing off and on ("blocks"), each on 2
-# processes for 3 steps. Per cell: the planner's prediction for the fullest
+# processes for MEASURE_STEPS (30) steps. Per cell: the planner's prediction for the fullest
 # rank (model state of the configured ZeRO stage + activations + loader +
 # backward's largest new gradient) and the measured peak of tensor storage
 # (counted at LibTorch's CPU allocator from the loaded data to the last
 # step), and their ratio. Then the cost of activation checkpointing in step
 # time next to the memory it saves: the GPT trained 40 steps with and
 # without it (samples/s of the second half, from metrics.jsonl).
-# Prints one JSON object per cell, then one per timing pair.
+# Prints one JSON object per cell, then one per timing pair (SKIP_TIMING=1:
+# the cells only).
 # usage: bench/run_memory_plan.sh [BUILD_DIR] [OUT_DIR]
 set -euo pipefail
 build=${1:-build}
@@ -18,11 +19,12 @@ rm -rf "$out"
 mkdir -p "$out"
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 p=$build/paratrain
+steps=${MEASURE_STEPS:-30}
 
 cell() {  # model config, layout name, recompute, --set args...
   local model=$1 config=$2 layout=$3 recompute=$4
   shift 4
-  "$p" plan -c "$config" --world 2 --measure --json --set train.activation_checkpointing="$recompute" "$@" \
+  "$p" plan -c "$config" --world 2 --measure --measure-steps "$steps" --json --set train.activation_checkpointing="$recompute" "$@" \
     >"$out/cell.json" 2>"$out/cell.err" || { cat "$out/cell.err" >&2; return 1; }
   python3 - "$out/cell.json" "$model" "$layout" "$recompute" <<'PY'
 import json, sys
@@ -53,6 +55,7 @@ for recompute in none blocks; do
   done
 done
 
+[ "${SKIP_TIMING:-0}" = 1 ] && exit 0
 # The price of recomputation in time: GPT, 2 processes, 40 steps each way.
 for layout in ddp tp2; do
   sets=()

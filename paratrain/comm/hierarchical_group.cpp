@@ -142,11 +142,15 @@ class HierarchicalGroup final : public ProcessGroup {
             aborted_.load() ? "the group was aborted" : "an earlier one failed (" + broken_ + "); build a new group"))));
         continue;
       }
+      // Released before the waiter wakes: Note [A finished job holds no
+      // tensors] in shm/shm_group.cpp.
       try {
         run(job.tensor, job.op);
+        job.tensor = at::Tensor();
         job.work->finish(nullptr);
       } catch (const std::exception& e) {
         broken_ = e.what();
+        job.tensor = at::Tensor();
         job.work->finish(std::current_exception());
       }
     }

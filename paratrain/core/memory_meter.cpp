@@ -105,6 +105,12 @@ MemoryMeterReading memory_meter() {
           g_peak.load(std::memory_order_relaxed)};
 }
 
+void count_external_bytes(int64_t delta) {
+  if (!g_installed.load(std::memory_order_relaxed) || delta == 0) return;
+  const int64_t live = g_live.fetch_add(delta, std::memory_order_relaxed) + delta;
+  if (delta > 0) raise_peak(live);
+}
+
 void begin_memory_window() {
   const int64_t live = g_live.load(std::memory_order_relaxed);
   g_baseline.store(live, std::memory_order_relaxed);

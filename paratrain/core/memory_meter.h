@@ -32,6 +32,13 @@ struct MemoryMeterReading {
 /// The meter now (zeros when it is not installed).
 MemoryMeterReading memory_meter();
 
+/// Counts `delta` bytes of tensor storage that LibTorch's allocator does not
+/// see (positive when mapped, negative when unmapped), as if allocated or
+/// freed through it: an shm group's symmetric buffers (DDP's and ZeRO-1's
+/// gradient buckets, comm/shm/shm_symmetric.h) count this rank's copy.
+/// A no-op unless the meter is installed.
+void count_external_bytes(int64_t delta);
+
 /// Opens the window the peak is taken over (installing opens one at 0):
 /// baseline and peak become the bytes live now. The Trainer opens it once
 /// its data is loaded, before the model is built.

@@ -222,7 +222,10 @@ int64_t sum_kept(const std::vector<LayerActivations>& layers, const std::vector<
 // it holds what layers 0..i still keep, the gradient of its output and the
 // gradient of its widest activation (the saved tensor of the operation just
 // run has been freed by then, so one wide gradient, not two, is new), and,
-// for a recomputed segment, the activations it has just made again. With activation
+// for a recomputed segment, the activations it has just made again and its
+// re-made output, from which the segment's backward starts (measured: the
+// CNN's first block recomputed peaked 3 MB above the plan without it,
+// bench/results/2026-11-28-memory-plan.md). With activation
 // checkpointing that is the peak: the forward keeps only the segments'
 // inputs. The plan takes the larger of the two.
 int64_t backward_peak(const std::vector<LayerActivations>& layers, const std::vector<int>& segment_of, int begin,
@@ -239,6 +242,9 @@ int64_t backward_peak(const std::vector<LayerActivations>& layers, const std::ve
       work = std::max(work, static_cast<double>(layers[k].grad_bytes));
       remade += static_cast<double>(layers[k].input_bytes) + static_cast<double>(layers[k].saved_bytes);
     }
+    // The segment's re-made output (the next layer's input, as large) is the
+    // root of the segment's own backward and lives through it.
+    if (id >= 0 && static_cast<size_t>(j) < layers.size()) remade += static_cast<double>(layers[j].input_bytes);
     if (id >= 0) {
       kept += static_cast<double>(layers[i].input_bytes + kRandomState);
       peak = std::max(peak, kept + remade + work);
@@ -256,17 +262,23 @@ int64_t backward_peak(const std::vector<LayerActivations>& layers, const std::ve
 // Note [Communication buffers]
 // What the data-parallel strategies keep beside the model state while a
 // micro-batch's activations are alive (measured: bench/run_memory_plan.sh):
-//   stage 0 (DDP): nothing, the gradients are views of the buckets;
-//   stages 1 and 2: the reducer's flat bucket buffers, 4Ψ (stage 1 copies
-//     the averaged buckets into .grad, stage 2 reduce-scatters from them);
+//   stages 0 (DDP) and 1: the reducer's flat bucket buffers, 4Ψ, beside
+//     .grad (paratrain's DDP does not make .grad a view of its bucket: the
+//     averaged buckets are copied back), when ddp.mode is "bucketed" and
+//     more than one rank shares the data (on the shm backend they are the
+//     group's symmetric memory, which the meter counts too);
+//   stage 2: the same 4Ψ of buckets, made as backward fills them and
+//     reduce-scattered from;
 //   stage 3 (FSDP): the unit being computed, gathered whole, and its full
 //     gradient before the reduce-scatter: 8 bytes per element of the largest
 //     unit (units group the model's top-level modules, a ModuleList's
 //     entries each counting as one, until one holds zero.unit_min_params
 //     elements, or one per zero.unit_modules name).
 // ZeRO-1/2's parameter all-gather after the step (4Ψ + 4Ψ/N) comes when the
-// activations are gone, below the peak of a step.
-std::array<int64_t, 4> communication_buffer_bytes(const TrainConfig& c, int64_t psi) {
+// activations are gone, below the peak of a step (Note [A finished job
+// holds no tensors] in comm/shm/shm_group.cpp: before it, its buffers
+// could outlive the step into the next backward).
+std::array<int64_t, 4> communication_buffer_bytes(const TrainConfig& c, int64_t psi, int64_t dp) {
   // The root's children and their parameter counts, in order (fsdp/unit_plan.cpp cuts units from them).
   std::vector<std::pair<std::string, double>> children;
   const Shape in = image_shape(c);
@@ -337,7 +349,8 @@ std::array<int64_t, 4> communication_buffer_bytes(const TrainConfig& c, int64_t 
     stage3 = c.zero.reshard_after_forward ? kF * (2 * largest + (c.zero.prefetch ? next : 0))
                                           : kF * (whole + largest);
   }
-  return {0, bytes(kF * static_cast<double>(psi)), bytes(kF * static_cast<double>(psi)), bytes(stage3)};
+  const int64_t buckets = bytes(kF * static_cast<double>(psi));
+  return {dp > 1 && c.ddp.mode == "bucketed" ? buckets : 0, buckets, buckets, bytes(stage3)};
 }
 
 std::vector<LayerActivations> layer_activations(const TrainConfig& c, int64_t rows) {

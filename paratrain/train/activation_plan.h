@@ -59,8 +59,9 @@ struct ActivationPlan {
 
 /// Bytes of communication buffers per rank at ZeRO stages 0-3 (Note
 /// [Communication buffers] in activation_plan.cpp) for a rank holding `psi`
-/// parameters; 0 at stage 3 for a model without a formula or under tp / pp.
-std::array<int64_t, 4> communication_buffer_bytes(const TrainConfig& config, int64_t psi);
+/// parameters in a data-parallel group of `dp` ranks; 0 at stage 3 for a
+/// model without a formula or under tp / pp.
+std::array<int64_t, 4> communication_buffer_bytes(const TrainConfig& config, int64_t psi, int64_t dp);
 
 /// Note [Activation formulas] in activation_plan.cpp says what is counted
 /// and where it comes from. `dp`: the data-parallel ranks (the micro-batch

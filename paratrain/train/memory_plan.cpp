@@ -261,7 +261,7 @@ MemoryPlan plan_memory(const TrainConfig& config, const PlanOptions& options) {
   const bool split_planned = (gpt && (config.parallel.tp > 1 || config.parallel.pp > 1)) || tp_planned;
   const ActivationPlan activations = plan_activations(config, dp);
   const int64_t psi = parameters_per_rank(config);
-  const auto buffers = communication_buffer_bytes(config, psi);
+  const auto buffers = communication_buffer_bytes(config, psi, dp);
   std::array<int64_t, 4> extra{};
   for (int stage = 0; stage <= 3; ++stage) {
     extra[stage] = checked_add(checked_add(buffers[stage], activations.total_bytes),

@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "paratrain/comm/shm/shm_map.h"
+#include "paratrain/core/memory_meter.h"
 
 namespace paratrain::comm::shm_detail {
 namespace {
@@ -53,6 +54,9 @@ SymmetricBlock::SymmetricBlock(c10d::Store& store, const std::string& key, const
   // A fresh segment is zero-filled, so the header's atomics start at 0.
   mapped_flag(base_, rank_).store(1);
   mapped_count(base_).fetch_add(1);
+  // This rank's copy is its tensor storage (the meter of `paratrain plan
+  // --measure`); the peers' copies are theirs.
+  core::count_external_bytes(static_cast<int64_t>(bytes_));
   if (rank_ != 0) return;
   try {
     unlink_once_mapped(
@@ -68,13 +72,16 @@ SymmetricBlock::SymmetricBlock(c10d::Store& store, const std::string& key, const
         });
   } catch (...) {
     munmap(base_, mapped_bytes_);
+    core::count_external_bytes(-static_cast<int64_t>(bytes_));
     base_ = nullptr;
     throw;
   }
 }
 
 SymmetricBlock::~SymmetricBlock() {
-  if (base_ != nullptr) munmap(base_, mapped_bytes_);
+  if (base_ == nullptr) return;
+  munmap(base_, mapped_bytes_);
+  core::count_external_bytes(-static_cast<int64_t>(bytes_));
 }
 
 char* SymmetricBlock::copy_of(int r) const {
