@@ -20,15 +20,6 @@ std::vector<FieldSpec> distill_fields() {
 std::string distill_problem(const TrainConfig& c) {
   const DistillConfig& d = c.distill;
   if (d.teacher.empty()) return "";
-  // The megatron strategy distills at tp (the student's logits gathered
-  // whole), not with the sequence split over cp or with its stages.
-  if (c.parallel.cp > 1 || (c.parallel.tp > 1 && c.parallel.pp > 1) ||
-      (builds_gpt(c) && c.parallel.pp > 1 && c.zero.stage > 0))
-    return fmt::format("distill.teacher with parallel.cp = {}, or tp = {} with pp = {} (or a GPT in pipeline stages "
-                       "under ZeRO): the megatron strategy distills under tensor parallelism alone; distill at "
-                       "parallel.tp with cp = pp = 1, under data parallelism, ZeRO/FSDP, parameter servers or "
-                       "pipelines with zero.stage = 0 for a GPT, or set distill.teacher = \"\"",
-                       c.parallel.cp, c.parallel.tp, c.parallel.pp);
   if (c.zero.stage == 3 && c.elastic.in_job)
     return "distill.teacher with zero.stage = 3 and elastic.in_job = true: the teacher is sharded over the "
            "data-parallel group, which an in-job recovery replaces; use restarts (elastic.in_job = false) or "

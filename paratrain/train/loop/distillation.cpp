@@ -9,6 +9,7 @@
 #include "paratrain/core/phase.h"
 #include "paratrain/pipeline/executor.h"
 #include "paratrain/train/distill/distill_loss.h"
+#include "paratrain/train/distill/loss_window.h"
 #include "paratrain/train/trainer_state.h"
 
 namespace paratrain::train {
@@ -54,7 +55,11 @@ LossFn Distillation::wrap(LossFn task) {
     // A pipeline computes the loss per micro-batch of the step's batch: the
     // teacher's logits of those rows (Note [The rows of a micro-batch's loss]).
     const pipeline::LossRows rows = pipeline::current_loss_rows();
-    const at::Tensor teacher = rows.count < 0 ? teacher_logits_ : teacher_logits_.narrow(0, rows.begin, rows.count);
+    at::Tensor teacher = rows.count < 0 ? teacher_logits_ : teacher_logits_.narrow(0, rows.begin, rows.count);
+    // Under context parallelism, this rank's positions of the sequences
+    // (Note [A loss over a sequence chunk]).
+    const SequenceWindow window = current_sequence_window();
+    if (window.count >= 0) teacher = teacher.narrow(1, window.begin, window.count);
     DistillLoss parts = distillation_loss(output, teacher, task(output, targets), temperature, alpha);
     soft_sum_ += parts.soft.item<double>();
     hard_sum_ += parts.hard.item<double>();

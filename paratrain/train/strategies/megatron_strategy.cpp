@@ -31,6 +31,7 @@
 #include "paratrain/tensor_parallel/mappings.h"
 #include "paratrain/tensor_parallel/shards.h"
 #include "paratrain/train/builders.h"
+#include "paratrain/train/distill/loss_window.h"
 #include "paratrain/train/task.h"
 #include "paratrain/train/strategies/builtin.h"
 #include "paratrain/train/strategies/common.h"
@@ -199,9 +200,14 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
       // cross-entropy below needs no whole logits (a mixture-of-experts
       // GPT's load-balancing losses get their gradient inside its MoE
       // layers: Note [Aux losses in backward] in moe/moe.h).
+      // Under cp the loss covers this rank's chunk of the sequences (Note
+      // [A loss over a sequence chunk]).
+      const at::Tensor inputs = sequence_parallel::sequence_chunk(batch.inputs, 1, cp_);
+      const at::Tensor targets = sequence_parallel::sequence_chunk(batch.targets, 1, cp_).to(at::kLong);
       PhaseScope phase(kPhaseForward);
-      const at::Tensor logits = tpl::gather_from_region(model_->forward(batch.inputs).contiguous(), tp_context());
-      loss = loss_fn(logits, batch.targets.to(at::kLong));
+      const at::Tensor logits = tpl::gather_from_region(model_->forward(inputs).contiguous(), tp_context());
+      const LossWindow window = chunk_window(batch.inputs.size(1));
+      loss = loss_fn(logits, targets);
     } else {
       const at::Tensor inputs = sequence_parallel::sequence_chunk(batch.inputs, 1, cp_);
       const at::Tensor targets = sequence_parallel::sequence_chunk(batch.targets, 1, cp_).to(at::kLong);
@@ -337,8 +343,13 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
   tpl::TpContext tp_context() const { return {&tp_, timeout_}; }
   // A model other than the GPT, split by parallel.tp_plan.
   bool planned() const { return !config_.parallel.tp_plan.empty(); }
-  // distill.teacher (at tp alone: the config refuses cp and pp with it).
+  // distill.teacher (teacher.h lays the teacher out: in stages at pp > 1,
+  // else split over tp; whole sequences on every cp rank).
   bool distilling() const { return !config_.distill.teacher.empty(); }
+  // This cp rank's positions of sequences `seq_len` long.
+  LossWindow chunk_window(int64_t seq_len) const {
+    return {sequence_parallel::chunk_offset(seq_len, cp_.rank(), cp_.size()), seq_len / cp_.size()};
+  }
   // The Trainer's LossFn on gathered logits (Note [Distilling under tensor
   // parallelism]): it is more than the cross-entropy times a factor.
   bool whole_logits_loss() const { return distilling(); }
@@ -472,12 +483,22 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
   // With cp, every stage takes this cp rank's chunk of the sequences (only
   // the first stage reads the tokens, only the last the targets).
   StepOutput pipeline_forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) {
-    const double factor = loss_factor(loss_fn);
-    auto loss = [this, factor](const at::Tensor& logits, const at::Tensor& targets) {
-      return tpl::vocab_parallel_cross_entropy(logits, targets.to(at::kLong), tp_context()) * factor;
-    };
+    pipeline::MicrobatchLoss loss;
+    if (whole_logits_loss()) {
+      // The last stage's logits gathered over tp for the Trainer's loss, as
+      // without stages (Note [Distilling under tensor parallelism]).
+      loss = [this, &loss_fn](const at::Tensor& logits, const at::Tensor& targets) {
+        return loss_fn(tpl::gather_from_region(logits.contiguous(), tp_context()), targets.to(at::kLong));
+      };
+    } else {
+      const double factor = loss_factor(loss_fn);
+      loss = [this, factor](const at::Tensor& logits, const at::Tensor& targets) {
+        return tpl::vocab_parallel_cross_entropy(logits, targets.to(at::kLong), tp_context()) * factor;
+      };
+    }
     const at::Tensor inputs = sequence_parallel::sequence_chunk(batch.inputs, 1, cp_);
     const at::Tensor targets = sequence_parallel::sequence_chunk(batch.targets, 1, cp_);
+    const LossWindow window = chunk_window(batch.inputs.size(1));
     const auto report = stages_->train_step(inputs, targets, loss, sync_->hooks(sync));
     // After the replicas' average (all three are sums: order is free).
     if (sync) {
