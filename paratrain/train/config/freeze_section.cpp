@@ -35,18 +35,15 @@ std::vector<FieldSpec> freeze_fields() {
 std::string freeze_problem(const TrainConfig& c) {
   const FreezeConfig& f = c.freeze;
   if (f.modules.empty() && !f.adaptive) return "";
-  const char* key = f.adaptive ? "freeze.adaptive" : "freeze.modules";
-  if (c.parallel.tp > 1 || c.parallel.cp > 1)
-    return fmt::format("{} with parallel.tp = {}, cp = {}: tensor- and context-parallel layers do not "
-                       "freeze yet; freeze under data parallelism, ZeRO/FSDP, parameter servers or pipelines "
-                       "(parallel.tp = cp = 1), or turn freezing off",
-                       key, c.parallel.tp, c.parallel.cp);
-  if (builds_gpt(c) && c.parallel.pp > 1 && c.zero.stage > 0)
-    return fmt::format("{} with a GPT in pipeline stages under ZeRO (parallel.pp = {}, zero.stage = {}): that runs "
-                       "the megatron strategy, which does not freeze yet; use zero.stage = 0 with parallel.pp, or "
-                       "turn freezing off",
-                       key, c.parallel.pp, c.zero.stage);
   if (!f.adaptive) return "";
+  // Adaptive freezing needs each layer's gradient norm from shards and
+  // replicated tensors alike, which the megatron strategy does not report.
+  if (c.parallel.tp > 1 || c.parallel.cp > 1 || (builds_gpt(c) && c.parallel.pp > 1 && c.zero.stage > 0))
+    return fmt::format("freeze.adaptive with parallel.tp = {}, cp = {} (or a GPT in pipeline stages under ZeRO): "
+                       "the megatron strategy freezes the modules of freeze.modules but does not decide "
+                       "adaptively yet; list the modules in freeze.modules, or freeze adaptively under data "
+                       "parallelism, ZeRO/FSDP or pipelines (zero.stage = 0 for a GPT)",
+                       c.parallel.tp, c.parallel.cp);
   if (c.ps.servers > 0)
     return fmt::format("freeze.adaptive with ps.servers = {}: parameter servers step gradients the workers "
                        "pushed, which adaptive freezing does not measure yet; freeze statically there "

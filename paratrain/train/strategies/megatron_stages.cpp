@@ -46,7 +46,11 @@ MegatronStages::MegatronStages(const TrainConfig& config, models::ParallelGpt& m
   tied_ = std::make_unique<pipeline::TiedGradients>(
       mesh, pipeline::find_tied_parameters(layers, bounds_, shape.stages), *module_, timeout);
   tied_->broadcast_from_first();
-  executor_ = std::make_unique<pipeline::Executor>(pp, std::move(local), executor_options(config, shape, timeout));
+  pipeline::ExecutorOptions options = executor_options(config, shape, timeout);
+  // Frozen chunks before every trainable one run no backward (Note
+  // [Freezing in the megatron strategy]).
+  options.frozen_chunks = frozen_prefix_chunks(layers, bounds_);
+  executor_ = std::make_unique<pipeline::Executor>(pp, std::move(local), options);
 }
 
 MegatronStages::~MegatronStages() = default;

@@ -100,15 +100,8 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     // The single-process GPT from the run's seed, then this rank's shards of
     // it: the same initial weights as one process.
     const auto full = factory();
-    for (const auto& item : full->named_parameters()) {
-      if (item.value().requires_grad()) continue;
-      throw ConfigError(fmt::format(
-          "freeze.modules freezes {}, but the megatron strategy (a GPT with parallel.tp or cp > 1, or in pipeline "
-          "stages with ZeRO) does not freeze yet; freeze under parallel.pp alone (zero.stage = 0), data "
-          "parallelism, ZeRO/FSDP or parameter servers, or leave freeze.modules empty",
-          item.key()));
-    }
-    if (planned()) return build_planned(full);
+    const std::set<std::string> frozen = frozen_names(*full);
+    if (planned()) return build_planned(full, frozen);
     models::ParallelGptOptions o;
     o.gpt = {.vocab = kVocab,
              .seq_len = config_.model.seq_len,
@@ -130,6 +123,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     std::shared_ptr<models::Model> gpt = full;
     if (auto* recomputed = dynamic_cast<models::RecomputedModel*>(full.get())) gpt = recomputed->inner();
     gpt_ = std::make_shared<models::ParallelGpt>(gpt, o);
+    keep_frozen(*gpt_, frozen);
     model_ = gpt_;
     layout_ = tpl::parameter_layout(*model_);
     module_ = model_;
@@ -388,7 +382,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
   // parallel.tp_plan applied to the model as built (every rank from the
   // run's seed, so the shards are one process's weights); activation
   // checkpointing's wrapper adopts the same modules, so the plan reaches them.
-  void build_planned(const std::shared_ptr<models::Model>& full) {
+  void build_planned(const std::shared_ptr<models::Model>& full, const std::set<std::string>& frozen) {
     const parallelize::TpPlan plan = tp_plan_of(config_);
     // Activation checkpointing's wrapper is made again around the planned
     // model, so its recompute replays this rank's in-region stream too.
@@ -405,6 +399,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     } catch (const Error& e) {  // a rule or module the config names
       throw ConfigError(fmt::format("parallel.tp_plan: {}", e.what()));
     }
+    keep_frozen(*inner, frozen);
     model_ = inner;
     if (recomputed != nullptr) {
       models::RecomputePolicy policy = recompute_policy(config_);
@@ -414,6 +409,32 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     module_ = model_;
     sync_ = std::make_unique<ReplicaSync>(config_, std::vector<std::shared_ptr<torch::nn::Module>>{model_}, *replicas_,
                                           timeout_);
+  }
+
+  // Note [Freezing in the megatron strategy]
+  // freeze.modules marks the full model's parameters (requires_grad false)
+  // before the strategy splits it; the tp shards are the split model's own
+  // parameters, so the marks are carried over by name. After that every
+  // part plans around them as the other strategies do: DDP's buckets and
+  // ZeRO's shards over the replicas hold trainable tensors only, the
+  // optimizer gets none of them, clipping and the Megatron-SP and tied sums
+  // skip gradients that do not exist, and a prefix of pipeline chunks that
+  // trains nothing runs no backward (the executor's frozen_chunks).
+  static std::set<std::string> frozen_names(torch::nn::Module& full) {
+    std::set<std::string> out;
+    for (const auto& item : full.named_parameters())
+      if (!item.value().requires_grad()) out.insert(item.key());
+    return out;
+  }
+  static void keep_frozen(torch::nn::Module& split, const std::set<std::string>& frozen) {
+    std::size_t found = 0;
+    for (auto& item : split.named_parameters()) {
+      if (!frozen.count(item.key())) continue;
+      item.value().set_requires_grad(false);
+      ++found;
+    }
+    TORCH_CHECK(found == frozen.size(), "megatron strategy: ", frozen.size() - found,
+                " frozen parameters have no counterpart in the split model");
   }
 
   // clip_grad_norm_ over the whole model: squared norms of sharded gradients

@@ -33,8 +33,8 @@ std::vector<at::Tensor> ReplicaSync::optimizer_params() const {
   std::vector<at::Tensor> out;
   if (zero_.empty()) {
     for (const auto& m : modules_) {
-      const auto p = m->parameters();
-      out.insert(out.end(), p.begin(), p.end());
+      for (const auto& p : m->parameters())
+        if (p.requires_grad()) out.push_back(p);  // frozen ones never step
     }
     return out;
   }
