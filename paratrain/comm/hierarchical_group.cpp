@@ -137,6 +137,7 @@ class HierarchicalGroup final : public ProcessGroup {
         queue_.pop_front();
       }
       if (aborted_.load() || !broken_.empty()) {
+        job.tensor = at::Tensor();
         job.work->finish(std::make_exception_ptr(CommError(fmt::format(
             "rank {}: hierarchical all_reduce not run: {}", rank(),
             aborted_.load() ? "the group was aborted" : "an earlier one failed (" + broken_ + "); build a new group"))));

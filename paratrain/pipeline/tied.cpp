@@ -80,6 +80,9 @@ void TiedGradients::broadcast_from_first() {
 void TiedGradients::all_reduce_gradients() {
   torch::NoGradGuard no_grad;
   for (auto& e : entries_) {
+    // Frozen (freeze.modules names it on every stage alike): no gradient to
+    // sum, and none made up.
+    if (!e.local.requires_grad()) continue;
     if (!e.local.grad().defined()) e.local.mutable_grad() = torch::zeros_like(e.local);
     at::Tensor g = e.local.grad();
     TORCH_CHECK(g.is_contiguous(), "pipeline: the gradient of tied parameter ", e.name, " is not contiguous");

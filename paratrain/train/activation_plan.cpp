@@ -265,8 +265,9 @@ int64_t backward_peak(const std::vector<LayerActivations>& layers, const std::ve
 //   stages 0 (DDP) and 1: the reducer's flat bucket buffers, 4Ψ, beside
 //     .grad (paratrain's DDP does not make .grad a view of its bucket: the
 //     averaged buckets are copied back), when ddp.mode is "bucketed" and
-//     more than one rank shares the data (on the shm backend they are the
-//     group's symmetric memory, which the meter counts too);
+//     more than one replica shares the gradients (dp x cp; no parameter
+//     servers) (on the shm backend they are the group's symmetric memory,
+//     which the meter counts too);
 //   stage 2: the same 4Ψ of buckets, made as backward fills them and
 //     reduce-scattered from;
 //   stage 3 (FSDP): the unit being computed, gathered whole, and its full
@@ -350,7 +351,10 @@ std::array<int64_t, 4> communication_buffer_bytes(const TrainConfig& c, int64_t 
                                           : kF * (whole + largest);
   }
   const int64_t buckets = bytes(kF * static_cast<double>(psi));
-  return {dp > 1 && c.ddp.mode == "bucketed" ? buckets : 0, buckets, buckets, bytes(stage3)};
+  // DDP's replicas: dp x cp under the megatron strategy; none with
+  // parameter servers.
+  const bool reducer = dp * std::max<int64_t>(1, c.parallel.cp) > 1 && c.ddp.mode == "bucketed" && c.ps.servers == 0;
+  return {reducer ? buckets : 0, buckets, buckets, bytes(stage3)};
 }
 
 std::vector<LayerActivations> layer_activations(const TrainConfig& c, int64_t rows) {

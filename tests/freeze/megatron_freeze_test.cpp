@@ -9,7 +9,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -27,11 +32,22 @@ using paratrain::train::TrainConfig;
 using paratrain::train::Trainer;
 using Params = std::vector<std::pair<std::string, at::Tensor>>;
 
+// Also checks, on every rank, that what is frozen there has no gradient (no
+// sum over tp or tied stages made one up) and that the megatron strategy
+// hands the optimizer trainable tensors only.
 Params train(const TrainConfig& cfg, int world) {
   Params out;
   paratrain::testing::run_ranks(world, [&](paratrain::comm::ProcessGroup& g) {
     Trainer t(cfg, g);
     t.fit();
+    for (const auto& item : t.model()->named_parameters()) {
+      if (!item.value().requires_grad())
+        EXPECT_FALSE(item.value().grad().defined()) << cfg.run.name << " rank " << g.rank() << ": " << item.key();
+    }
+    if (world > 1) {  // the megatron strategy's (one process runs DDP's, which lists them without stepping them)
+      for (const auto& group : t.optimizer().param_groups())
+        for (const auto& p : group.params()) EXPECT_TRUE(p.requires_grad()) << cfg.run.name << ": a frozen tensor listed";
+    }
     auto params = t.full_parameters();
     if (g.rank() == 0) out = std::move(params);
   });
@@ -152,6 +168,92 @@ TEST(MegatronFreeze, APlannedModelFreezesItsShards) {
   }
   std::cout << "[freeze] planned MLP at tp=2, fc1 frozen, vs one process: " << worst << "\n";
   EXPECT_LT(worst, 1e-5);
+}
+
+std::vector<nlohmann::json> records_of(const std::filesystem::path& run_dir, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j.value("kind", "") == kind) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+// Adaptive freezing (freeze.adaptive) on the megatron strategy's layouts:
+// each layer's gradient norm counts every element once (tp shards on their
+// holders, replicated tensors once, ZeRO pieces on theirs, one cp and dp
+// replica), so every layout measures the one process's norms and freezes
+// the same prefix at the same step: the embedding (25% of the tiny GPT,
+// under freeze.max_fraction = 0.3) at the second check, step 8.
+TEST(MegatronFreeze, AdaptiveFreezingMeasuresAndDecidesAsOneProcess) {
+  auto dir = paratrain::testing::temp_dir("adaptive_megatron");
+  const auto corpus = paratrain::testing::write_word_corpus(dir, 3);
+  auto config = [&](const std::string& name) {
+    auto c = paratrain::testing::tiny_gpt_config(dir, corpus);
+    c.run.name = name;
+    c.train.max_steps = 12;
+    c.data.global_batch_size = 16;
+    c.freeze.adaptive = true;
+    c.freeze.check_every_steps = 4;
+    c.freeze.threshold = 10.0;
+    c.freeze.max_fraction = 0.3;
+    return c;
+  };
+  auto single = config("single");
+  single.ddp.mode = "none";
+  const Params oracle = train(single, 1);
+  auto norms_of = [&](const std::string& name) {
+    std::map<int64_t, std::map<std::string, double>> out;
+    for (const auto& r : records_of(std::filesystem::path(dir) / name / "version_0", "freeze_check"))
+      for (const auto& [layer, v] : r["layers"].items())
+        out[r["step"].get<int64_t>()][layer] = v["grad_norm"].get<double>();
+    return out;
+  };
+  const auto single_norms = norms_of("single");
+  ASSERT_EQ(single_norms.size(), 2u);
+  const auto decided = records_of(std::filesystem::path(dir) / "single" / "version_0", "freeze");
+  ASSERT_EQ(decided.size(), 1u);
+  EXPECT_EQ(decided[0]["step"].get<int64_t>(), 8);
+  EXPECT_EQ(decided[0]["layers"], nlohmann::json::array({"embed"}));
+  const std::vector<Layout> layouts = {
+      {"tp2", 2, [](TrainConfig& c) { c.parallel.tp = 2; }},
+      {"cp2", 2, [](TrainConfig& c) { c.parallel.cp = 2; }},
+      {"pp2_dp2_zero1", 4,
+       [](TrainConfig& c) {
+         c.parallel.pp = 2;
+         c.pipeline.microbatches = 2;
+         c.zero.stage = 1;
+       }},
+      {"tp2_pp2", 4,
+       [](TrainConfig& c) {
+         c.parallel.tp = 2;
+         c.parallel.pp = 2;
+         c.pipeline.microbatches = 2;
+       }},
+  };
+  for (const auto& layout : layouts) {
+    auto c = config(layout.name);
+    layout.apply(c);
+    const Params run = train(c, layout.world);
+    ASSERT_EQ(run.size(), oracle.size()) << layout.name;
+    double worst = 0;
+    for (size_t i = 0; i < run.size(); ++i) {
+      const double scale = std::max(oracle[i].second.abs().max().item<double>(), 1e-12);
+      worst = std::max(worst, (run[i].second - oracle[i].second).abs().max().item<double>() / scale);
+    }
+    std::cout << "[adaptive] GPT at " << layout.name << " vs one process: relative diff " << worst << "\n";
+    EXPECT_LT(worst, 1e-5) << layout.name;
+    const auto norms = norms_of(layout.name);
+    ASSERT_EQ(norms.size(), single_norms.size()) << layout.name;
+    for (const auto& [step, layers] : single_norms)
+      for (const auto& [layer, norm] : layers)
+        EXPECT_NEAR(norms.at(step).at(layer), norm, 1e-5 * norm) << layout.name << " step " << step << " " << layer;
+    const auto records = records_of(std::filesystem::path(dir) / layout.name / "version_0", "freeze");
+    ASSERT_EQ(records.size(), 1u) << layout.name;
+    EXPECT_EQ(records[0]["step"], decided[0]["step"]) << layout.name;
+    EXPECT_EQ(records[0]["layers"], decided[0]["layers"]) << layout.name;
+  }
 }
 
 }  // namespace

@@ -293,11 +293,13 @@ class ShmProcessGroup final : public ProcessGroup {
         queue_.pop_front();
       }
       if (aborted_.load()) {
+        job.run = nullptr;
         job.work->finish(std::make_exception_ptr(
             CommError(fmt::format("{}: the group was aborted before this operation ran", job.work->what()))));
         continue;
       }
       if (broken_) {
+        job.run = nullptr;
         job.work->finish(std::make_exception_ptr(CommError(fmt::format(
             "{}: an earlier operation of this shm group failed ({}); the group is unusable, build a new one",
             job.work->what(), broken_reason_))));

@@ -56,7 +56,8 @@ SymmetricBlock::SymmetricBlock(c10d::Store& store, const std::string& key, const
   mapped_count(base_).fetch_add(1);
   // This rank's copy is its tensor storage (the meter of `paratrain plan
   // --measure`); the peers' copies are theirs.
-  core::count_external_bytes(static_cast<int64_t>(bytes_));
+  metered_ = core::memory_meter_installed();
+  if (metered_) core::count_external_bytes(static_cast<int64_t>(bytes_));
   if (rank_ != 0) return;
   try {
     unlink_once_mapped(
@@ -72,7 +73,7 @@ SymmetricBlock::SymmetricBlock(c10d::Store& store, const std::string& key, const
         });
   } catch (...) {
     munmap(base_, mapped_bytes_);
-    core::count_external_bytes(-static_cast<int64_t>(bytes_));
+    if (metered_) core::count_external_bytes(-static_cast<int64_t>(bytes_));
     base_ = nullptr;
     throw;
   }
@@ -81,7 +82,7 @@ SymmetricBlock::SymmetricBlock(c10d::Store& store, const std::string& key, const
 SymmetricBlock::~SymmetricBlock() {
   if (base_ == nullptr) return;
   munmap(base_, mapped_bytes_);
-  core::count_external_bytes(-static_cast<int64_t>(bytes_));
+  if (metered_) core::count_external_bytes(-static_cast<int64_t>(bytes_));
 }
 
 char* SymmetricBlock::copy_of(int r) const {

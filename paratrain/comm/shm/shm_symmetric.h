@@ -46,6 +46,7 @@ class SymmetricBlock {
   int rank_, size_;
   std::size_t bytes_, stride_, mapped_bytes_;
   void* base_ = nullptr;
+  bool metered_ = false;  // counted in the memory meter (installed when mapped): uncounted when unmapped
 };
 
 }  // namespace paratrain::comm::shm_detail

@@ -36,14 +36,6 @@ std::string freeze_problem(const TrainConfig& c) {
   const FreezeConfig& f = c.freeze;
   if (f.modules.empty() && !f.adaptive) return "";
   if (!f.adaptive) return "";
-  // Adaptive freezing needs each layer's gradient norm from shards and
-  // replicated tensors alike, which the megatron strategy does not report.
-  if (c.parallel.tp > 1 || c.parallel.cp > 1 || (builds_gpt(c) && c.parallel.pp > 1 && c.zero.stage > 0))
-    return fmt::format("freeze.adaptive with parallel.tp = {}, cp = {} (or a GPT in pipeline stages under ZeRO): "
-                       "the megatron strategy freezes the modules of freeze.modules but does not decide "
-                       "adaptively yet; list the modules in freeze.modules, or freeze adaptively under data "
-                       "parallelism, ZeRO/FSDP or pipelines (zero.stage = 0 for a GPT)",
-                       c.parallel.tp, c.parallel.cp);
   if (c.ps.servers > 0)
     return fmt::format("freeze.adaptive with ps.servers = {}: parameter servers step gradients the workers "
                        "pushed, which adaptive freezing does not measure yet; freeze statically there "

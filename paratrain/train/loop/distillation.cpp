@@ -9,7 +9,7 @@
 #include "paratrain/core/phase.h"
 #include "paratrain/pipeline/executor.h"
 #include "paratrain/train/distill/distill_loss.h"
-#include "paratrain/train/distill/loss_window.h"
+#include "paratrain/train/distill/sequence_window.h"
 #include "paratrain/train/trainer_state.h"
 
 namespace paratrain::train {

@@ -31,7 +31,7 @@
 #include "paratrain/tensor_parallel/mappings.h"
 #include "paratrain/tensor_parallel/shards.h"
 #include "paratrain/train/builders.h"
-#include "paratrain/train/distill/loss_window.h"
+#include "paratrain/train/distill/sequence_window.h"
 #include "paratrain/train/task.h"
 #include "paratrain/train/strategies/builtin.h"
 #include "paratrain/train/strategies/common.h"
@@ -127,7 +127,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     model_ = gpt_;
     layout_ = tpl::parameter_layout(*model_);
     module_ = model_;
-    sp_params_ = gpt_->sequence_parallel_params();
+    sp_params_ = trainable(gpt_->sequence_parallel_params());
     std::vector<std::shared_ptr<torch::nn::Module>> modules{model_};
     // parallel.ep on the whole model, the same on every rank (below, a stage
     // splits only its own layers).
@@ -200,7 +200,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
       const at::Tensor targets = sequence_parallel::sequence_chunk(batch.targets, 1, cp_).to(at::kLong);
       PhaseScope phase(kPhaseForward);
       const at::Tensor logits = tpl::gather_from_region(model_->forward(inputs).contiguous(), tp_context());
-      const LossWindow window = chunk_window(batch.inputs.size(1));
+      const SequenceWindowScope window = chunk_window(batch.inputs.size(1));
       loss = loss_fn(logits, targets);
     } else {
       const at::Tensor inputs = sequence_parallel::sequence_chunk(batch.inputs, 1, cp_);
@@ -341,7 +341,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
   // else split over tp; whole sequences on every cp rank).
   bool distilling() const { return !config_.distill.teacher.empty(); }
   // This cp rank's positions of sequences `seq_len` long.
-  LossWindow chunk_window(int64_t seq_len) const {
+  SequenceWindowScope chunk_window(int64_t seq_len) const {
     return {sequence_parallel::chunk_offset(seq_len, cp_.rank(), cp_.size()), seq_len / cp_.size()};
   }
   // The Trainer's LossFn on gathered logits (Note [Distilling under tensor
@@ -400,6 +400,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
       throw ConfigError(fmt::format("parallel.tp_plan: {}", e.what()));
     }
     keep_frozen(*inner, frozen);
+    sp_params_ = trainable(std::move(sp_params_));
     model_ = inner;
     if (recomputed != nullptr) {
       models::RecomputePolicy policy = recompute_policy(config_);
@@ -417,9 +418,11 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
   // parameters, so the marks are carried over by name. After that every
   // part plans around them as the other strategies do: DDP's buckets and
   // ZeRO's shards over the replicas hold trainable tensors only, the
-  // optimizer gets none of them, clipping and the Megatron-SP and tied sums
-  // skip gradients that do not exist, and a prefix of pipeline chunks that
-  // trains nothing runs no backward (the executor's frozen_chunks).
+  // optimizer gets none of them, clipping skips gradients that do not
+  // exist, the Megatron-SP and tied-weight sums leave frozen tensors out,
+  // and a prefix of pipeline chunks that trains nothing runs no backward
+  // (the executor's frozen_chunks). A chunk with nothing to train is still
+  // wrapped for the replicas (an empty bucket plan: no traffic).
   static std::set<std::string> frozen_names(torch::nn::Module& full) {
     std::set<std::string> out;
     for (const auto& item : full.named_parameters())
@@ -427,14 +430,21 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     return out;
   }
   static void keep_frozen(torch::nn::Module& split, const std::set<std::string>& frozen) {
-    std::size_t found = 0;
+    std::set<std::string> missing = frozen;
     for (auto& item : split.named_parameters()) {
       if (!frozen.count(item.key())) continue;
       item.value().set_requires_grad(false);
-      ++found;
+      missing.erase(item.key());
     }
-    TORCH_CHECK(found == frozen.size(), "megatron strategy: ", frozen.size() - found,
-                " frozen parameters have no counterpart in the split model");
+    if (!missing.empty())
+      throw Error(fmt::format("megatron strategy: the frozen parameters [{}] have no counterpart in the split model "
+                              "(its parameters are named as the whole model's); this is a bug",
+                              fmt::join(missing, ", ")));
+  }
+  // Megatron-SP sums the gradients of these over tp: a frozen one has none.
+  static std::vector<at::Tensor> trainable(std::vector<at::Tensor> params) {
+    std::erase_if(params, [](const at::Tensor& t) { return !t.requires_grad(); });
+    return params;
   }
 
   // clip_grad_norm_ over the whole model: squared norms of sharded gradients
@@ -519,7 +529,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     }
     const at::Tensor inputs = sequence_parallel::sequence_chunk(batch.inputs, 1, cp_);
     const at::Tensor targets = sequence_parallel::sequence_chunk(batch.targets, 1, cp_);
-    const LossWindow window = chunk_window(batch.inputs.size(1));
+    const SequenceWindowScope window = chunk_window(batch.inputs.size(1));
     const auto report = stages_->train_step(inputs, targets, loss, sync_->hooks(sync));
     // After the replicas' average (all three are sums: order is free).
     if (sync) {

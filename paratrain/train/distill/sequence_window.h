@@ -10,8 +10,9 @@ namespace paratrain::train {
 /// Under context parallelism a rank's student logits cover its chunk of
 /// every sequence (positions [begin, begin + count)), while the teacher's
 /// logits of the same micro-batch cover whole sequences. The megatron
-/// strategy opens a LossWindow around its loss calls; the distillation loss
-/// compares the student with the teacher's logits of those positions. The
+/// strategy opens a SequenceWindowScope around its loss calls; the
+/// distillation loss compares the student with the teacher's logits of
+/// those positions. The
 /// chunk's loss is its mean over the chunk's predictions, and the mean over
 /// the cp ranks' equal chunks is the batch's (as for the cross-entropy).
 struct SequenceWindow {
@@ -23,12 +24,12 @@ struct SequenceWindow {
 SequenceWindow current_sequence_window();
 
 /// Sets this thread's window for its lifetime.
-class LossWindow {
+class SequenceWindowScope {
  public:
-  LossWindow(int64_t begin, int64_t count);
-  ~LossWindow();
-  LossWindow(const LossWindow&) = delete;
-  LossWindow& operator=(const LossWindow&) = delete;
+  SequenceWindowScope(int64_t begin, int64_t count);
+  ~SequenceWindowScope();
+  SequenceWindowScope(const SequenceWindowScope&) = delete;
+  SequenceWindowScope& operator=(const SequenceWindowScope&) = delete;
 
  private:
   SequenceWindow previous_;
