@@ -140,10 +140,12 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     layout_ = stage_layout(layers, bounds_, shape_.stages);
     refuse_tensors_shared_by_chunks(config_, layers, bounds_, shape_.stages, dp_.size());
     const auto tied = pipeline::find_tied_parameters(layers, bounds_, shape_.stages);
-    if (!tied.empty() && config_.zero.stage > 0) {
+    // ZeRO-1 keeps the reduced gradients whole, so the copies are summed
+    // after it (its pieces alias .grad); ZeRO-2 keeps only its piece.
+    if (!tied.empty() && config_.zero.stage > 1) {
       throw ConfigError(fmt::format("zero.stage = {} with parallel.pp = {}: {} is shared by stages {} (a tied "
-                                    "embedding), whose gradient sum ZeRO's sharded gradients do not do yet; use "
-                                    "zero.stage = 0",
+                                    "embedding), whose copies' gradients are summed as whole tensors, which "
+                                    "ZeRO-2 does not keep; use zero.stage = 0 or 1",
                                     config_.zero.stage, pp_.size(), tied.front().name,
                                     fmt::join(tied.front().stages, " and ")));
     }
@@ -282,7 +284,7 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     std::vector<TensorSlot> out;
     for (const auto& z : zero_) {
       if (!z) continue;
-      auto pieces = z->parameter_slots();
+      auto pieces = without_tied_copies(z->parameter_slots());
       out.insert(out.end(), std::make_move_iterator(pieces.begin()), std::make_move_iterator(pieces.end()));
     }
     auto frozen = frozen_parameter_slots(*module_, dp_.rank() == 0);  // not sharded: every replica holds them
@@ -306,7 +308,13 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
     std::vector<checkpoint::OptimizerSlot> out;
     for (const auto& z : zero_) {
       if (!z) continue;
-      for (auto& [param, slot] : z->optimizer_param_slots()) out.push_back(checkpoint::OptimizerSlot{param, slot});
+      for (auto& [param, slot] : z->optimizer_param_slots()) {
+        // A tied tensor's pieces as above: its state under its first name.
+        checkpoint::OptimizerSlot o{param, slot};
+        o.slot.write = o.slot.write && tied_->writes_optimizer_state(o.slot.name);
+        o.slot.name = tied_->optimizer_name(o.slot.name);
+        out.push_back(std::move(o));
+      }
     }
     return out;
   }
@@ -441,9 +449,14 @@ class PipelineStrategy final : public Strategy, public CheckpointSlots, public T
   void clip_across_stages(double max_norm) {
     torch::NoGradGuard no_grad;
     if (!zero_.empty()) {
+      // This rank's pieces; a tied tensor's on the stage that counts it.
       double local = 0;
-      for (auto& z : zero_)
-        if (z) local += z->local_grad_square_sum();
+      for (auto& z : zero_) {
+        if (!z) continue;
+        for (const auto& [param, slot] : z->optimizer_param_slots())
+          if (param.grad().defined() && !tied_->counted_on_an_earlier_stage(slot.name))
+            local += param.grad().to(torch::kDouble).square().sum().item<double>();
+      }
       at::Tensor total = torch::full({1}, local, torch::kDouble);
       dp_.all_reduce(total, comm::ReduceOp::kSum)->wait(timeout_);
       pp_.all_reduce(total, comm::ReduceOp::kSum)->wait(timeout_);
