@@ -281,7 +281,13 @@ TEST(AuthStore, RefusesAPlainTcpStoreClient) {
   const auto [status, output] = paratrain::testing::run_shell(cmd);
   EXPECT_NE(status, 0) << output;
   EXPECT_EQ(output.find("the-secret-value"), std::string::npos) << "a client without the token read a key";
-  EXPECT_NE(served.refusals(1)[0].find("not a paratrain store client"), std::string::npos);
+  // Refused either on its first bytes or, when the client died of our
+  // greeting before it sent any (it reads the greeting as its reply; under
+  // load that comes first), as a connection closed before the handshake.
+  const std::string refusal = served.refusals(1)[0];
+  EXPECT_TRUE(refusal.find("not a paratrain store client") != std::string::npos ||
+              refusal.find("closed the connection before completing the handshake") != std::string::npos)
+      << refusal;
   still_serves(legit, "after-plain-client");
 }
 

@@ -6,7 +6,8 @@
 //   and raised the measured peak by 4 Psi + 4 Psi / N;
 // - symmetric memory (DDP's and ZeRO-1's bucket buffers) counts in the
 //   memory meter (core/memory_meter.h) as this rank's copy, mapped and
-//   unmapped, so `paratrain plan --measure` sees the buckets.
+//   unmapped, so `paratrain plan --measure` sees the buckets; a block goes
+//   with its last tensor, not only with its group.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -44,13 +45,23 @@ TEST(ShmMemory, SymmetricBuffersCountInTheMemoryMeter) {
   paratrain::core::install_memory_meter();
   paratrain::core::begin_memory_window();
   const int64_t before = paratrain::core::memory_meter().live_bytes;
-  std::atomic<int64_t> while_mapped{0};
+  std::atomic<int64_t> while_mapped{0}, after_dropped{0};
   run_ranks_on("shm", 2, [&](ProcessGroup& pg) {
     at::Tensor t = pg.allocate_symmetric(250000, at::kFloat);  // 1 MB per rank
+    pg.all_reduce(t)->wait();  // in place, through the block
     pg.barrier()->wait();
     if (pg.rank() == 0) while_mapped = paratrain::core::memory_meter().live_bytes - before;
     pg.barrier()->wait();
+    // Its tensor gone, a block is unmapped while the group lives on.
+    t = at::Tensor();
+    pg.barrier()->wait();
+    if (pg.rank() == 0) after_dropped = paratrain::core::memory_meter().live_bytes - before;
+    pg.barrier()->wait();
+    at::Tensor u = torch::ones({8});
+    pg.all_reduce(u)->wait();  // the group still works, through its slots
+    EXPECT_TRUE(torch::equal(u, torch::full({8}, 2.0f)));
   });
+  EXPECT_LT(after_dropped.load(), 100000);
   // Both ranks (threads of this process) mapped their copy: 2 MB, give or
   // take the small tensors the groups made meanwhile.
   EXPECT_GE(while_mapped.load(), 2000000);

@@ -83,12 +83,15 @@ class ShmProcessGroup final : public ProcessGroup {
     const auto nbytes = static_cast<std::size_t>(tensor.numel()) * tensor.element_size();
     if (nbytes > 0) {
       std::lock_guard lock(symmetric_mu_);
-      for (const auto& block : symmetric_)
+      for (const auto& weak : symmetric_) {
+        const auto block = weak.lock();  // alive while a tensor of it is
+        if (!block) continue;
         if (const auto offset = block->offset_in_mine(tensor.data_ptr(), nbytes))
           return enqueue(describe("all_reduce", tensor) + " in place",
                          [tensor, op, block, at = *offset](Channel ch) mutable {
                            shm_detail::all_reduce_symmetric(ch, *block, at, tensor, op);
                          });
+      }
     }
     return enqueue(describe("all_reduce", tensor),
                    [tensor, op](Channel ch) mutable { shm_detail::all_reduce(ch, tensor, op, true); });
@@ -207,8 +210,10 @@ class ShmProcessGroup final : public ProcessGroup {
 
   // One symmetric block per call (shm_symmetric.h), numbered by how many
   // this group made (the same on every rank: the call is collective). The
-  // tensor keeps its block mapped after the group is gone; the group keeps
-  // it to recognise the block's tensors in all_reduce.
+  // tensor keeps its block mapped, also after the group is gone; the group
+  // only watches it (weakly) to recognise its tensors in all_reduce, so a
+  // block is unmapped when its last tensor goes (DDP's buckets of a
+  // wrapper built again, e.g. after adaptive freezing, do not pile up).
   at::Tensor allocate_symmetric(int64_t numel, at::ScalarType dtype) override {
     check_usable("allocate_symmetric");
     TORCH_CHECK(numel >= 0, "allocate_symmetric: numel ", numel, " is negative");
@@ -221,6 +226,7 @@ class ShmProcessGroup final : public ProcessGroup {
         static_cast<std::size_t>(numel) * c10::elementSize(dtype), options_.timeout);
     {
       std::lock_guard lock(symmetric_mu_);
+      std::erase_if(symmetric_, [](const auto& weak) { return weak.expired(); });
       symmetric_.push_back(block);
     }
     return at::from_blob(
@@ -378,7 +384,7 @@ class ShmProcessGroup final : public ProcessGroup {
 
   uint64_t symmetric_count_ = 0;
   std::mutex symmetric_mu_;
-  std::vector<std::shared_ptr<shm_detail::SymmetricBlock>> symmetric_;
+  std::vector<std::weak_ptr<shm_detail::SymmetricBlock>> symmetric_;
 
   int subgroup_count_ = 0;
   std::mutex subgroups_mu_;
