@@ -136,23 +136,24 @@ class HierarchicalGroup final : public ProcessGroup {
         job = std::move(queue_.front());
         queue_.pop_front();
       }
-      if (aborted_.load() || !broken_.empty()) {
+      // Released before the waiter wakes: Note [A finished job holds no
+      // tensors] in shm/shm_group.cpp.
+      auto finish = [&job](std::exception_ptr error) {
         job.tensor = at::Tensor();
-        job.work->finish(std::make_exception_ptr(CommError(fmt::format(
+        job.work->finish(std::move(error));
+      };
+      if (aborted_.load() || !broken_.empty()) {
+        finish(std::make_exception_ptr(CommError(fmt::format(
             "rank {}: hierarchical all_reduce not run: {}", rank(),
             aborted_.load() ? "the group was aborted" : "an earlier one failed (" + broken_ + "); build a new group"))));
         continue;
       }
-      // Released before the waiter wakes: Note [A finished job holds no
-      // tensors] in shm/shm_group.cpp.
       try {
         run(job.tensor, job.op);
-        job.tensor = at::Tensor();
-        job.work->finish(nullptr);
+        finish(nullptr);
       } catch (const std::exception& e) {
         broken_ = e.what();
-        job.tensor = at::Tensor();
-        job.work->finish(std::current_exception());
+        finish(std::current_exception());
       }
     }
   }

@@ -371,40 +371,11 @@ TEST(Distillation, GptStudentsUnderCpAndInMegatronStagesEqualOneProcess) {
   auto single = student("single");
   single.ddp.mode = "none";
   const RunResult oracle = train(single, 1);
-  struct Layout {
-    const char* name;
-    int world;
-    std::function<void(TrainConfig&)> set;
-  };
-  const std::vector<Layout> layouts = {
-      {"cp2", 2, [](TrainConfig& c) { c.parallel.cp = 2; }},
-      {"pp2_dp2_zero1", 4,
-       [](TrainConfig& c) {
-         c.parallel.pp = 2;
-         c.pipeline.microbatches = 2;
-         c.zero.stage = 1;
-       }},
-      {"tp2_pp2", 4,
-       [](TrainConfig& c) {
-         c.parallel.tp = 2;
-         c.parallel.pp = 2;
-         c.pipeline.microbatches = 2;
-       }},
-      {"tp2_cp2", 4,
-       [](TrainConfig& c) {
-         c.parallel.tp = 2;
-         c.parallel.cp = 2;
-       }},
-      {"cp2_pp2", 4,
-       [](TrainConfig& c) {
-         c.parallel.cp = 2;
-         c.parallel.pp = 2;
-         c.pipeline.microbatches = 2;
-       }},
-  };
+  const auto layouts = paratrain::testing::megatron_layouts(
+      {"cp2", "pp2_dp2_zero1", "tp2_pp2", "tp2_cp2", "cp2_pp2"});
   for (const auto& layout : layouts) {
     auto c = student(layout.name);
-    layout.set(c);
+    layout.apply(c);
     const RunResult run = train(c, layout.world);
     const double diff = relative_diff(run.student, oracle.student);
     std::cout << "[distill] GPT student at " << layout.name << " vs one process: relative diff " << diff << "\n";

@@ -67,12 +67,6 @@ bool frozen(const std::string& name, const std::vector<std::string>& modules) {
   return false;
 }
 
-struct Layout {
-  std::string name;
-  int world;
-  std::function<void(TrainConfig&)> apply;
-};
-
 TEST(MegatronFreeze, FrozenTensorsStayAsDrawnAndTheRestEqualsOneProcess) {
   auto dir = paratrain::testing::temp_dir("freeze_megatron");
   const auto corpus = paratrain::testing::write_word_corpus(dir, 3);
@@ -84,27 +78,9 @@ TEST(MegatronFreeze, FrozenTensorsStayAsDrawnAndTheRestEqualsOneProcess) {
     c.freeze.modules = modules;
     return c;
   };
-  const std::vector<Layout> layouts = {
-      {"tp2", 2, [](TrainConfig& c) { c.parallel.tp = 2; }},
-      {"tp2_sp", 2,
-       [](TrainConfig& c) {
-         c.parallel.tp = 2;
-         c.parallel.megatron_sp = true;
-       }},
-      {"cp2", 2, [](TrainConfig& c) { c.parallel.cp = 2; }},
-      {"pp2_dp2_zero1", 4,
-       [](TrainConfig& c) {
-         c.parallel.pp = 2;
-         c.pipeline.microbatches = 2;
-         c.zero.stage = 1;
-       }},
-      {"tp2_pp2", 4,
-       [](TrainConfig& c) {
-         c.parallel.tp = 2;
-         c.parallel.pp = 2;
-         c.pipeline.microbatches = 2;
-       }},
-  };
+  const auto layouts =
+      paratrain::testing::megatron_layouts({"tp2", "tp2_sp", "cp2", "pp2_dp2_zero1", "tp2_pp2"});
+
   // The first block and the positions; then the whole first stage (the
   // 2-layer GPT's stages: embed + blocks.0 | blocks.1 + head), whose tied
   // wte freezes the head's projection too.
@@ -216,32 +192,13 @@ TEST(MegatronFreeze, AdaptiveFreezingMeasuresAndDecidesAsOneProcess) {
   ASSERT_EQ(decided.size(), 1u);
   EXPECT_EQ(decided[0]["step"].get<int64_t>(), 8);
   EXPECT_EQ(decided[0]["layers"], nlohmann::json::array({"embed"}));
-  const std::vector<Layout> layouts = {
-      {"tp2", 2, [](TrainConfig& c) { c.parallel.tp = 2; }},
-      {"cp2", 2, [](TrainConfig& c) { c.parallel.cp = 2; }},
-      {"pp2_dp2_zero1", 4,
-       [](TrainConfig& c) {
-         c.parallel.pp = 2;
-         c.pipeline.microbatches = 2;
-         c.zero.stage = 1;
-       }},
-      {"tp2_pp2", 4,
-       [](TrainConfig& c) {
-         c.parallel.tp = 2;
-         c.parallel.pp = 2;
-         c.pipeline.microbatches = 2;
-       }},
-  };
+  const auto layouts = paratrain::testing::megatron_layouts({"tp2", "cp2", "pp2_dp2_zero1", "tp2_pp2"});
+
   for (const auto& layout : layouts) {
     auto c = config(layout.name);
     layout.apply(c);
     const Params run = train(c, layout.world);
-    ASSERT_EQ(run.size(), oracle.size()) << layout.name;
-    double worst = 0;
-    for (size_t i = 0; i < run.size(); ++i) {
-      const double scale = std::max(oracle[i].second.abs().max().item<double>(), 1e-12);
-      worst = std::max(worst, (run[i].second - oracle[i].second).abs().max().item<double>() / scale);
-    }
+    const double worst = paratrain::testing::max_rel_diff(run, oracle);
     std::cout << "[adaptive] GPT at " << layout.name << " vs one process: relative diff " << worst << "\n";
     EXPECT_LT(worst, 1e-5) << layout.name;
     const auto norms = norms_of(layout.name);

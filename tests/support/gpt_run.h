@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -69,6 +71,56 @@ inline train::TrainConfig tiny_gpt_config(const std::string& out, const std::fil
   c.train.max_steps = 10;
   c.ddp.mode = "bucketed";
   return c;
+}
+
+// A layout of the megatron strategy's axes for the tiny GPT, by name:
+// "tp2", "tp2_sp" (Megatron-SP), "cp2", "pp2_dp2_zero1", "tp2_pp2",
+// "tp2_cp2", "cp2_pp2" (pipelines with 2 micro-batches).
+struct MeshLayout {
+  std::string name;
+  int world = 1;
+  std::function<void(train::TrainConfig&)> apply;
+};
+
+inline MeshLayout megatron_layout(const std::string& name) {
+  auto stages = [](train::TrainConfig& c) {
+    c.parallel.pp = 2;
+    c.pipeline.microbatches = 2;
+  };
+  if (name == "tp2") return {name, 2, [](train::TrainConfig& c) { c.parallel.tp = 2; }};
+  if (name == "tp2_sp")
+    return {name, 2, [](train::TrainConfig& c) {
+              c.parallel.tp = 2;
+              c.parallel.megatron_sp = true;
+            }};
+  if (name == "cp2") return {name, 2, [](train::TrainConfig& c) { c.parallel.cp = 2; }};
+  if (name == "pp2_dp2_zero1")
+    return {name, 4, [stages](train::TrainConfig& c) {
+              stages(c);
+              c.zero.stage = 1;
+            }};
+  if (name == "tp2_pp2")
+    return {name, 4, [stages](train::TrainConfig& c) {
+              stages(c);
+              c.parallel.tp = 2;
+            }};
+  if (name == "tp2_cp2")
+    return {name, 4, [](train::TrainConfig& c) {
+              c.parallel.tp = 2;
+              c.parallel.cp = 2;
+            }};
+  if (name == "cp2_pp2")
+    return {name, 4, [stages](train::TrainConfig& c) {
+              stages(c);
+              c.parallel.cp = 2;
+            }};
+  throw std::invalid_argument("megatron_layout: no layout named " + name);
+}
+
+inline std::vector<MeshLayout> megatron_layouts(const std::vector<std::string>& names) {
+  std::vector<MeshLayout> out;
+  for (const auto& n : names) out.push_back(megatron_layout(n));
+  return out;
 }
 
 struct RunOutput {

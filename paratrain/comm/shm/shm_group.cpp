@@ -298,15 +298,19 @@ class ShmProcessGroup final : public ProcessGroup {
         job = std::move(queue_.front());
         queue_.pop_front();
       }
-      if (aborted_.load()) {
+      // The job's closure holds the operation's tensors: dropped before the
+      // waiter wakes (Note [A finished job holds no tensors]).
+      auto finish = [&job](std::exception_ptr error) {
         job.run = nullptr;
-        job.work->finish(std::make_exception_ptr(
+        job.work->finish(std::move(error));
+      };
+      if (aborted_.load()) {
+        finish(std::make_exception_ptr(
             CommError(fmt::format("{}: the group was aborted before this operation ran", job.work->what()))));
         continue;
       }
       if (broken_) {
-        job.run = nullptr;
-        job.work->finish(std::make_exception_ptr(CommError(fmt::format(
+        finish(std::make_exception_ptr(CommError(fmt::format(
             "{}: an earlier operation of this shm group failed ({}); the group is unusable, build a new one",
             job.work->what(), broken_reason_))));
         continue;
@@ -315,18 +319,14 @@ class ShmProcessGroup final : public ProcessGroup {
       ctx.aborted = [this] { return aborted_.load() || stop_flag(); };
       ctx.deadline = RunningDeadline(options_.timeout);
       ctx.what = &job.work->what();
-      // The job's closure holds the operation's tensors: it is dropped
-      // before the waiter wakes (Note [A finished job holds no tensors]).
       try {
         job.run(Channel{*segment_, chunk_, ctx});
-        job.run = nullptr;
-        job.work->finish(nullptr);
+        finish(nullptr);
       } catch (const std::exception& e) {
         broken_ = true;
         broken_reason_ = e.what();
         if (!aborted_.load()) segment_->mark_failed();
-        job.run = nullptr;
-        job.work->finish(std::current_exception());
+        finish(std::current_exception());
       }
     }
   }

@@ -12,9 +12,9 @@ namespace paratrain::train {
 /// logits of the same micro-batch cover whole sequences. The megatron
 /// strategy opens a SequenceWindowScope around its loss calls; the
 /// distillation loss compares the student with the teacher's logits of
-/// those positions. The
-/// chunk's loss is its mean over the chunk's predictions, and the mean over
-/// the cp ranks' equal chunks is the batch's (as for the cross-entropy).
+/// those positions. The chunk's loss is its mean over the chunk's
+/// predictions, and the mean over the cp ranks' equal chunks is the batch's
+/// (as for the cross-entropy).
 struct SequenceWindow {
   int64_t begin = 0;
   int64_t count = -1;  ///< -1: the whole sequence
