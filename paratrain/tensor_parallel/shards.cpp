@@ -137,24 +137,41 @@ void load_full_parameters(torch::nn::Module& root, const torch::OrderedDict<std:
   }
 }
 
+namespace {
+// `local` (contiguous) in full: replicated as is, a shard all-gathered over
+// ctx.group and put together.
+at::Tensor gather_full(const at::Tensor& local, const ShardSpec& spec, const TpContext& ctx) {
+  if (spec.replicated() || ctx.size() == 1) return spec.replicated() ? local.clone() : unshard(local.unsqueeze(0), spec);
+  std::vector<int64_t> stacked_shape{ctx.size()};
+  stacked_shape.insert(stacked_shape.end(), local.sizes().begin(), local.sizes().end());
+  at::Tensor stacked = at::empty(stacked_shape, local.options());
+  ctx.group->all_gather(stacked, local)->wait(ctx.timeout);
+  return unshard(stacked, spec);
+}
+}  // namespace
+
 torch::OrderedDict<std::string, at::Tensor> gather_full_parameters(const torch::nn::Module& root,
                                                                    const TpContext& ctx, Gather what) {
   const auto layout = parameter_layout(root);
   torch::OrderedDict<std::string, at::Tensor> out;
   for (const auto& p : root.named_parameters(/*recurse=*/true)) {
-    const ShardSpec& spec = layout[p.key()];
     at::Tensor local = what == Gather::kValues ? p.value().detach() : p.value().grad();
     if (!local.defined()) local = at::zeros_like(p.value());
-    local = local.contiguous();
-    if (spec.replicated() || ctx.size() == 1) {
-      out.insert(p.key(), spec.replicated() ? local.clone() : unshard(local.unsqueeze(0), spec));
-      continue;
-    }
-    std::vector<int64_t> stacked_shape{ctx.size()};
-    stacked_shape.insert(stacked_shape.end(), local.sizes().begin(), local.sizes().end());
-    at::Tensor stacked = at::empty(stacked_shape, local.options());
-    ctx.group->all_gather(stacked, local)->wait(ctx.timeout);
-    out.insert(p.key(), unshard(stacked, spec));
+    out.insert(p.key(), gather_full(local.contiguous(), layout[p.key()], ctx));
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> gather_full_tensors(
+    const std::vector<std::pair<std::string, at::Tensor>>& local,
+    const torch::OrderedDict<std::string, ShardSpec>& layout, const TpContext& ctx) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  out.reserve(local.size());
+  for (const auto& [name, t] : local) {
+    const ShardSpec* spec = layout.find(name);
+    if (spec == nullptr)
+      throw Error(fmt::format("gather_full_tensors: '{}' is not in the tensor-parallel layout", name));
+    out.emplace_back(name, gather_full(t.contiguous(), *spec, ctx));
   }
   return out;
 }

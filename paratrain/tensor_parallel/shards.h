@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "paratrain/core/tensor_slot.h"
@@ -84,5 +85,11 @@ enum class Gather { kValues, kGradients };
 torch::OrderedDict<std::string, at::Tensor> gather_full_parameters(const torch::nn::Module& root,
                                                                    const TpContext& ctx,
                                                                    Gather what = Gather::kValues);
+// The same for tensors given by name (this rank's shards, e.g. read from
+// somewhere other than the module's parameters: FSDP's full_parameters()),
+// each laid out as `layout` says; out in the order given.
+std::vector<std::pair<std::string, at::Tensor>> gather_full_tensors(
+    const std::vector<std::pair<std::string, at::Tensor>>& local,
+    const torch::OrderedDict<std::string, ShardSpec>& layout, const TpContext& ctx);
 
 }  // namespace paratrain::tensor_parallel

@@ -57,6 +57,14 @@ std::vector<Layout> layouts() {
          c.parallel.megatron_sp = true;
        },
        2},
+      {"megatron tp=2 x dp=2, zero-3 + sp", 4,
+       [](TrainConfig& c) {
+         c.parallel.tp = 2;
+         c.parallel.megatron_sp = true;
+         c.zero.stage = 3;
+         c.zero.unit_min_params = 3000;
+       },
+       4},
       {"pipeline pp=2 1f1b", 2,
        [](TrainConfig& c) {
          c.parallel.pp = 2;

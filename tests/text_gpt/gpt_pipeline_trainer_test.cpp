@@ -19,6 +19,7 @@
 #include "paratrain/train/config/config.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/gpt_run.h"
+#include "tests/support/run_checks.h"
 #include "tests/support/multi_rank.h"
 
 namespace paratrain::train {
@@ -27,6 +28,7 @@ namespace fs = std::filesystem;
 using paratrain::testing::max_rel_diff;
 using paratrain::testing::run_training;
 using paratrain::testing::RunOutput;
+using paratrain::testing::expect_config_error;
 
 constexpr int kMicrobatches = 4;
 
@@ -177,15 +179,6 @@ TEST_F(GptPipeline, TensorPipelineCheckpointResumesWithoutStages) {
   const double diff = max_rel_diff(resumed.params, single_->params);
   std::printf("[ resumed tp2 x pp2 -> tp2 ] worst relative diff %.3g\n", diff);
   EXPECT_LE(diff, kTolerance);
-}
-
-void expect_config_error(const TrainConfig& cfg, const std::vector<std::string>& fragments) {
-  try {
-    validate_config(cfg);
-    ADD_FAILURE() << "no ConfigError";
-  } catch (const ConfigError& e) {
-    for (const auto& f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
-  }
 }
 
 // Bad layouts: ConfigErrors naming every factor involved.

@@ -86,7 +86,7 @@ Params train_world(const TrainConfig& c, int world, const TrainerParts& parts) {
   return out;
 }
 
-TEST(TpPlanTrainer, AUserTransformerEqualsOneProcessAtTp2Tp2xDp2AndWithMegatronSp) {
+TEST(TpPlanTrainer, AUserTransformerEqualsOneProcessAtTp2Tp2xDp2WithZeroOrFsdpAndWithMegatronSp) {
   const std::string dir = paratrain::testing::temp_dir("tp-plan");
   const Params reference = train_world(lm_config(dir, "one"), 1, lm_parts());
   struct Case {
@@ -98,9 +98,16 @@ TEST(TpPlanTrainer, AUserTransformerEqualsOneProcessAtTp2Tp2xDp2AndWithMegatronS
   sp.parallel.megatron_sp = true;
   TrainConfig zero = planned(lm_config(dir, "tp2_dp2_zero1"), 2);
   zero.zero.stage = 1;
+  // FSDP over the tp shards, every child with parameters its own unit, and
+  // the sequence-parallel gradients summed over tp on its pieces.
+  TrainConfig fsdp = planned(lm_config(dir, "tp2_dp2_fsdp_sp"), 2);
+  fsdp.zero.stage = 3;
+  fsdp.zero.unit_min_params = 1;
+  fsdp.parallel.megatron_sp = true;
   const std::vector<Case> cases = {{"tp=2", 2, planned(lm_config(dir, "tp2"), 2)},
                                    {"tp=2 x dp=2", 4, planned(lm_config(dir, "tp2_dp2"), 2)},
                                    {"tp=2 x dp=2, ZeRO-1", 4, zero},
+                                   {"tp=2 x dp=2, FSDP, Megatron-SP", 4, fsdp},
                                    {"tp=2, Megatron-SP", 2, sp}};
   double worst = 0;
   for (const Case& c : cases) {

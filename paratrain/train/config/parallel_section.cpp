@@ -75,11 +75,15 @@ std::string megatron_problem(const TrainConfig& c) {
                        "context-parallel collectives run in fp32 only (Gloo has no bf16 kernels); set "
                        "precision.compute = \"fp32\"",
                        c.precision.compute, p.tp, p.cp);
-  if (c.zero.stage == 3)
-    return fmt::format("zero.stage = 3 with parallel.tp = {} / parallel.cp = {}: the megatron strategy shards "
-                       "optimizer state (1) and gradients (2) over its replicas, not parameters (FSDP); set "
-                       "zero.stage = 0, 1 or 2",
-                       p.tp, p.cp);
+  // FSDP shards each tp rank's module over its replicas (Note [FSDP over
+  // tensor-parallel shards] in strategies/replica_sync.cpp), not a stage's
+  // chunks (parallel.ep with ZeRO-3 is refused for every strategy).
+  if (c.zero.stage == 3 && p.pp > 1)
+    return fmt::format("zero.stage = 3 with parallel.pp = {} (parallel.tp = {}, parallel.cp = {}): FSDP would "
+                       "gather a stage's units again for every micro-batch, and the tied embedding's stage copies "
+                       "are summed as whole gradients; set zero.stage = 1 (the optimizer state sharded inside the "
+                       "stages), or parallel.pp = 1",
+                       p.pp, p.tp, p.cp);
   // ZeRO-2 keeps only this rank's piece of each reduced gradient, but the
   // tied embedding's copies (pp) and Megatron-SP's LayerNorm gradients are
   // summed over whole tensors after the reduction; ZeRO-1 keeps them whole.

@@ -14,6 +14,7 @@
 #include "paratrain/core/error.h"
 #include "paratrain/data_parallel/ddp/ddp.h"
 #include "paratrain/data_parallel/ddp/int8_compression.h"
+#include "paratrain/data_parallel/fsdp/fsdp.h"
 #include "paratrain/data_parallel/sync_batchnorm/convert_sync_batchnorm.h"
 #include "paratrain/data_parallel/zero/zero.h"
 #include "paratrain/models/model.h"
@@ -220,6 +221,35 @@ void log_int8_wire(const ddp::Int8Compression& int8, comm::ProcessGroup& dp) {
                "feedback {}",
                sent, full, full > 0 ? static_cast<double>(sent) / static_cast<double>(full) : 1.0,
                int8.options().block, int8.options().error_feedback ? "on" : "off");
+}
+
+namespace {
+// "fc0, fc1" -> {"fc0", "fc1"}; the config check already vetted the syntax.
+std::vector<std::string> split_names(const std::string& list) {
+  std::vector<std::string> out;
+  std::string current;
+  for (char ch : list + ",") {
+    if (ch == ',') {
+      if (!current.empty()) out.push_back(current);
+      current.clear();
+    } else if (ch != ' ') {
+      current += ch;
+    }
+  }
+  return out;
+}
+}  // namespace
+
+fsdp::FsdpOptions fsdp_options(const TrainConfig& config, std::chrono::milliseconds timeout) {
+  fsdp::FsdpOptions options;
+  options.unit_min_params = config.zero.unit_min_params;
+  options.unit_modules = split_names(config.zero.unit_modules);
+  options.reshard_after_forward = config.zero.reshard_after_forward;
+  options.prefetch = config.zero.prefetch;
+  options.find_unused_parameters = config.ddp.find_unused_parameters;
+  options.timeout = timeout;
+  options.offload = config.zero.offload == "cpu";
+  return options;
 }
 
 ddp::DdpOptions ddp_options(const TrainConfig& config, std::chrono::milliseconds timeout) {

@@ -23,6 +23,9 @@ namespace paratrain::zero {
 class ZeroDataParallel;
 struct ZeroOptions;
 }  // namespace paratrain::zero
+namespace paratrain::fsdp {
+struct FsdpOptions;
+}  // namespace paratrain::fsdp
 namespace paratrain::ddp {
 struct DdpOptions;
 class Int8Compression;
@@ -87,6 +90,9 @@ void convert_batchnorm(const TrainConfig& config, models::Model& model, comm::Pr
 // collective timeout; strategies add what is theirs (compression hooks).
 zero::ZeroOptions zero_options(const TrainConfig& config, std::chrono::milliseconds timeout);
 ddp::DdpOptions ddp_options(const TrainConfig& config, std::chrono::milliseconds timeout);
+// zero.stage = 3: FSDP's units (zero.unit_min_params / unit_modules), gathers
+// and offload from the config.
+fsdp::FsdpOptions fsdp_options(const TrainConfig& config, std::chrono::milliseconds timeout);
 
 // Rank 0 logs what the int8 gradient wire sends per step against fp32
 // (ddp.compression = "int8"; after it is attached).

@@ -16,21 +16,6 @@
 namespace paratrain::train::strategies {
 namespace {
 
-// "fc0, fc1" -> {"fc0", "fc1"}; the config check already vetted the syntax.
-std::vector<std::string> split_names(const std::string& list) {
-  std::vector<std::string> out;
-  std::string current;
-  for (char ch : list + ",") {
-    if (ch == ',') {
-      if (!current.empty()) out.push_back(current);
-      current.clear();
-    } else if (ch != ' ') {
-      current += ch;
-    }
-  }
-  return out;
-}
-
 class FsdpStrategy final : public DataParallelStrategy {
  public:
   explicit FsdpStrategy(const StrategyContext& ctx) : DataParallelStrategy(ctx, "fsdp") {
@@ -44,15 +29,7 @@ class FsdpStrategy final : public DataParallelStrategy {
   void build_model(const ModelFactory& factory) override {
     model_ = factory();
     convert_batchnorm(config_, *model_, dp_, timeout_);
-    fsdp::FsdpOptions options;
-    options.unit_min_params = config_.zero.unit_min_params;
-    options.unit_modules = split_names(config_.zero.unit_modules);
-    options.reshard_after_forward = config_.zero.reshard_after_forward;
-    options.prefetch = config_.zero.prefetch;
-    options.find_unused_parameters = config_.ddp.find_unused_parameters;
-    options.timeout = timeout_;
-    options.offload = config_.zero.offload == "cpu";
-    fsdp_ = std::make_unique<fsdp::FullyShardedDataParallel>(model_, dp_, std::move(options));
+    fsdp_ = std::make_unique<fsdp::FullyShardedDataParallel>(model_, dp_, fsdp_options(config_, timeout_));
   }
 
   std::vector<at::Tensor> optimizer_params() override { return fsdp_->optimizer_params(); }

@@ -2,7 +2,8 @@
 // parallel.cp > 1): the GPT with tensor parallelism over the tp group, ring
 // self-attention over the cp group, optionally Megatron-SP, and DDP or
 // ZeRO-1/2 over every replica of a rank's shards (the dp x cp ranks with its
-// tp and pp coordinates: replica_sync.h). With parallel.pp > 1 the GPT is
+// tp and pp coordinates: replica_sync.h), or FSDP over them (zero.stage = 3,
+// no stages). With parallel.pp > 1 the GPT is
 // also cut into pipeline stages run by pipeline/'s executor and schedules
 // (megatron_stages.h): the full dp x tp x pp x cp mesh.
 // docs/notes/megatron.md explains which gradient is reduced over which group
@@ -23,8 +24,6 @@
 #include "paratrain/models/parallel_gpt.h"
 #include "paratrain/models/recompute.h"
 #include "paratrain/optim/grad_scaler.h"
-#include "paratrain/parallelize/plan.h"
-#include "paratrain/parallelize/sites.h"
 #include "paratrain/sequence_parallel/megatron_sp.h"
 #include "paratrain/sequence_parallel/ring_attention.h"
 #include "paratrain/tensor_parallel/layers.h"
@@ -36,6 +35,7 @@
 #include "paratrain/train/strategies/builtin.h"
 #include "paratrain/train/strategies/common.h"
 #include "paratrain/train/strategies/megatron_freeze.h"
+#include "paratrain/train/strategies/megatron_planned.h"
 #include "paratrain/train/strategies/megatron_stages.h"
 #include "paratrain/pipeline/stage.h"
 #include "paratrain/train/strategies/pipeline_parts.h"
@@ -155,6 +155,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
       }
     }
     sync_ = std::make_unique<ReplicaSync>(config_, modules, *replicas_, timeout_, experts_.get());
+    name_sequence_parallel_params();
   }
 
   std::shared_ptr<torch::nn::Module> module() const override { return module_; }
@@ -244,6 +245,13 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     // An empty share (the Trainer's last round) is empty on every rank of
     // this replica's tp and cp groups alike (they share the dp rank): skip
     // the collectives together.
+    // FSDP gathers units on touch: collective over the replicas, so an
+    // empty share runs the forward too, and the units are freed after.
+    if (sync_->fully_sharded()) sync_->prepare_forward(0);
+    struct Reshard {
+      ReplicaSync& sync;
+      ~Reshard() { sync.reshard(); }
+    } reshard{*sync_};
     if (planned()) {  // whole on every tp rank
       at::Tensor out = model_->forward(inputs);
       check_first_output(out);
@@ -251,7 +259,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     }
     // A MoE layer's forward is collective over dp (its routing counts), so a
     // MoE GPT runs even an empty share (moe.h takes an empty round).
-    if (inputs.size(0) == 0 && config_.model.moe_experts == 0)
+    if (inputs.size(0) == 0 && config_.model.moe_experts == 0 && !sync_->fully_sharded())
       return at::zeros({0, inputs.size(1), kVocab}, at::TensorOptions().device(inputs.device()));
     const at::Tensor chunk = sequence_parallel::sequence_chunk(inputs, 1, cp_);
     if (stages_) {
@@ -264,7 +272,47 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     return gather_logits(model_->forward(chunk));
   }
 
-  std::vector<TensorSlot> model_slots() override {
+  // Under FSDP the trainable parameters' slots are their pieces.
+  std::vector<TensorSlot> model_slots() override { return sync_->model_slots(whole_slots(), writes_fn()); }
+
+  // Under ZeRO each replica writes its pieces (disjoint) of what this tp
+  // rank and stage writes: its shards, tp rank 0 the replicated tensors,
+  // the first stage a tied tensor.
+  std::vector<checkpoint::OptimizerSlot> optimizer_slots() override {
+    return sync_->optimizer_slots(whole_slots(), writes_fn());
+  }
+  void after_load() override { sync_->after_load(); }
+
+  std::vector<std::pair<std::string, std::string>> checkpoint_metadata() const override {
+    return {{"parallel.tp", std::to_string(tp_.size())},
+            {"parallel.cp", std::to_string(cp_.size())},
+            {"parallel.megatron_sp", config_.parallel.megatron_sp ? "true" : "false"},
+            {"dp", std::to_string(dp_.size())},
+            {"zero.stage", std::to_string(config_.zero.stage)},
+            {"pipeline.stages", std::to_string(pp_.size())},
+            {"pipeline.layer_bounds", stages_ ? fmt::format("{}", fmt::join(stages_->bounds(), ",")) : ""}};
+  }
+
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
+    if (pp_.size() == 1) {
+      // This tp rank's tensors (FSDP: gathered over the replicas), then
+      // gathered over tp.
+      auto out = tpl::gather_full_tensors(sync_->module_parameters(), layout_, tp_context());
+      return experts_ ? experts_->gather(out) : out;  // every expert, from the ep group
+    }
+    return staged_full_parameters();
+  }
+
+  SyncStats last_stats() const override { return sync_->stats(); }
+
+  ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const override {
+    return sync_->memory({module_}, optimizer);
+  }
+
+ private:
+  // The model's tensors whole (a tp shard with its segments), each
+  // parameter's `local` the module's own.
+  std::vector<TensorSlot> whole_slots() {
     std::vector<TensorSlot> out;
     // One rank of the replicas writes each shard, and tp rank 0 the tensors
     // every tp rank holds in full.
@@ -288,37 +336,20 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     return out;
   }
 
-  // Under ZeRO each replica writes its pieces (disjoint) of what this tp
-  // rank and stage writes: its shards, tp rank 0 the replicated tensors,
-  // the first stage a tied tensor.
-  std::vector<checkpoint::OptimizerSlot> optimizer_slots() override {
-    return sync_->optimizer_slots(model_slots(), [this](const std::string& name) {
+  // What this tp rank and stage writes of a tensor (its replicas split
+  // that further): its shards, tp rank 0 the replicated tensors, the first
+  // stage a tied tensor.
+  std::function<bool(const std::string&)> writes_fn() {
+    return [this](const std::string& name) {
       return !is_tied_copy(name) && (!layout_[name].replicated() || tp_.rank() == 0);
-    });
-  }
-  void after_load() override { sync_->after_load(); }
-
-  std::vector<std::pair<std::string, std::string>> checkpoint_metadata() const override {
-    return {{"parallel.tp", std::to_string(tp_.size())},
-            {"parallel.cp", std::to_string(cp_.size())},
-            {"parallel.megatron_sp", config_.parallel.megatron_sp ? "true" : "false"},
-            {"dp", std::to_string(dp_.size())},
-            {"zero.stage", std::to_string(config_.zero.stage)},
-            {"pipeline.stages", std::to_string(pp_.size())},
-            {"pipeline.layer_bounds", stages_ ? fmt::format("{}", fmt::join(stages_->bounds(), ",")) : ""}};
+    };
   }
 
-  std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
-    std::vector<std::pair<std::string, at::Tensor>> out;
-    const auto mine = tpl::gather_full_parameters(*module_, tp_context());
-    if (pp_.size() == 1) {
-      for (const auto& item : mine) out.emplace_back(item.key(), item.value());
-      return experts_ ? experts_->gather(out) : out;  // every expert, from the ep group
-    }
-    // In the single-process order, each from the first stage holding it
-    // (this stage's experts first gathered over the ep group).
+  // In the single-process order, each from the first stage holding it
+  // (this stage's experts first gathered over the ep group).
+  std::vector<std::pair<std::string, at::Tensor>> staged_full_parameters() {
     std::map<std::string, at::Tensor> held;
-    for (const auto& item : mine) held[item.key()] = item.value();
+    for (const auto& item : tpl::gather_full_parameters(*module_, tp_context())) held[item.key()] = item.value();
     if (experts_) {
       for (auto& [name, t] : experts_->gather(std::vector<std::pair<std::string, at::Tensor>>(held.begin(), held.end())))
         held[name] = t;
@@ -328,13 +359,14 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     return broadcast_stage_parameters(layout, held, pp_, timeout_);
   }
 
-  SyncStats last_stats() const override { return sync_->stats(); }
-
-  ModelStateBytes memory(const torch::optim::Optimizer& optimizer) const override {
-    return sync_->memory({module_}, optimizer);
+  // Megatron-SP under FSDP: the pieces are found by these names.
+  void name_sequence_parallel_params() {
+    std::set<const void*> sp;
+    for (const auto& t : sp_params_) sp.insert(t.unsafeGetTensorImpl());
+    for (const auto& item : module_->named_parameters())
+      if (sp.count(item.value().unsafeGetTensorImpl())) sp_names_.insert(item.key());
   }
 
- private:
   tpl::TpContext tp_context() const { return {&tp_, timeout_}; }
   // A model other than the GPT, split by parallel.tp_plan.
   bool planned() const { return !config_.parallel.tp_plan.empty(); }
@@ -349,68 +381,23 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
   // parallelism]): it is more than the cross-entropy times a factor.
   bool whole_logits_loss() const { return distilling(); }
 
-  // Note [A planned model's output]
-  // The Trainer's loss and evaluation take the model's output as the whole
-  // output on every tp rank. After the first forward (training or
-  // evaluation) two things would break that silently and are checked: a
-  // planned layer run as layer(x) instead of at its site (check_sites_ran),
-  // and a plan that leaves the output split (its last split layer colwise
-  // without [gather], or the sequence still split under Megatron-SP): the
-  // tp ranks then hold different outputs, which one broadcast shows.
+  // Note [A planned model's output] (megatron_planned.cpp), after the
+  // first forward.
   void check_first_output(const at::Tensor& out) {
     if (sites_checked_) return;
     sites_checked_ = true;
-    parallelize::check_sites_ran(*model_);
-    if (tp_.size() == 1) return;
-    const at::Tensor mine = out.detach().to(at::kFloat).contiguous();
-    at::Tensor first = mine.clone();
-    tp_.broadcast(first, 0)->wait(timeout_);
-    const double scale = std::max(first.numel() > 0 ? first.abs().max().item<double>() : 0.0, 1e-12);
-    at::Tensor worst = torch::full({1}, first.numel() > 0 ? (mine - first).abs().max().item<double>() / scale : 0.0,
-                                   torch::TensorOptions().dtype(torch::kDouble).device(mine.device()));
-    tp_.all_reduce(worst, comm::ReduceOp::kMax)->wait(timeout_);
-    const double diff = worst.item<double>();
-    if (diff > 1e-5) {
-      throw ConfigError(fmt::format(
-          "parallel.tp_plan: the model's output differs between the tensor-parallel ranks (relative {:.3g}): the "
-          "plan leaves it split. The last split layer must give the whole output (colwise[gather], or rowwise), "
-          "and under parallel.megatron_sp a head that needs every position must come after "
-          "parallelize::leave_sequence_parallel (docs/tensor-parallel-plans.md)",
-          diff));
-    }
+    check_planned_output(*model_, out, tp_, timeout_);
   }
 
-  // parallel.tp_plan applied to the model as built (every rank from the
-  // run's seed, so the shards are one process's weights); activation
-  // checkpointing's wrapper adopts the same modules, so the plan reaches them.
   void build_planned(const std::shared_ptr<models::Model>& full, const std::set<std::string>& frozen) {
-    const parallelize::TpPlan plan = tp_plan_of(config_);
-    // Activation checkpointing's wrapper is made again around the planned
-    // model, so its recompute replays this rank's in-region stream too.
-    std::shared_ptr<models::Model> inner = full;
-    auto* recomputed = dynamic_cast<models::RecomputedModel*>(full.get());
-    if (recomputed != nullptr) inner = recomputed->inner();
-    try {
-      auto applied = parallelize::parallelize_module(
-          *inner, plan, {.tp = tp_context(), .cp = nullptr, .seed = static_cast<uint64_t>(config_.run.seed)});
-      layout_ = std::move(applied.layout);
-      sp_params_ = std::move(applied.sequence_parallel_params);
-    } catch (const ConfigError&) {
-      throw;
-    } catch (const Error& e) {  // a rule or module the config names
-      throw ConfigError(fmt::format("parallel.tp_plan: {}", e.what()));
-    }
-    keep_frozen(*inner, frozen);
-    sp_params_ = trainable(std::move(sp_params_));
-    model_ = inner;
-    if (recomputed != nullptr) {
-      models::RecomputePolicy policy = recompute_policy(config_);
-      policy.generators.push_back(*parallelize::region_generator(*inner));
-      model_ = std::make_shared<models::RecomputedModel>(inner, policy);
-    }
+    PlannedModel planned = plan_model(config_, full, frozen, tp_context());
+    layout_ = std::move(planned.layout);
+    sp_params_ = std::move(planned.sequence_parallel_params);
+    model_ = std::move(planned.model);
     module_ = model_;
     sync_ = std::make_unique<ReplicaSync>(config_, std::vector<std::shared_ptr<torch::nn::Module>>{model_}, *replicas_,
                                           timeout_);
+    name_sequence_parallel_params();
   }
 
   // clip_grad_norm_ over the whole model: squared norms of sharded gradients
@@ -447,9 +434,11 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
   // sequence on each tp rank: their gradient is the sum over tp (after the
   // average over replicas; both are linear, so the order does not matter).
   // In place, so ZeRO-1's pieces (views of the full .grad) see the sums.
+  // Under FSDP, on the pieces (Note [FSDP over tensor-parallel shards]).
   void sum_sequence_parallel_grads() {
     if (!config_.parallel.megatron_sp) return;
-    sequence_parallel::sync_sequence_parallel_grads(sp_params_, {.group = &tp_, .seq_dim = 1, .timeout = timeout_});
+    const std::vector<at::Tensor> parts = sync_->fully_sharded() ? sync_->stepped_parts(sp_names_) : sp_params_;
+    sequence_parallel::sync_sequence_parallel_grads(parts, {.group = &tp_, .seq_dim = 1, .timeout = timeout_});
   }
 
   // Reported: the mean over the whole sequences (each cp rank's loss is the
@@ -521,6 +510,7 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
   torch::OrderedDict<std::string, tpl::ShardSpec> layout_;
   std::shared_ptr<torch::nn::Module> module_;  // the model, or this rank's stages (pp > 1)
   std::vector<at::Tensor> sp_params_;           // Megatron-SP: this rank's, summed over tp
+  std::set<std::string> sp_names_;              // their names (FSDP sums their pieces)
   std::unique_ptr<ReplicaSync> sync_;          // DDP or ZeRO over replicas_
   std::unique_ptr<moe::ExpertParallel> experts_;  // parallel.ep > 1
   std::set<std::string> expert_names_;            // experts_'s parameters

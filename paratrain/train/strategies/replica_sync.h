@@ -1,9 +1,11 @@
 // The data-parallel side of the megatron strategy: the ranks that hold the
 // same shards (its dp x cp "replicas": same tp and pp coordinates) average
-// their gradients with DDP (zero.stage = 0) or with ZeroDataParallel
+// their gradients with DDP (zero.stage = 0), with ZeroDataParallel
 // (zero.stage = 1 or 2: the optimizer steps only this rank's pieces, so its
-// state is sharded over the replicas). One wrapper per module: the whole
-// tensor-parallel GPT, or each local pipeline chunk. parallel.ep's experts
+// state is sharded over the replicas) or with FullyShardedDataParallel
+// (zero.stage = 3, one module: the tp shards themselves live as pieces
+// between uses; Note [FSDP over tensor-parallel shards]). One wrapper per
+// module: the whole tensor-parallel GPT, or each local pipeline chunk. parallel.ep's experts
 // stay whole beside both (their reduction is the ExpertParallel's): under
 // ZeRO this also steps, scales, clears and checkpoints them beside the
 // pieces. Not here: the model, the tp / pp reductions (megatron_strategy.cpp,
@@ -13,6 +15,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <utility>
@@ -22,6 +25,7 @@
 #include "paratrain/core/model_state.h"
 #include "paratrain/core/tensor_slot.h"
 #include "paratrain/data_parallel/ddp/ddp.h"
+#include "paratrain/data_parallel/fsdp/fsdp.h"
 #include "paratrain/data_parallel/zero/zero.h"
 #include "paratrain/moe/expert_parallel.h"
 #include "paratrain/pipeline/executor.h"
@@ -43,7 +47,11 @@ class ReplicaSync {
               moe::ExpertParallel* experts = nullptr);
   ~ReplicaSync();
 
-  bool sharded() const { return !zero_.empty(); }
+  // ZeRO or FSDP: the optimizer steps pieces that differ across replicas.
+  bool sharded() const { return !zero_.empty() || !fsdp_.empty(); }
+  // FSDP (zero.stage = 3): the modules' trainable parameters are freed
+  // views between uses; their values live in the pieces.
+  bool fully_sharded() const { return !fsdp_.empty(); }
   // What the optimizer steps: every module's parameters, or the ZeRO pieces
   // and this rank's experts.
   std::vector<at::Tensor> optimizer_params() const;
@@ -73,12 +81,29 @@ class ReplicaSync {
   // step, or are overwritten by the next backward).
   void clear_gradients(torch::optim::Optimizer& optimizer);
 
+  // FSDP: after an evaluation forward (grad mode off), free the units it
+  // gathered. Otherwise nothing.
+  void reshard();
+  // What the optimizer steps of the parameters named `names`: the whole
+  // tensors, or (ZeRO-1, FSDP) this rank's pieces, whose .grad is the
+  // reduced gradient's piece. The same list, in the same order, on every tp
+  // rank of a replica (their modules have the same shapes).
+  std::vector<at::Tensor> stepped_parts(const std::set<std::string>& names) const;
+  // FSDP: every parameter of module 0 in full (this tp rank's shards),
+  // collective over the replicas. Otherwise its parameters, detached.
+  std::vector<std::pair<std::string, at::Tensor>> module_parameters();
+
   // Optimizer slots: without ZeRO each model slot with write as given; with
   // ZeRO each piece placed inside its parameter's model slot (`model`, by
   // name: a tp shard's segments), written by every replica (disjoint), where
   // `writes(name)` says this tp rank / stage writes the tensor at all.
   std::vector<checkpoint::OptimizerSlot> optimizer_slots(const std::vector<TensorSlot>& model,
                                              const std::function<bool(const std::string&)>& writes) const;
+  // Model slots: `model` as given, except that under FSDP each trainable
+  // parameter's slot is replaced by its pieces (placed by name as above);
+  // frozen parameters and buffers stay whole.
+  std::vector<TensorSlot> model_slots(std::vector<TensorSlot> model,
+                                      const std::function<bool(const std::string&)>& writes) const;
   // After a checkpoint load: ZeRO all-gathers (the pieces alias the loaded
   // parameters; kept for the wrappers' own state).
   void after_load();
@@ -90,6 +115,11 @@ class ReplicaSync {
  private:
   std::vector<std::unique_ptr<ddp::DistributedDataParallel>> ddp_;
   std::vector<std::unique_ptr<zero::ZeroDataParallel>> zero_;
+  std::vector<std::unique_ptr<fsdp::FullyShardedDataParallel>> fsdp_;
+  // set_sync(i, false) under FSDP: accumulate until set_sync(i, true).
+  std::vector<std::unique_ptr<fsdp::FullyShardedDataParallel::NoSyncGuard>> no_sync_;
+  // The pieces (ZeRO, FSDP) with their slots inside the parameters.
+  std::vector<std::pair<at::Tensor, TensorSlot>> piece_slots() const;
   std::vector<std::shared_ptr<torch::nn::Module>> modules_;
   moe::ExpertParallel* experts_ = nullptr;
 };
