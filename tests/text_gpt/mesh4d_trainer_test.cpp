@@ -186,10 +186,12 @@ TEST_F(Mesh4d, ZeroOneWithStagesAloneEqualsOneProcess) {
   check("dp2_pp2_zero1", {.dp = 2, .pp = 2, .zero = 1});
 }
 
-// ZeRO-2 (gradients reduce-scattered) where nothing sums whole gradients
-// after the reduction: no stages, no Megatron-SP.
-TEST_F(Mesh4d, ZeroTwoWithTensorAndContextParallelEqualsOneProcess) {
+// ZeRO-2 (gradients reduce-scattered) without stages: with cp, and with
+// Megatron-SP, whose LayerNorm gradients are summed over tp on the reduced
+// pieces (every tp rank cuts the same pieces).
+TEST_F(Mesh4d, ZeroTwoWithTensorContextAndSequenceParallelEqualsOneProcess) {
   check("dp2_tp2_cp2_zero2", {.dp = 2, .tp = 2, .cp = 2, .zero = 2});
+  check("dp2_tp2_sp_zero2", {.dp = 2, .tp = 2, .sp = true, .zero = 2});
 }
 
 // ZeRO-1 with stages: the tied wte copies' and Megatron-SP's sums run in
@@ -260,8 +262,6 @@ TEST_F(Mesh4d, BadLayoutsAreConfigErrorsNamingEveryFactor) {
   expect_config_error(config("bad_zero2_pp", {.tp = 2, .pp = 2, .zero = 2}),
                       {"zero.stage = 2", "parallel.pp = 2", "parallel.megatron_sp = false", "parallel.tp = 2",
                        "parallel.cp = 1"});
-  expect_config_error(config("bad_zero2_sp", {.tp = 2, .sp = true, .zero = 2}),
-                      {"zero.stage = 2", "parallel.pp = 1", "parallel.megatron_sp = true", "parallel.tp = 2"});
   expect_config_error(config("bad_zero3", {.tp = 2, .pp = 2, .cp = 2, .zero = 3}),
                       {"zero.stage = 3", "parallel.pp = 2", "parallel.tp = 2", "parallel.cp = 2"});
   auto experts = config("bad_zero3_ep", {.dp = 2, .tp = 2, .zero = 3});

@@ -85,13 +85,14 @@ std::string megatron_problem(const TrainConfig& c) {
                        "stages), or parallel.pp = 1",
                        p.pp, p.tp, p.cp);
   // ZeRO-2 keeps only this rank's piece of each reduced gradient, but the
-  // tied embedding's copies (pp) and Megatron-SP's LayerNorm gradients are
-  // summed over whole tensors after the reduction; ZeRO-1 keeps them whole.
-  if (c.zero.stage == 2 && (p.pp > 1 || p.megatron_sp))
-    return fmt::format("zero.stage = 2 with parallel.pp = {} / parallel.megatron_sp = {} (parallel.tp = {}, "
-                       "parallel.cp = {}): the tied embedding's stage copies and Megatron-SP's sequence-parallel "
-                       "gradients are summed as whole tensors after the data-parallel reduction, which ZeRO-2 "
-                       "frees; set zero.stage = 1 (or parallel.pp = 1 and parallel.megatron_sp = false)",
+  // tied embedding's copies (pp) are summed as whole tensors after the
+  // reduction, and their stages cut different pieces; ZeRO-1 keeps them
+  // whole. (Megatron-SP's gradients are summed over tp piece by piece: every
+  // tp rank cuts the same pieces.)
+  if (c.zero.stage == 2 && p.pp > 1)
+    return fmt::format("zero.stage = 2 with parallel.pp = {} (parallel.megatron_sp = {}, parallel.tp = {}, "
+                       "parallel.cp = {}): the tied embedding's stage copies are summed as whole tensors after the "
+                       "data-parallel reduction, which ZeRO-2 frees; set zero.stage = 1, or parallel.pp = 1",
                        p.pp, p.megatron_sp, p.tp, p.cp);
   if (c.optimizer.kind == "lars" || c.optimizer.kind == "lamb")
     return fmt::format("optimizer.kind = \"{}\" with parallel.tp = {} / parallel.cp = {}: its per-tensor norms "

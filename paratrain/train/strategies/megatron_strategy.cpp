@@ -434,10 +434,13 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
   // sequence on each tp rank: their gradient is the sum over tp (after the
   // average over replicas; both are linear, so the order does not matter).
   // In place, so ZeRO-1's pieces (views of the full .grad) see the sums.
-  // Under FSDP, on the pieces (Note [FSDP over tensor-parallel shards]).
+  // Under ZeRO-2 and FSDP the whole reduced gradients are gone: summed on
+  // the pieces, which every tp rank cuts alike (Note [FSDP over
+  // tensor-parallel shards]); ZeRO-1's pieces are views of the whole ones.
   void sum_sequence_parallel_grads() {
     if (!config_.parallel.megatron_sp) return;
-    const std::vector<at::Tensor> parts = sync_->fully_sharded() ? sync_->stepped_parts(sp_names_) : sp_params_;
+    const bool on_pieces = sync_->fully_sharded() || config_.zero.stage == 2;
+    const std::vector<at::Tensor> parts = on_pieces ? sync_->stepped_parts(sp_names_) : sp_params_;
     sequence_parallel::sync_sequence_parallel_grads(parts, {.group = &tp_, .seq_dim = 1, .timeout = timeout_});
   }
 
