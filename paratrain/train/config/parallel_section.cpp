@@ -94,10 +94,6 @@ std::string megatron_problem(const TrainConfig& c) {
                        "parallel.cp = {}): the tied embedding's stage copies are summed as whole tensors after the "
                        "data-parallel reduction, which ZeRO-2 frees; set zero.stage = 1, or parallel.pp = 1",
                        p.pp, p.megatron_sp, p.tp, p.cp);
-  if (c.optimizer.kind == "lars" || c.optimizer.kind == "lamb")
-    return fmt::format("optimizer.kind = \"{}\" with parallel.tp = {} / parallel.cp = {}: its per-tensor norms "
-                       "across tensor-parallel shards are not computed yet; use sgd, adam or adamw",
-                       c.optimizer.kind, p.tp, p.cp);
   if (c.ddp.mode != "bucketed")
     return fmt::format("ddp.mode = \"{}\" with parallel.tp = {} / parallel.cp = {}: the megatron strategy "
                        "reduces gradients with the bucketed reducer; set ddp.mode = \"bucketed\"",

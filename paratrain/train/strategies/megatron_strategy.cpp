@@ -35,6 +35,7 @@
 #include "paratrain/train/strategies/builtin.h"
 #include "paratrain/train/strategies/common.h"
 #include "paratrain/train/strategies/megatron_freeze.h"
+#include "paratrain/train/strategies/megatron_layerwise.h"
 #include "paratrain/train/strategies/megatron_planned.h"
 #include "paratrain/train/strategies/megatron_stages.h"
 #include "paratrain/pipeline/stage.h"
@@ -163,9 +164,10 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
   // tp and cp peers read the same sequences: the sampler shards over dp only.
   DataShard data_shard() const override { return {dp_.rank(), dp_.size()}; }
 
+  // LARS/LAMB: Note [LARS and LAMB across tensor-parallel shards].
   LayerwiseParams layerwise_params() override {
-    throw ConfigError("optimizer.kind = \"lars\" / \"lamb\" needs per-tensor norms across tensor-parallel shards, "
-                      "which the megatron strategy does not compute yet; use sgd, adam or adamw");
+    return tensor_parallel_layerwise_params(sync_->named_optimizer_params(), layout_,
+                                            sync_->sharded() ? replicas_.get() : nullptr, tp_, timeout_);
   }
 
   StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {

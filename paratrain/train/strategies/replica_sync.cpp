@@ -130,6 +130,25 @@ std::vector<std::pair<at::Tensor, TensorSlot>> ReplicaSync::piece_slots() const 
   return out;
 }
 
+std::vector<std::pair<at::Tensor, std::string>> ReplicaSync::named_optimizer_params() const {
+  std::vector<std::pair<at::Tensor, std::string>> out;
+  if (!sharded()) {
+    for (const auto& m : modules_) {
+      for (const auto& item : m->named_parameters())
+        if (item.value().requires_grad()) out.emplace_back(item.value(), item.key());
+    }
+    return out;
+  }
+  for (const auto& [param, slot] : piece_slots()) out.emplace_back(param, slot.name);
+  if (experts_) {
+    for (const auto& m : modules_) {
+      for (const auto& item : m->named_parameters())
+        if (experts_->holds(item.value()) && item.value().requires_grad()) out.emplace_back(item.value(), item.key());
+    }
+  }
+  return out;
+}
+
 std::vector<std::pair<std::string, at::Tensor>> ReplicaSync::named_grads() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   if (!sharded()) {

@@ -55,6 +55,8 @@ class ReplicaSync {
   // What the optimizer steps: every module's parameters, or the ZeRO pieces
   // and this rank's experts.
   std::vector<at::Tensor> optimizer_params() const;
+  // The same, each with the name of the tensor it is (or is a piece of).
+  std::vector<std::pair<at::Tensor, std::string>> named_optimizer_params() const;
 
   // Around module i's forward and backward. `sync` false: accumulate only.
   void prepare_forward(int i);
