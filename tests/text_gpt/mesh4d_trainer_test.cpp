@@ -18,6 +18,8 @@
 #include "paratrain/checkpoint/compare.h"
 #include "paratrain/checkpoint/sharded.h"
 #include "paratrain/train/config/config.h"
+#include "paratrain/topology/device_mesh.h"
+#include "paratrain/train/builders.h"
 #include "paratrain/train/strategies/strategy_registry.h"
 #include "paratrain/train/trainer.h"
 #include "tests/support/gpt_run.h"
@@ -50,6 +52,7 @@ struct Layout {
   int dp = 1, tp = 1, pp = 1, cp = 1;
   bool sp = false;
   int zero = 0;
+  int accumulate = 1;  // train.accumulate (no stages)
   int world() const { return dp * tp * pp * cp; }
 };
 
@@ -84,7 +87,8 @@ class Mesh4d : public ::testing::Test {
     // ZeRO-3: several units, gathered and freed one after another (the tied
     // head gathers wte's unit again after the blocks').
     cfg.zero.unit_min_params = 3000;
-    cfg.data.batch_size = 8 / l.dp;
+    cfg.data.batch_size = 8 / l.dp / l.accumulate;
+    cfg.train.accumulate = l.accumulate;
     if (l.pp > 1) {
       cfg.pipeline.schedule = "1f1b";
       cfg.pipeline.microbatches = kMicrobatches / l.dp;
@@ -241,11 +245,12 @@ TEST_F(Mesh4d, FsdpOnDataAxisWithSequenceParallelEqualsOneProcessAndShardsParame
 }
 
 // FSDP over the cp ranks (tp 2 x cp 2: the replicas compute chunks of every
-// sequence; units gathered inside ring attention's forward and backward).
+// sequence; units gathered inside ring attention's forward and backward),
+// each step 2 accumulated micro-batches (no_sync, then one reduction).
 // Its step-5 checkpoint (pieces of tp shards) resumes as ZeRO-1 at dp 2 x
 // tp 2 and ends where one process does.
 TEST_F(Mesh4d, FsdpWithContextParallelEqualsOneProcessAndResumesUnderZeroOne) {
-  check("tp2_cp2_zero3", {.tp = 2, .cp = 2, .zero = 3});
+  check("tp2_cp2_zero3", {.tp = 2, .cp = 2, .zero = 3, .accumulate = 2});
   auto first = config("fsdp_resume", {.tp = 2, .cp = 2, .zero = 3});
   first.train.max_steps = 5;
   run_training(first, 4);
@@ -256,6 +261,38 @@ TEST_F(Mesh4d, FsdpWithContextParallelEqualsOneProcessAndResumesUnderZeroOne) {
   const double diff = max_rel_diff(resumed.params, single_->params);
   std::printf("[ resumed: zero 3 tp2 x cp2 -> zero 1 dp2 x tp2 ] worst relative diff %.3g\n", diff);
   EXPECT_LE(diff, kTolerance);
+}
+
+// Under FSDP an evaluation forward gathers units over the replicas, so a dp
+// rank whose share is empty (the Trainer's last round) runs the forward
+// with the others: at dp 2 x tp 2 x cp 2, dp rank 1 evaluates no rows while
+// dp rank 0 evaluates 3, whose logits (gathered over tp and cp) equal the
+// one-process GPT's.
+TEST_F(Mesh4d, FsdpEvaluatesAnEmptyShareWithTheOtherReplicas) {
+  const TrainConfig cfg = config("fsdp_eval", {.dp = 2, .tp = 2, .cp = 2, .zero = 3});
+  const at::Tensor tokens = at::randint(0, 256, {3, cfg.model.seq_len}, at::TensorOptions().dtype(at::kLong));
+  at::Tensor expected;
+  {
+    at::NoGradGuard no_grad;
+    expected = seeded_model_factory(cfg, c10::Device(c10::kCPU))()->forward(tokens);
+  }
+  std::vector<double> diffs(8, -1.0);
+  std::vector<int64_t> rows(8, -1);
+  paratrain::testing::run_ranks(8, [&](comm::ProcessGroup& world) {
+    topology::DeviceMesh mesh(world, topology::ParallelDims::resolve(0, 2, 1, 2, world.size()));
+    auto strategy = make_strategy(strategy_name(cfg), StrategyContext{cfg, mesh, std::chrono::seconds(60)});
+    strategy->build_model(seeded_model_factory(cfg, c10::Device(c10::kCPU)));
+    const bool empty = mesh.group(topology::Axis::kDp).rank() == 1;
+    at::NoGradGuard no_grad;
+    const at::Tensor logits = strategy->eval_forward(empty ? tokens.slice(0, 0, 0) : tokens);
+    rows[world.rank()] = logits.size(0);
+    if (!empty) diffs[world.rank()] = (logits - expected).abs().max().item<double>();
+  });
+  for (int r = 0; r < 8; ++r) {
+    const bool empty = (r / 4) % 2 == 1;  // ranks laid out (pp, dp, cp, tp)
+    EXPECT_EQ(rows[r], empty ? 0 : 3) << "rank " << r;
+    if (!empty) EXPECT_LT(diffs[r], 1e-5) << "rank " << r;
+  }
 }
 
 // LARS and LAMB: every trust ratio from the norms of the single-process

@@ -129,7 +129,8 @@ class FullyShardedDataParallel {
   /// Collective: every rank of `dp` constructs it with the same architecture
   /// (checked: ConfigError otherwise). Parameters and buffers are taken from
   /// rank 0; each parameter's data becomes a view of its unit's flat buffer,
-  /// which is freed before this returns. Every parameter must require grad.
+  /// which is freed before this returns. Frozen parameters (requires_grad
+  /// false) stay whole and belong to no unit.
   /// `dp` must outlive this object; `model` is shared with the caller, who
   /// keeps calling model->forward on the thread that built this engine or
   /// called prepare_forward(). Any operation on that thread that reads a

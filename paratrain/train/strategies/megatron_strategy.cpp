@@ -173,6 +173,11 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
   StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {
     if (stages_) return pipeline_forward_backward(batch, loss_fn, sync);
     sync_->prepare_forward(0);
+    // Back on at the end, also when forward or backward throws.
+    struct SyncAgain {
+      ReplicaSync& sync;
+      ~SyncAgain() { sync.set_sync(0, true); }
+    } sync_again{*sync_};
     sync_->set_sync(0, sync);
     // This cp rank's chunk of every sequence; the model adds the chunk's
     // positions. Each rank's loss is the mean over its chunk's tokens: the
@@ -218,7 +223,6 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     loss.backward();
     if (sync) sync_->finish_backward(0);
     if (sync && experts_) experts_->reduce_gradients();
-    sync_->set_sync(0, true);
     if (sync) sum_sequence_parallel_grads();
     return {mean_over_cp(loss)};
   }
@@ -241,19 +245,20 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     return !skip;
   }
 
+  // Full logits on every rank of the replica, for the Trainer's sums: the
+  // vocabulary columns gathered over tp, the sequence chunks over cp.
+  // Under FSDP through its forward (the units freed after, a failed gather
+  // rethrown).
   at::Tensor eval_forward(const at::Tensor& inputs) override {
-    // Full logits on every rank of the replica, for the Trainer's sums: the
-    // vocabulary columns gathered over tp, the sequence chunks over cp.
-    // An empty share (the Trainer's last round) is empty on every rank of
-    // this replica's tp and cp groups alike (they share the dp rank): skip
-    // the collectives together.
-    // FSDP gathers units on touch: collective over the replicas, so an
-    // empty share runs the forward too, and the units are freed after.
-    if (sync_->fully_sharded()) sync_->prepare_forward(0);
-    struct Reshard {
-      ReplicaSync& sync;
-      ~Reshard() { sync.reshard(); }
-    } reshard{*sync_};
+    return sync_->eval_forward([&] { return eval_logits(inputs); });
+  }
+
+  // An empty share (the Trainer's last round) is empty on every rank of
+  // this replica's tp and cp groups alike (they share the dp rank): skip
+  // the collectives together. Not under FSDP, whose units are gathered on
+  // touch, a collective over the replicas: there an empty share runs the
+  // forward too.
+  at::Tensor eval_logits(const at::Tensor& inputs) {
     if (planned()) {  // whole on every tp rank
       at::Tensor out = model_->forward(inputs);
       check_first_output(out);
@@ -465,7 +470,8 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     at::Tensor stacked = at::empty({cp_.size(), logits.size(0), logits.size(1), logits.size(2)}, logits.options());
     cp_.all_gather(stacked, logits.contiguous())->wait(timeout_);
     // [cp, B, S/cp, V] -> [B, S, V]
-    return stacked.permute({1, 0, 2, 3}).reshape({logits.size(0), -1, logits.size(2)});
+    // No -1: an empty share has no elements to infer it from.
+    return stacked.permute({1, 0, 2, 3}).reshape({logits.size(0), cp_.size() * logits.size(1), logits.size(2)});
   }
 
   // Note [The Trainer's loss under tensor parallelism] applies per

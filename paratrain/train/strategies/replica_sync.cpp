@@ -182,6 +182,11 @@ std::vector<std::pair<std::string, at::Tensor>> ReplicaSync::module_parameters()
   return out;
 }
 
+at::Tensor ReplicaSync::eval_forward(const std::function<at::Tensor()>& forward) {
+  if (fsdp_.empty()) return forward();
+  return fsdp_.at(0)->forward(forward);
+}
+
 void ReplicaSync::reshard() {
   for (auto& f : fsdp_) f->reshard();
 }

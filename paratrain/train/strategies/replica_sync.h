@@ -83,8 +83,11 @@ class ReplicaSync {
   // step, or are overwritten by the next backward).
   void clear_gradients(torch::optim::Optimizer& optimizer);
 
-  // FSDP: after an evaluation forward (grad mode off), free the units it
-  // gathered. Otherwise nothing.
+  // An evaluation forward of module 0 (grad mode off): under FSDP through
+  // its forward(), which frees the units after and rethrows a gather's
+  // error; otherwise `forward()` as is.
+  at::Tensor eval_forward(const std::function<at::Tensor()>& forward);
+  // FSDP: free every gathered unit (local). Otherwise nothing.
   void reshard();
   // What the optimizer steps of the parameters named `names`: the whole
   // tensors, or (ZeRO-1, FSDP) this rank's pieces, whose .grad is the
