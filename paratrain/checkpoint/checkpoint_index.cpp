@@ -234,8 +234,34 @@ at::Tensor ShardedReader::read_whole(const std::string& name) {
   return read_range(name, 0, numel_of(t.shape)).reshape(t.shape);
 }
 
+// Note [Open shard files]
+// A checkpoint of N ranks has N shard files, and consolidating it, or
+// resuming at another world size, reads from many of them. Keeping each open
+// once verified would hold N descriptors: past 1024 ranks that is over the
+// usual per-process limit (ulimit -n), and the read would fail with "Too
+// many open files" at the largest jobs only. So at most kMaxOpenShards stay
+// open, the least recently used closed first; a closed file keeps its
+// verified header and is reopened (checked against its verified size) when
+// next read. Checkpoint files are written once and never rewritten in place.
+namespace {
+constexpr std::size_t kMaxOpenShards = 32;
+}
+
 const SafetensorsFile& ShardedReader::open(const std::string& file) {
-  if (auto it = files_.find(file); it != files_.end()) return *it->second;
+  // open_: most recently used last; the oldest closes to make room.
+  auto make_room = [this] {
+    while (open_.size() >= kMaxOpenShards) {
+      files_.at(open_.front())->close();
+      open_.pop_front();
+    }
+  };
+  if (auto it = files_.find(file); it != files_.end()) {
+    open_.remove(file);
+    if (!it->second->is_open()) make_room();  // read() reopens it
+    open_.push_back(file);
+    return *it->second;
+  }
+  make_room();
   const IndexFile* entry = index_.find_file(file);
   TORCH_INTERNAL_ASSERT(entry != nullptr, "index_from_json checks that chunk files are listed");
   const auto path = dir_ / file;
@@ -252,7 +278,9 @@ const SafetensorsFile& ShardedReader::open(const std::string& file) {
                                         where_, path.string(), kChecksumAlgorithm, crc32_hex(*entry->crc32),
                                         crc32_hex(crc)));
   };
-  return *files_.emplace(file, std::make_unique<SafetensorsFile>(path, check)).first->second;
+  const SafetensorsFile& opened = *files_.emplace(file, std::make_unique<SafetensorsFile>(path, check)).first->second;
+  open_.push_back(file);
+  return opened;
 }
 
 at::Tensor ShardedReader::chunk_data(const std::string& tensor_name, const ChunkRef& chunk, int64_t lo,

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -102,6 +103,7 @@ class ShardedReader {
   std::string where_;
   CheckpointIndex index_;
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;  // verified files by name
+  std::list<std::string> open_;  // files_ whose descriptor is open, least recently used first
 };
 
 }  // namespace paratrain::checkpoint

@@ -2,6 +2,7 @@
 #include "paratrain/checkpoint/safetensors_file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -106,8 +107,11 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path, const std::f
   }
 }
 
-SafetensorsFile::~SafetensorsFile() {
+SafetensorsFile::~SafetensorsFile() { close(); }
+
+void SafetensorsFile::close() const {
   if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
 }
 
 at::Tensor SafetensorsFile::read(const std::string& name, int64_t begin, int64_t numel) const {
@@ -119,6 +123,18 @@ at::Tensor SafetensorsFile::read(const std::string& name, int64_t begin, int64_t
   TORCH_CHECK(begin >= 0 && numel >= 0 && begin + numel <= total, "SafetensorsFile::read: elements [", begin, ", ",
               begin + numel, ") of '", name, "' (", total, " elements)");
   at::Tensor out = at::empty({numel}, at::TensorOptions().dtype(e.dtype));
+  if (numel > 0 && fd_ < 0) {
+    // Reopened after close(): the same file as verified, by its size (a
+    // checkpoint's files are written once, never rewritten in place).
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw read_error(path_, std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != size_) {
+      ::close(fd);
+      throw read_error(path_, fmt::format("it changed since it was verified ({} bytes then)", size_));
+    }
+    fd_ = fd;
+  }
   if (numel > 0)
     read_at(fd_, out.data_ptr(), static_cast<size_t>(numel * element),
             header_.data_offset + e.begin + static_cast<uint64_t>(begin * element), path_);

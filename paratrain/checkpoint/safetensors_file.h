@@ -38,11 +38,19 @@ class SafetensorsFile {
 
   // Elements [begin, begin + numel) of tensor `name` flattened, 1-D, read
   // from the file now.
+  // from the file now (reopened first after close(): it must still have
+  // the verified size, else CheckpointError).
   at::Tensor read(const std::string& name, int64_t begin, int64_t numel) const;
+
+  // Closes the file descriptor; the header stays verified. A reader of many
+  // files keeps a bounded number open (Note [Open shard files] in
+  // checkpoint_index.cpp).
+  void close() const;
+  bool is_open() const { return fd_ >= 0; }
 
  private:
   std::filesystem::path path_;
-  int fd_ = -1;
+  mutable int fd_ = -1;  // -1 after close(): read() opens it again
   uint64_t size_ = 0;
   SafetensorsHeader header_;
 };

@@ -267,7 +267,10 @@ MemoryPlan plan_memory(const TrainConfig& config, const PlanOptions& options) {
     extra[stage] = checked_add(checked_add(buffers[stage], activations.total_bytes),
                                checked_add(activations.data_bytes, activations.transient_bytes));
   }
-  MemoryPlan plan = plan_memory(psi, dp, k, options.memory_gib, extra);
+  // Under cp (the megatron strategy) ZeRO shards over the replicas, the dp x
+  // cp ranks holding the same parameters (train/strategies/replica_sync.h).
+  const int64_t shards = checked_mul(dp, config.parallel.cp);
+  MemoryPlan plan = plan_memory(psi, shards, k, options.memory_gib, extra);
   for (int stage = 0; stage <= 3; ++stage) plan.stages[stage].buffer_bytes = buffers[stage];
   plan.activations = activations;
   for (const auto& note : activations.notes) plan.notes.push_back(note);
@@ -300,11 +303,15 @@ MemoryPlan plan_memory(const TrainConfig& config, const PlanOptions& options) {
         config.parallel.ep, config.model.moe_experts / config.parallel.ep, config.model.moe_experts,
         with_commas(gpt_expert_parameters(config) / config.parallel.ep), with_commas(gpt_expert_parameters(config))));
   }
-  const int64_t unplanned = split_planned ? config.parallel.cp : split;
-  if (unplanned > 1)
+  if (config.parallel.cp > 1)
     plan.notes.push_back(fmt::format(
-        "{} = {}: not planned here (Ψ counts as if on one {})", split_planned ? "parallel.cp" : "parallel.tp * pp * cp",
-        unplanned, split_planned ? "context shard: parameters are not split by cp" : "rank of each axis"));
+        "parallel.cp = {}: parameters are not split by cp; ZeRO shards them over the dp x cp = {} ranks holding the "
+        "same ones (N)",
+        config.parallel.cp, shards));
+  const int64_t unplanned = split_planned ? 1 : checked_mul(config.parallel.tp, config.parallel.pp);
+  if (unplanned > 1)
+    plan.notes.push_back(fmt::format("parallel.tp * pp = {}: not planned here (Ψ counts as if on one rank of each axis)",
+                                     unplanned));
   return plan;
 }
 

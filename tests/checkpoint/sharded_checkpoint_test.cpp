@@ -2,6 +2,7 @@
 // every kind of damage an error naming the file or tensor; a crash before the
 // index; run-folder helpers on step directories; checksums; the CLI.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <torch/torch.h>
 
 #include "tests/checkpoint/sharded_fixture.h"
@@ -156,6 +157,50 @@ TEST(ShardedCheckpoint, ACrashBeforeTheIndexLeavesNoCheckpoint) {
   EXPECT_FALSE(fs::exists(ck::checkpoint_dir(run, 3) / "rank_0.safetensors.tmp.4242"));
   EXPECT_TRUE(fs::exists(ck::checkpoint_dir(run, 3) / "index.json"));
   EXPECT_EQ(ck::clean_interrupted_checkpoints(run), 0);
+}
+
+// Note [Open shard files] (checkpoint_index.cpp): a reader keeps at most 32
+// shard files open. 48 ranks' files are loaded and consolidated under a
+// descriptor limit 40 above what the process holds now, where keeping every
+// file open would need 48.
+TEST(ShardedCheckpoint, ManyShardFilesAreReadUnderALowDescriptorLimit) {
+  constexpr int kRanks = 48;
+  const fs::path run = paratrain::testing::temp_dir("many_shards");
+  const fs::path dir = run / "checkpoint";
+  const at::Tensor whole = torch::arange(kRanks * 4, torch::kFloat).reshape({kRanks, 4});
+  paratrain::testing::run_ranks(kRanks, [&](paratrain::comm::ProcessGroup& g) {
+    ck::CheckpointContents contents;
+    contents.save_rng = false;
+    contents.model.push_back(TensorSlot{"w", {kRanks, 4}, g.rank() * 4, whole[g.rank()].clone(), true});
+    ck::save_sharded_checkpoint(dir, g, contents, scratch());
+  });
+  auto open_descriptors = [] {
+    int n = 0;
+    for ([[maybe_unused]] const auto& entry : fs::directory_iterator("/proc/self/fd")) ++n;
+    return n;
+  };
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit low = saved;
+  low.rlim_cur = static_cast<rlim_t>(open_descriptors() + 40);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  at::Tensor loaded = at::zeros({kRanks, 4}), from_file = at::zeros({kRanks, 4});
+  std::string error;
+  try {
+    ck::CheckpointContents contents;
+    contents.model.push_back(TensorSlot{"w", {kRanks, 4}, 0, loaded, true});
+    ck::load_sharded_checkpoint(dir, contents);
+    ck::consolidate_checkpoint(dir, run / "whole.safetensors");
+    ck::CheckpointContents file_contents;
+    file_contents.model.push_back(TensorSlot{"w", {kRanks, 4}, 0, from_file, true});
+    ck::load_sharded_checkpoint(run / "whole.safetensors", file_contents);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  EXPECT_EQ(error, "");
+  EXPECT_TRUE(torch::equal(loaded, whole));
+  EXPECT_TRUE(torch::equal(from_file, whole));
 }
 
 TEST(ShardedCheckpoint, ResumeCandidatesSkipDamagedOnesAndPruneKeepsTheNewest) {

@@ -36,6 +36,7 @@
 #include "paratrain/train/strategies/common.h"
 #include "paratrain/train/strategies/megatron_freeze.h"
 #include "paratrain/train/strategies/megatron_layerwise.h"
+#include "paratrain/train/strategies/megatron_logits.h"
 #include "paratrain/train/strategies/megatron_planned.h"
 #include "paratrain/train/strategies/megatron_stages.h"
 #include "paratrain/pipeline/stage.h"
@@ -48,25 +49,7 @@ namespace {
 namespace tpl = tensor_parallel;
 using topology::Axis;
 
-constexpr int64_t kVocab = 256;  // byte tokens, as make_model builds the GPT
-
-// Note [The Trainer's loss under tensor parallelism]
-// The Trainer hands every strategy a LossFn of (full logits, targets): the
-// objective's mean cross-entropy times what the Trainer wraps around it (the
-// loss scaler's scale, 1/k for accumulation). Here no rank holds full logits,
-// so the strategy computes the mean cross-entropy itself
-// (vocab_parallel_cross_entropy) and asks the LossFn for its factor by
-// evaluating it on a probe whose plain cross-entropy is known (uniform logits
-// of one token: log(vocab)). Every wrapper the Trainer applies is a
-// multiplication, so factor = LossFn(probe) / CE(probe); with no scaler and
-// k = 1 it is exactly 1.
-double loss_factor(const LossFn& loss_fn) {
-  at::NoGradGuard no_grad;
-  const at::Tensor logits = at::zeros({1, 1, kVocab});
-  const at::Tensor targets = at::zeros({1, 1}, at::kLong);
-  const double plain = language_model_task(1)->loss(logits, targets).item<double>();
-  return loss_fn(logits, targets).item<double>() / plain;
-}
+constexpr int64_t kVocab = kGptVocab;
 
 class MegatronStrategy final : public Strategy, public CheckpointSlots, public Telemetry {
  public:
@@ -451,28 +434,9 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
     sequence_parallel::sync_sequence_parallel_grads(parts, {.group = &tp_, .seq_dim = 1, .timeout = timeout_});
   }
 
-  // Reported: the mean over the whole sequences (each cp rank's loss is the
-  // mean over its chunk), as one process reports.
-  at::Tensor mean_over_cp(const at::Tensor& loss) {
-    at::Tensor reported = loss.detach().to(at::kFloat).clone().reshape({1});
-    if (cp_.size() > 1) {
-      cp_.all_reduce(reported, comm::ReduceOp::kSum)->wait(timeout_);
-      reported.div_(cp_.size());
-    }
-    return reported.reshape({});
-  }
-
-  // Full logits from this rank's [B, S/cp, V/tp]: the vocabulary columns
-  // gathered over tp, the sequence chunks over cp.
-  at::Tensor gather_logits(const at::Tensor& part) {
-    at::Tensor logits = tpl::all_gather_last_dim(part.contiguous(), tp_context());
-    if (cp_.size() == 1) return logits;
-    at::Tensor stacked = at::empty({cp_.size(), logits.size(0), logits.size(1), logits.size(2)}, logits.options());
-    cp_.all_gather(stacked, logits.contiguous())->wait(timeout_);
-    // [cp, B, S/cp, V] -> [B, S, V]
-    // No -1: an empty share has no elements to infer it from.
-    return stacked.permute({1, 0, 2, 3}).reshape({logits.size(0), cp_.size() * logits.size(1), logits.size(2)});
-  }
+  // Reported: the mean over the whole sequences, as one process reports.
+  at::Tensor mean_over_cp(const at::Tensor& loss) { return strategies::mean_over_cp(loss, cp_, timeout_); }
+  at::Tensor gather_logits(const at::Tensor& part) { return strategies::gather_logits(part, tp_context(), cp_, timeout_); }
 
   // Note [The Trainer's loss under tensor parallelism] applies per
   // micro-batch: the last stage's loss is the vocab-parallel cross-entropy
