@@ -14,8 +14,9 @@
 # steps for any strategy, DDP included (docs/notes/megatron.md).
 # Environment: BUILD_DIR (build), STEPS (20), OUT (run folder; default a temp
 # dir), LAYOUTS (default "pp2 tp2_pp2"; also dp2_tp2_pp2, tp2_pp2_cp2 and
-# dp2_tp2_pp2_zero1 on 8 processes, pp2_cp2, tp2_pp2_sp and dp2_tp2_zero1 on
-# 4, dp2_tp2_pp2_cp2 on 16: the full mesh), MODEL (extra --set arguments,
+# dp2_tp2_pp2_zero1 on 8 processes, pp2_cp2, tp2_pp2_sp, dp2_tp2_zero1,
+# dp2_tp2_sp_zero2, dp2_tp2_sp_zero3 and tp2_cp2_zero3 (FSDP) on 4,
+# dp2_tp2_pp2_cp2 on 16: the full mesh), MODEL (extra --set arguments,
 # e.g. "--set model.d_model=64 --set model.seq_len=64" for a smaller GPT).
 set -euo pipefail
 
@@ -49,6 +50,15 @@ for name in ${LAYOUTS:-pp2 tp2_pp2}; do
     # No stages: the same micro-batches by train.accumulate (2 x 2 ranks x 4).
     dp2_tp2_zero1) nproc=4
       args=(--set parallel.tp=2 --set data.batch_size=4 --set train.accumulate=2 --set zero.stage=1) ;;
+    # ZeRO-2 and FSDP over the replicas, Megatron-SP's sums on their pieces.
+    dp2_tp2_sp_zero2) nproc=4
+      args=(--set parallel.tp=2 --set parallel.megatron_sp=true --set data.batch_size=4 --set train.accumulate=2
+            --set zero.stage=2) ;;
+    dp2_tp2_sp_zero3) nproc=4
+      args=(--set parallel.tp=2 --set parallel.megatron_sp=true --set data.batch_size=4 --set train.accumulate=2
+            --set zero.stage=3) ;;
+    tp2_cp2_zero3) nproc=4
+      args=(--set parallel.tp=2 --set parallel.cp=2 --set data.batch_size=4 --set train.accumulate=4 --set zero.stage=3) ;;
     *) echo "unknown layout $name" >&2; exit 2 ;;
   esac
   "$build/paratrain" launch --nproc-per-node "$nproc" -- "$build/paratrain" train "${common[@]}" \
