@@ -372,7 +372,7 @@ TEST(Distillation, GptStudentsUnderCpAndInMegatronStagesEqualOneProcess) {
   single.ddp.mode = "none";
   const RunResult oracle = train(single, 1);
   const auto layouts = paratrain::testing::megatron_layouts(
-      {"cp2", "pp2_dp2_zero1", "tp2_pp2", "tp2_cp2", "cp2_pp2"});
+      {"cp2", "pp2_dp2_zero1", "tp2_pp2", "tp2_cp2", "cp2_pp2", "tp2_cp2_zero3"});
   for (const auto& layout : layouts) {
     auto c = student(layout.name);
     layout.apply(c);

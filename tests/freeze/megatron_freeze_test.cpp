@@ -79,7 +79,7 @@ TEST(MegatronFreeze, FrozenTensorsStayAsDrawnAndTheRestEqualsOneProcess) {
     return c;
   };
   const auto layouts =
-      paratrain::testing::megatron_layouts({"tp2", "tp2_sp", "cp2", "pp2_dp2_zero1", "tp2_pp2"});
+      paratrain::testing::megatron_layouts({"tp2", "tp2_sp", "cp2", "pp2_dp2_zero1", "tp2_pp2", "tp2_cp2_zero3"});
 
   // The first block and the positions; then the whole first stage (the
   // 2-layer GPT's stages: embed + blocks.0 | blocks.1 + head), whose tied
@@ -192,7 +192,8 @@ TEST(MegatronFreeze, AdaptiveFreezingMeasuresAndDecidesAsOneProcess) {
   ASSERT_EQ(decided.size(), 1u);
   EXPECT_EQ(decided[0]["step"].get<int64_t>(), 8);
   EXPECT_EQ(decided[0]["layers"], nlohmann::json::array({"embed"}));
-  const auto layouts = paratrain::testing::megatron_layouts({"tp2", "cp2", "pp2_dp2_zero1", "tp2_pp2"});
+  const auto layouts =
+      paratrain::testing::megatron_layouts({"tp2", "cp2", "pp2_dp2_zero1", "tp2_pp2", "tp2_cp2_zero3"});
 
   for (const auto& layout : layouts) {
     auto c = config(layout.name);

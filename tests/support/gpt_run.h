@@ -75,7 +75,8 @@ inline train::TrainConfig tiny_gpt_config(const std::string& out, const std::fil
 
 // A layout of the megatron strategy's axes for the tiny GPT, by name:
 // "tp2", "tp2_sp" (Megatron-SP), "cp2", "pp2_dp2_zero1", "tp2_pp2",
-// "tp2_cp2", "cp2_pp2" (pipelines with 2 micro-batches).
+// "tp2_cp2", "cp2_pp2" (pipelines with 2 micro-batches), "tp2_cp2_zero3"
+// (FSDP over the cp ranks, several units).
 struct MeshLayout {
   std::string name;
   int world = 1;
@@ -108,6 +109,13 @@ inline MeshLayout megatron_layout(const std::string& name) {
     return {name, 4, [](train::TrainConfig& c) {
               c.parallel.tp = 2;
               c.parallel.cp = 2;
+            }};
+  if (name == "tp2_cp2_zero3")
+    return {name, 4, [](train::TrainConfig& c) {
+              c.parallel.tp = 2;
+              c.parallel.cp = 2;
+              c.zero.stage = 3;
+              c.zero.unit_min_params = 3000;
             }};
   if (name == "cp2_pp2")
     return {name, 4, [stages](train::TrainConfig& c) {
