@@ -286,10 +286,14 @@ std::array<int64_t, 4> communication_buffer_bytes(const TrainConfig& c, int64_t 
   auto linear = [](int64_t i, int64_t o) { return static_cast<double>(i) * static_cast<double>(o) + static_cast<double>(o); };
   if (builds_gpt(c)) {
     const double d = static_cast<double>(c.model.d_model);
+    // Under tp (FSDP over each tp rank's module) a unit holds that rank's
+    // shards: wte's rows, qkv, mlp.fc and the row-parallel weights split,
+    // wpe, the LayerNorms and the row-parallel biases whole.
+    const double t = static_cast<double>(std::max<int64_t>(1, c.parallel.tp));
     // The size rule counts the blocks' ModuleList as its blocks; units by
     // name see the root's children (unit_plan.cpp).
-    children = {{"wte", 256 * d}, {"wpe", static_cast<double>(c.model.seq_len) * d}};
-    const double block = 12 * d * d + 13 * d;
+    children = {{"wte", 256 * d / t}, {"wpe", static_cast<double>(c.model.seq_len) * d}};
+    const double block = (12 * d * d + 7 * d) / t + 6 * d;
     if (c.zero.unit_modules.empty()) {
       for (int64_t i = 0; i < c.model.layers; ++i) children.emplace_back(fmt::format("blocks.{}", i), block);
     } else {
@@ -342,7 +346,7 @@ std::array<int64_t, 4> communication_buffer_bytes(const TrainConfig& c, int64_t 
     return total;
   }();
   double stage3 = 0;
-  if (!units.empty() && c.parallel.tp <= 1 && c.parallel.pp <= 1) {
+  if (!units.empty() && c.parallel.pp <= 1 && (c.parallel.tp <= 1 || builds_gpt(c))) {
     const double largest = units[0], next = units.size() > 1 ? units[1] : 0;
     // Resharded after forward: the unit in use, gathered, and its full
     // gradient, plus the next unit's gather in flight (zero.prefetch). Kept
