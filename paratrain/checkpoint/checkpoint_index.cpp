@@ -3,6 +3,8 @@
 // Writing the index and the rank files is sharded_writer.cpp's job.
 #include "paratrain/checkpoint/checkpoint_index.h"
 
+#include <atomic>
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -243,14 +245,22 @@ at::Tensor ShardedReader::read_whole(const std::string& name) {
 // open, the least recently used closed first; a closed file keeps its
 // verified header and is reopened (checked against its verified size) when
 // next read. Checkpoint files are written once and never rewritten in place.
+// Reading from N files in turn (consolidation reads each tensor from every
+// file that holds part of it) reopens each file per tensor when N is over
+// the cap: an open(2) and an fstat(2) per chunk, cheap beside the read.
 namespace {
-constexpr std::size_t kMaxOpenShards = 32;
+std::atomic<std::size_t> max_open_shards{32};
+}
+
+void set_max_open_shard_files(std::size_t n) {
+  TORCH_CHECK(n >= 1, "set_max_open_shard_files: n must be >= 1");
+  max_open_shards.store(n);
 }
 
 const SafetensorsFile& ShardedReader::open(const std::string& file) {
   // open_: most recently used last; the oldest closes to make room.
   auto make_room = [this] {
-    while (open_.size() >= kMaxOpenShards) {
+    while (open_.size() >= max_open_shards.load()) {
       files_.at(open_.front())->close();
       open_.pop_front();
     }

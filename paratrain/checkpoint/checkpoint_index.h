@@ -80,6 +80,11 @@ void check_shard_files(const std::filesystem::path& dir, const CheckpointIndex& 
 // needed (its checksum against the index, in one pass that keeps nothing:
 // safetensors_file.h), and each range is read from the file when asked, so
 // a reader holds what it was asked for, not the files.
+// How many shard files a ShardedReader keeps open at most (default 32;
+// Note [Open shard files] in checkpoint_index.cpp). Process-wide; for tests
+// and tools that run under a low descriptor limit. n >= 1.
+void set_max_open_shard_files(std::size_t n);
+
 class ShardedReader {
  public:
   explicit ShardedReader(const std::filesystem::path& checkpoint);

@@ -54,12 +54,16 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path, const std::f
   require_regular_file(path);  // a device or a FIFO would never end
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) throw read_error(path, std::strerror(errno));
-  std::error_code ec;
-  size_ = std::filesystem::file_size(path, ec);
-  if (ec) {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    const int err = errno;
     ::close(fd_);
-    throw read_error(path, ec.message());
+    throw read_error(path, std::strerror(err));
   }
+  size_ = static_cast<uint64_t>(st.st_size);
+  device_ = static_cast<uint64_t>(st.st_dev);
+  inode_ = static_cast<uint64_t>(st.st_ino);
+  mtime_ns_ = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
   try {
     // One pass: the whole file's CRC, the header's bytes, the data's CRC.
     std::vector<uint8_t> block(static_cast<size_t>(std::min<uint64_t>(kBlock, std::max<uint64_t>(size_, 1))));
@@ -124,14 +128,18 @@ at::Tensor SafetensorsFile::read(const std::string& name, int64_t begin, int64_t
               begin + numel, ") of '", name, "' (", total, " elements)");
   at::Tensor out = at::empty({numel}, at::TensorOptions().dtype(e.dtype));
   if (numel > 0 && fd_ < 0) {
-    // Reopened after close(): the same file as verified, by its size (a
-    // checkpoint's files are written once, never rewritten in place).
+    // Reopened after close(): it must be the file that was verified (the
+    // same inode, size and modification time), not one saved over it since.
     const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw read_error(path_, std::strerror(errno));
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != size_) {
+    const bool same = ::fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_size) == size_ &&
+                      static_cast<uint64_t>(st.st_dev) == device_ && static_cast<uint64_t>(st.st_ino) == inode_ &&
+                      static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec == mtime_ns_;
+    if (!same) {
       ::close(fd);
-      throw read_error(path_, fmt::format("it changed since it was verified ({} bytes then)", size_));
+      throw read_error(path_, "it was replaced since it was verified (another save of this step?); read the "
+                              "checkpoint again");
     }
     fd_ = fd;
   }

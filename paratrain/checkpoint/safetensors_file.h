@@ -44,13 +44,17 @@ class SafetensorsFile {
 
   // Closes the file descriptor; the header stays verified. A reader of many
   // files keeps a bounded number open (Note [Open shard files] in
-  // checkpoint_index.cpp).
+  // checkpoint_index.cpp). read() reopens it, so one SafetensorsFile is not
+  // to be read from two threads at once.
   void close() const;
   bool is_open() const { return fd_ >= 0; }
 
  private:
   std::filesystem::path path_;
   mutable int fd_ = -1;  // -1 after close(): read() opens it again
+  // The verified file's identity: a reopen must find the same one.
+  uint64_t device_ = 0, inode_ = 0;
+  int64_t mtime_ns_ = 0;
   uint64_t size_ = 0;
   SafetensorsHeader header_;
 };

@@ -294,11 +294,17 @@ std::array<int64_t, 4> communication_buffer_bytes(const TrainConfig& c, int64_t 
     // name see the root's children (unit_plan.cpp).
     children = {{"wte", 256 * d / t}, {"wpe", static_cast<double>(c.model.seq_len) * d}};
     const double block = (12 * d * d + 7 * d) / t + 6 * d;
-    if (c.zero.unit_modules.empty()) {
-      for (int64_t i = 0; i < c.model.layers; ++i) children.emplace_back(fmt::format("blocks.{}", i), block);
-    } else {
-      children.emplace_back("blocks", static_cast<double>(c.model.layers) * block);
+    // A MoE block: attention split as above, the router and every expert
+    // (each the dense MLP's size) whole (ZeRO-3 runs without parallel.ep).
+    const double experts = static_cast<double>(c.model.moe_experts);
+    const double moe_block = (4 * d * d + 3 * d) / t + 5 * d + d * experts + experts * (8 * d * d + 5 * d);
+    double blocks = 0;
+    for (int64_t i = 0; i < c.model.layers; ++i) {
+      const bool moe = c.model.moe_experts > 0 && (i + 1) % c.model.moe_every == 0;
+      blocks += moe ? moe_block : block;
+      if (c.zero.unit_modules.empty()) children.emplace_back(fmt::format("blocks.{}", i), moe ? moe_block : block);
     }
+    if (!c.zero.unit_modules.empty()) children.emplace_back("blocks", blocks);
     children.emplace_back("ln_f", 2 * d);
   } else if (c.model.kind == "mlp") {
     int64_t width = in.channels * in.side * in.side;

@@ -191,7 +191,7 @@ std::string format_plan(const MemoryPlan& p) {
                                bytes_beyond_state(p, p.lowest_fitting_stage)));
     } else if (p.dp_needed_for_stage3 > 0) {
       out += fmt::format("Budget {} per rank: no stage fits on {} rank{} (stage 3 needs {}); stage 3 fits with "
-                         "at least {} data-parallel ranks.\n",
+                         "at least {} data-parallel ranks (dp x cp under context parallelism).\n",
                          human(p.budget_bytes), p.dp, p.dp == 1 ? "" : "s",
                          human(p.stages[3].total_bytes + bytes_beyond_state(p, 3)),
                          p.dp_needed_for_stage3);

@@ -5,6 +5,8 @@
 #include <sys/resource.h>
 #include <torch/torch.h>
 
+#include "paratrain/checkpoint/checkpoint_index.h"
+#include "paratrain/checkpoint/safetensors_file.h"
 #include "tests/checkpoint/sharded_fixture.h"
 
 using namespace paratrain::testing::sharded;  // NOLINT: the fixture's helpers
@@ -159,12 +161,12 @@ TEST(ShardedCheckpoint, ACrashBeforeTheIndexLeavesNoCheckpoint) {
   EXPECT_EQ(ck::clean_interrupted_checkpoints(run), 0);
 }
 
-// Note [Open shard files] (checkpoint_index.cpp): a reader keeps at most 32
-// shard files open. 48 ranks' files are loaded and consolidated under a
-// descriptor limit 40 above what the process holds now, where keeping every
-// file open would need 48.
+// Note [Open shard files] (checkpoint_index.cpp): a reader keeps a bounded
+// number of shard files open (32; 3 here, so that few ranks show it). 8
+// ranks' files are loaded and consolidated under a descriptor limit 6 above
+// what the process holds now, where keeping every file open would need 8.
 TEST(ShardedCheckpoint, ManyShardFilesAreReadUnderALowDescriptorLimit) {
-  constexpr int kRanks = 48;
+  constexpr int kRanks = 8;
   const fs::path run = paratrain::testing::temp_dir("many_shards");
   const fs::path dir = run / "checkpoint";
   const at::Tensor whole = torch::arange(kRanks * 4, torch::kFloat).reshape({kRanks, 4});
@@ -182,7 +184,8 @@ TEST(ShardedCheckpoint, ManyShardFilesAreReadUnderALowDescriptorLimit) {
   rlimit saved{};
   ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
   rlimit low = saved;
-  low.rlim_cur = static_cast<rlim_t>(open_descriptors() + 40);
+  low.rlim_cur = static_cast<rlim_t>(open_descriptors() + 6);
+  ck::set_max_open_shard_files(3);
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
   at::Tensor loaded = at::zeros({kRanks, 4}), from_file = at::zeros({kRanks, 4});
   std::string error;
@@ -198,9 +201,33 @@ TEST(ShardedCheckpoint, ManyShardFilesAreReadUnderALowDescriptorLimit) {
     error = e.what();
   }
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
+  ck::set_max_open_shard_files(32);
   EXPECT_EQ(error, "");
   EXPECT_TRUE(torch::equal(loaded, whole));
   EXPECT_TRUE(torch::equal(from_file, whole));
+}
+
+// A file closed to bound the open descriptors is reopened only if it is the
+// one that was verified: a save over it since (a new inode) is refused.
+TEST(ShardedCheckpoint, AClosedShardFileReplacedSinceItWasVerifiedIsRefused) {
+  const fs::path dir = paratrain::testing::temp_dir("replaced_shard");
+  const fs::path file = dir / "t.safetensors";
+  ck::SafetensorsContents first, second;
+  first.tensors["w"] = torch::arange(6, torch::kFloat);
+  second.tensors["w"] = torch::arange(6, torch::kFloat) * 2;
+  ck::write_safetensors(file, first);
+  ck::SafetensorsFile verified(file);
+  EXPECT_TRUE(torch::equal(verified.read("w", 2, 3), torch::arange(2, 5, torch::kFloat)));
+  verified.close();
+  EXPECT_TRUE(torch::equal(verified.read("w", 0, 2), torch::arange(2, torch::kFloat)));  // reopened: the same file
+  verified.close();
+  ck::write_safetensors(file, second);  // a new file renamed over the old one
+  try {
+    verified.read("w", 0, 2);
+    ADD_FAILURE() << "a replaced file was read";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("replaced since it was verified"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ShardedCheckpoint, ResumeCandidatesSkipDamagedOnesAndPruneKeepsTheNewest) {

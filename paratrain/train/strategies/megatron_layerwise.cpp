@@ -31,7 +31,7 @@ namespace paratrain::train::strategies {
 LayerwiseParams tensor_parallel_layerwise_params(
     const std::vector<std::pair<at::Tensor, std::string>>& stepped,
     const torch::OrderedDict<std::string, tensor_parallel::ShardSpec>& layout, comm::ProcessGroup* replicas,
-    comm::ProcessGroup& tp, std::chrono::milliseconds timeout) {
+    comm::ProcessGroup& tp, c10::Device device, std::chrono::milliseconds timeout) {
   std::map<std::string, int64_t> index;
   std::vector<bool> whole;  // by row: the same tensor on every tp rank
   for (const auto& item : layout) {
@@ -48,9 +48,12 @@ LayerwiseParams tensor_parallel_layerwise_params(
     row_of[param.unsafeGetTensorImpl()] = it->second;
   }
   const auto rows = static_cast<int64_t>(index.size());
-  at::Tensor whole_mask = at::zeros({rows, 1}, at::kDouble);
-  for (int64_t r = 0; r < rows; ++r) whole_mask[r][0] = whole[static_cast<size_t>(r)] ? 1.0 : 0.0;
-  out.norm_reducer = [row_of = std::move(row_of), rows, whole_mask, replicas, &tp, timeout](
+  // 1 for the rows counted on tp rank 0 only.
+  at::Tensor keep = at::ones({rows, 1}, at::kDouble);
+  for (int64_t r = 0; r < rows; ++r)
+    if (whole[static_cast<size_t>(r)] && tp.rank() > 0) keep[r][0] = 0.0;
+  keep = keep.to(device);
+  out.norm_reducer = [row_of = std::move(row_of), rows, keep, replicas, &tp, device, timeout](
                          const std::vector<at::Tensor>& params, at::Tensor& sums) {
     std::vector<int64_t> at_row;
     at_row.reserve(params.size());
@@ -59,12 +62,12 @@ LayerwiseParams tensor_parallel_layerwise_params(
       TORCH_CHECK(it != row_of.end(), "tensor_parallel_layerwise_params: an optimizer param has no tensor");
       at_row.push_back(it->second);
     }
-    const at::Tensor index = at::tensor(at_row, at::TensorOptions().dtype(at::kLong)).to(sums.device());
-    at::Tensor table = at::zeros({rows, sums.size(1)}, sums.options());
-    table.index_add_(0, index, sums);
+    const at::Tensor index = at::tensor(at_row, at::TensorOptions().dtype(at::kLong)).to(device);
+    at::Tensor table = at::zeros({rows, sums.size(1)}, sums.options().device(device));
+    table.index_add_(0, index, sums.to(device));
     if (replicas != nullptr && replicas->size() > 1) replicas->all_reduce(table, comm::ReduceOp::kSum)->wait(timeout);
     if (tp.size() > 1) {
-      if (tp.rank() > 0) table.mul_(1.0 - whole_mask.to(table.device()));  // a whole tensor counts once
+      table.mul_(keep);  // a whole tensor counts once
       tp.all_reduce(table, comm::ReduceOp::kSum)->wait(timeout);
     }
     sums.copy_(table.index_select(0, index));

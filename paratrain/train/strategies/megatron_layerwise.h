@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <torch/ordered_dict.h>
 
 #include <chrono>
@@ -22,10 +23,12 @@ namespace paratrain::train::strategies {
 /// `stepped`: what the optimizer steps, each with its tensor's name (whole
 /// tp-local tensors, or pieces of them); `layout`: every tensor of this
 /// rank's module by name; `replicas` (null unless the pieces are split over
-/// them) and `tp` complete the norms. Both groups must outlive the result.
+/// them) and `tp` complete the norms on `device` (the module's: every rank
+/// of a collective agrees on it, also one that steps nothing). Both groups
+/// must outlive the result.
 LayerwiseParams tensor_parallel_layerwise_params(
     const std::vector<std::pair<at::Tensor, std::string>>& stepped,
     const torch::OrderedDict<std::string, tensor_parallel::ShardSpec>& layout, comm::ProcessGroup* replicas,
-    comm::ProcessGroup& tp, std::chrono::milliseconds timeout);
+    comm::ProcessGroup& tp, c10::Device device, std::chrono::milliseconds timeout);
 
 }  // namespace paratrain::train::strategies

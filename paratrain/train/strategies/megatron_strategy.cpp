@@ -150,7 +150,8 @@ class MegatronStrategy final : public Strategy, public CheckpointSlots, public T
   // LARS/LAMB: Note [LARS and LAMB across tensor-parallel shards].
   LayerwiseParams layerwise_params() override {
     return tensor_parallel_layerwise_params(sync_->named_optimizer_params(), layout_,
-                                            sync_->sharded() ? replicas_.get() : nullptr, tp_, timeout_);
+                                            sync_->sharded() ? replicas_.get() : nullptr, tp_,
+                                            pipeline::stage_device(*module_), timeout_);
   }
 
   StepOutput forward_backward(const data::Batch& batch, const LossFn& loss_fn, bool sync) override {
