@@ -383,7 +383,15 @@ TEST(Distillation, GptStudentsUnderCpAndInMegatronStagesEqualOneProcess) {
     EXPECT_LT(relative_diff(run.teacher, oracle.teacher), 1e-12) << layout.name;  // never changed
     int distill_records = 0;
     std::ifstream in(std::filesystem::path(dir) / layout.name / "version_0" / "metrics.jsonl");
-    for (std::string line; std::getline(in, line);) distill_records += line.find("\"distill\"") != std::string::npos;
+    for (std::string line; std::getline(in, line);) {
+      distill_records += line.find("\"distill\"") != std::string::npos;
+      if (line.find("\"kind\":\"teacher\"") == std::string::npos) continue;
+      // Laid out as the student: in its stages, split over its tp (also in
+      // stages: Note [A teacher in stages split over tp]).
+      const auto record = nlohmann::json::parse(line);
+      EXPECT_EQ(record["stages"].get<int>(), layout.name.find("pp2") != std::string::npos ? 2 : 1) << layout.name;
+      EXPECT_EQ(record["tp"].get<int>(), layout.name.find("tp2") != std::string::npos ? 2 : 1) << layout.name;
+    }
     EXPECT_EQ(distill_records, 3) << layout.name;  // steps 2, 4, 6
   }
   // Without the teacher's soft targets the cp student trains elsewhere.

@@ -221,19 +221,37 @@ void Teacher::split_over_tp(const TeacherPlacement& placement) {
 // keeping its own between steps (it was read whole to get here, as the
 // student is drawn whole before it is cut). A layer that reads an earlier
 // stage's weight (the GPT's head reads the embedding) keeps a copy of it on
-// its stage, read-only: no gradient sum is needed.
+// its stage, read-only: no gradient sum is needed. Under the student's tp a
+// GPT teacher is also split over tp (Note [A teacher in stages split over
+// tp]).
 void Teacher::cut_into_stages(const TeacherPlacement& placement) {
   comm::ProcessGroup& pp = *placement.pp;
   const int p = pp.size();
-  const auto layers = model_->layers();
-  if (static_cast<int>(layers.size()) < p) {
+  const auto whole_layers = model_->layers();
+  if (static_cast<int>(whole_layers.size()) < p) {
     throw ConfigError(fmt::format("distill.teacher: the teacher model ({}) has {} layers to cut into the student's "
                                   "{} pipeline stages; a teacher needs at least parallel.pp layers (or distill with "
                                   "parallel.pp = 1)",
-                                  source_.config.model.kind, layers.size(), p));
+                                  source_.config.model.kind, whole_layers.size(), p));
   }
-  const auto shapes = pipeline::infer_boundary_shapes(layers, placement.example_shape, placement.input_dtype);
-  const auto bounds = pipeline::balanced_partition(pipeline::layer_parameter_counts(layers), p);
+  auto shapes = pipeline::infer_boundary_shapes(whole_layers, placement.example_shape, placement.input_dtype);
+  const auto bounds = pipeline::balanced_partition(pipeline::layer_parameter_counts(whole_layers), p);
+  output_shape_ = shapes.shapes.back();  // whole logits, as logits() gives them
+  // Note [A teacher in stages split over tp]
+  // The boundaries are probed on the whole model, with no collective (the
+  // probe runs on the CPU, where a GPU's tp group could not reduce); then
+  // the GPT is split by its own plan. Between its blocks a GPT without
+  // Megatron-SP carries [b, S, d] whole on every tp rank, so only the last
+  // boundary changes: the head gives this rank's vocabulary columns, which
+  // logits() gathers over tp on the last stage. Other models stay whole in
+  // their stages (a plan may leave any boundary split).
+  if (placement.tp != nullptr && placement.tp->size() > 1 && source_.config.model.kind == "gpt") {
+    split_over_tp(placement);
+    for (auto& param : model_->parameters()) param.set_requires_grad(false);
+    shapes.shapes.back().back() /= placement.tp->size();
+    tp_layout_ = tensor_parallel::parameter_layout(*model_);
+  }
+  const auto layers = model_->layers();
   pipeline::LocalChunk chunk;
   chunk.module = std::make_shared<pipeline::StageModule>(
       std::vector<models::Layer>(layers.begin() + bounds[pp.rank()], layers.begin() + bounds[pp.rank() + 1]));
@@ -256,7 +274,6 @@ void Teacher::cut_into_stages(const TeacherPlacement& placement) {
     }
   }
   if (!placement.device.is_cpu()) chunk.module->to(placement.device);
-  output_shape_ = shapes.shapes.back();
   pipeline::ExecutorOptions options;
   options.schedule = pipeline::ScheduleKind::kGpipe;
   options.shape.stages = p;
@@ -272,7 +289,12 @@ Teacher::~Teacher() = default;
 
 at::Tensor Teacher::logits(const at::Tensor& inputs) {
   torch::NoGradGuard no_grad;
-  if (stages_executor_) return stages_executor_->forward_only(inputs);
+  if (stages_executor_) {
+    // Defined on the last stage, whose tp ranks gather the columns together.
+    const at::Tensor out = stages_executor_->forward_only(inputs);
+    if (!out.defined() || !gather_vocabulary_) return out;
+    return tensor_parallel::all_gather_last_dim(out.contiguous(), {placement_.tp, placement_.timeout});
+  }
   if (fsdp_) return fsdp_->forward([&] { return model_->forward(inputs); });
   const at::Tensor out = model_->forward(inputs);
   if (!gather_vocabulary_) return out;
@@ -293,7 +315,7 @@ at::Tensor Teacher::logits_everywhere(const at::Tensor& inputs) {
 
 std::vector<std::pair<std::string, at::Tensor>> Teacher::full_parameters() {
   if (fsdp_) return fsdp_->full_parameters();
-  if (tp_split_ > 1) {
+  if (tp_split_ > 1 && !stages_executor_) {
     std::vector<std::pair<std::string, at::Tensor>> out;
     for (const auto& item :
          tensor_parallel::gather_full_parameters(*model_, {placement_.tp, placement_.timeout}))
@@ -301,16 +323,20 @@ std::vector<std::pair<std::string, at::Tensor>> Teacher::full_parameters() {
     return out;
   }
   if (stages_executor_) {
-    // Each stage's own, gathered over pp in stage order (a weight two
-    // stages hold is listed by the first).
+    // Each stage's own (whole: gathered over tp when split), gathered over
+    // pp in stage order (a weight two stages hold is listed by the first).
     comm::ProcessGroup& pp = *placement_.pp;
+    std::vector<std::pair<std::string, at::Tensor>> mine;
+    for (const auto& [name, t] : stage_parameters_) mine.emplace_back(name, t.detach().to(at::kCPU).contiguous());
+    if (tp_split_ > 1) mine = tensor_parallel::gather_full_tensors(mine, tp_layout_, {placement_.tp, placement_.timeout});
+    for (auto& item : mine) item.second = item.second.clone();
     std::vector<std::pair<std::string, at::Tensor>> out;
     for (int stage = 0; stage < pp.size(); ++stage) {
       // Names and shapes first (as JSON bytes), then the values.
       std::string names;
       if (stage == pp.rank()) {
         nlohmann::json j = nlohmann::json::array();
-        for (const auto& [name, t] : stage_parameters_) j.push_back({name, t.sizes().vec()});
+        for (const auto& [name, t] : mine) j.push_back({name, t.sizes().vec()});
         names = j.dump();
       }
       at::Tensor length = at::tensor({static_cast<int64_t>(names.size())}, at::kLong);
@@ -322,8 +348,7 @@ std::vector<std::pair<std::string, at::Tensor>> Teacher::full_parameters() {
                                                             static_cast<size_t>(bytes.numel())));
       for (size_t i = 0; i < listed.size(); ++i) {
         const auto shape = listed[i][1].get<std::vector<int64_t>>();
-        at::Tensor t = stage == pp.rank() ? stage_parameters_[i].second.detach().to(at::kCPU).contiguous().clone()
-                                          : at::empty(shape, at::kFloat);
+        at::Tensor t = stage == pp.rank() ? mine.at(i).second : at::empty(shape, at::kFloat);
         pp.broadcast(t, stage)->wait(placement_.timeout);
         out.emplace_back(listed[i][0].get<std::string>(), t);
       }

@@ -18,6 +18,7 @@
 #include <c10/core/Device.h>
 
 #include "paratrain/comm/process_group.h"
+#include "paratrain/tensor_parallel/shards.h"
 #include "paratrain/train/config/config.h"
 
 namespace paratrain::models {
@@ -110,6 +111,7 @@ class Teacher {
   int stages_ = 1;
   int tp_split_ = 1;
   bool gather_vocabulary_ = false;  // a GPT split over tp gives its vocabulary columns
+  torch::OrderedDict<std::string, tensor_parallel::ShardSpec> tp_layout_;  // in stages and split over tp
   int64_t parameter_count_ = 0;
 };
 

@@ -20,16 +20,23 @@ void Distillation::evaluate_teacher() {
   if (!s_.teacher) return;
   const EvalResult r =
       evaluate_forward(s_, [&](const at::Tensor& inputs) { return s_.teacher->logits_everywhere(inputs); });
-  nlohmann::json record = {{"kind", "teacher"}, {"step", s_.step}};
+  // How the teacher is laid out: "stages", "tp" (ranks its layers are split
+  // over) and "sharded" (FSDP over dp).
+  nlohmann::json record = {{"kind", "teacher"},
+                           {"step", s_.step},
+                           {"stages", s_.teacher->stages()},
+                           {"tp", s_.teacher->tp_split()},
+                           {"sharded", s_.teacher->sharded()}};
   for (const auto& [name, value] : r.metrics) record[name] = value;
   if (s_.is_main()) {
     spdlog::info("distill: teacher {} ({}, {} parameters{}) on the test set: loss {:.4f}{}",
                  s_.teacher->source().checkpoint.string(), s_.teacher->source().config.model.kind,
                  s_.teacher->parameter_count(),
-                 s_.teacher->sharded()         ? std::string(", sharded over dp")
-                 : s_.teacher->stages() > 1   ? fmt::format(", in {} stages", s_.teacher->stages())
-                 : s_.teacher->tp_split() > 1 ? fmt::format(", split over tp = {}", s_.teacher->tp_split())
-                                              : std::string(),
+                 s_.teacher->sharded()
+                     ? std::string(", sharded over dp")
+                     : (s_.teacher->stages() > 1 ? fmt::format(", in {} stages", s_.teacher->stages()) : "") +
+                           (s_.teacher->tp_split() > 1 ? fmt::format(", split over tp = {}", s_.teacher->tp_split())
+                                                       : ""),
                  r.loss,
                  r.perplexity > 0 ? fmt::format(", perplexity {:.3f}", r.perplexity)
                                   : fmt::format(", accuracy {:.2f}%", 100.0 * r.accuracy));
