@@ -117,6 +117,21 @@ class Mesh4d : public ::testing::Test {
                                             fs::path(*dir_) / (name + ".safetensors"));
   }
 
+  // `first` trained to step 5 and resumed at `then` to step 10 (the
+  // checkpoint re-cut for the new layout) ends where one process does.
+  static void expect_resumes(const std::string& name, const Layout& first, const Layout& then) {
+    auto before = config(name, first);
+    before.train.max_steps = 5;
+    run_training(before, first.world());
+    auto after = config(name, then);
+    after.train.resume = "auto";
+    const RunOutput resumed = run_training(after, then.world());
+    EXPECT_EQ(resumed.result.start_step, 5);
+    const double diff = max_rel_diff(resumed.params, single_->params);
+    std::printf("[ %s resumed at another layout ] worst relative diff %.3g\n", name.c_str(), diff);
+    EXPECT_LE(diff, kTolerance);
+  }
+
   static std::string* dir_;
   static fs::path* corpus_;
   static RunOutput* single_;
@@ -209,16 +224,7 @@ TEST_F(Mesh4d, ZeroOneWithStagesAndSequenceParallelEqualsOneProcessAndConsolidat
 // dp 2 x tp 2 x pp 2 (momentum sharded over 2 replicas, tp shard segments)
 // load into the pieces of dp 2 x tp 2 x cp 2 (sharded over 4 replicas).
 TEST_F(Mesh4d, ZeroCheckpointResumesAtAnotherLayout) {
-  auto first = config("zero_resume", {.dp = 2, .tp = 2, .pp = 2, .zero = 1});
-  first.train.max_steps = 5;
-  run_training(first, 8);
-  auto second = config("zero_resume", {.dp = 2, .tp = 2, .cp = 2, .zero = 1});
-  second.train.resume = "auto";
-  const RunOutput resumed = run_training(second, 8);
-  EXPECT_EQ(resumed.result.start_step, 5);
-  const double diff = max_rel_diff(resumed.params, single_->params);
-  std::printf("[ resumed zero 1: dp2 x tp2 x pp2 -> dp2 x tp2 x cp2 ] worst relative diff %.3g\n", diff);
-  EXPECT_LE(diff, kTolerance);
+  expect_resumes("zero_resume", {.dp = 2, .tp = 2, .pp = 2, .zero = 1}, {.dp = 2, .tp = 2, .cp = 2, .zero = 1});
 }
 
 // FSDP (zero.stage = 3) on the replicas' axis, tp 2 x dp 2 with Megatron-SP:
@@ -251,16 +257,7 @@ TEST_F(Mesh4d, FsdpOnDataAxisWithSequenceParallelEqualsOneProcessAndShardsParame
 // tp 2 and ends where one process does.
 TEST_F(Mesh4d, FsdpWithContextParallelEqualsOneProcessAndResumesUnderZeroOne) {
   check("tp2_cp2_zero3", {.tp = 2, .cp = 2, .zero = 3, .accumulate = 2});
-  auto first = config("fsdp_resume", {.tp = 2, .cp = 2, .zero = 3});
-  first.train.max_steps = 5;
-  run_training(first, 4);
-  auto second = config("fsdp_resume", {.dp = 2, .tp = 2, .zero = 1});
-  second.train.resume = "auto";
-  const RunOutput resumed = run_training(second, 4);
-  EXPECT_EQ(resumed.result.start_step, 5);
-  const double diff = max_rel_diff(resumed.params, single_->params);
-  std::printf("[ resumed: zero 3 tp2 x cp2 -> zero 1 dp2 x tp2 ] worst relative diff %.3g\n", diff);
-  EXPECT_LE(diff, kTolerance);
+  expect_resumes("fsdp_resume", {.tp = 2, .cp = 2, .zero = 3}, {.dp = 2, .tp = 2, .zero = 1});
 }
 
 // Under FSDP an evaluation forward gathers units over the replicas, so a dp

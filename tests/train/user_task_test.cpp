@@ -155,14 +155,17 @@ Params one_rank(const TrainConfig& c, TrainerParts parts) {
   return out;
 }
 
-Params two_ranks(const TrainConfig& c, const TrainerParts& parts) {
+// Rank 0's parameters after training `c` on `n` thread-ranks.
+Params n_ranks(int n, const TrainConfig& c, const TrainerParts& parts) {
   Params out;
-  paratrain::testing::run_ranks(2, [&](comm::ProcessGroup& g) {
+  paratrain::testing::run_ranks(n, [&](comm::ProcessGroup& g) {
     auto p = train_parts(c, g, parts);
     if (g.rank() == 0) out = std::move(p);
   });
   return out;
 }
+
+Params two_ranks(const TrainConfig& c, const TrainerParts& parts) { return n_ranks(2, c, parts); }
 
 std::vector<std::string> names(const Params& p) {
   std::vector<std::string> out;
@@ -426,14 +429,7 @@ TEST(UserTask, WeightsTiedAcrossPipelineStagesStayTiedAndEqualOneProcess) {
   // tensor counts once in the clipped norm, and its checkpoint (each copy's
   // pieces, the state under the first name) resumes on one process as the
   // uninterrupted one-process run.
-  auto four_ranks = [&](const TrainConfig& config) {
-    Params out;
-    paratrain::testing::run_ranks(4, [&](comm::ProcessGroup& g) {
-      auto p = train_parts(config, g, parts);
-      if (g.rank() == 0) out = std::move(p);
-    });
-    return out;
-  };
+  auto four_ranks = [&](const TrainConfig& config) { return n_ranks(4, config, parts); };
   TrainConfig zero1 = c;
   zero1.run.name = "staged_zero1";
   zero1.zero.stage = 1;
@@ -486,51 +482,6 @@ TEST(UserTask, WeightsTiedAcrossPipelineStagesStayTiedAndEqualOneProcess) {
     return one_rank(zero, parts);
   }();
   EXPECT_GT((value(staged, "2.weight") - value(untrained, "2.weight")).abs().max().item<double>(), 1e-3);
-}
-
-TEST(UserTable, KeysOfEveryTypeParseOverrideRoundTripAndNameMistakes) {
-  TrainConfig c = config_from_toml_string(
-      "[user]\nhidden = 16\nrate = 0.5\nuse_bias = true\nactivation = \"gelu\"\nwidths = [8, 4]\n"
-      "scales = [0.5, 2]\nhead.width = 3\n[user.tail]\ndepth = 2\n",
-      {"user.hidden=32", "user.tag=exp1", "user.extra=[1.5, 2.5]"});
-  EXPECT_EQ(c.user.get<int64_t>("hidden"), 32);
-  EXPECT_EQ(c.user.get<int>("hidden"), 32);
-  EXPECT_DOUBLE_EQ(c.user.get<double>("rate"), 0.5);
-  EXPECT_DOUBLE_EQ(c.user.get<double>("hidden"), 32.0);  // an integer reads as a float
-  EXPECT_TRUE(c.user.get<bool>("use_bias"));
-  EXPECT_EQ(c.user.get<std::string>("activation"), "gelu");
-  EXPECT_EQ(c.user.get<std::string>("tag"), "exp1");  // a bare word is a string
-  EXPECT_EQ(c.user.get<std::vector<int64_t>>("widths"), (std::vector<int64_t>{8, 4}));
-  EXPECT_EQ(c.user.get<std::vector<double>>("scales"), (std::vector<double>{0.5, 2.0}));
-  EXPECT_EQ(c.user.get<std::vector<double>>("extra"), (std::vector<double>{1.5, 2.5}));
-  EXPECT_EQ(c.user.get<int64_t>("head.width"), 3);
-  EXPECT_EQ(c.user.get<int64_t>("tail.depth"), 2);
-  EXPECT_EQ(c.user.get<int64_t>("missing", 9), 9);
-  // Saved with the run and read back unchanged, from TOML and from JSON.
-  EXPECT_EQ(config_from_toml_string(to_toml(c)), c);
-  EXPECT_EQ(config_from_json(to_json(c)), c);
-  auto error_of = [&](auto&& f) {
-    try {
-      f();
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_NE(error_of([&] { c.user.get<int64_t>("hiden"); }).find("user.hiden is not set"), std::string::npos);
-  EXPECT_NE(error_of([&] { c.user.get<int64_t>("hiden"); }).find("hidden"), std::string::npos);
-  EXPECT_NE(error_of([&] { c.user.get<int64_t>("activation"); }).find("user.activation = \"gelu\" is not an integer"),
-            std::string::npos);
-  // Lists of strings too; a list that mixes strings and numbers is refused.
-  const TrainConfig named = config_from_toml_string("[user]\nnames = [\"a\", \"b\"]\n");
-  EXPECT_EQ(named.user.get<std::vector<std::string>>("names"), (std::vector<std::string>{"a", "b"}));
-  EXPECT_EQ(config_from_toml_string(to_toml(named)), named);
-  EXPECT_EQ(config_from_json(to_json(named)), named);
-  EXPECT_NE(error_of([&] { named.user.get<std::vector<int64_t>>("names"); }).find("is not a list of integers"),
-            std::string::npos);
-  EXPECT_NE(error_of([&] { config_from_toml_string("[user]\nnames = [\"a\", 1]\n"); })
-                .find("lists of integers, floats or strings"),
-            std::string::npos);
 }
 
 }  // namespace

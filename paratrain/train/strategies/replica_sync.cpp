@@ -267,14 +267,14 @@ std::vector<checkpoint::OptimizerSlot> ReplicaSync::optimizer_slots(const std::v
   return out;
 }
 
-std::vector<TensorSlot> ReplicaSync::model_slots(std::vector<TensorSlot> model,
+std::vector<TensorSlot> ReplicaSync::model_slots(const std::vector<TensorSlot>& model,
                                                   const std::function<bool(const std::string&)>& writes) const {
   if (fsdp_.empty()) return model;
   // The trainable parameters' values are their pieces (the frozen ones and
   // the buffers stay whole: FSDP leaves them out of its units).
   std::vector<TensorSlot> out;
-  for (auto& slot : model) {
-    if (!slot.local.requires_grad()) out.push_back(std::move(slot));
+  for (const auto& slot : model) {
+    if (!slot.local.requires_grad()) out.push_back(slot);
   }
   for (auto& piece : optimizer_slots(model, writes)) out.push_back(std::move(piece.slot));
   return out;

@@ -107,7 +107,7 @@ class ReplicaSync {
   // Model slots: `model` as given, except that under FSDP each trainable
   // parameter's slot is replaced by its pieces (placed by name as above);
   // frozen parameters and buffers stay whole.
-  std::vector<TensorSlot> model_slots(std::vector<TensorSlot> model,
+  std::vector<TensorSlot> model_slots(const std::vector<TensorSlot>& model,
                                       const std::function<bool(const std::string&)>& writes) const;
   // After a checkpoint load: ZeRO all-gathers (the pieces alias the loaded
   // parameters; kept for the wrappers' own state).
